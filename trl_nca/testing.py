@@ -1,0 +1,93 @@
+"""Tiny, fully offline models for tests, benchmarks and smoke runs.
+
+Builds a byte-level BPE tokenizer with a ChatML template and a 2-layer Llama from scratch, so nothing is fetched from
+the Hub. Everything is deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS = [
+    "You are a careful medical expert. Answer with the letter inside <answer></answer> tags.",
+    "Which of the following is the answer? (A) yes (B) no (C) maybe (D) unknown",
+    "The player moves up, down, left or right on the frozen lake and must avoid the holes.",
+    "Push the box onto the target. Walls block movement. [up] [down] [left] [right]",
+    "Is this statement hateful? Answer <answer>yes</answer> or <answer>no</answer>.",
+    "system user assistant question context experience hint rule strategy answer",
+    "0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?()[]{}<>/\\'\"-_=+*#@%&|~`^$",
+]
+SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def make_tiny_tokenizer(vocab_size: int = 320):
+    """A byte-level BPE tokenizer with ChatML specials (pad, bos/eos, im_start, im_end) and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token="<|endoftext|>",
+        unk_token=None,
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def make_tiny_model(tokenizer, seed: int = 0, num_layers: int = 2, hidden_size: int = 64):
+    """A randomly initialised Llama small enough to train on one CPU core in milliseconds per step."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def save_tiny_model(directory: str | os.PathLike, seed: int = 0, **model_kwargs) -> str:
+    """Write a tiny tokenizer and model to `directory` (once) and return the path, loadable by `from_pretrained`."""
+    directory = Path(directory)
+    if not (directory / "config.json").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        tokenizer = make_tiny_tokenizer()
+        model = make_tiny_model(tokenizer, seed=seed, **model_kwargs)
+        tokenizer.save_pretrained(directory)
+        model.save_pretrained(directory)
+    return str(directory)

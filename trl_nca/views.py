@@ -1,0 +1,196 @@
+"""Prompt construction for the two views and token alignment of a shared completion.
+
+The no-context view is the prompt x as the dataset gives it; the context view is the same conversation with the
+privileged context c placed either as a system message or inside the first user turn. A completion y is sampled once,
+as token ids, and appended unchanged to both prompts: y is never re-tokenised, so position t of the completion is the
+same token in every view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+
+Message = dict[str, str]
+PLACEMENTS = ("system", "user")
+
+
+@dataclass(frozen=True)
+class ContextSpec:
+    """Where the privileged context comes from and where it goes in the chat.
+
+    `text` (one string for every example) wins over `column` (a per-example field). With `placement="system"` the
+    context becomes the system message; an existing system message is kept after it, joined by `separator`. With
+    `placement="user"` the first user message is rewritten through `template`, which must contain `{prompt}` and
+    `{context}`.
+    """
+
+    column: str | None = "context"
+    text: str | None = None
+    placement: Literal["system", "user"] = "system"
+    template: str = "{context}\n\n{prompt}"
+    separator: str = "\n\n"
+
+    def __post_init__(self):
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"context placement must be one of {PLACEMENTS}, got {self.placement!r}.")
+        if self.placement == "user":
+            missing = [p for p in ("{prompt}", "{context}") if p not in self.template]
+            if missing:
+                raise ValueError(
+                    f"The context template {self.template!r} lacks {', '.join(missing)}. It must contain both "
+                    "`{prompt}` and `{context}`, e.g. '{context}\\n\\n{prompt}'."
+                )
+        if self.text is None and not self.column:
+            raise ValueError("Give the context either as a dataset column name or as one fixed string.")
+        if self.text is not None:
+            check_context(self.text, where="the fixed context string")
+
+    def context_of(self, example: Mapping[str, Any], index: int | None = None) -> str:
+        """The context string of one example, validated."""
+        if self.text is not None:
+            return self.text
+        if self.column not in example:
+            raise KeyError(missing_column_message(self.column, list(example.keys()), what="context"))
+        where = f"row {index}" if index is not None else "an example"
+        return check_context(example[self.column], where=f"{where} of column {self.column!r}")
+
+
+def missing_column_message(column: str, available: Sequence[str], what: str) -> str:
+    return (
+        f"The dataset has no {what} column {column!r}; its columns are {sorted(available)}. Rename the column, or set "
+        f"`context_column` to the right name, or give one fixed context with `context_text`."
+    )
+
+
+def check_context(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"The context in {where} is a {type(value).__name__}, expected a non-empty string.")
+    if not value.strip():
+        raise ValueError(
+            f"The context in {where} is empty. Drop such rows, or they would train the student on x -> x distillation."
+        )
+    return value
+
+
+def split_example(example: Mapping[str, Any]) -> tuple[list[Message], list[Message] | None]:
+    """Return (prompt messages, reference completion messages or None) for a `messages` or `prompt` example.
+
+    `messages` ending with an assistant turn gives that turn as the reference completion (used by off-policy steps);
+    `prompt` may be a string (one user turn) or a list of messages, with an optional `completion` column.
+    """
+    if "messages" in example and example["messages"] is not None:
+        messages = list(example["messages"])
+        if messages and messages[-1]["role"] == "assistant":
+            return messages[:-1], [messages[-1]]
+        return messages, None
+    if "prompt" in example and example["prompt"] is not None:
+        prompt = example["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        completion = example.get("completion")
+        if isinstance(completion, str):
+            completion = [{"role": "assistant", "content": completion}]
+        return messages, completion
+    raise KeyError(
+        f"An example has neither a `messages` nor a `prompt` column (its columns are {sorted(example.keys())}). "
+        "Use GKD's conversational `messages` format or a prompt-only `prompt` column."
+    )
+
+
+def add_context(messages: Sequence[Message], context: str, spec: ContextSpec) -> list[Message]:
+    """The context view of a prompt: a new list, the input is not modified."""
+    messages = [dict(m) for m in messages]
+    if spec.placement == "system":
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = context + spec.separator + messages[0]["content"]
+        else:
+            messages.insert(0, {"role": "system", "content": context})
+        return messages
+    for m in messages:
+        if m["role"] == "user":
+            m["content"] = spec.template.format(prompt=m["content"], context=context)
+            return messages
+    raise ValueError("The prompt has no user message to put the context into; use `context_placement='system'`.")
+
+
+def render_prompt_ids(tokenizer, messages: Sequence[Message], **template_kwargs) -> list[int]:
+    """Token ids of a chat prompt ending with the generation prompt of the assistant turn."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "The tokenizer has no chat template. Set `tokenizer.chat_template` (for example to the template of the "
+            "model's instruct version) before training, so prompts with and without context render as chats."
+        )
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def render_completion_ids(tokenizer, prompt: Sequence[Message], completion: Sequence[Message]) -> list[int]:
+    """Token ids of a reference completion: the chat rendering of prompt + completion minus that of the prompt."""
+    prompt_text = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    full_text = tokenizer.apply_chat_template(list(prompt) + list(completion), tokenize=False)
+    if not full_text.startswith(prompt_text):
+        raise ValueError("The chat template renders the prompt differently inside the full conversation.")
+    return tokenizer(full_text[len(prompt_text) :], add_special_tokens=False)["input_ids"]
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, width: int | None = None):
+    """Left-pad token lists into (ids, attention_mask) tensors."""
+    width = max((len(s) for s in sequences), default=0) if width is None else width
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def right_pad(sequences: Sequence[Sequence[int]], pad_id: int):
+    """Right-pad token lists into (ids, mask) tensors; an empty batch of completions gives width 0."""
+    width = max((len(s) for s in sequences), default=0)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that start at 0 on the first real token of each left-padded row."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+@dataclass
+class View:
+    """One view of a batch: `[left-padded prompt | right-padded completion]` minus the last completion column.
+
+    The last completion token is never an input (nothing is predicted from it), so the hidden state at column
+    `prompt_width - 1 + t` predicts completion token `t` for every t in `[0, C)`.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    prompt_width: int
+
+
+def build_view(
+    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor, completion_mask: torch.Tensor
+) -> View:
+    """Join a left-padded prompt block and the shared right-padded completion block into model inputs."""
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)[:, :-1]
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)[:, :-1]
+    return View(input_ids, attention_mask, position_ids_from_mask(attention_mask), prompt_ids.shape[1])
+
+
+def completion_hidden(hidden: torch.Tensor, view: View, completion_mask: torch.Tensor) -> torch.Tensor:
+    """Hidden states that predict the valid completion tokens, flattened to (num_valid_tokens, hidden)."""
+    start = view.prompt_width - 1
+    width = completion_mask.shape[1]
+    return hidden[:, start : start + width][completion_mask.bool()]
