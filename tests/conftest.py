@@ -1,0 +1,29 @@
+import os
+
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny tokenizer + Llama saved once per test session."""
+    from trl_nca.testing import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "student", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_teacher_dir(tmp_path_factory):
+    from trl_nca.testing import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "teacher", seed=1)

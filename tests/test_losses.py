@@ -1,0 +1,120 @@
+"""The chunked divergences against a plain full-logit reference, in value and gradient."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from trl.experimental.gkd import GKDTrainer
+
+from trl_nca.losses import DivergenceSpec, LMHead, token_divergences
+
+
+def reference(h_x, h_c, h_t, w_s, w_t, spec: DivergenceSpec):
+    """Full logits and full log_softmax. Full-vocabulary OPD goes through TRL's own generalized JSD; the top-k
+    variants gather the support columns (from the full log_softmax, or renormalised over the support)."""
+    T = spec.temperature
+    lx, lc, lt = h_x @ w_s.T / T, h_c @ w_s.T / T, h_t @ w_t.T / T
+    if spec.top_k:
+        support = lx.detach().topk(spec.top_k, dim=-1).indices
+        if spec.renormalize:
+            lpx, lpc, lpt = (F.log_softmax(z.gather(1, support), -1) for z in (lx, lc, lt))
+        else:
+            lpx, lpc, lpt = (F.log_softmax(z, -1).gather(1, support) for z in (lx, lc, lt))
+        assert spec.beta == 1.0
+        opd = (lpx.exp() * (lpx - lpt)).sum(-1)
+    else:
+        lpx, lpc, lpt = (F.log_softmax(z, -1) for z in (lx, lc, lt))
+        opd = GKDTrainer.generalized_jsd_loss(lx, lt, beta=spec.beta, reduction="none").sum(-1)
+    anchor = lpt if spec.nca_target == "teacher" else (lpx.detach() if spec.nca_stop_gradient else lpx)
+    nca = F.kl_div(lpc, anchor, log_target=True, reduction="none")
+    if spec.nca_divergence == "symmetric_kl":
+        nca = nca + F.kl_div(anchor, lpc, log_target=True, reduction="none")
+    view_kl = F.kl_div(lpc, lpx, log_target=True, reduction="none").sum(-1).detach()
+    return {"opd": opd, "nca": nca.sum(-1), "view_kl": view_kl}
+
+
+def _inputs(n=7, h=16, v=53, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: (torch.randn(*s, generator=g, dtype=torch.float64)).requires_grad_()  # noqa: E731
+    return mk(n, h), mk(n, h), torch.randn(n, h, generator=g, dtype=torch.float64), mk(v, h), mk(v, h) * 1.0
+
+
+SPECS = [
+    DivergenceSpec(beta=1.0),
+    DivergenceSpec(beta=0.0),
+    DivergenceSpec(beta=0.5, temperature=0.7),
+    DivergenceSpec(beta=1.0, top_k=5),
+    DivergenceSpec(beta=1.0, top_k=5, renormalize=True),
+    DivergenceSpec(nca_target="teacher"),
+    DivergenceSpec(nca_divergence="symmetric_kl"),
+    DivergenceSpec(nca_stop_gradient=False),
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: str(s)[15:-1])
+@pytest.mark.parametrize("vocab_chunk,token_chunk", [(8, 3), (64, 100)])
+def test_chunked_matches_reference(spec, vocab_chunk, token_chunk):
+    h_x, h_c, h_t, w_s, w_t = _inputs()
+    w_t = w_t.detach()
+    ref = reference(h_x, h_c, h_t, w_s, w_t, spec)
+    out = token_divergences(
+        h_x, h_t, LMHead(w_s), LMHead(w_t), spec, h_c=h_c, vocab_chunk=vocab_chunk, token_chunk=token_chunk
+    )
+    for name in ("opd", "nca", "view_kl"):
+        torch.testing.assert_close(out[name].double(), ref[name], rtol=1e-5, atol=1e-6)
+    weights = torch.tensor([0.3, 1.0, 0.0, 2.0, 0.5, 1.5, 0.7], dtype=torch.float64)
+    for name in ("opd", "nca"):
+        grads = torch.autograd.grad(
+                (out[name].double() * weights).sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True
+            )
+        ref_grads = torch.autograd.grad((ref[name] * weights).sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        for g, r in zip(grads, ref_grads):
+            if r is None or not r.abs().sum():
+                assert g is None or not g.abs().sum(), f"{name}: unexpected gradient"
+            else:
+                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_paths():
+    """OPD reaches only the no-context view; NCA (default) reaches only the context view."""
+    h_x, h_c, h_t, w_s, w_t = _inputs()
+    out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t.detach()), DivergenceSpec(), h_c=h_c, vocab_chunk=16)
+    g_x, g_c = torch.autograd.grad(out["nca"].sum(), (h_x, h_c), allow_unused=True)
+    assert g_x is None or not g_x.abs().sum()
+    assert g_c.abs().sum() > 0
+    g_x, g_c = torch.autograd.grad(out["opd"].sum(), (h_x, h_c), allow_unused=True)
+    assert g_x.abs().sum() > 0
+    assert g_c is None or not g_c.abs().sum()
+
+
+def test_empty_completion_and_no_context_view():
+    h_x, _, h_t, w_s, w_t = _inputs(n=0)
+    out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t), DivergenceSpec())
+    assert set(out) == {"opd"} and out["opd"].shape == (0,)
+    out["opd"].sum().backward()  # a valid, zero gradient path
+
+
+def test_bias_scale_and_softcap_match_reference():
+    h_x, h_c, h_t, w_s, w_t = _inputs()
+    bias = torch.randn(w_s.shape[0], dtype=torch.float64, requires_grad=True)
+    head = LMHead(w_s, bias, scale=0.5, softcap=3.0)
+    out = token_divergences(h_x, h_t, head, LMHead(w_t), DivergenceSpec(), h_c=h_c, vocab_chunk=10)
+
+    def logits(h):
+        return torch.tanh((h @ w_s.T + bias) * 0.5 / 3.0) * 3.0
+
+    lx, lc, lt = F.log_softmax(logits(h_x), -1), F.log_softmax(logits(h_c), -1), F.log_softmax(h_t @ w_t.T, -1)
+    opd = (lx.exp() * (lx - lt)).sum(-1)
+    nca = (lx.detach().exp() * (lx.detach() - lc)).sum(-1)
+    torch.testing.assert_close(out["opd"].double(), opd)
+    torch.testing.assert_close(out["nca"].double(), nca)
+    for o, r in itertools.product((out["opd"].sum() + out["nca"].sum(),), (opd.sum() + nca.sum(),)):
+        for g, gr in zip(torch.autograd.grad(o, (bias, w_s)), torch.autograd.grad(r, (bias, w_s))):
+            torch.testing.assert_close(g, gr)
+
+
+def test_vocab_mismatch_is_named():
+    h_x, h_c, h_t, w_s, _ = _inputs()
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        token_divergences(h_x, h_t, LMHead(w_s), LMHead(torch.zeros(7, 16)), DivergenceSpec())
