@@ -66,9 +66,11 @@ def test_chunked_matches_reference(spec, vocab_chunk, token_chunk):
     weights = torch.tensor([0.3, 1.0, 0.0, 2.0, 0.5, 1.5, 0.7], dtype=torch.float64)
     for name in ("opd", "nca"):
         grads = torch.autograd.grad(
-                (out[name].double() * weights).sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True
-            )
-        ref_grads = torch.autograd.grad((ref[name] * weights).sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+            (out[name].double() * weights).sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True
+        )
+        ref_grads = torch.autograd.grad(
+            (ref[name] * weights).sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True
+        )
         for g, r in zip(grads, ref_grads):
             if r is None or not r.abs().sum():
                 assert g is None or not g.abs().sum(), f"{name}: unexpected gradient"

@@ -25,6 +25,7 @@ from typing import Literal
 
 import torch
 from torch.utils.checkpoint import checkpoint
+from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ class LMHead:
     @classmethod
     def from_model(cls, model) -> LMHead:
         head = model.get_output_embeddings()
+        if hasattr(head, "base_layer") or hasattr(head, "modules_to_save"):
+            raise ValueError(
+                "The output layer (lm_head) is wrapped by a PEFT adapter, which the chunked loss does not apply. Leave "
+                "lm_head out of `target_modules` and `modules_to_save`."
+            )
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         scale = 1.0
         if getattr(config, "logits_scaling", None):  # Granite divides the logits
@@ -60,11 +66,17 @@ class LMHead:
             scale = float(config.logit_scale)
         return cls(head.weight, getattr(head, "bias", None), scale, getattr(config, "final_logit_softcapping", None))
 
+    @property
+    def vocab_size(self) -> int:
+        return getattr(self.weight, "ds_shape", self.weight.shape)[0]
+
     def logits(self, hidden: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Logits (at least float32) of the vocabulary slice [start, stop), before the temperature."""
-        stop = self.weight.shape[0] if stop is None else stop
-        bias = None if self.bias is None else self.bias[start:stop]
-        out = torch.nn.functional.linear(hidden, self.weight[start:stop], bias)
+        stop = self.vocab_size if stop is None else stop
+        # Under DeepSpeed ZeRO-3 the head's weight is sharded outside its module's forward: gather it for each tile.
+        with maybe_gather_lm_head_ctx(self.weight, self.bias):
+            bias = None if self.bias is None else self.bias[start:stop]
+            out = torch.nn.functional.linear(hidden, self.weight[start:stop], bias)
         out = out.to(torch.promote_types(out.dtype, torch.float32))
         if self.scale != 1.0:
             out = out * self.scale
@@ -79,7 +91,7 @@ class _ChunkedLogSumExp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, head, inv_t, support, chunk):
         lse = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device, dtype=_acc(hidden))
-        for start in range(0, weight.shape[0], chunk):
+        for start in range(0, head.vocab_size, chunk):
             logits = head.logits(hidden, start, start + chunk) * inv_t
             if support is not None:
                 logits = logits.masked_fill(~_support_mask(support, start, logits.shape[1]), float("-inf"))
@@ -96,7 +108,7 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         grad_h = torch.zeros_like(hidden, dtype=_acc(hidden)) if need_h else None
         grad_w = torch.zeros_like(head.weight) if need_w else None
         grad_b = torch.zeros_like(head.bias) if need_b else None
-        for start in range(0, head.weight.shape[0], chunk):
+        for start in range(0, head.vocab_size, chunk):
             with torch.enable_grad():
                 h = hidden.detach().requires_grad_(need_h)
                 w = head.weight.detach().requires_grad_(need_w)
@@ -144,7 +156,7 @@ def top_k_support(hidden: torch.Tensor, head: LMHead, k: int, chunk: int) -> tor
     """Ids of the k largest logits per token, found chunk by chunk without building the full row."""
     best_val = hidden.new_full((hidden.shape[0], 0), float("-inf"), dtype=_acc(hidden))
     best_idx = torch.zeros((hidden.shape[0], 0), dtype=torch.long, device=hidden.device)
-    for start in range(0, head.weight.shape[0], chunk):
+    for start in range(0, head.vocab_size, chunk):
         logits = head.logits(hidden, start, start + chunk)
         idx = torch.arange(start, start + logits.shape[1], device=hidden.device).expand_as(logits)
         vals, pos = torch.cat([best_val, logits], 1).topk(min(k, best_val.shape[1] + logits.shape[1]), dim=-1)
@@ -211,15 +223,15 @@ def token_divergences(
     monitoring); "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
     """
-    if student.weight.shape[0] != teacher.weight.shape[0]:
+    if student.vocab_size != teacher.vocab_size:
         raise ValueError(
-            f"Student and teacher vocabularies differ ({student.weight.shape[0]} vs {teacher.weight.shape[0]} rows in "
+            f"Student and teacher vocabularies differ ({student.vocab_size} vs {teacher.vocab_size} rows in "
             "the output layer); per-token divergences need the same tokenizer."
         )
     want = tuple(w for w in want if w == "opd" or h_c is not None)
     results: dict[str, list[torch.Tensor]] = {w: [] for w in want}
     inv_t = 1.0 / spec.temperature
-    vocab = student.weight.shape[0]
+    vocab = student.vocab_size
     h_t = h_t.detach()
     for t0 in range(0, h_x.shape[0], token_chunk):
         hx, ht = h_x[t0 : t0 + token_chunk], h_t[t0 : t0 + token_chunk]

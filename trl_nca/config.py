@@ -1,0 +1,215 @@
+"""`NCAConfig`: GKD's configuration plus the context, the NCA term and the divergence support."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trl.experimental.gkd import GKDConfig
+
+from .losses import DivergenceSpec
+from .views import ContextSpec
+
+
+@dataclass
+class NCAConfig(GKDConfig):
+    r"""
+    Configuration class for [`NCATrainer`]: on-policy context distillation with No-Context Anchoring.
+
+    The loss per completion token of a sample y drawn from the student without the context c is
+
+        OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)
+
+    where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of [`~trl.experimental.gkd.GKDConfig`]
+    keep their meaning; the fields below are specific to NCA.
+
+    Defaults that differ from `GKDConfig`:
+        - `lmbda=1.0` (fully on-policy, as in on-policy context distillation) instead of 0.5.
+        - `beta=1.0` (reverse KL, the OPCD default) instead of 0.5.
+        - `temperature=1.0` instead of 0.9. It is both the sampling temperature and the temperature applied to the
+          logits of every view (student without context, student with context, teacher) before the divergences.
+        - `bf16=None` resolves to `True` only when a CUDA device with bfloat16 support is present, so the same config
+          runs on a CPU-only machine.
+
+    Parameters:
+        > Parameters that control the NCA term
+
+        nca_beta (`float`, *optional*, defaults to `0.5`):
+            Weight of the No-Context Anchoring term. `0.0` is plain on-policy context distillation (OPD): the context
+            view of the student is then not computed at all (unless `nca_monitor=True`).
+        nca_anchor (`str`, *optional*, defaults to `"student"`):
+            What the context view is pulled towards: `"student"` (the no-context view, NCA) or `"teacher"` (the
+            teacher's distribution, the "DualOPD" ablation of the paper).
+        nca_divergence (`str`, *optional*, defaults to `"forward_kl"`):
+            `"forward_kl"`: KL(anchor || q_c), expectation under the anchor. `"symmetric_kl"`: KL(anchor || q_c) +
+            KL(q_c || anchor) (an ablation).
+        nca_stop_gradient (`bool`, *optional*, defaults to `True`):
+            Stop the gradient of the NCA term into the no-context view. `False` is an ablation (the anchor then moves
+            towards the context view too).
+        nca_monitor (`bool`, *optional*, defaults to `False`):
+            With `nca_beta=0`, still run the context view (without gradient) to log `nca_loss` and `view_kl`, so the
+            context-induced drift of plain OPD can be watched. Costs one extra forward per step.
+
+        > Parameters that control the context
+
+        context_column (`str` or `None`, *optional*, defaults to `"context"`):
+            Dataset column holding each example's privileged context (a non-empty string).
+        context_text (`str` or `None`, *optional*, defaults to `None`):
+            One fixed context for every example (e.g. the system prompt being distilled). Takes precedence over
+            `context_column`.
+        context_placement (`str`, *optional*, defaults to `"system"`):
+            `"system"`: the context becomes the system message. If the prompt already has a system message, the
+            context is put before it, the two joined by `context_separator`. `"user"`: the first user message is
+            rewritten through `context_template` (text games put their experience there).
+        context_template (`str`, *optional*, defaults to `"{context}\n\n{prompt}"`):
+            Template of the user message with context; must contain `{prompt}` and `{context}`.
+        context_separator (`str`, *optional*, defaults to `"\n\n"`):
+            Joins the context and an existing system message.
+        max_context_length (`int` or `None`, *optional*, defaults to `None`):
+            Longest context-view sequence (prompt with context + completion) allowed, in tokens. `None` uses the
+            smaller of the student's and teacher's `max_position_embeddings`. The context view is never cut to
+            `max_length`: a longer one is an error, unless `truncate_context=True`.
+        truncate_context (`bool`, *optional*, defaults to `False`):
+            Opt in to shortening the context itself (never the prompt or the completion) when the context view would
+            exceed `max_context_length`, with a warning naming the example.
+
+        > Parameters that control the divergence
+
+        divergence_support (`str`, *optional*, defaults to `"full"`):
+            `"full"`: exact divergences over the whole vocabulary. `"top_k"`: sums restricted to the `top_k` most likely
+            tokens of the student's no-context distribution (chosen without gradient), as in the OPCD reference code.
+        top_k (`int`, *optional*, defaults to `256`):
+            Size of the top-k support.
+        top_k_renormalize (`bool`, *optional*, defaults to `False`):
+            Renormalise every distribution over the top-k support instead of using full-vocabulary log-probabilities.
+        self_teacher (`str`, *optional*, defaults to `"initial"`):
+            Teacher when no `teacher_model` is given: `"initial"` (the student's frozen initial weights, with the
+            context) or `"live"` (the current student with the context, detached).
+        loss_vocab_chunk_size (`int`, *optional*, defaults to `8192`):
+            Vocabulary columns per tile in the chunked loss; lower it to save memory on huge vocabularies.
+        loss_token_chunk_size (`int`, *optional*, defaults to `2048`):
+            Completion tokens per tile in the chunked loss.
+    """
+
+    nca_beta: float = field(
+        default=0.5,
+        metadata={"help": "Weight of the No-Context Anchoring term KL(sg[q_x] || q_c). 0 gives plain OPD."},
+    )
+    nca_anchor: Literal["student", "teacher"] = field(
+        default="student",
+        metadata={"help": "Anchor of the context view: the no-context student (NCA) or the teacher (DualOPD)."},
+    )
+    nca_divergence: Literal["forward_kl", "symmetric_kl"] = field(
+        default="forward_kl", metadata={"help": "Divergence of the NCA term: forward_kl or symmetric_kl."}
+    )
+    nca_stop_gradient: bool = field(
+        default=True, metadata={"help": "Stop the NCA gradient into the no-context view (the paper's method)."}
+    )
+    nca_monitor: bool = field(
+        default=False,
+        metadata={"help": "With nca_beta=0, still compute and log nca_loss and view_kl (one extra forward)."},
+    )
+    context_column: str | None = field(
+        default="context", metadata={"help": "Dataset column holding each example's privileged context."}
+    )
+    context_text: str | None = field(
+        default=None, metadata={"help": "One fixed context for every example; overrides context_column."}
+    )
+    context_placement: Literal["system", "user"] = field(
+        default="system", metadata={"help": "Put the context in the system message or in the first user message."}
+    )
+    context_template: str = field(
+        default="{context}\n\n{prompt}",
+        metadata={"help": "User message with context (placement 'user'); needs {prompt} and {context}."},
+    )
+    context_separator: str = field(
+        default="\n\n", metadata={"help": "Joins the context and an existing system message."}
+    )
+    max_context_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest context-view sequence in tokens; default: the models' max_position_embeddings."},
+    )
+    truncate_context: bool = field(
+        default=False,
+        metadata={"help": "Shorten an over-long context (never the prompt or completion) instead of raising."},
+    )
+    divergence_support: Literal["full", "top_k"] = field(
+        default="full", metadata={"help": "Divergences over the full vocabulary or the student's top-k tokens."}
+    )
+    top_k: int = field(default=256, metadata={"help": "Size of the top-k support."})
+    top_k_renormalize: bool = field(
+        default=False, metadata={"help": "Renormalise the distributions over the top-k support."}
+    )
+    self_teacher: Literal["initial", "live"] = field(
+        default="initial",
+        metadata={"help": "Teacher without teacher_model: the frozen initial student or the live student (detached)."},
+    )
+    loss_vocab_chunk_size: int = field(default=8192, metadata={"help": "Vocabulary columns per loss tile."})
+    loss_token_chunk_size: int = field(default=2048, metadata={"help": "Completion tokens per loss tile."})
+
+    # Defaults that differ from GKDConfig (documented above).
+    lmbda: float = field(
+        default=1.0, metadata={"help": "Fraction of on-policy steps (1.0: fully on-policy, the OPCD setting)."}
+    )
+    beta: float = field(
+        default=1.0,
+        metadata={"help": "Generalized JSD interpolation of the OPD term: 0 forward KL, 1 reverse KL (OPCD default)."},
+    )
+    temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature, also applied to the logits of every view."}
+    )
+
+    def __post_init__(self):
+        if self.bf16 is None and not self.fp16:
+            import torch
+
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        super().__post_init__()
+        if not isinstance(self.nca_beta, (int, float)) or self.nca_beta < 0:
+            raise ValueError(
+                f"nca_beta must be a number >= 0 (0 is plain OPD, 0.5 the paper's best), got {self.nca_beta}."
+            )
+        choices = {
+            "nca_anchor": ("student", "teacher"),
+            "nca_divergence": ("forward_kl", "symmetric_kl"),
+            "context_placement": ("system", "user"),
+            "divergence_support": ("full", "top_k"),
+            "self_teacher": ("initial", "live"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (it divides the logits of every view), got {self.temperature}.")
+        for name in ("top_k", "loss_vocab_chunk_size", "loss_token_chunk_size", "max_new_tokens"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
+        if self.max_context_length is not None and self.max_context_length < 2:
+            raise ValueError(f"max_context_length must be None or >= 2 tokens, got {self.max_context_length}.")
+        if self.nca_monitor and self.nca_beta > 0:
+            self.nca_monitor = False  # the NCA term is computed anyway
+        # Builds (and so validates) the context placement and the divergence choice now, not at the first step.
+        self.context_spec
+        self.divergence_spec
+
+    @property
+    def context_spec(self) -> ContextSpec:
+        return ContextSpec(
+            column=self.context_column,
+            text=self.context_text,
+            placement=self.context_placement,
+            template=self.context_template,
+            separator=self.context_separator,
+        )
+
+    @property
+    def divergence_spec(self) -> DivergenceSpec:
+        return DivergenceSpec(
+            beta=self.beta,
+            temperature=self.temperature,
+            top_k=self.top_k if self.divergence_support == "top_k" else None,
+            renormalize=self.top_k_renormalize,
+            nca_target=self.nca_anchor,
+            nca_divergence=self.nca_divergence,
+            nca_stop_gradient=self.nca_stop_gradient,
+        )

@@ -1,0 +1,166 @@
+"""Dataset checks, tokenisation of both views, and the collator.
+
+Every example becomes three token lists: the no-context prompt, the context prompt, and (when the dataset has one)
+the reference completion used by off-policy steps. Length limits are checked here, once, with errors that name the
+row and the sizes; nothing is truncated unless the user opted in to shortening the context itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from datasets import Dataset
+
+from .views import (
+    ContextSpec,
+    add_context,
+    left_pad,
+    missing_column_message,
+    render_completion_ids,
+    render_prompt_ids,
+    right_pad,
+    split_example,
+)
+
+
+logger = logging.getLogger(__name__)
+TOKEN_COLUMNS = ("prompt_ids", "context_prompt_ids", "completion_ids")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Token budgets: `max_length` bounds the no-context view, `max_context_length` the context view."""
+
+    max_new_tokens: int
+    max_length: int | None = None
+    max_context_length: int | None = None
+    truncate_context: bool = False
+
+
+def check_tokenizer(tokenizer) -> None:
+    """Fail early, with the fix, on tokenizers that cannot build the two views."""
+    if tokenizer is None:
+        raise ValueError("NCATrainer needs a tokenizer as `processing_class` (or a model path to load one from).")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            "The tokenizer has no chat template, so prompts with and without context cannot be rendered as chats. "
+            "Set `tokenizer.chat_template` (e.g. copy it from the model's instruct version) before creating the trainer."
+        )
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            "The tokenizer has no pad token. Set one that is not a content token, e.g. "
+            "`tokenizer.pad_token = tokenizer.eos_token` (supported: padding is tracked by masks, never by token id)."
+        )
+
+
+def check_columns(column_names: Sequence[str], spec: ContextSpec, split: str) -> None:
+    """The dataset must hold a prompt (`messages` or `prompt`) and, unless a fixed context is given, the context."""
+    if "messages" not in column_names and "prompt" not in column_names:
+        raise ValueError(
+            f"The {split} dataset has neither a `messages` nor a `prompt` column; its columns are "
+            f"{sorted(column_names)}. Rename the prompt column to `prompt` (a string or a list of chat messages)."
+        )
+    if spec.text is None and spec.column not in column_names:
+        raise ValueError(missing_column_message(spec.column, column_names, what="context"))
+
+
+def tokenize_example(
+    example: Mapping[str, Any], index: int | None, tokenizer, spec: ContextSpec, limits: Limits
+) -> dict[str, list[int]]:
+    """Token ids of the no-context prompt, the context prompt and the reference completion (possibly empty)."""
+    prompt, completion = split_example(example)
+    context = spec.context_of(example, index)
+    prompt_ids = render_prompt_ids(tokenizer, prompt)
+    completion_ids = render_completion_ids(tokenizer, prompt, completion) if completion else []
+    where = f"row {index}" if index is not None else "an example"
+    completion_budget = max(limits.max_new_tokens, len(completion_ids))
+    if limits.max_length is not None and len(prompt_ids) + completion_budget > limits.max_length:
+        raise ValueError(
+            f"In {where}, the prompt without context has {len(prompt_ids)} tokens; with up to {completion_budget} "
+            f"completion tokens that exceeds max_length={limits.max_length}. Raise `max_length` or lower "
+            "`max_new_tokens`; prompts are never truncated."
+        )
+    context_prompt_ids = render_prompt_ids(tokenizer, add_context(prompt, context, spec))
+    limit = limits.max_context_length
+    if limit is not None and len(context_prompt_ids) + completion_budget > limit:
+        if not limits.truncate_context:
+            raise ValueError(
+                f"In {where}, the context view is too long: {len(prompt_ids)} prompt tokens + "
+                f"{len(context_prompt_ids) - len(prompt_ids)} context tokens + {completion_budget} completion tokens "
+                f"= {len(context_prompt_ids) + completion_budget} > max_context_length={limit}. Shorten the context, "
+                "lower `max_new_tokens`, or set `truncate_context=True` to cut the context itself."
+            )
+        context_prompt_ids = _truncate_context(tokenizer, prompt, context, spec, limit - completion_budget, where)
+    return {"prompt_ids": prompt_ids, "context_prompt_ids": context_prompt_ids, "completion_ids": completion_ids}
+
+
+def _truncate_context(tokenizer, prompt, context: str, spec: ContextSpec, budget: int, where: str) -> list[int]:
+    """Drop tokens from the end of the context until the context prompt fits in `budget` tokens."""
+    context_ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+    keep = len(context_ids)
+    while keep > 0:
+        ids = render_prompt_ids(tokenizer, add_context(prompt, tokenizer.decode(context_ids[:keep]), spec))
+        if len(ids) <= budget:
+            logger.warning(
+                "Truncated the context of %s from %d to %d tokens to fit max_context_length.",
+                where,
+                len(context_ids),
+                keep,
+            )
+            return ids
+        keep -= max(1, len(ids) - budget)
+    raise ValueError(
+        f"In {where}, even without its context the prompt does not fit the context-view budget of {budget} tokens. "
+        "Raise `max_context_length` or lower `max_new_tokens`."
+    )
+
+
+def prepare_dataset(dataset, tokenizer, spec: ContextSpec, limits: Limits, split: str, num_proc: int | None = None):
+    """Add the token columns to a `datasets` dataset, validating every row (errors name the row)."""
+    if dataset is None:
+        return None
+    column_names = dataset.column_names
+    if column_names is not None:
+        if all(c in column_names for c in TOKEN_COLUMNS):
+            return dataset
+        check_columns(column_names, spec, split)
+    map_kwargs = {}
+    if isinstance(dataset, Dataset):
+        map_kwargs = {"num_proc": num_proc, "desc": f"Tokenizing {split} prompts with and without context"}
+    return dataset.map(
+        tokenize_example,
+        with_indices=True,
+        fn_kwargs={"tokenizer": tokenizer, "spec": spec, "limits": limits},
+        **map_kwargs,
+    )
+
+
+@dataclass
+class NCACollator:
+    """Pads the three token columns: prompts to the left (both views), reference completions to the right."""
+
+    pad_token_id: int
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        missing = [c for c in TOKEN_COLUMNS if c not in examples[0]]
+        if missing:
+            raise KeyError(
+                f"The batch lacks {missing}: pass datasets through NCATrainer (which tokenises them) or "
+                "`trl_nca.data.prepare_dataset`."
+            )
+        prompts, prompt_mask = left_pad([e["prompt_ids"] for e in examples], self.pad_token_id)
+        context_prompts, context_mask = left_pad([e["context_prompt_ids"] for e in examples], self.pad_token_id)
+        completion_ids, completion_mask = right_pad([e["completion_ids"] for e in examples], self.pad_token_id)
+        return {
+            "prompts": prompts,
+            "prompt_attention_mask": prompt_mask,
+            "context_prompts": context_prompts,
+            "context_prompt_attention_mask": context_mask,
+            "completion_ids": completion_ids,
+            "completion_mask": completion_mask,
+            "has_reference": torch.tensor([len(e["completion_ids"]) > 0 for e in examples]),
+        }

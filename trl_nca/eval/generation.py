@@ -1,0 +1,233 @@
+"""Batched generation for the paired evaluation, with per-item random streams.
+
+Reproducibility contract. Every item gets its own seed (`item_seed(seed, item_id)`), used for both of its views. With
+the Hugging Face backend, sampling is done by `PerRowSampler`: each row of a batch owns a `torch.Generator` seeded with
+its item seed, and at every decoding step draws the same number of Gumbel variates from it, whatever else is in the
+batch. Hence an item's sample depends only on (model, prompt, item seed, sampling settings, device type), not on the
+batch size, the batch composition or the order of items, up to floating-point differences between the logits of a
+padded batched forward and an unpadded one (which flip a sample only when two candidates are within rounding of each
+other). The two views of an item share their random draws ("common random numbers"), which lowers the variance of the
+paired comparison without biasing either view. The global RNGs (`random`, numpy, torch) are never used. Samples differ
+between CPU and CUDA generators. The vLLM backend passes the item seed as the per-request seed, which vLLM also keeps
+independent of batching, but its draws differ from the Hugging Face backend's.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ..views import left_pad
+
+
+@dataclass
+class GenerationSettings:
+    """Sampling settings shared by both views. Defaults follow the OPCD QA evaluation (T=1, top-p 0.95, top-k 20).
+
+    `do_sample=False` or `temperature=0` means greedy decoding. `top_k=0` and `top_p=1` disable those filters.
+    `batch_size` is the number of prompts per `generate` call (each view of a chunk of items is one call).
+    """
+
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 0.95
+    top_k: int = 20
+    do_sample: bool = True
+    seed: int = 0
+    batch_size: int = 8
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}.")
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def item_seed(seed: int, item_id: str) -> int:
+    """A 63-bit seed for one item, derived from the run seed and the item id (stable across runs and platforms)."""
+    digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class Generated:
+    """One generated response: its token ids (through the end-of-turn token if any), text and truncation flag."""
+
+    token_ids: list[int]
+    text: str
+    truncated: bool
+
+
+class GenerationBackend(Protocol):
+    """Generates one response per prompt; `seeds[i]` is the random seed of prompt i."""
+
+    name: str
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], settings: GenerationSettings
+    ) -> list[Generated]: ...
+
+
+class PerRowSampler:
+    """A logits processor that samples each row with its own generator and returns a one-hot mask of the choice.
+
+    Applies temperature, top-k then top-p (the smallest set of top candidates whose probability reaches `top_p`), and
+    picks `argmax(logit + Gumbel noise)` over the candidates, which is an exact sample of the filtered softmax. Used
+    with greedy `generate`, which then takes the marked token. Each row draws exactly `k` variates per step (`k` =
+    top_k, or the vocabulary size), so its stream never depends on the other rows.
+    """
+
+    def __init__(self, seeds: Sequence[int], settings: GenerationSettings, device: torch.device | str):
+        device = torch.device(device)
+        self.generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+        self.temperature = settings.temperature
+        self.top_k = settings.top_k
+        self.top_p = settings.top_p
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        logits = scores.float() / self.temperature
+        vocab = logits.shape[-1]
+        k = self.top_k if 0 < self.top_k < vocab else vocab
+        values, indices = torch.topk(logits, k, dim=-1)  # sorted, highest first
+        if self.top_p < 1.0:
+            probs = torch.softmax(values, dim=-1)
+            mass_before = probs.cumsum(-1) - probs
+            values = values.masked_fill(mass_before >= self.top_p, float("-inf"))
+        noise = torch.stack([torch.empty(k, device=logits.device).exponential_(generator=g) for g in self.generators])
+        choice = torch.argmax(values - noise.log(), dim=-1, keepdim=True)
+        chosen = indices.gather(-1, choice)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, chosen, 0.0)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
+
+
+class HFBackend:
+    """Left-padded batched `model.generate` with `PerRowSampler` for sampling."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer):
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], settings: GenerationSettings
+    ) -> list[Generated]:
+        from transformers import LogitsProcessorList
+
+        model, tokenizer = self.model, self.tokenizer
+        eos_ids = _eos_ids(model, tokenizer)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
+        device = next(model.parameters()).device
+        input_ids, attention_mask = left_pad(prompts, pad_id)
+        config = copy.deepcopy(model.generation_config)
+        config.max_new_tokens = settings.max_new_tokens
+        config.max_length = None
+        config.min_new_tokens = None
+        config.do_sample = False
+        config.num_beams = 1
+        config.num_return_sequences = 1
+        config.temperature = None
+        config.top_p = None
+        config.top_k = None
+        config.pad_token_id = pad_id
+        if config.eos_token_id is None and tokenizer.eos_token_id is not None:
+            config.eos_token_id = tokenizer.eos_token_id
+        processors = LogitsProcessorList()
+        if not settings.greedy:
+            processors.append(PerRowSampler(seeds, settings, device))
+        output = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=config,
+            logits_processor=processors,
+        )
+        completions = output[:, input_ids.shape[1] :].tolist()
+        results = []
+        for row in completions:
+            end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+            tokens = row if end is None else row[: end + 1]
+            truncated = end is None and len(tokens) >= settings.max_new_tokens
+            results.append(Generated(tokens, tokenizer.decode(tokens, skip_special_tokens=True), truncated))
+        return results
+
+
+class VLLMBackend:
+    """Generation with vLLM (optional dependency); per-request seeds keep samples independent of batching.
+
+    `llm` is a `vllm.LLM` or a model path; an `adapter` path is served through vLLM's LoRA support.
+    """
+
+    name = "vllm"
+
+    def __init__(self, llm, tokenizer, adapter: str | None = None, **llm_kwargs):
+        try:
+            import vllm
+        except ImportError as error:
+            raise ImportError("The vLLM backend needs `pip install vllm`; use backend='hf' otherwise.") from error
+        self._vllm = vllm
+        if isinstance(llm, str):
+            llm = vllm.LLM(model=llm, enable_lora=adapter is not None, **llm_kwargs)
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.lora = None
+        if adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            self.lora = LoRARequest("adapter", 1, adapter)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], settings: GenerationSettings
+    ) -> list[Generated]:
+        params = [
+            self._vllm.SamplingParams(
+                max_tokens=settings.max_new_tokens,
+                temperature=0.0 if settings.greedy else settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k if settings.top_k > 0 else -1,
+                seed=int(seed) & 0x7FFFFFFF,
+                skip_special_tokens=True,
+            )
+            for seed in seeds
+        ]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(requests, sampling_params=params, lora_request=self.lora, use_tqdm=False)
+        results = []
+        for out in outputs:
+            completion = out.outputs[0]
+            results.append(Generated(list(completion.token_ids), completion.text, completion.finish_reason == "length"))
+        return results
+
+
+def vllm_available() -> bool:
+    """Whether the optional vLLM backend can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None

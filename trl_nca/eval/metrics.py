@@ -1,0 +1,252 @@
+"""Paired metrics of a with/without-context evaluation, their bootstrap intervals, McNemar's test and the regime rule.
+
+For items i = 1..n, `x_i` (`xc_i`) is 1 when the response without (with) the context is correct. The discordant counts
+are `harm = #{x_i = 1, xc_i = 0}` (the context breaks a correct answer) and `help = #{x_i = 0, xc_i = 1}`. Rates that
+divide by an empty set (e.g. harm when nothing is correct without the context) are `None`, never 0.
+
+Regime rule (documented in docs/evaluation.md): with `p` the exact two-sided McNemar p-value of the harm and help counts
+and `alpha` (default 0.05),
+
+- A: `harm > help` and `p < alpha` (adding the context significantly lowers accuracy; then `delta < 0`);
+- B: `help > harm` and `p < alpha` (the context still significantly helps; then `delta > 0`);
+- C: otherwise (no significant difference between the views, including ties and zero discordant items);
+- None: no items.
+
+Because `delta = (help - harm) / n`, the sign of the accuracy difference always agrees with the direction of A or B.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .records import PairedRecord, ViewOutcome
+
+
+RATE_KEYS = (
+    "acc_x",
+    "acc_xc",
+    "delta",
+    "harm",
+    "harm_unconditional",
+    "help",
+    "help_unconditional",
+    "both_correct",
+    "both_wrong",
+    "format_failure_x",
+    "format_failure_xc",
+    "truncated_x",
+    "truncated_xc",
+    "length_change",
+)
+
+
+@dataclass
+class PairedArrays:
+    """Per-item outcomes as arrays (one entry per record, in record order)."""
+
+    correct_x: np.ndarray
+    correct_xc: np.ndarray
+    format_failure_x: np.ndarray
+    format_failure_xc: np.ndarray
+    truncated_x: np.ndarray
+    truncated_xc: np.ndarray
+    length_x: np.ndarray
+    length_xc: np.ndarray
+
+
+def _view_score(view: ViewOutcome, scorer: str | None) -> tuple[bool, bool]:
+    if scorer is None:
+        return bool(view.correct), bool(view.format_failure)
+    scores = view.extra.get("scores", {})
+    if scorer not in scores:
+        raise KeyError(f"The records hold no outcome for scorer {scorer!r}; they have {sorted(scores)}.")
+    return bool(scores[scorer]["correct"]), bool(scores[scorer]["format_failure"])
+
+
+def paired_arrays(records: Sequence[PairedRecord], scorer: str | None = None) -> PairedArrays:
+    """Arrays of the records' outcomes; `scorer` selects a companion scorer stored in `ViewOutcome.extra['scores']`."""
+    x = [_view_score(r.x, scorer) for r in records]
+    xc = [_view_score(r.xc, scorer) for r in records]
+    return PairedArrays(
+        correct_x=np.array([c for c, _ in x], dtype=bool),
+        correct_xc=np.array([c for c, _ in xc], dtype=bool),
+        format_failure_x=np.array([f for _, f in x], dtype=bool),
+        format_failure_xc=np.array([f for _, f in xc], dtype=bool),
+        truncated_x=np.array([r.x.truncated for r in records], dtype=bool),
+        truncated_xc=np.array([r.xc.truncated for r in records], dtype=bool),
+        length_x=np.array([r.x.num_tokens for r in records], dtype=float),
+        length_xc=np.array([r.xc.num_tokens for r in records], dtype=float),
+    )
+
+
+def mcnemar_exact(harm: int, help: int) -> float:
+    """Exact two-sided McNemar p-value: a binomial test of `harm` out of `harm + help` discordant items at 1/2.
+
+    p = min(1, 2 * P(X <= min(harm, help))) for X ~ Binomial(harm + help, 1/2); 1.0 when there are no discordant items.
+    """
+    if harm < 0 or help < 0:
+        raise ValueError("Discordant counts must be non-negative.")
+    n = harm + help
+    if n == 0:
+        return 1.0
+    k = min(harm, help)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2.0 * tail)
+
+
+def classify_regime(harm: int, help: int, n: int, alpha: float = 0.05) -> str | None:
+    """Regime A (context significantly hurts), B (significantly helps) or C (no significant difference); None if n=0."""
+    if n == 0:
+        return None
+    p = mcnemar_exact(harm, help)
+    if p < alpha and harm > help:
+        return "A"
+    if p < alpha and help > harm:
+        return "B"
+    return "C"
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, NaN where den == 0."""
+    num = np.asarray(num, dtype=float)
+    den = np.asarray(den, dtype=float)
+    out = np.full(np.broadcast(num, den).shape, np.nan)
+    np.divide(num, den, out=out, where=den != 0)
+    return out
+
+
+def _rates(a: PairedArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
+    """All rates for each row of an index matrix `idx` (shape (B, n)); the identity row gives the point estimate."""
+    cx, cxc = a.correct_x[idx], a.correct_xc[idx]
+    n = idx.shape[1]
+    harm = (cx & ~cxc).sum(1)
+    help_ = (~cx & cxc).sum(1)
+    n_cx = cx.sum(1)
+    len_x = a.length_x[idx].mean(1)
+    len_xc = a.length_xc[idx].mean(1)
+    return {
+        "acc_x": cx.mean(1),
+        "acc_xc": cxc.mean(1),
+        "delta": cxc.mean(1) - cx.mean(1),
+        "harm": _ratio(harm, n_cx),
+        "harm_unconditional": harm / n,
+        "help": _ratio(help_, n - n_cx),
+        "help_unconditional": help_ / n,
+        "both_correct": (cx & cxc).mean(1),
+        "both_wrong": (~cx & ~cxc).mean(1),
+        "format_failure_x": a.format_failure_x[idx].mean(1),
+        "format_failure_xc": a.format_failure_xc[idx].mean(1),
+        "truncated_x": a.truncated_x[idx].mean(1),
+        "truncated_xc": a.truncated_xc[idx].mean(1),
+        "length_change": _ratio(len_xc - len_x, len_x),
+    }
+
+
+def bootstrap_intervals(
+    arrays: PairedArrays, n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, tuple[float, float] | None]:
+    """Percentile bootstrap intervals of every rate, resampling items (pairs) with replacement.
+
+    Resamples where a rate is undefined (empty denominator) are left out of that rate's interval; a rate undefined in
+    every resample gets None. Seeded with its own generator, so it touches no global RNG.
+    """
+    n = len(arrays.correct_x)
+    if n == 0 or n_resamples <= 0:
+        return dict.fromkeys(RATE_KEYS)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_resamples, n))
+    samples = _rates(arrays, idx)
+    tail = 100 * (1 - confidence) / 2
+    intervals: dict[str, tuple[float, float] | None] = {}
+    for key in RATE_KEYS:
+        values = samples[key][~np.isnan(samples[key])]
+        if values.size == 0:
+            intervals[key] = None
+        else:
+            low, high = np.percentile(values, [tail, 100 - tail])
+            intervals[key] = (float(low), float(high))
+    return intervals
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else float(value)
+
+
+def _length_stats(lengths: np.ndarray) -> dict[str, float | None]:
+    if lengths.size == 0:
+        return {"mean": None, "median": None, "p90": None}
+    return {
+        "mean": float(lengths.mean()),
+        "median": float(np.median(lengths)),
+        "p90": float(np.percentile(lengths, 90)),
+    }
+
+
+def compute_metrics(
+    records: Sequence[PairedRecord],
+    *,
+    scorer: str | None = None,
+    alpha: float = 0.05,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Every paired metric of `records` as a JSON-ready dict.
+
+    Keys: `n`, the counts (`n_correct_x`, `n_correct_xc`, `harm_count`, `help_count`, `both_correct_count`,
+    `both_wrong_count`), the rates in `RATE_KEYS` (None when undefined), `length_x`/`length_xc` (mean, median, p90 of
+    response tokens), `mcnemar_p`, `regime`, `alpha` and `ci` (a `[low, high]` bootstrap interval per rate, or None).
+    `scorer` reads a companion scorer's verdicts instead of the main ones.
+    """
+    arrays = paired_arrays(records, scorer)
+    n = len(records)
+    cx, cxc = arrays.correct_x, arrays.correct_xc
+    harm_count = int((cx & ~cxc).sum())
+    help_count = int((~cx & cxc).sum())
+    if n:
+        point = {k: _none_if_nan(float(v[0])) for k, v in _rates(arrays, np.arange(n)[None, :]).items()}
+    else:
+        point = dict.fromkeys(RATE_KEYS)
+    intervals = bootstrap_intervals(arrays, n_resamples=n_bootstrap, seed=seed, confidence=confidence)
+    return {
+        "n": n,
+        "n_correct_x": int(cx.sum()),
+        "n_correct_xc": int(cxc.sum()),
+        "harm_count": harm_count,
+        "help_count": help_count,
+        "both_correct_count": int((cx & cxc).sum()),
+        "both_wrong_count": int((~cx & ~cxc).sum()),
+        **point,
+        "length_x": _length_stats(arrays.length_x),
+        "length_xc": _length_stats(arrays.length_xc),
+        "mcnemar_p": mcnemar_exact(harm_count, help_count),
+        "regime": classify_regime(harm_count, help_count, n, alpha),
+        "alpha": alpha,
+        "confidence": confidence,
+        "ci": {k: (None if v is None else [v[0], v[1]]) for k, v in intervals.items()},
+    }
+
+
+def flatten_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Numeric scalars of `compute_metrics` output as a flat dict for trainer loggers (None and strings dropped).
+
+    The regime is logged as `regime_code` (A=-1, C=0, B=+1) so it can be plotted next to the losses.
+    """
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key in ("ci", "alpha", "confidence"):
+            continue
+        if isinstance(value, dict):
+            for sub, sub_value in value.items():
+                if isinstance(sub_value, (int, float)) and not isinstance(sub_value, bool):
+                    flat[f"{prefix}{key}_{sub}"] = float(sub_value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[f"{prefix}{key}"] = float(value)
+    if metrics.get("regime") is not None:
+        flat[f"{prefix}regime_code"] = {"A": -1.0, "C": 0.0, "B": 1.0}[metrics["regime"]]
+    return flat

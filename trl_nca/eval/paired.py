@@ -1,0 +1,501 @@
+"""The paired evaluator: every item generated once without and once with the context, scored, written, resumable.
+
+Prompts are built with `trl_nca.views` (`split_example`, `add_context`, `render_prompt_ids`), the same functions the
+trainer uses, so the evaluation sees exactly the prompts of training. See `trl_nca.eval.generation` for what is
+guaranteed about the random samples.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..views import ContextSpec, add_context, render_prompt_ids, split_example
+from .generation import GenerationBackend, GenerationSettings, HFBackend, VLLMBackend, item_seed
+from .provenance import library_versions, model_identity, sha256_text
+from .records import PairedRecord, ViewOutcome
+from .scorers import COMPANION_SCORERS, Scorer, get_scorer, safe_score
+
+
+logger = logging.getLogger(__name__)
+
+
+class EvalInputError(ValueError):
+    """Bad evaluation input (missing column, unusable label, unreadable file, unknown model): the message names it."""
+
+
+@dataclass
+class EvalItem:
+    """One prepared item: id, label, the prompt token ids of both views, and the hash of its context."""
+
+    item_id: str
+    index: int
+    label: Any
+    prompt_ids_x: list[int]
+    prompt_ids_xc: list[int]
+    context_sha256: str
+    seed: int
+
+
+def column_names(dataset) -> list[str]:
+    """Column names of a `datasets.Dataset` or the union of keys of a list of dicts."""
+    if hasattr(dataset, "column_names"):
+        return list(dataset.column_names)
+    names: dict[str, None] = {}
+    for row in dataset:
+        names.update(dict.fromkeys(row))
+    return list(names)
+
+
+def _check_column(column: str, columns: Sequence[str], what: str, option: str) -> None:
+    if column not in columns:
+        raise EvalInputError(
+            f"The dataset has no {what} column {column!r}; its columns are {sorted(columns)}. Set {option} to one of "
+            "them."
+        )
+
+
+class PairedEvaluator:
+    """Prepares a dataset once and evaluates models on it, paired without/with the context.
+
+    Args:
+        dataset: a `datasets.Dataset` or a list of dicts, with a `prompt` (string or messages) or `messages` column,
+            or the column named by `prompt_column`.
+        context: where the context comes from and where it goes (`trl_nca.views.ContextSpec`).
+        scorer: a registry name (`"mcq"`, `"mcq_strict"`, `"yesno"`, `"exact"`, `"normalized"`), a `Scorer`, or a
+            callable `fn(text, label)`.
+        label_column: the column holding each item's label.
+        id_column: the column holding unique item ids; None uses the row index.
+        generation: sampling settings shared by both views.
+        companion_scorers: extra scorers stored per view in `ViewOutcome.extra["scores"]`; None picks the default
+            companions (the strict MCQ parser next to the reference one, and vice versa).
+        prompt_column: the prompt column when it is neither `prompt` nor `messages`.
+        limit: evaluate only the first `limit` rows.
+        chat_template_kwargs: passed to `apply_chat_template` (e.g. `{"enable_thinking": False}`).
+    """
+
+    def __init__(
+        self,
+        dataset,
+        *,
+        context: ContextSpec,
+        scorer: str | Scorer | Any = "mcq",
+        label_column: str = "answer",
+        id_column: str | None = None,
+        generation: GenerationSettings | None = None,
+        companion_scorers: Sequence[str | Scorer] | None = None,
+        prompt_column: str | None = None,
+        limit: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ):
+        self.context = context
+        self.scorer = get_scorer(scorer)
+        if companion_scorers is None:
+            companion_scorers = COMPANION_SCORERS.get(self.scorer.name, ())
+        self.companions = [get_scorer(s) for s in companion_scorers]
+        self.label_column = label_column
+        self.id_column = id_column
+        self.generation = generation or GenerationSettings()
+        self.prompt_column = prompt_column
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        rows = dataset if limit is None else _head(dataset, limit)
+        self.rows = [dict(r) for r in rows]
+        self._validate()
+        self._items: list[EvalItem] | None = None
+        self._tokenizer_id: int | None = None
+
+    def _validate(self) -> None:
+        columns = column_names(self.rows)
+        if not self.rows:
+            raise EvalInputError("The evaluation dataset is empty.")
+        _check_column(self.label_column, columns, "label", "the label column")
+        if self.id_column is not None:
+            _check_column(self.id_column, columns, "id", "the id column")
+        if self.prompt_column is not None:
+            _check_column(self.prompt_column, columns, "prompt", "the prompt column")
+        elif "prompt" not in columns and "messages" not in columns:
+            raise EvalInputError(
+                f"The dataset has neither a `prompt` nor a `messages` column; its columns are {sorted(columns)}. "
+                "Name the prompt column explicitly."
+            )
+        if self.context.text is None:
+            _check_column(self.context.column, columns, "context", "the context column (or give a fixed context)")
+        seen: dict[str, int] = {}
+        for index, row in enumerate(self.rows):
+            item_id = self.item_id(row, index)
+            if item_id in seen:
+                raise EvalInputError(
+                    f"Item id {item_id!r} appears in rows {seen[item_id]} and {index}; ids must be unique."
+                )
+            seen[item_id] = index
+            for scorer in [self.scorer, *self.companions]:
+                try:
+                    scorer.check_label(row[self.label_column])
+                except (ValueError, TypeError) as error:
+                    raise EvalInputError(
+                        f"Scorer/dataset mismatch at item {item_id!r}: {error} (label column {self.label_column!r}). "
+                        "Pick a scorer that fits the labels, or convert the labels."
+                    ) from error
+            try:
+                self.context.context_of(row, index)
+            except (KeyError, TypeError, ValueError) as error:
+                raise EvalInputError(f"Item {item_id!r}: {error}") from error
+
+    def item_id(self, row: Mapping[str, Any], index: int) -> str:
+        return str(index) if self.id_column is None else str(row[self.id_column])
+
+    def _prompt_messages(self, row: Mapping[str, Any]):
+        if self.prompt_column in (None, "prompt", "messages"):
+            example = row if self.prompt_column is None else {self.prompt_column: row[self.prompt_column]}
+        else:
+            example = {"prompt": row[self.prompt_column]}
+        messages, _ = split_example(example)
+        return messages
+
+    def items(self, tokenizer) -> list[EvalItem]:
+        """The prepared items for `tokenizer` (built once per tokenizer)."""
+        if self._items is not None and self._tokenizer_id == id(tokenizer):
+            return self._items
+        items = []
+        for index, row in enumerate(self.rows):
+            item_id = self.item_id(row, index)
+            messages = self._prompt_messages(row)
+            context = self.context.context_of(row, index)
+            items.append(
+                EvalItem(
+                    item_id=item_id,
+                    index=index,
+                    label=row[self.label_column],
+                    prompt_ids_x=render_prompt_ids(tokenizer, messages, **self.chat_template_kwargs),
+                    prompt_ids_xc=render_prompt_ids(
+                        tokenizer, add_context(messages, context, self.context), **self.chat_template_kwargs
+                    ),
+                    context_sha256=sha256_text(context),
+                    seed=item_seed(self.generation.seed, item_id),
+                )
+            )
+        self._items, self._tokenizer_id = items, id(tokenizer)
+        return items
+
+    def context_sha256(self) -> str:
+        """One hash of all contexts: the fixed string's sha256, or a sha256 over (item id, context sha256) pairs."""
+        if self.context.text is not None:
+            return sha256_text(self.context.text)
+        lines = [
+            f"{self.item_id(row, i)}\t{sha256_text(self.context.context_of(row, i))}" for i, row in enumerate(self.rows)
+        ]
+        return sha256_text("\n".join(lines))
+
+    def context_info(self) -> dict[str, Any]:
+        return {
+            "sha256": self.context_sha256(),
+            "source": "text" if self.context.text is not None else f"column:{self.context.column}",
+            "placement": self.context.placement,
+            "template": self.context.template if self.context.placement == "user" else None,
+            "separator": self.context.separator if self.context.placement == "system" else None,
+        }
+
+    def provenance(self, model=None, model_path: str | None = None, adapter: str | None = None) -> dict[str, Any]:
+        """What identifies a run: model/adapter, context hash, scorer, seeds and sampling settings, library versions."""
+        return {
+            "model": model_identity(model, model_path, adapter),
+            "context": self.context_info(),
+            "scorer": self.scorer.name,
+            "companion_scorers": [s.name for s in self.companions],
+            "label_column": self.label_column,
+            "id_column": self.id_column,
+            "generation": self.generation.to_dict(),
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "versions": library_versions(),
+        }
+
+    def run(
+        self,
+        model,
+        tokenizer,
+        *,
+        output_path: str | os.PathLike | None = None,
+        backend: GenerationBackend | None = None,
+        progress: bool = True,
+        model_path: str | None = None,
+        adapter: str | None = None,
+        provenance: Mapping[str, Any] | None = None,
+    ) -> list[PairedRecord]:
+        """Evaluate `model` on every item and return the records in dataset order.
+
+        With `output_path`, each finished record is appended to that JSONL file right away, and on a rerun the items
+        whose ids are already there are loaded instead of generated (no duplicates; a half-written last line from an
+        interruption is discarded). A file written with different settings (model, context, scorer, sampling) is
+        refused rather than mixed.
+        """
+        items = self.items(tokenizer)
+        prov = dict(provenance) if provenance is not None else self.provenance(model, model_path, adapter)
+        run_key = _run_key(prov)
+        done: dict[str, PairedRecord] = {}
+        if output_path is not None:
+            done = load_records(output_path, expected_run_key=run_key)
+        todo = [item for item in items if item.item_id not in done]
+        if backend is None:
+            backend = HFBackend(model, tokenizer)
+        record_meta = {
+            "model": prov["model"].get("name_or_path"),
+            "adapter": prov["model"].get("adapter"),
+            "seed": self.generation.seed,
+            "sampling": self.generation.to_dict(),
+            "scorer": self.scorer.name,
+            "versions": prov["versions"],
+            "run_key": run_key,
+        }
+        was_training = getattr(model, "training", False)
+        if hasattr(model, "eval"):
+            model.eval()
+        try:
+            with _progress(len(todo), progress, desc=f"paired eval ({len(done)} done)") as bar:
+                for start in range(0, len(todo), self.generation.batch_size):
+                    chunk = todo[start : start + self.generation.batch_size]
+                    seeds = [item.seed for item in chunk]
+                    outs_x = backend.generate([it.prompt_ids_x for it in chunk], seeds, self.generation)
+                    outs_xc = backend.generate([it.prompt_ids_xc for it in chunk], seeds, self.generation)
+                    new = [self._record(it, gx, gxc, record_meta) for it, gx, gxc in zip(chunk, outs_x, outs_xc)]
+                    if output_path is not None:
+                        append_records(output_path, new)
+                    done.update((r.item_id, r) for r in new)
+                    bar.update(len(chunk))
+        finally:
+            if was_training and hasattr(model, "train"):
+                model.train()
+        return [done[item.item_id] for item in items]
+
+    def _outcome(self, item: EvalItem, generated) -> ViewOutcome:
+        main = safe_score(self.scorer, generated.text, item.label)
+        scores = {}
+        for scorer in [self.scorer, *self.companions]:
+            s = main if scorer is self.scorer else safe_score(scorer, generated.text, item.label)
+            scores[scorer.name] = {"answer": s.answer, "correct": s.correct, "format_failure": s.format_failure}
+            if s.error:
+                scores[scorer.name]["error"] = s.error
+        return ViewOutcome(
+            completion=generated.text,
+            answer=main.answer,
+            correct=main.correct,
+            num_tokens=len(generated.token_ids),
+            truncated=generated.truncated,
+            format_failure=main.format_failure,
+            extra={"scores": scores},
+        )
+
+    def _record(self, item: EvalItem, gen_x, gen_xc, record_meta: Mapping[str, Any]) -> PairedRecord:
+        label = item.label if isinstance(item.label, (str, int, float, bool)) or item.label is None else str(item.label)
+        meta = {
+            "index": item.index,
+            "label": label,
+            "item_seed": item.seed,
+            "context_sha256": item.context_sha256,
+            "prompt_tokens_x": len(item.prompt_ids_x),
+            "prompt_tokens_xc": len(item.prompt_ids_xc),
+            **record_meta,
+        }
+        return PairedRecord(item.item_id, self._outcome(item, gen_x), self._outcome(item, gen_xc), meta)
+
+
+def _head(dataset, limit: int):
+    if limit < 0:
+        raise EvalInputError(f"limit must be non-negative, got {limit}.")
+    if hasattr(dataset, "select"):
+        return dataset.select(range(min(limit, len(dataset))))
+    return list(dataset)[:limit]
+
+
+def _run_key(provenance: Mapping[str, Any]) -> str:
+    """A short hash of the settings that must match for records to be resumed (library versions excluded)."""
+    keyed = {k: v for k, v in provenance.items() if k != "versions"}
+    return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
+
+
+def append_records(path: str | os.PathLike, records: Iterable[PairedRecord]) -> None:
+    """Append records to a JSONL file, one per line, flushed and synced so an interruption loses at most one line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_records(path: str | os.PathLike, expected_run_key: str | None = None) -> dict[str, PairedRecord]:
+    """Records of a JSONL file by item id, repairing what an interruption can leave behind.
+
+    A half-written last line is cut off; a complete last record missing its newline gets one, so the next append
+    starts on a fresh line. A corrupt line elsewhere, or a record from a run with another `run_key`, raises
+    `EvalInputError`. Should an id appear twice, the first record wins.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    tail = lines.pop()  # the bytes after the last newline: b"" for a cleanly written file
+    records: dict[str, PairedRecord] = {}
+
+    def parse(line: bytes, number: int) -> PairedRecord:
+        record = PairedRecord.from_dict(json.loads(line))
+        key = record.meta.get("run_key")
+        if expected_run_key is not None and key is not None and key != expected_run_key:
+            raise EvalInputError(
+                f"{path} holds records of another run (line {number}: run key {key} != {expected_run_key}, i.e. a "
+                "different model, context, scorer or sampling setting). Use a new output folder, or delete the file."
+            )
+        return record
+
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = parse(line, number)
+        except (ValueError, KeyError, TypeError) as error:
+            if isinstance(error, EvalInputError):
+                raise
+            raise EvalInputError(f"Line {number} of {path} is not a valid paired record: {error}") from error
+        records.setdefault(record.item_id, record)
+    if tail.strip():
+        try:
+            record = parse(tail, len(lines) + 1)
+        except EvalInputError:
+            raise
+        except (ValueError, KeyError, TypeError):
+            logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
+            with path.open("r+b") as f:
+                f.truncate(len(raw) - len(tail))
+        else:
+            records.setdefault(record.item_id, record)
+            with path.open("ab") as f:
+                f.write(b"\n")
+    return records
+
+
+class _NullBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return _NullBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="item")
+
+
+def load_model(
+    model: str,
+    adapter: str | None = None,
+    *,
+    dtype: str = "auto",
+    device: str | None = None,
+    trust_remote_code: bool = False,
+):
+    """Load a causal LM (and optional PEFT adapter) for evaluation, with a clear error when it cannot be found."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        raise EvalInputError(
+            f"Model {model!r} not found: it is neither a local folder with a config.json nor a reachable Hub model "
+            f"({error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''})."
+        ) from error
+    if adapter is not None:
+        if not Path(adapter).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise EvalInputError(f"Adapter {adapter!r} not found (no such folder, and the Hub is offline).")
+        from peft import PeftModel
+
+        try:
+            loaded = PeftModel.from_pretrained(loaded, adapter)
+        except (OSError, ValueError) as error:
+            raise EvalInputError(f"Adapter {adapter!r} could not be loaded: {error}") from error
+    if device is not None:
+        loaded = loaded.to(device)
+    elif _cuda_available():
+        loaded = loaded.to("cuda")
+    loaded.eval()
+    return loaded
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """Load a tokenizer, with a clear error when it cannot be found."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        raise EvalInputError(
+            f"Tokenizer {path!r} not found: {str(error).splitlines()[0] if str(error) else error}"
+        ) from error
+
+
+def evaluate_paired(
+    model,
+    dataset,
+    *,
+    tokenizer=None,
+    adapter: str | None = None,
+    context: ContextSpec,
+    scorer: str | Scorer | Any = "mcq",
+    label_column: str = "answer",
+    id_column: str | None = None,
+    generation: GenerationSettings | None = None,
+    output_path: str | os.PathLike | None = None,
+    backend: str = "hf",
+    progress: bool = True,
+    **evaluator_kwargs,
+) -> list[PairedRecord]:
+    """One-call paired evaluation of a model (a path or an instance) on a dataset; see `PairedEvaluator`.
+
+    A path is loaded with `load_model` (plus `adapter`); an instance needs `tokenizer`. `backend="vllm"` uses vLLM when
+    it is installed (a path is then served by vLLM directly).
+    """
+    evaluator = PairedEvaluator(
+        dataset,
+        context=context,
+        scorer=scorer,
+        label_column=label_column,
+        id_column=id_column,
+        generation=generation,
+        **evaluator_kwargs,
+    )
+    model_path = model if isinstance(model, str) else None
+    if tokenizer is None:
+        if model_path is None:
+            raise ValueError("Pass the tokenizer when the model is an instance.")
+        tokenizer = load_tokenizer(model_path)
+    if backend == "vllm":
+        engine = VLLMBackend(model, tokenizer, adapter=adapter)
+        return evaluator.run(
+            engine.llm, tokenizer, output_path=output_path, backend=engine, progress=progress,
+            model_path=model_path, adapter=adapter,
+        )  # fmt: skip
+    if backend != "hf":
+        raise ValueError(f"Unknown backend {backend!r}; use 'hf' or 'vllm'.")
+    if model_path is not None:
+        model = load_model(model_path, adapter)
+    return evaluator.run(
+        model, tokenizer, output_path=output_path, progress=progress, model_path=model_path, adapter=adapter
+    )

@@ -1,0 +1,230 @@
+"""Reports of one or several models side by side: per-item JSONL, summary JSON, Markdown table and PNG figures.
+
+A typical report compares the base model (whose with-context view is the teacher), an OPD student and an NCA student.
+Every output carries the provenance of each model's run (model and adapter identity, context hash, seeds, sampling
+settings, library versions).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .metrics import compute_metrics
+from .paired import append_records
+from .provenance import library_versions
+from .records import PairedRecord
+
+
+@dataclass
+class ModelRun:
+    """The records of one model plus how they were produced. `records_path` is the per-item JSONL, if already written."""
+
+    name: str
+    records: list[PairedRecord]
+    provenance: dict[str, Any] = field(default_factory=dict)
+    records_path: str | None = None
+
+
+def safe_name(name: str) -> str:
+    """A file-system-safe version of a model name."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    return cleaned or "model"
+
+
+def scorer_names(records: Sequence[PairedRecord]) -> list[str]:
+    """The companion scorers stored in every record (both views)."""
+    if not records:
+        return []
+    names = None
+    for record in records:
+        here = set(record.x.extra.get("scores", {})) & set(record.xc.extra.get("scores", {}))
+        names = here if names is None else names & here
+    return sorted(names or [])
+
+
+def summarize_run(
+    run: ModelRun, *, alpha: float = 0.05, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, Any]:
+    """Metrics of one model under its main scorer and under every companion scorer its records hold."""
+    options = {"alpha": alpha, "n_bootstrap": n_bootstrap, "seed": seed, "confidence": confidence}
+    main_scorer = run.provenance.get("scorer")
+    by_scorer = {
+        name: compute_metrics(run.records, scorer=name, **options)
+        for name in scorer_names(run.records)
+        if name != main_scorer
+    }
+    return {
+        "name": run.name,
+        "metrics": compute_metrics(run.records, **options),
+        "metrics_by_scorer": by_scorer,
+        "records_path": run.records_path,
+        "provenance": run.provenance,
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
+
+
+def _with_ci(metrics: Mapping[str, Any], key: str) -> str:
+    ci = metrics["ci"].get(key)
+    text = _pct(metrics.get(key))
+    if ci is None or metrics.get(key) is None:
+        return text
+    return f"{text} [{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def render_markdown(summary: Mapping[str, Any]) -> str:
+    """The Markdown report: a main table, a companion-scorer table and a provenance section."""
+    models = summary["models"]
+    conf = int(round(100 * summary.get("confidence", 0.95)))
+    lines = [
+        f"# {summary.get('title') or 'Paired with/without-context evaluation'}",
+        "",
+        f"Rates in %, with {conf}% bootstrap intervals ({summary['n_bootstrap']} resamples, seed "
+        f"{summary['bootstrap_seed']}). Harm = P(wrong with c | correct without c); Help = P(correct with c | wrong "
+        f"without c). Regime: A = c significantly hurts, B = c significantly helps, C = no significant difference "
+        f"(exact McNemar test on harm vs help counts, alpha = {summary['alpha']}).",
+        "",
+        "| Model | n | Acc_x | Acc_xc | Delta | Harm | Harm (uncond.) | Help | BothCorrect | BothWrong | FF_x | FF_xc "
+        "| Len_x | Len_xc | Len change | Trunc_x | Trunc_xc | McNemar p | Regime |",
+        "|" + "---|" * 19,
+    ]
+    for model in models:
+        m = model["metrics"]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    model["name"],
+                    str(m["n"]),
+                    _with_ci(m, "acc_x"),
+                    _with_ci(m, "acc_xc"),
+                    _with_ci(m, "delta"),
+                    _with_ci(m, "harm") + f" ({m['harm_count']})",
+                    _pct(m["harm_unconditional"]),
+                    _with_ci(m, "help") + f" ({m['help_count']})",
+                    _pct(m["both_correct"]),
+                    _pct(m["both_wrong"]),
+                    _pct(m["format_failure_x"]),
+                    _pct(m["format_failure_xc"]),
+                    _num(m["length_x"]["mean"]),
+                    _num(m["length_xc"]["mean"]),
+                    _pct(m["length_change"]),
+                    _pct(m["truncated_x"]),
+                    _pct(m["truncated_xc"]),
+                    f"{m['mcnemar_p']:.3g}",
+                    m["regime"] or "n/a",
+                ]
+            )
+            + " |"
+        )
+    companion_rows = [
+        (model["name"], scorer, m) for model in models for scorer, m in model.get("metrics_by_scorer", {}).items()
+    ]
+    if companion_rows:
+        lines += [
+            "",
+            "## Other scorers",
+            "",
+            "| Model | Scorer | Acc_x | Acc_xc | Delta | Harm | Help | FF_x | FF_xc | McNemar p | Regime |",
+            "|" + "---|" * 11,
+        ]
+        for name, scorer, m in companion_rows:
+            cells = [name, scorer] + [_with_ci(m, k) for k in ("acc_x", "acc_xc", "delta", "harm", "help")]
+            cells += [_pct(m["format_failure_x"]), _pct(m["format_failure_xc"]), f"{m['mcnemar_p']:.3g}"]
+            lines.append("| " + " | ".join(cells + [m["regime"] or "n/a"]) + " |")
+    lines += ["", "## Length (response tokens)", "", "| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
+    for model in models:
+        m = model["metrics"]
+        for view in ("x", "xc"):
+            stats = m[f"length_{view}"]
+            lines.append(
+                f"| {model['name']} | {view} | {_num(stats['mean'])} | {_num(stats['median'])} | {_num(stats['p90'])} |"
+            )
+    lines += ["", "## Provenance", ""]
+    for model in models:
+        prov = model.get("provenance") or {}
+        ident = prov.get("model") or {}
+        gen = prov.get("generation") or {}
+        ctx = prov.get("context") or {}
+        lines.append(
+            f"- **{model['name']}**: model `{ident.get('name_or_path')}`"
+            + (f" (commit {ident['commit']})" if ident.get("commit") else "")
+            + (f", adapter `{ident['adapter']}`" if ident.get("adapter") else "")
+            + (f", weights fingerprint `{ident['fingerprint']}`" if ident.get("fingerprint") else "")
+            + f"; scorer `{prov.get('scorer')}`; context sha256 `{ctx.get('sha256')}` ({ctx.get('source')}, "
+            f"{ctx.get('placement')}); sampling {json.dumps(gen, sort_keys=True)}"
+            + (f"; records `{model['records_path']}`" if model.get("records_path") else "")
+        )
+    versions = summary.get("versions", {})
+    lines += ["", "Library versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+    return "\n".join(lines)
+
+
+def write_report(
+    runs: Sequence[ModelRun],
+    output_dir: str | os.PathLike,
+    *,
+    alpha: float = 0.05,
+    n_bootstrap: int = 1000,
+    bootstrap_seed: int = 0,
+    confidence: float = 0.95,
+    plots: bool = True,
+    title: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write `summary.json`, `report.md`, the figures and any missing per-item JSONL; return the summary.
+
+    Per-item records go to `<output_dir>/<model name>/records.jsonl` unless the run already has a `records_path`
+    (e.g. the resumable file the evaluator appended to), which is then referenced, not rewritten.
+    """
+    names = [run.name for run in runs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Model names in one report must be unique, got {names}.")
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for run in runs:
+        if run.records_path is None:
+            path = output_dir / safe_name(run.name) / "records.jsonl"
+            if path.exists():
+                path.unlink()
+            append_records(path, run.records)
+            run.records_path = str(path)
+    summary: dict[str, Any] = {
+        "title": title,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "alpha": alpha,
+        "confidence": confidence,
+        "n_bootstrap": n_bootstrap,
+        "bootstrap_seed": bootstrap_seed,
+        "versions": library_versions(),
+        "models": [
+            summarize_run(run, alpha=alpha, n_bootstrap=n_bootstrap, seed=bootstrap_seed, confidence=confidence)
+            for run in runs
+        ],
+        **(dict(extra) if extra else {}),
+    }
+    files = {"summary": str(output_dir / "summary.json"), "markdown": str(output_dir / "report.md")}
+    if plots:
+        from .plots import plot_accuracy, plot_harm_help, plot_lengths
+
+        files["accuracy_png"] = plot_accuracy(summary, output_dir / "accuracy.png")
+        files["harm_help_png"] = plot_harm_help(summary, output_dir / "harm_help.png")
+        files["lengths_png"] = plot_lengths(runs, output_dir / "lengths.png")
+    summary["files"] = files
+    Path(files["summary"]).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    Path(files["markdown"]).write_text(render_markdown(summary), encoding="utf-8")
+    return summary

@@ -1,0 +1,279 @@
+"""Scorers: turn a generated response into (parsed answer, correct, format failure) given the item's label.
+
+A scorer never raises on a response: whatever it cannot parse is a format failure, which counts as wrong and is also
+counted separately, so no item is silently dropped from the accuracy denominator. Scorers can raise on a *label*
+(`check_label`) so that a scorer/dataset mismatch is caught before any generation starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Score:
+    """The verdict on one response: the parsed answer (None when nothing parsed), correctness and format failure."""
+
+    answer: str | None
+    correct: bool
+    format_failure: bool
+    error: str | None = None
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Anything with a `name`, a `check_label(label)` that raises `ValueError` on an unusable label, and a call."""
+
+    name: str
+
+    def check_label(self, label: Any) -> None: ...
+
+    def __call__(self, text: str, label: Any) -> Score: ...
+
+
+def last_tag_content(text: str, tag: str = "answer") -> str | None:
+    """The content of the last `<tag>...</tag>` in `text`, or None when there is none."""
+    pattern = _ANSWER_TAG if tag == "answer" else re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.DOTALL)
+    matches = pattern.findall(text)
+    return matches[-1] if matches else None
+
+
+def parse_mcq_reference(text: str, letters: str = "ABCD") -> str | None:
+    """The OPCD multiple-choice parser, quirks included.
+
+    Takes the last `<answer>...</answer>`; inside it, the first parenthesised option letter such as `(B)`; failing
+    that, the first character that is an option letter in either case, anywhere in the content. That last rule reads
+    `<answer>The answer is B</answer>` as `A` (the "a" of "answer"): kept on purpose so numbers match the paper.
+    """
+    content = last_tag_content(text)
+    if content is None:
+        return None
+    pool = letters.upper() + letters.lower()
+    match = re.search(rf"\(([{pool}])\)", content)
+    if match:
+        return match.group(1).upper()
+    for char in content:
+        if char in pool:
+            return char.upper()
+    return None
+
+
+def parse_mcq_strict(text: str, letters: str = "ABCD") -> str | None:
+    """A strict multiple-choice parser: the last `<answer>` must hold one option letter and nothing ambiguous.
+
+    Accepted contents (after stripping): `B`, `(B)`, `b`, or a letter introducing the option text as `(B) ...`,
+    `B) ...`, `B. ...` or `B: ...`. Anything else, such as `The answer is B` or `A drug`, is unparsed.
+    """
+    content = last_tag_content(text)
+    if content is None:
+        return None
+    content = content.strip()
+    pool = letters.upper() + letters.lower()
+    match = (
+        re.fullmatch(rf"\(?([{pool}])\)?", content)
+        or re.match(rf"\(([{pool}])\)(\s|$)", content)
+        or re.match(rf"([{pool}])[.:)](\s|$)", content)
+    )
+    return match.group(1).upper() if match else None
+
+
+class MultipleChoiceScorer:
+    """Option-letter answers in `<answer>` tags, with the reference (OPCD) parser or the strict one.
+
+    Labels are option letters (`"B"`, `"b"` or `"(B)"`). Integer labels are refused rather than guessed, because
+    datasets disagree on whether option indices start at 0 or 1 (MedMCQA's `cop` is 0-3 on the Hub, 1-4 originally).
+    """
+
+    def __init__(self, strict: bool = False, letters: str = "ABCD"):
+        self.strict = strict
+        self.letters = letters.upper()
+        self.name = "mcq_strict" if strict else "mcq"
+
+    def normalize_label(self, label: Any) -> str:
+        if isinstance(label, str):
+            letter = label.strip().strip("()").strip().upper()
+            if len(letter) == 1 and letter in self.letters:
+                return letter
+        raise ValueError(
+            f"the {self.name!r} scorer needs option-letter labels in {list(self.letters)}, got {label!r}"
+            + (
+                " (an integer index: map it to a letter first, checking whether the dataset counts from 0 or 1)"
+                if isinstance(label, int) and not isinstance(label, bool)
+                else ""
+            )
+        )
+
+    def check_label(self, label: Any) -> None:
+        self.normalize_label(label)
+
+    def __call__(self, text: str, label: Any) -> Score:
+        parser = parse_mcq_strict if self.strict else parse_mcq_reference
+        answer = parser(text, self.letters)
+        if answer is None:
+            return Score(None, False, True)
+        return Score(answer, answer == self.normalize_label(label), False)
+
+
+class YesNoScorer:
+    """Yes/no answers in `<answer>` tags: the last tag's content, lower-cased and stripped, must equal the label.
+
+    A missing tag, or a tag whose content is neither `yes` nor `no` (e.g. `Yes.`), is a format failure.
+    """
+
+    name = "yesno"
+
+    def normalize_label(self, label: Any) -> str:
+        if isinstance(label, str) and label.strip().lower() in ("yes", "no"):
+            return label.strip().lower()
+        raise ValueError(f"the 'yesno' scorer needs labels 'yes' or 'no', got {label!r}")
+
+    def check_label(self, label: Any) -> None:
+        self.normalize_label(label)
+
+    def __call__(self, text: str, label: Any) -> Score:
+        content = last_tag_content(text)
+        if content is None:
+            return Score(None, False, True)
+        answer = content.lower().strip()
+        if answer not in ("yes", "no"):
+            return Score(answer, False, True)
+        return Score(answer, answer == self.normalize_label(label), False)
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def normalize_text(text: str) -> str:
+    """Lower-case, drop punctuation and the articles a/an/the, collapse whitespace."""
+    text = text.lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+class StringMatchScorer:
+    """Exact or normalised string match against the label.
+
+    The candidate answer is the last `<tag>` content when the response has one, else the whole response; with
+    `require_tag=True` a missing tag is a format failure instead. An empty candidate is a format failure.
+    """
+
+    def __init__(self, normalize: bool = False, tag: str | None = "answer", require_tag: bool = False):
+        self.normalize = normalize
+        self.tag = tag
+        self.require_tag = require_tag
+        self.name = "normalized" if normalize else "exact"
+
+    def _canon(self, text: str) -> str:
+        return normalize_text(text) if self.normalize else text.strip()
+
+    def check_label(self, label: Any) -> None:
+        if not isinstance(label, str) or not self._canon(label):
+            raise ValueError(f"the {self.name!r} scorer needs non-empty string labels, got {label!r}")
+
+    def __call__(self, text: str, label: Any) -> Score:
+        content = last_tag_content(text, self.tag) if self.tag else None
+        if content is None:
+            if self.require_tag:
+                return Score(None, False, True)
+            content = text
+        answer = self._canon(content)
+        if not answer:
+            return Score(None, False, True)
+        return Score(answer, answer == self._canon(str(label)), False)
+
+
+class CallableScorer:
+    """Wraps a user function `fn(text, label)` into a scorer.
+
+    `fn` may return a bool (correct), a `(answer, correct)` pair, a `Score`, or a dict with `correct` and optionally
+    `answer` and `format_failure`. If it raises, or returns something else, the response is recorded as a format
+    failure with the error message, never skipped. `label_check`, if given, validates labels up front.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[str, Any], Any],
+        name: str | None = None,
+        label_check: Callable[[Any], None] | None = None,
+    ):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "custom")
+        self.label_check = label_check
+
+    def check_label(self, label: Any) -> None:
+        if self.label_check is not None:
+            self.label_check(label)
+
+    def __call__(self, text: str, label: Any) -> Score:
+        try:
+            result = self.fn(text, label)
+        except Exception as error:  # a scorer bug must not lose the item
+            return Score(None, False, True, error=f"{type(error).__name__}: {error}")
+        return _coerce_score(result)
+
+
+def _coerce_score(result: Any) -> Score:
+    if isinstance(result, Score):
+        return result
+    if isinstance(result, bool):
+        return Score(None, result, False)
+    if isinstance(result, dict) and "correct" in result:
+        answer = result.get("answer")
+        return Score(
+            None if answer is None else str(answer),
+            bool(result["correct"]),
+            bool(result.get("format_failure", False)),
+        )
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], bool):
+        answer = result[0]
+        return Score(None if answer is None else str(answer), result[1], answer is None)
+    return Score(None, False, True, error=f"the scorer returned an unsupported value {result!r}")
+
+
+SCORERS: dict[str, Callable[[], Scorer]] = {
+    "mcq": lambda: MultipleChoiceScorer(strict=False),
+    "mcq_strict": lambda: MultipleChoiceScorer(strict=True),
+    "yesno": YesNoScorer,
+    "exact": lambda: StringMatchScorer(normalize=False),
+    "normalized": lambda: StringMatchScorer(normalize=True),
+}
+
+# Scorers reported next to the main one by default, e.g. the strict MCQ parser next to the reference parser.
+COMPANION_SCORERS: dict[str, tuple[str, ...]] = {"mcq": ("mcq_strict",), "mcq_strict": ("mcq",)}
+
+
+def get_scorer(spec: str | Scorer | Callable[[str, Any], Any]) -> Scorer:
+    """A scorer from a registry name, a `"package.module:function"` path, a scorer object or a plain callable."""
+    if isinstance(spec, str):
+        if spec in SCORERS:
+            return SCORERS[spec]()
+        if ":" in spec:
+            module_name, _, attr = spec.partition(":")
+            try:
+                fn = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as error:
+                raise ValueError(f"Cannot import the scorer function {spec!r}: {error}") from error
+            return fn if isinstance(fn, Scorer) else CallableScorer(fn, name=attr)
+        raise ValueError(f"Unknown scorer {spec!r}; choose one of {sorted(SCORERS)} or give 'package.module:function'.")
+    if isinstance(spec, Scorer):
+        return spec
+    if callable(spec):
+        return CallableScorer(spec)
+    raise TypeError(f"A scorer must be a name, a Scorer or a callable, got {type(spec).__name__}.")
+
+
+def safe_score(scorer: Scorer, text: str, label: Any) -> Score:
+    """Score a response, turning any exception into a recorded format failure."""
+    try:
+        score = scorer(text, label)
+    except Exception as error:
+        return Score(None, False, True, error=f"{type(error).__name__}: {error}")
+    return score if isinstance(score, Score) else _coerce_score(score)

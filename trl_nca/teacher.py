@@ -1,0 +1,88 @@
+"""Teacher resolution: a separate model, the student's frozen initial weights, or the live student.
+
+With a LoRA student whose adapter starts as an exact no-op (standard init: B = 0), the initial model is the student
+with its adapter disabled, so self-distillation needs no second copy of the weights. When disabling the adapter does
+not give the initial model (an adapter that was already trained, PiSSA/OLoRA-style inits that move weights into the
+adapter, random B), the teacher is a frozen merged copy of the student as it was at the start.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch import nn
+
+
+class SelfTeacher(nn.Module):
+    """The student used as its own teacher, with no parameters of its own.
+
+    `mode="initial"`: the student with its adapter disabled (its initial weights). `mode="live"`: the current student
+    (the teacher then reads the context view with the current weights, detached).
+    """
+
+    def __init__(self, get_student: Callable[[], nn.Module], config, mode: str = "initial"):
+        super().__init__()
+        self._get_student = (
+            get_student  # a callable, not a submodule: the student's parameters are not registered twice
+        )
+        self.config = config
+        self.mode = mode
+
+    @contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        """Yield the model that acts as teacher for the duration of the block."""
+        student = self._get_student()
+        with student.disable_adapter() if self.mode == "initial" else nullcontext():
+            yield student
+
+    def forward(self, *args, **kwargs):
+        with torch.no_grad(), self.active() as model:
+            return model(*args, **kwargs)
+
+
+def is_peft_model(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def adapter_is_identity(model: nn.Module) -> bool:
+    """True when every LoRA update of `model` is exactly zero, so disabling the adapter changes nothing."""
+    found = False
+    for module in model.modules():
+        for name in ("lora_B", "lora_embedding_B"):
+            params = getattr(module, name, None)
+            if params is None or len(params) == 0:
+                continue
+            found = True
+            for p in params.values() if isinstance(params, nn.ModuleDict) else [params]:
+                tensor = p.weight if hasattr(p, "weight") else p
+                if torch.count_nonzero(tensor.detach()) > 0:
+                    return False
+    return found
+
+
+def check_peft_self_teacher(peft_config) -> None:
+    """Only LoRA adapters can give the initial model back (disabled, or merged into a frozen copy)."""
+    peft_type = str(getattr(peft_config, "peft_type", "")).split(".")[-1].upper()
+    if peft_type != "LORA":
+        raise ValueError(
+            f"Self-distillation (teacher_model=None) with a {peft_type or type(peft_config).__name__} adapter cannot "
+            "recover the student's initial model: disabling it is not a no-op and it cannot be merged. Use a LoRA "
+            "config, or pass the initial model explicitly as `teacher_model`."
+        )
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A frozen, eval-mode copy of `model` as it is now; a PEFT model is merged into a plain model."""
+    teacher = copy.deepcopy(model)
+    if is_peft_model(teacher):
+        teacher = teacher.merge_and_unload()
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher

@@ -1,0 +1,341 @@
+"""`NCATrainer`: GKDTrainer whose teacher reads the privileged context and whose student is anchored across views."""
+
+from __future__ import annotations
+
+import logging
+import random
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer
+from trl.experimental.gkd import GKDTrainer
+from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
+from trl.trainer.sft_trainer import SFTTrainer
+from trl.trainer.utils import create_model_from_path
+
+from .config import NCAConfig
+from .data import Limits, NCACollator, check_tokenizer, prepare_dataset
+from .losses import LMHead, token_divergences
+from .teacher import SelfTeacher, adapter_is_identity, check_peft_self_teacher, frozen_copy, is_peft_model
+from .views import View, build_view, completion_hidden
+
+
+class NCATrainer(GKDTrainer):
+    """On-policy context distillation with No-Context Anchoring; a drop-in replacement for `GKDTrainer`.
+
+    Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
+    prompt alone; the teacher scores it with the context; the student is trained on
+
+        OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student | prompt + context)
+
+    averaged over every completion token of the optimizer step (across gradient accumulation and processes).
+
+    Args:
+        model: the student (a model, or a name/path loaded with `args.model_init_kwargs`).
+        teacher_model: a separate teacher (model or name/path) sharing the student's tokenizer, or `None` for
+            self-distillation from the student's initial weights (see `NCAConfig.self_teacher`): with a LoRA adapter
+            the teacher is the student with its adapter disabled, otherwise a frozen copy.
+        args: an [`NCAConfig`].
+        train_dataset, eval_dataset: datasets in GKD's `messages` format or prompt-only (`prompt` as a string or a
+            list of messages), with the context in `args.context_column` unless `args.context_text` is set.
+        Other arguments are those of `GKDTrainer`.
+    """
+
+    _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
+    _name = "NCA"
+    _paper = {}
+    # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model: nn.Module | str | None = None,
+        teacher_model: nn.Module | str | None = None,
+        args: NCAConfig | None = None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_metrics=None,
+        callbacks=None,
+        optimizers=(None, None),
+        preprocess_logits_for_metrics=None,
+        peft_config=None,
+        formatting_func=None,
+    ):
+        if args is None:
+            args = NCAConfig(output_dir="nca-output")
+        elif not isinstance(args, NCAConfig):
+            raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
+        model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        if isinstance(model, str):
+            model = create_model_from_path(model, **(args.model_init_kwargs or {}))
+        if processing_class is None:
+            if not model_id:
+                raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
+            processing_class = AutoTokenizer.from_pretrained(model_id)
+        check_tokenizer(processing_class)
+
+        if teacher_model is None and args.teacher_model_name_or_path is not None:
+            teacher_model = args.teacher_model_name_or_path
+        uses_peft = peft_config is not None or is_peft_model(model)
+        if teacher_model is None:
+            if args.self_teacher == "live" or uses_peft:
+                if args.self_teacher == "initial":
+                    check_peft_self_teacher(peft_config or model.peft_config[model.active_adapter])
+                teacher_model = SelfTeacher(lambda: self.model, model.config, mode=args.self_teacher)
+            else:
+                teacher_model = frozen_copy(model)
+
+        limits = Limits(
+            max_new_tokens=args.max_new_tokens,
+            max_length=args.max_length,
+            max_context_length=args.max_context_length or _position_limit(model, teacher_model),
+            truncate_context=args.truncate_context,
+        )
+        self.limits = limits
+
+        def prepare(dataset, split):
+            return prepare_dataset(dataset, processing_class, args.context_spec, limits, split, args.dataset_num_proc)
+
+        train_dataset = prepare(train_dataset, "train")
+        if isinstance(eval_dataset, dict):
+            eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
+        else:
+            eval_dataset = prepare(eval_dataset, "eval")
+        if train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
+            _check_references(train_dataset)
+        if data_collator is None:
+            data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
+
+        gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
+        gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
+        try:
+            super().__init__(
+                model,
+                teacher_model=teacher_model,
+                args=args,
+                data_collator=data_collator,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                compute_metrics=compute_metrics,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                peft_config=peft_config,
+                formatting_func=formatting_func,
+            )
+        finally:
+            gkd_logger.removeFilter(_drop_migration_hint)
+        teacher = self._teacher()
+        if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(self.model):
+            # Disabling this adapter would not give the initial model (trained adapter, PiSSA-style init, random B):
+            # keep a frozen merged copy of the student as it is now instead.
+            copy = frozen_copy(self.model)
+            self.teacher_model = self.accelerator.prepare_model(copy, evaluation_mode=True)
+        self.nca_beta = float(args.nca_beta)
+        self.divergence_spec = args.divergence_spec
+        self._redirect = _ForwardRedirection()
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Sampling
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """Fetch the micro-batches of one optimizer step, sample their completions, and count their tokens.
+
+        Sampling happens here, before any backward pass, so the loss of every micro-batch can be divided by the number
+        of completion tokens of the whole optimizer step (all micro-batches, all processes): gradient accumulation
+        then gives the same update as one large batch.
+        """
+        batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches = [self._complete(self._prepare_inputs(batch)) for batch in batches]
+        if not batches:
+            return batches, None
+        tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
+        if self.accelerator.num_processes > 1:
+            tokens = self.accelerator.gather(tokens).sum()
+        return batches, tokens
+
+    def _complete(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
+        """Replace the batch's completions by student samples (probability `lmbda`), teacher samples (`seq_kd`), or
+        keep the dataset's reference completions, as GKD does."""
+        if on_policy is None:
+            on_policy = random.random() <= self.lmbda
+        if on_policy:
+            ids, mask = self._generate(self.model_wrapped, inputs["prompts"], inputs["prompt_attention_mask"])
+        elif self.seq_kd:
+            ids, mask = self._generate_teacher(inputs["context_prompts"], inputs["context_prompt_attention_mask"])
+        else:
+            if not bool(inputs["has_reference"].all()):
+                raise ValueError("An off-policy step needs reference completions, and this batch has rows without one.")
+            ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+        inputs = dict(inputs)
+        inputs["completion_ids"], inputs["completion_mask"] = ids, mask
+        inputs["completions_ready"] = True
+        return inputs
+
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher: SelfTeacher | None = None):
+        """Sample completions with GKD's generation settings; returns right-padded (ids, mask) without the prompt."""
+        with unwrap_model_for_generation(
+            model,
+            self.accelerator,
+            generation_kwargs=self.generation_kwargs,
+            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+        ) as unwrapped:
+            with teacher.active() if teacher is not None else nullcontext():
+                sequences, attention, _ = self.generate_on_policy_outputs(
+                    unwrapped, {"prompts": prompts, "prompt_attention_mask": prompt_mask}, self.generation_config
+                )
+        width = prompts.shape[1]
+        return sequences[:, width:], attention[:, width:]
+
+    def _generate_teacher(self, prompts: torch.Tensor, prompt_mask: torch.Tensor):
+        teacher = self._teacher()
+        if isinstance(teacher, SelfTeacher):
+            return self._generate(self.model_wrapped, prompts, prompt_mask, teacher=teacher)
+        return self._generate(self.teacher_model, prompts, prompt_mask)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Loss
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not inputs.get("completions_ready"):
+            inputs = self._complete(self._prepare_inputs(inputs))
+            num_items_in_batch = inputs["completion_mask"].sum() * self.current_gradient_accumulation_steps
+        # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples.
+        return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        need_context = self.nca_beta > 0 or self.args.nca_monitor
+        unwrapped = self.accelerator.unwrap_model(model)
+        # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
+        # DeepSpeed see a single ordinary forward.
+        terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context)
+        loss = terms["opd"].sum()
+        if self.nca_beta > 0:
+            loss = loss + self.nca_beta * terms["nca"].sum()
+        if num_items_in_batch is not None:
+            loss = loss / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
+        else:
+            loss = loss / max(terms["opd"].numel(), 1)
+        self._log_terms(terms, inputs)
+        return (loss, None) if return_outputs else loss
+
+    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool):
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
+        view_c = build_view(
+            inputs["context_prompts"], inputs["context_prompt_attention_mask"], completion_ids, completion_mask
+        )
+        h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
+        h_c = None
+        if need_context:
+            with nullcontext() if self.nca_beta > 0 else torch.no_grad():
+                h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
+        student_head = LMHead.from_model(student)
+        h_t, teacher_head = self._teacher_states(view_c, completion_mask, h_c, student_head)
+        want = ("opd", "nca", "view_kl") if need_context else ("opd",)
+        return token_divergences(
+            h_x,
+            h_t,
+            student_head,
+            teacher_head,
+            self.divergence_spec,
+            h_c=h_c,
+            want=want,
+            vocab_chunk=self.args.loss_vocab_chunk_size,
+            token_chunk=self.args.loss_token_chunk_size,
+        )
+
+    @torch.no_grad()
+    def _teacher_states(self, view: View, completion_mask, h_c, student_head):
+        teacher = self._teacher()
+        if isinstance(teacher, SelfTeacher):
+            if teacher.mode == "live" and h_c is not None:
+                return h_c.detach(), student_head
+            with teacher.active() as model:
+                return completion_hidden(_hidden(model, view), view, completion_mask), LMHead.from_model(model)
+        teacher.eval()
+        return completion_hidden(_hidden(teacher, view), view, completion_mask), LMHead.from_model(teacher)
+
+    def _teacher(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.teacher_model)
+
+    def _log_terms(self, terms: dict[str, torch.Tensor], inputs: dict[str, Any]) -> None:
+        mode = "train" if self.model.training else "eval"
+        lengths = inputs["completion_mask"].sum(1)
+        sums = [terms["opd"].detach().sum(), lengths.sum().to(terms["opd"].dtype)]
+        names = ["opd_loss"]
+        for name, key in (("nca", "nca_loss"), ("view_kl", "view_kl")):
+            if name in terms:
+                sums.insert(-1, terms[name].detach().sum())
+                names.append(key)
+        clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
+        stats = torch.stack(sums + [lengths.numel() * torch.ones_like(sums[0]), clipped.sum().to(sums[0].dtype)])
+        stats = self.accelerator.gather(stats.unsqueeze(0)).sum(0) if self.accelerator.num_processes > 1 else stats
+        tokens, rows = stats[len(names)].clamp_min(1), stats[len(names) + 1].clamp_min(1)
+        for i, name in enumerate(names):
+            self._metrics[mode][name].append((stats[i] / tokens).item())
+        self._metrics[mode]["completions/mean_length"].append((stats[len(names)] / rows).item())
+        self._metrics[mode]["completions/clipped_ratio"].append((stats[-1] / rows).item())
+
+    def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
+        eos = self.generation_config.eos_token_id
+        ids, mask = inputs["completion_ids"], inputs["completion_mask"].bool()
+        if eos is None or ids.shape[1] == 0:
+            return torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        eos = torch.as_tensor(eos, device=ids.device).reshape(-1)
+        return (torch.isin(ids, eos) & mask).any(1)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Evaluation: sample on-policy completions without context and return the loss (no logits)."""
+        inputs = self._complete(self._prepare_inputs(inputs), on_policy=True)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+
+def _drop_migration_hint(record: logging.LogRecord) -> bool:
+    return "DistillationTrainer" not in record.getMessage()
+
+
+def _hidden(model: nn.Module, view: View) -> torch.Tensor:
+    """Final hidden states of a view from the model's decoder stack (the LM head is applied by the chunked loss)."""
+    output = model.get_decoder()(
+        input_ids=view.input_ids,
+        attention_mask=view.attention_mask,
+        position_ids=view.position_ids,
+        use_cache=False,
+    )
+    return output[0]
+
+
+def _position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
+    """The smaller of the student's and teacher's `max_position_embeddings`, if they declare one."""
+    configs = [model.config]
+    if isinstance(teacher, str):
+        configs.append(AutoConfig.from_pretrained(teacher))
+    elif hasattr(teacher, "config"):
+        configs.append(teacher.config)
+    limits = []
+    for config in configs:
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if getattr(config, "max_position_embeddings", None):
+            limits.append(int(config.max_position_embeddings))
+    return min(limits) if limits else None
+
+
+def _check_references(dataset) -> None:
+    """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's completions, so every row needs one."""
+    if dataset.column_names is None:
+        return
+    missing = [i for i, ids in enumerate(dataset["completion_ids"]) if len(ids) == 0]
+    if missing:
+        raise ValueError(
+            f"lmbda < 1 makes some steps off-policy, which train on reference completions, but {len(missing)} rows "
+            f"(first: {missing[:5]}) have none. Use `messages` ending with an assistant turn, set lmbda=1.0, or set "
+            "seq_kd=True to let the teacher write them."
+        )
