@@ -189,8 +189,7 @@ class NCAConfig(GKDConfig):
         if self.nca_monitor and self.nca_beta > 0:
             self.nca_monitor = False  # the NCA term is computed anyway
         # Builds (and so validates) the context placement and the divergence choice now, not at the first step.
-        self.context_spec
-        self.divergence_spec
+        _ = (self.context_spec, self.divergence_spec)
 
     @property
     def context_spec(self) -> ContextSpec:

@@ -1,0 +1,340 @@
+"""NCATrainer end to end on tiny offline models: alignment, gradient paths, accumulation, teachers, runs."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from trl.experimental.gkd import GKDTrainer
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.trainer import _hidden
+from trl_nca.views import build_view, completion_hidden
+
+
+CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tiny_tokenizer()
+
+
+def make_args(tmp_path, **kwargs):
+    defaults = dict(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        max_new_tokens=6,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=0,
+        data_seed=0,
+    )
+    defaults.update(kwargs)
+    return NCAConfig(**defaults)
+
+
+def prompt_dataset(n=4):
+    questions = ["Which answer? (A) yes (B) no", "Is this statement hateful?", "Push the box.", "Frozen lake: up"]
+    return Dataset.from_dict({"prompt": [questions[i % 4] for i in range(n)], "context": [CONTEXT] * n})
+
+
+def messages_dataset(n=4):
+    rows = []
+    for i in range(n):
+        rows.append(
+            [
+                {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
+                {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * i},
+            ]
+        )
+    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
+
+
+def params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_views_align_with_unpadded_single_forwards(tok, tmp_path):
+    """Completion-token logits of both views of a padded batch equal each example's own unpadded forward."""
+    model = make_tiny_model(tok)
+    trainer = NCATrainer(
+        model=model,
+        teacher_model=make_tiny_model(tok, 1),
+        args=make_args(tmp_path),
+        train_dataset=prompt_dataset(3),
+        processing_class=tok,
+    )
+    data = trainer.train_dataset
+    batch = trainer.data_collator([data[i] for i in range(3)])
+    completions = [[5, 9, 13, 7], [21], []]  # ragged, one empty
+    ids = torch.zeros(3, 4, dtype=torch.long)
+    mask = torch.zeros(3, 4, dtype=torch.long)
+    for i, c in enumerate(completions):
+        ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        mask[i, : len(c)] = 1
+    model.eval()
+    for prompts_key, mask_key, ids_key in (
+        ("prompts", "prompt_attention_mask", "prompt_ids"),
+        ("context_prompts", "context_prompt_attention_mask", "context_prompt_ids"),
+    ):
+        view = build_view(batch[prompts_key], batch[mask_key], ids, mask)
+        h = completion_hidden(_hidden(model, view), view, mask)
+        logits = model.lm_head(h)
+        row = 0
+        for i, c in enumerate(completions):
+            full = torch.tensor([data[i][ids_key] + c])
+            ref = model(full).logits[0, len(data[i][ids_key]) - 1 : -1]
+            torch.testing.assert_close(logits[row : row + len(c)], ref, atol=2e-6, rtol=1e-5)
+            row += len(c)
+        assert row == h.shape[0]
+
+
+def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
+    """On a fixed batch: loss = OPD + nca_beta * NCA against full logits, and NCA's gradient skips the x view."""
+    torch.manual_seed(0)
+    student, teacher = make_tiny_model(tok, 0), make_tiny_model(tok, 1)
+    args = make_args(tmp_path, nca_beta=0.5, lmbda=0.0)
+    trainer = NCATrainer(
+        model=student, teacher_model=teacher, args=args, train_dataset=messages_dataset(3), processing_class=tok
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
+    batch = trainer._complete(batch, on_policy=False)
+    loss = trainer.compute_loss(student, batch)
+
+    cids, cmask = batch["completion_ids"], batch["completion_mask"]
+    vx = build_view(batch["prompts"], batch["prompt_attention_mask"], cids, cmask)
+    vc = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], cids, cmask)
+
+    def comp_logits(model, view):
+        out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
+        return out.logits[:, view.prompt_width - 1 :][cmask.bool()]
+
+    lx, lc = comp_logits(student, vx), comp_logits(student, vc)
+    with torch.no_grad():
+        lt = comp_logits(teacher, vc)
+    labels = torch.zeros(1, lx.shape[0], dtype=torch.long)  # every completion token counts
+    opd = GKDTrainer.generalized_jsd_loss(lx[None], lt[None], labels=labels, beta=1.0)
+    px = F.log_softmax(lx, -1)
+    nca = F.kl_div(F.log_softmax(lc, -1), px.detach(), log_target=True, reduction="batchmean")
+    torch.testing.assert_close(loss, opd + 0.5 * nca, rtol=1e-5, atol=1e-7)
+
+    # The NCA term sends no gradient through the no-context view; OPD none through the context view.
+    for term, silent, loud in (("nca", 0, 1), ("opd", 1, 0)):
+        outputs = []
+
+        def keep(module, args, kwargs, output):
+            output[0].retain_grad()
+            outputs.append(output[0])
+
+        handle = student.model.register_forward_hook(keep, with_kwargs=True)
+        terms = trainer._token_divergences(student, batch, need_context=True)
+        handle.remove()
+        terms[term].sum().backward()
+        assert outputs[silent].grad is None or not outputs[silent].grad.abs().sum()
+        assert outputs[loud].grad.abs().sum() > 0
+        student.zero_grad()
+
+
+def test_nca_beta_zero_is_plain_opd(tok, tmp_path):
+    """nca_beta=0: no context-view forward, loss is the OPD token mean, weights identical with monitoring on."""
+    results = []
+    for monitor in (False, True):
+        torch.manual_seed(0)
+        student = make_tiny_model(tok, 0)
+        args = make_args(tmp_path, nca_beta=0.0, nca_monitor=monitor)
+        trainer = NCATrainer(
+            model=student,
+            teacher_model=make_tiny_model(tok, 1),
+            args=args,
+            train_dataset=prompt_dataset(),
+            processing_class=tok,
+        )
+        calls = []
+        handle = student.model.register_forward_hook(lambda m, a, k: calls.append(1))
+        trainer.train()
+        handle.remove()
+        logs = [h for h in trainer.state.log_history if "opd_loss" in h]
+        assert all(h["loss"] == pytest.approx(h["opd_loss"], rel=1e-6) for h in logs)
+        assert ("nca_loss" in logs[0]) == monitor
+        results.append((params(student), len(calls)))
+    (p0, calls0), (p1, calls1) = results
+    assert calls1 > calls0  # monitoring runs the context view, plain OPD does not
+    for name in p0:
+        assert torch.equal(p0[name], p1[name]), name
+
+
+def test_gradient_accumulation_matches_double_batch(tok, tmp_path):
+    """Fixed (off-policy) samples: batch 4 x GA 1 and batch 2 x GA 2 give the same SGD update."""
+    updates = []
+    for bs, ga in ((4, 1), (2, 2)):
+        student = make_tiny_model(tok, 0)
+        before = params(student)
+        args = make_args(
+            tmp_path,
+            per_device_train_batch_size=bs,
+            gradient_accumulation_steps=ga,
+            max_steps=1,
+            lmbda=0.0,
+            optim="sgd",
+            learning_rate=1.0,
+            max_grad_norm=0.0,
+            lr_scheduler_type="constant",
+        )
+        trainer = NCATrainer(
+            model=student,
+            teacher_model=make_tiny_model(tok, 1),
+            args=args,
+            train_dataset=messages_dataset(4),
+            processing_class=tok,
+        )
+        trainer.train()
+        updates.append({n: p.detach() - before[n] for n, p in student.named_parameters()})
+    for name in updates[0]:
+        torch.testing.assert_close(updates[0][name], updates[1][name], atol=1e-6, rtol=1e-4)
+    assert any(u.abs().sum() > 0 for u in updates[0].values())
+
+
+def test_lora_self_teacher_is_initial_model(tok, tmp_path):
+    """teacher_model=None with LoRA: adapter-disabled student == initial weights, before and after training."""
+    from peft import LoraConfig
+
+    student = make_tiny_model(tok, 0)
+    initial = copy.deepcopy(student).eval()
+    args = make_args(tmp_path, learning_rate=5e-2, max_steps=3)
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = NCATrainer(
+        model=student, args=args, train_dataset=prompt_dataset(), processing_class=tok, peft_config=peft_config
+    )
+    from trl_nca.teacher import SelfTeacher
+
+    assert isinstance(trainer._teacher(), SelfTeacher)
+    probe = torch.tensor([[3, 17, 40, 8, 99, 120]])
+
+    def teacher_logits():
+        with torch.no_grad(), trainer._teacher().active() as m:
+            return m(input_ids=probe).logits
+
+    torch.testing.assert_close(teacher_logits(), initial(input_ids=probe).logits)
+    trainer.train()
+    torch.testing.assert_close(teacher_logits(), initial(input_ids=probe).logits)
+    with torch.no_grad():
+        assert not torch.allclose(trainer.model(input_ids=probe).logits, initial(input_ids=probe).logits)
+
+
+def test_trained_adapter_gets_a_frozen_copy_teacher(tok, tmp_path):
+    """An adapter that is not a no-op at the start: the teacher is a frozen merged copy of the starting student."""
+    from peft import LoraConfig, get_peft_model
+
+    base = make_tiny_model(tok, 0)
+    student = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    probe = torch.tensor([[3, 17, 40, 8, 99, 120]])
+    start_model = copy.deepcopy(student).eval()
+    trainer = NCATrainer(model=student, args=make_args(tmp_path), train_dataset=prompt_dataset(), processing_class=tok)
+    teacher = trainer._teacher()
+    assert not hasattr(teacher, "active")
+    with torch.no_grad():
+        torch.testing.assert_close(teacher(input_ids=probe).logits, start_model(input_ids=probe).logits)
+    merged_start = start_model.merge_and_unload().state_dict()
+    lora_start = {n: p.detach().clone() for n, p in student.named_parameters() if "lora" in n}
+    trainer.train()
+    for name, value in teacher.state_dict().items():
+        assert torch.equal(value, merged_start[name]), name
+    moved = [n for n, p in student.named_parameters() if "lora" in n and not torch.equal(p, lora_start[n])]
+    assert moved, "the student's adapter should have trained"
+
+
+def test_full_model_self_teacher_is_frozen_copy(tok, tmp_path):
+    student = make_tiny_model(tok, 0)
+    initial = copy.deepcopy(student)
+    args = make_args(tmp_path, learning_rate=5e-2)
+    trainer = NCATrainer(model=student, args=args, train_dataset=prompt_dataset(), processing_class=tok)
+    trainer.train()
+    probe = torch.tensor([[3, 17, 40, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(trainer._teacher()(input_ids=probe).logits, initial(input_ids=probe).logits)
+        assert not torch.allclose(student(input_ids=probe).logits, initial(input_ids=probe).logits)
+
+
+def test_pad_token_equal_to_eos(tmp_path):
+    tok = make_tiny_tokenizer()
+    tok.pad_token = tok.eos_token
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=make_args(tmp_path, max_new_tokens=12),
+        train_dataset=prompt_dataset(),
+        processing_class=tok,
+    )
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    ids, mask = batch["context_prompts"][0], batch["context_prompt_attention_mask"][0]
+    # The ChatML prompt contains <|im_end|> (= pad) after the system turn; it stays a real token.
+    assert int(((ids == tok.eos_token_id) & (mask == 1)).sum()) >= 2
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_long_context_is_never_truncated(tok, tmp_path):
+    long_context = " ".join(f"rule {i}: push the box onto the target." for i in range(60))
+    ds = Dataset.from_dict({"prompt": ["Push the box."] * 2, "context": [long_context] * 2})
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=make_args(tmp_path, max_length=48, max_steps=1),
+        train_dataset=ds,
+        processing_class=tok,
+    )
+    row = trainer.train_dataset[0]
+    assert len(row["context_prompt_ids"]) > 48
+    assert long_context in tok.decode(row["context_prompt_ids"])
+    trainer.train()
+
+
+def test_context_too_long_errors_or_truncates_context_only(tok, tmp_path, caplog):
+    long_context = "rule: push the box onto the target. " * 40
+    ds = Dataset.from_dict({"prompt": ["Push the box."], "context": [long_context]})
+    kwargs = dict(model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok)
+    with pytest.raises(ValueError, match=r"row 0.*context view is too long.*max_context_length=100"):
+        NCATrainer(args=make_args(tmp_path, max_context_length=100), train_dataset=ds, **kwargs)
+    trainer = NCATrainer(
+        args=make_args(tmp_path, max_context_length=100, truncate_context=True), train_dataset=ds, **kwargs
+    )
+    row = trainer.train_dataset[0]
+    assert len(row["context_prompt_ids"]) + 6 <= 100
+    assert tok.decode(row["prompt_ids"]).split("user\n")[-1] in tok.decode(row["context_prompt_ids"])
+    assert "Truncated the context of row 0" in caplog.text
+
+
+def test_two_step_runs_with_eval_and_messages_format(tok, tmp_path):
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=make_args(tmp_path, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2, lmbda=0.5),
+        train_dataset=messages_dataset(),
+        eval_dataset=prompt_dataset(2),
+        processing_class=tok,
+    )
+    trainer.train()
+    metrics = trainer.evaluate()
+    for key in ("eval_loss", "eval_opd_loss", "eval_nca_loss", "eval_view_kl", "eval_completions/mean_length"):
+        assert key in metrics, key
+    assert metrics["eval_loss"] == pytest.approx(metrics["eval_opd_loss"] + 0.5 * metrics["eval_nca_loss"], rel=1e-4)
+
+
+def test_user_placement_and_fixed_context(tok, tmp_path):
+    ds = Dataset.from_dict({"prompt": ["Push the box."] * 2})
+    args = make_args(tmp_path, context_text="Boxes move when pushed.", context_placement="user", max_steps=1)
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
+        processing_class=tok,
+    )  # fmt: skip
+    text = tok.decode(trainer.train_dataset[0]["context_prompt_ids"])
+    assert "user\nBoxes move when pushed.\n\nPush the box." in text
+    trainer.train()
