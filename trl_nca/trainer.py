@@ -72,6 +72,7 @@ class NCATrainer(GKDTrainer):
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             model = create_model_from_path(model, **(args.model_init_kwargs or {}))
+            args.model_init_kwargs = None  # used here; SFTTrainer would warn that the model is already built
         if processing_class is None:
             if not model_id:
                 raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")

@@ -67,7 +67,7 @@ class PairedEvalCallback(TrainerCallback):
 
     Args:
         eval_dataset: rows with a prompt, a label and (unless `context.text` is set) a context column.
-        context: the same `ContextSpec` the trainer uses, so both views match the training prompts.
+        context: the same `ContextSpec` the trainer uses (`NCAConfig.context_spec`), so both views match training.
         scorer: scorer name or object (see `trl_nca.eval.scorers`).
         eval_steps: evaluate when `global_step % eval_steps == 0`; 0 disables periodic evaluation.
         num_items: size of the fixed subset (the first rows); None uses all.

@@ -8,25 +8,19 @@ guaranteed about the random samples.
 from __future__ import annotations
 
 import json
-import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..views import ContextSpec, add_context, render_prompt_ids, split_example
+from .errors import EvalInputError
 from .generation import GenerationBackend, GenerationSettings, HFBackend, VLLMBackend, item_seed
+from .loading import load_model, load_tokenizer
 from .provenance import library_versions, model_identity, sha256_text
 from .records import PairedRecord, ViewOutcome
 from .scorers import COMPANION_SCORERS, Scorer, get_scorer, safe_score
-
-
-logger = logging.getLogger(__name__)
-
-
-class EvalInputError(ValueError):
-    """Bad evaluation input (missing column, unusable label, unreadable file, unknown model): the message names it."""
+from .store import append_records, load_records
 
 
 @dataclass
@@ -324,68 +318,6 @@ def _run_key(provenance: Mapping[str, Any]) -> str:
     return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
 
 
-def append_records(path: str | os.PathLike, records: Iterable[PairedRecord]) -> None:
-    """Append records to a JSONL file, one per line, flushed and synced so an interruption loses at most one line."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def load_records(path: str | os.PathLike, expected_run_key: str | None = None) -> dict[str, PairedRecord]:
-    """Records of a JSONL file by item id, repairing what an interruption can leave behind.
-
-    A half-written last line is cut off; a complete last record missing its newline gets one, so the next append
-    starts on a fresh line. A corrupt line elsewhere, or a record from a run with another `run_key`, raises
-    `EvalInputError`. Should an id appear twice, the first record wins.
-    """
-    path = Path(path)
-    if not path.exists():
-        return {}
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    tail = lines.pop()  # the bytes after the last newline: b"" for a cleanly written file
-    records: dict[str, PairedRecord] = {}
-
-    def parse(line: bytes, number: int) -> PairedRecord:
-        record = PairedRecord.from_dict(json.loads(line))
-        key = record.meta.get("run_key")
-        if expected_run_key is not None and key is not None and key != expected_run_key:
-            raise EvalInputError(
-                f"{path} holds records of another run (line {number}: run key {key} != {expected_run_key}, i.e. a "
-                "different model, context, scorer or sampling setting). Use a new output folder, or delete the file."
-            )
-        return record
-
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = parse(line, number)
-        except (ValueError, KeyError, TypeError) as error:
-            if isinstance(error, EvalInputError):
-                raise
-            raise EvalInputError(f"Line {number} of {path} is not a valid paired record: {error}") from error
-        records.setdefault(record.item_id, record)
-    if tail.strip():
-        try:
-            record = parse(tail, len(lines) + 1)
-        except EvalInputError:
-            raise
-        except (ValueError, KeyError, TypeError):
-            logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
-            with path.open("r+b") as f:
-                f.truncate(len(raw) - len(tail))
-        else:
-            records.setdefault(record.item_id, record)
-            with path.open("ab") as f:
-                f.write(b"\n")
-    return records
-
-
 class _NullBar:
     def update(self, n: int) -> None:
         pass
@@ -403,59 +335,6 @@ def _progress(total: int, enabled: bool, desc: str):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="item")
-
-
-def load_model(
-    model: str,
-    adapter: str | None = None,
-    *,
-    dtype: str = "auto",
-    device: str | None = None,
-    trust_remote_code: bool = False,
-):
-    """Load a causal LM (and optional PEFT adapter) for evaluation, with a clear error when it cannot be found."""
-    from transformers import AutoModelForCausalLM
-
-    try:
-        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, trust_remote_code=trust_remote_code)
-    except OSError as error:
-        raise EvalInputError(
-            f"Model {model!r} not found: it is neither a local folder with a config.json nor a reachable Hub model "
-            f"({error.__class__.__name__}: {str(error).splitlines()[0] if str(error) else ''})."
-        ) from error
-    if adapter is not None:
-        if not Path(adapter).exists() and os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise EvalInputError(f"Adapter {adapter!r} not found (no such folder, and the Hub is offline).")
-        from peft import PeftModel
-
-        try:
-            loaded = PeftModel.from_pretrained(loaded, adapter)
-        except (OSError, ValueError) as error:
-            raise EvalInputError(f"Adapter {adapter!r} could not be loaded: {error}") from error
-    if device is not None:
-        loaded = loaded.to(device)
-    elif _cuda_available():
-        loaded = loaded.to("cuda")
-    loaded.eval()
-    return loaded
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def load_tokenizer(path: str, trust_remote_code: bool = False):
-    """Load a tokenizer, with a clear error when it cannot be found."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except OSError as error:
-        raise EvalInputError(
-            f"Tokenizer {path!r} not found: {str(error).splitlines()[0] if str(error) else error}"
-        ) from error
 
 
 def evaluate_paired(

@@ -47,16 +47,16 @@ def _grouped_bars(ax, summary: Mapping[str, Any], keys: Sequence[str], labels: S
     ax.set_xticks(positions)
     ax.set_xticklabels([m["name"] for m in models], rotation=20, ha="right")
     ax.set_ylabel("%")
-    ax.legend()
+    ax.legend(loc="upper center", ncol=len(keys), fontsize=8, frameon=False, bbox_to_anchor=(0.5, 1.0))
     ax.grid(axis="y", alpha=0.3)
 
 
 def plot_accuracy(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Accuracy without (Acc_x) and with (Acc_xc) the context per model, with bootstrap intervals."""
-    fig = _figure(1.6 + 1.2 * len(summary["models"]), 3.6)
+    fig = _figure(max(5.0, 1.6 + 1.2 * len(summary["models"])), 3.8)
     ax = fig.add_subplot()
     _grouped_bars(ax, summary, ["acc_x", "acc_xc"], ["without context (Acc_x)", "with context (Acc_xc)"])
-    ax.set_ylim(0, 105)
+    ax.set_ylim(0, 115)
     ax.set_title("Accuracy per view")
     fig.tight_layout()
     fig.savefig(path)
@@ -65,10 +65,15 @@ def plot_accuracy(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
 
 def plot_harm_help(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Harm P(wrong with c | correct without c) and help P(correct with c | wrong without c) per model."""
-    fig = _figure(1.6 + 1.2 * len(summary["models"]), 3.6)
+    fig = _figure(max(5.0, 1.6 + 1.2 * len(summary["models"])), 3.8)
     ax = fig.add_subplot()
-    _grouped_bars(ax, summary, ["harm", "help"], ["harm", "help"])
-    ax.set_ylim(bottom=0)
+    _grouped_bars(
+        ax,
+        summary,
+        ["harm", "help"],
+        ["harm: P(wrong with c | right without)", "help: P(right with c | wrong without)"],
+    )
+    ax.set_ylim(0, 115)
     ax.set_title("Harm and help of adding the context")
     fig.tight_layout()
     fig.savefig(path)
@@ -77,7 +82,7 @@ def plot_harm_help(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
 
 def plot_lengths(runs: Sequence[Any], path: str | os.PathLike) -> str:
     """Box plots of response length (tokens) per model and view."""
-    fig = _figure(1.6 + 1.4 * max(1, len(runs)), 3.6)
+    fig = _figure(max(5.0, 1.6 + 1.4 * len(runs)), 3.8)
     ax = fig.add_subplot()
     data, labels, positions = [], [], []
     for i, run in enumerate(runs):
@@ -87,7 +92,7 @@ def plot_lengths(runs: Sequence[Any], path: str | os.PathLike) -> str:
             labels.append(f"{run.name}\n{view}")
             positions.append(3 * i + j)
     if data:
-        box = ax.boxplot(data, positions=positions, widths=0.8, patch_artist=True)
+        box = ax.boxplot(data, positions=positions, widths=0.8, patch_artist=True, medianprops={"color": "black"})
         for k, patch in enumerate(box["boxes"]):
             patch.set_facecolor("C0" if k % 2 == 0 else "C1")
         ax.set_xticks(positions)

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import compute_metrics
-from .paired import append_records
 from .provenance import library_versions
 from .records import PairedRecord
+from .store import append_records
 
 
 @dataclass

@@ -1,0 +1,177 @@
+"""`trl-nca eval` end to end on a tiny saved model and a tiny local dataset, and its error messages."""
+
+import json
+import sys
+import types
+
+import pytest
+
+from trl_nca.eval.cli import build_parser, main, parse_model_specs
+from trl_nca.eval.errors import EvalInputError
+from trl_nca.eval.records import PairedRecord, ViewOutcome
+
+
+CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    path = tmp_path / "items.jsonl"
+    rows = [
+        {"uid": f"m{i}", "question": f"Which answer? {i} (A) yes (B) no", "gold": "AB"[i % 2], "context": CONTEXT}
+        for i in range(4)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def base_args(tmp_path, dataset, model_dir, *extra):
+    return [
+        "--dataset", str(dataset), "--prompt-column", "question", "--label-column", "gold", "--id-column", "uid",
+        "--max-new-tokens", "6", "--batch-size", "2", "--bootstrap", "50", "--no-progress",
+        "--output-dir", str(tmp_path / "out"), "--model", f"base={model_dir}", *extra,
+    ]  # fmt: skip
+
+
+def run_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_cli_end_to_end_and_resume(tmp_path, dataset, tiny_dir, tiny_teacher_dir):
+    argv = base_args(tmp_path, dataset, tiny_dir, "--model", f"teacher={tiny_teacher_dir}", "--title", "tiny eval")
+    assert main(argv) == 0
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [m["name"] for m in summary["models"]] == ["base", "teacher"]
+    assert summary["title"] == "tiny eval" and summary["command"]["max_new_tokens"] == 6
+    model = summary["models"][0]
+    assert model["metrics"]["n"] == 4 and model["metrics"]["regime"] in ("A", "B", "C")
+    assert model["provenance"]["model"]["resolved_path"] == str(tiny_dir)
+    assert model["provenance"]["context"]["source"] == "column:context"
+    assert model["provenance"]["generation"]["max_new_tokens"] == 6
+    assert set(model["metrics_by_scorer"]) == {"mcq_strict"}
+    for name in ("report.md", "accuracy.png", "harm_help.png", "lengths.png"):
+        assert (out / name).exists()
+    records = (out / "base" / "records.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["item_id"] for line in records) == ["m0", "m1", "m2", "m3"]
+    first = (out / "teacher" / "records.jsonl").read_text()
+
+    # rerun: everything is resumed, nothing appended, same numbers
+    assert main(argv) == 0
+    assert (out / "teacher" / "records.jsonl").read_text() == first
+    again = json.loads((out / "summary.json").read_text())
+    assert again["models"][1]["metrics"] == summary["models"][1]["metrics"]
+
+
+def test_cli_fixed_context_file_and_yesno(tmp_path, tiny_dir):
+    data = tmp_path / "safety.json"
+    data.write_text(
+        json.dumps([{"prompt": "Is this hateful? text", "answer": "no"}, {"prompt": "Is it?", "answer": "yes"}])
+    )
+    context = tmp_path / "system.txt"
+    context.write_text("You are a careful analyst.")
+    argv = [
+        "--model", tiny_dir, "--dataset", str(data), "--context-file", str(context), "--scorer", "yesno",
+        "--placement", "user", "--greedy", "--max-new-tokens", "4", "--bootstrap", "0", "--no-plots",
+        "--no-progress", "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    prov = summary["models"][0]["provenance"]
+    assert prov["context"]["source"] == f"file:{context}" and prov["context"]["placement"] == "user"
+    assert prov["scorer"] == "yesno" and prov["generation"]["do_sample"] is False
+    assert not (tmp_path / "out" / "accuracy.png").exists()
+
+
+def test_error_unknown_column(tmp_path, dataset, tiny_dir, capsys):
+    argv = base_args(tmp_path, dataset, tiny_dir)
+    argv[argv.index("gold")] = "label"
+    err = run_error(argv, capsys)
+    assert "no label column 'label'" in err and "'gold'" in err and "'question'" in err
+
+
+def test_error_unparsable_file(tmp_path, tiny_dir, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok", "answer": "A", "context": "c"}\n{"prompt": "broken"\n')
+    err = run_error(base_args(tmp_path, bad, tiny_dir), capsys)
+    assert "Line 2" in err and "not valid JSON" in err
+    other = tmp_path / "data.txt"
+    other.write_text("hello")
+    assert "unsupported file type .txt" in run_error(base_args(tmp_path, other, tiny_dir), capsys)
+    assert "does not exist" in run_error(base_args(tmp_path, tmp_path / "missing.jsonl", tiny_dir), capsys)
+
+
+def test_error_scorer_dataset_mismatch(tmp_path, dataset, tiny_dir, capsys):
+    err = run_error(base_args(tmp_path, dataset, tiny_dir, "--scorer", "yesno"), capsys)
+    assert "Scorer/dataset mismatch at item 'm0'" in err and "'yes' or 'no'" in err
+    assert "Unknown scorer 'nope'" in run_error(base_args(tmp_path, dataset, tiny_dir, "--scorer", "nope"), capsys)
+
+
+def test_error_model_not_found(tmp_path, dataset, capsys):
+    err = run_error(base_args(tmp_path, dataset, str(tmp_path / "no-such-model")), capsys)
+    assert "Model" in err and "not found" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "has no config.json" in run_error(base_args(tmp_path, dataset, str(empty)), capsys)
+
+
+def test_help_documents_every_option(capsys):
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "examples:" in text and "trl-nca eval --model" in text
+    for action in parser._actions:
+        assert action.help, action.option_strings
+        for option in action.option_strings:
+            assert option in text
+
+
+def test_model_specs():
+    specs = parse_model_specs(["base=Qwen/Q", "runs/nca/", "x=a=b"], ["none", "runs/nca/ad", "-"])
+    assert [(s.name, s.path, s.adapter) for s in specs] == [
+        ("base", "Qwen/Q", None),
+        ("nca", "runs/nca/", "runs/nca/ad"),
+        ("x", "a=b", None),
+    ]
+    named = parse_model_specs(["a=m", "b=m"], ["b=ad"])
+    assert [s.adapter for s in named] == [None, "ad"]
+    assert [s.name for s in parse_model_specs(["m", "m"], [])] == ["m-1", "m-2"]
+    with pytest.raises(EvalInputError, match="names no model"):
+        parse_model_specs(["a=m"], ["c=ad"])
+    with pytest.raises(EvalInputError, match="one per model"):
+        parse_model_specs(["a=m", "b=m"], ["ad"])
+    with pytest.raises(EvalInputError, match="at least one --model"):
+        parse_model_specs([], [])
+
+
+def test_game_extension_point(tmp_path, tiny_dir, monkeypatch, capsys):
+    """--game dispatches to trl_nca.envs.evaluate.run_game_eval and reports its records like any other."""
+    calls = {}
+
+    def run_game_eval(*, model, tokenizer, game, generation, context, options, output_path, progress):
+        calls.update(game=game, options=options, context=context, max_new_tokens=generation.max_new_tokens)
+        view = ViewOutcome("[up]", "up", True, 3, False, False)
+        return [PairedRecord(str(i), view, ViewOutcome("[w]", "w", i == 0, 5, False, False)) for i in range(3)]
+
+    module = types.ModuleType("trl_nca.envs.evaluate")
+    module.run_game_eval = run_game_eval
+    monkeypatch.setitem(sys.modules, "trl_nca.envs", types.ModuleType("trl_nca.envs"))
+    monkeypatch.setitem(sys.modules, "trl_nca.envs.evaluate", module)
+    argv = [
+        "--model", tiny_dir, "--game", "frozenlake", "--game-option", "episodes=3", "--game-option", "size=3",
+        "--max-new-tokens", "7", "--bootstrap", "0", "--no-plots", "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert calls == {"game": "frozenlake", "options": {"episodes": 3, "size": 3}, "context": None, "max_new_tokens": 7}
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["models"][0]["metrics"]["harm"] == pytest.approx(2 / 3)
+    assert summary["models"][0]["provenance"]["game"] == "frozenlake"
+    name = summary["models"][0]["name"]
+    assert len((tmp_path / "out" / name / "records.jsonl").read_text().splitlines()) == 3
+
+    monkeypatch.setitem(sys.modules, "trl_nca.envs.evaluate", None)  # as if the module did not exist
+    assert "trl_nca.envs" in run_error(argv, capsys)

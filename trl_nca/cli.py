@@ -1,0 +1,141 @@
+"""The `trl-nca` command: `trl-nca train` (TrlParser, YAML configs) and `trl-nca eval` (paired evaluation)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+
+USAGE = """usage: trl-nca {train,eval} [options]
+
+  train   on-policy context distillation with No-Context Anchoring (NCATrainer)
+          e.g. trl-nca train --config examples/configs/quickstart.yaml
+  eval    paired evaluation with and without the context
+          e.g. trl-nca eval --help
+
+Run `trl-nca train --help` or `trl-nca eval --help` for every option."""
+
+BUILTIN_CONTEXTS = {"medical": "medical_system_prompt.txt", "safety": "safety_system_prompt.txt"}
+BUILTIN_DATASETS = {"quickstart": "quickstart_mcq.jsonl"}
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass
+class TrainScriptArguments:
+    """Data options of `trl-nca train`; training options are those of `NCAConfig`, model options those of
+    `trl.ModelConfig` (`model_name_or_path`, `dtype`, `use_peft`, `lora_r`, ...)."""
+
+    dataset_name: str = field(
+        default="quickstart",
+        metadata={"help": "Built-in 'quickstart' (24 medical MCQs), a Hub dataset name, or a local .jsonl/.json/"
+                  ".parquet/.csv file with a `prompt` or `messages` column."},
+    )  # fmt: skip
+    dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    dataset_test_split: str | None = field(default=None, metadata={"help": "Split for the eval loss, if any."})
+    context_file: str | None = field(
+        default=None,
+        metadata={"help": "Read one fixed context from this text file, or a built-in one: 'medical' or 'safety'. "
+                  "Ignored when `context_text` is set."},
+    )  # fmt: skip
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
+
+
+def read_context(name_or_path: str) -> str:
+    """Text of a built-in context ('medical', 'safety') or of a text file."""
+    if name_or_path in BUILTIN_CONTEXTS:
+        return resources.files("trl_nca.resources").joinpath(BUILTIN_CONTEXTS[name_or_path]).read_text().strip()
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Context file {name_or_path!r} not found; give a text file or one of {sorted(BUILTIN_CONTEXTS)}."
+        )
+    return path.read_text().strip()
+
+
+def load_dataset_any(name: str, split: str, config: str | None = None):
+    """A built-in dataset, a local file (by extension) or a Hub dataset."""
+    from datasets import load_dataset
+
+    if name in BUILTIN_DATASETS:
+        path = resources.files("trl_nca.resources").joinpath(BUILTIN_DATASETS[name])
+        return load_dataset("json", data_files=str(path), split="train")
+    suffix = Path(name).suffix.lower()
+    if suffix in LOCAL_FORMATS:
+        if not Path(name).is_file():
+            raise FileNotFoundError(f"Dataset file {name!r} not found.")
+        return load_dataset(LOCAL_FORMATS[suffix], data_files=name, split="train")
+    return load_dataset(name, config, split=split)
+
+
+def train(argv: list[str] | None = None):
+    """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
+    from trl import ModelConfig, TrlParser, get_peft_config
+
+    from . import NCAConfig, NCATrainer
+    from .models import resolve_model_name_or_path
+
+    parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
+    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
+    training_args.model_init_kwargs = {
+        **(training_args.model_init_kwargs or {}),
+        "dtype": model_args.dtype or "auto",
+        "revision": model_args.model_revision,
+        "attn_implementation": model_args.attn_implementation,
+    }
+    if training_args.teacher_model_name_or_path:
+        training_args.teacher_model_name_or_path = resolve_model_name_or_path(training_args.teacher_model_name_or_path)
+    if training_args.context_text is None and script_args.context_file is not None:
+        training_args.context_text = read_context(script_args.context_file)
+    if training_args.context_text is None and script_args.dataset_name == "quickstart":
+        training_args.context_text = read_context("medical")
+
+    train_dataset = load_dataset_any(
+        script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
+    )
+    if script_args.max_train_samples is not None:
+        train_dataset = train_dataset.select(range(min(script_args.max_train_samples, len(train_dataset))))
+    eval_dataset = None
+    if script_args.dataset_test_split is not None:
+        eval_dataset = load_dataset_any(
+            script_args.dataset_name, script_args.dataset_test_split, script_args.dataset_config
+        )
+
+    trainer = NCATrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
+    return trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        train(rest)
+        return 0
+    if command == "eval":
+        from .eval.cli import main as eval_main
+
+        return eval_main(rest) or 0
+    print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

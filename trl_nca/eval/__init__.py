@@ -1,0 +1,68 @@
+"""Paired with/without-context evaluation: does the student still need the context, and does the context still help?
+
+Each item is generated once without the context (view `x`) and once with it (view `xc`), with the same seed and
+sampling; the paired outcomes give accuracy per view, harm, help, McNemar's test and a regime (A/B/C).
+"""
+
+from .errors import EvalInputError
+from .generation import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
+from .loading import load_model
+from .metrics import bootstrap_intervals, classify_regime, compute_metrics, flatten_metrics, mcnemar_exact
+from .paired import PairedEvaluator, evaluate_paired
+from .records import PairedRecord, ViewOutcome
+from .report import ModelRun, render_markdown, write_report
+from .scorers import (
+    CallableScorer,
+    MultipleChoiceScorer,
+    Score,
+    Scorer,
+    StringMatchScorer,
+    YesNoScorer,
+    get_scorer,
+    parse_mcq_reference,
+    parse_mcq_strict,
+)
+from .store import load_records
+
+
+__all__ = [
+    "CallableScorer",
+    "EvalInputError",
+    "GenerationSettings",
+    "HFBackend",
+    "ModelRun",
+    "MultipleChoiceScorer",
+    "PairedEvalCallback",
+    "PairedEvaluator",
+    "PairedRecord",
+    "PerRowSampler",
+    "Score",
+    "Scorer",
+    "StringMatchScorer",
+    "VLLMBackend",
+    "ViewOutcome",
+    "YesNoScorer",
+    "bootstrap_intervals",
+    "classify_regime",
+    "compute_metrics",
+    "evaluate_paired",
+    "flatten_metrics",
+    "get_scorer",
+    "item_seed",
+    "load_model",
+    "load_records",
+    "mcnemar_exact",
+    "parse_mcq_reference",
+    "parse_mcq_strict",
+    "render_markdown",
+    "write_report",
+]
+
+
+def __getattr__(name: str):
+    # The callback imports transformers' Trainer machinery; load it only when asked for.
+    if name == "PairedEvalCallback":
+        from .callback import PairedEvalCallback
+
+        return PairedEvalCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

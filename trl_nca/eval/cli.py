@@ -1,0 +1,441 @@
+"""`trl-nca eval`: paired with/without-context evaluation of one or several models from the command line.
+
+`add_eval_arguments(parser)` declares the options, `run_eval(args)` runs them (raising `EvalInputError` on bad input),
+and `main(argv)` makes `python -m trl_nca.eval.cli ...` work on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..views import ContextSpec
+from .errors import EvalInputError
+from .generation import GenerationSettings, vllm_available
+from .scorers import SCORERS
+
+
+EPILOG = """\
+examples:
+  # one model, MCQ items in a local JSONL file with a per-item `context` column
+  trl-nca eval --model Qwen/Qwen2.5-0.5B-Instruct --dataset data/medmcqa_test.jsonl \\
+      --label-column answer --scorer mcq --limit 500 --output-dir runs/eval-base
+
+  # base model (its with-context view is the teacher), OPD and NCA students side by side, one system prompt file
+  trl-nca eval --model base=Qwen/Qwen2.5-0.5B-Instruct \\
+      --model opd=Qwen/Qwen2.5-0.5B-Instruct --adapter opd=runs/opd/checkpoint-50 \\
+      --model nca=Qwen/Qwen2.5-0.5B-Instruct --adapter nca=runs/nca/checkpoint-50 \\
+      --dataset ytz20/sys_safety_test --split train --prompt-column messages \\
+      --context-file prompts/safety_system.txt --scorer yesno --output-dir runs/eval-safety
+
+Rerunning with the same --output-dir resumes: items already in <output-dir>/<model>/records.jsonl are not regenerated.
+Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png, harm_help.png, lengths.png.
+"""
+
+
+@dataclass
+class ModelSpec:
+    """One model of the comparison: display name, weights path or Hub id, optional adapter."""
+
+    name: str
+    path: str
+    adapter: str | None = None
+
+
+def _json_arg(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {error.msg}") from error
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Declare every `trl-nca eval` option on `parser` (and set its epilog with examples)."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = parser.description or (
+        "Evaluate models on each item twice, without and with the context (same seed and sampling), and report "
+        "accuracy per view, harm, help, lengths, McNemar test and regime (A/B/C)."
+    )
+    parser.epilog = EPILOG
+
+    models = parser.add_argument_group("models")
+    models.add_argument(
+        "--model", action="append", default=[], metavar="[NAME=]PATH",
+        help="Model folder or Hub id; repeat for several models. NAME= sets its name in the report (default: the "
+        "last path component). Example: --model nca=Qwen/Qwen2.5-0.5B-Instruct.",
+    )  # fmt: skip
+    models.add_argument(
+        "--adapter", action="append", default=[], metavar="[NAME=]PATH",
+        help="PEFT adapter folder. With NAME= it goes to the model of that name; without names, give one --adapter "
+        "per --model in the same order ('none' for a model without adapter).",
+    )  # fmt: skip
+    models.add_argument("--tokenizer", help="Tokenizer folder or Hub id (default: each model's own path).")
+    models.add_argument(
+        "--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"], help="Weights dtype."
+    )
+    models.add_argument("--device", help="Device for the HF backend, e.g. cuda:0 or cpu (default: cuda if available).")
+    models.add_argument(
+        "--backend", default="hf", choices=["hf", "vllm"], help="Generation backend; 'vllm' needs vllm installed."
+    )
+    models.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the Hub.")
+
+    data = parser.add_argument_group("dataset")
+    data.add_argument(
+        "--dataset", metavar="NAME_OR_FILE",
+        help="Hub dataset name, a local .jsonl/.json/.parquet/.csv file, or a save_to_disk folder.",
+    )  # fmt: skip
+    data.add_argument("--dataset-config", help="Hub dataset configuration name.")
+    data.add_argument("--split", default="test", help="Split of a Hub dataset (default: test).")
+    data.add_argument(
+        "--prompt-column", help="Column with the prompt (a string or chat messages); default: `prompt` or `messages`."
+    )
+    data.add_argument("--label-column", default="answer", help="Column with the gold label (default: answer).")
+    data.add_argument("--id-column", help="Column with unique item ids (default: the row index).")
+    data.add_argument("--limit", type=int, help="Evaluate only the first N items (OPCD QA uses 500).")
+
+    context = parser.add_argument_group("context")
+    source = context.add_mutually_exclusive_group()
+    source.add_argument(
+        "--context-column", default="context", help="Column with each item's context (default: context)."
+    )
+    source.add_argument("--context-text", help="One fixed context string for every item (e.g. a system prompt).")
+    source.add_argument("--context-file", help="A UTF-8 text file holding one fixed context for every item.")
+    context.add_argument(
+        "--placement", default="system", choices=["system", "user"],
+        help="Put the context in the system message (default) or inside the first user message.",
+    )  # fmt: skip
+    context.add_argument(
+        "--template", default="{context}\n\n{prompt}",
+        help="With --placement user: how context and prompt are joined; must contain {context} and {prompt}.",
+    )  # fmt: skip
+    context.add_argument(
+        "--separator", default="\n\n", help="With --placement system: joins the context and an existing system message."
+    )
+    context.add_argument(
+        "--chat-template-kwargs", type=_json_arg, default={}, metavar="JSON",
+        help="Extra chat template variables, e.g. '{\"enable_thinking\": false}'.",
+    )  # fmt: skip
+
+    scoring = parser.add_argument_group("scoring")
+    scoring.add_argument(
+        "--scorer", default="mcq",
+        help=f"One of {sorted(SCORERS)}, or 'package.module:function' taking (text, label) (default: mcq, the OPCD "
+        "parser; the strict parser is reported next to it).",
+    )  # fmt: skip
+    scoring.add_argument(
+        "--companion-scorer", action="append", metavar="SCORER",
+        help="Also score with this scorer and report it (repeatable; default: mcq_strict next to mcq and vice versa).",
+    )  # fmt: skip
+    scoring.add_argument("--no-companion-scorers", action="store_true", help="Report the main scorer only.")
+
+    generation = parser.add_argument_group("generation (shared by both views)")
+    defaults = GenerationSettings()
+    generation.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="Default: %(default)s.")
+    generation.add_argument("--temperature", type=float, default=defaults.temperature, help="Default: %(default)s.")
+    generation.add_argument("--top-p", type=float, default=defaults.top_p, help="Default: %(default)s.")
+    generation.add_argument(
+        "--top-k", type=int, default=defaults.top_k, help="Default: %(default)s (0 disables top-k)."
+    )
+    generation.add_argument("--greedy", action="store_true", help="Greedy decoding instead of sampling.")
+    generation.add_argument(
+        "--seed", type=int, default=defaults.seed, help="Run seed; each item's seed derives from it and its id."
+    )
+    generation.add_argument(
+        "--batch-size", type=int, default=defaults.batch_size, help="Prompts per generate call (default: %(default)s)."
+    )
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--output-dir", required=False, help="Folder for records, summary, report and figures.")
+    output.add_argument("--title", help="Title of the Markdown report.")
+    output.add_argument("--alpha", type=float, default=0.05, help="Significance level of the regime rule.")
+    output.add_argument("--bootstrap", type=int, default=1000, help="Bootstrap resamples for intervals (0: none).")
+    output.add_argument("--bootstrap-seed", type=int, default=0, help="Seed of the bootstrap resampling.")
+    output.add_argument("--no-plots", action="store_true", help="Skip the PNG figures.")
+    output.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
+
+    games = parser.add_argument_group("games")
+    games.add_argument(
+        "--game", help="Evaluate on a text game (handled by trl_nca.envs.evaluate) instead of --dataset."
+    )
+    games.add_argument(
+        "--game-option", action="append", default=[], metavar="KEY=VALUE",
+        help="Option passed to the game evaluator (repeatable; VALUE parsed as JSON when possible).",
+    )  # fmt: skip
+    return parser
+
+
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _split_named(spec: str) -> tuple[str | None, str]:
+    name, sep, rest = spec.partition("=")
+    if sep and _NAME.match(name) and rest:
+        return name, rest
+    return None, spec
+
+
+def _default_name(path: str) -> str:
+    return Path(path.rstrip("/\\")).name or path
+
+
+def parse_model_specs(models: Sequence[str], adapters: Sequence[str]) -> list[ModelSpec]:
+    """Pair `--model` and `--adapter` values into named model specs (see `--help`)."""
+    if not models:
+        raise EvalInputError("Give at least one --model.")
+    specs: list[ModelSpec] = []
+    for value in models:
+        name, path = _split_named(value)
+        specs.append(ModelSpec(name or _default_name(path), path))
+    names = [s.name for s in specs]
+    for i, spec in enumerate(specs):
+        if names.count(spec.name) > 1:
+            spec.name = f"{spec.name}-{names[: i + 1].count(spec.name)}"
+    if len({s.name for s in specs}) != len(specs):
+        raise EvalInputError(f"Model names must be unique, got {[s.name for s in specs]}; name them with NAME=PATH.")
+    parsed = [_split_named(a) for a in adapters]
+    named = [p for p in parsed if p[0] is not None]
+    if named and len(named) != len(parsed):
+        raise EvalInputError("Either name every --adapter (NAME=PATH) or none of them.")
+    if named:
+        by_name = {s.name: s for s in specs}
+        for name, path in named:
+            if name not in by_name:
+                raise EvalInputError(f"--adapter {name}=... names no model; the models are {sorted(by_name)}.")
+            by_name[name].adapter = path
+    elif parsed:
+        if len(parsed) != len(specs):
+            raise EvalInputError(
+                f"{len(parsed)} unnamed --adapter values for {len(specs)} models: give one per model ('none' for no "
+                "adapter) or name them NAME=PATH."
+            )
+        for spec, (_, path) in zip(specs, parsed):
+            spec.adapter = None if path.lower() in ("none", "-") else path
+    return specs
+
+
+def _check_local(path: str, what: str) -> None:
+    """Fail early on a local model/adapter path that does not exist or is not a model folder (Hub ids pass)."""
+    local = Path(path).expanduser()
+    if path.startswith(("/", "./", "../", "~")) and not local.exists():
+        raise EvalInputError(f"{what} {path!r} not found: no such folder.")
+    if what == "Model" and local.is_dir():
+        if not (local / "config.json").exists() and not (local / "adapter_config.json").exists():
+            raise EvalInputError(f"Model {path!r} not found: the folder has no config.json.")
+
+
+def _context_spec(args) -> tuple[ContextSpec, str | None]:
+    """The context settings from the command line, and a description of their source for the provenance."""
+    layout = {"placement": args.placement, "template": args.template, "separator": args.separator}
+    try:
+        if args.context_file:
+            path = Path(args.context_file)
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as error:
+                raise EvalInputError(f"Cannot read the context file {str(path)!r}: {error.strerror}.") from error
+            except UnicodeDecodeError as error:
+                raise EvalInputError(f"The context file {str(path)!r} is not UTF-8 text.") from error
+            return ContextSpec(column=None, text=text, **layout), f"file:{path}"
+        if args.context_text is not None:
+            return ContextSpec(column=None, text=args.context_text, **layout), None
+        return ContextSpec(column=args.context_column, **layout), None
+    except EvalInputError:
+        raise
+    except (ValueError, TypeError) as error:
+        raise EvalInputError(str(error)) from error
+
+
+def _settings(args) -> GenerationSettings:
+    try:
+        return GenerationSettings(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            do_sample=not args.greedy,
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
+    except ValueError as error:
+        raise EvalInputError(str(error)) from error
+
+
+def _game_options(values: Sequence[str]) -> dict[str, Any]:
+    options = {}
+    for value in values:
+        key, sep, raw = value.partition("=")
+        if not sep or not key:
+            raise EvalInputError(f"--game-option {value!r} is not KEY=VALUE.")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def _game_runner():
+    """The game evaluation entry point of the games package, imported only when --game is used.
+
+    Contract: `trl_nca.envs.evaluate.run_game_eval(*, model, tokenizer, game, generation, context, options,
+    output_path, progress) -> list[PairedRecord]`, where `context` is the `ContextSpec` from the command line (None when
+    no --context-text/--context-file is given: the game then uses its own experience text).
+    """
+    try:
+        module = importlib.import_module("trl_nca.envs.evaluate")
+    except ModuleNotFoundError as error:
+        if error.name in ("trl_nca.envs", "trl_nca.envs.evaluate"):
+            raise EvalInputError(
+                "--game needs the trl_nca.envs package, which this installation does not have."
+            ) from error
+        raise
+    runner = getattr(module, "run_game_eval", None)
+    if runner is None:
+        raise EvalInputError("trl_nca.envs.evaluate has no run_game_eval function.")
+    return runner
+
+
+def run_eval(args: argparse.Namespace) -> dict[str, Any]:
+    """Run `trl-nca eval` with parsed arguments and return the report summary; bad input raises `EvalInputError`."""
+    from .loading import load_model, load_tokenizer
+    from .paired import PairedEvaluator
+    from .provenance import library_versions, model_identity, sha256_text
+    from .report import ModelRun, safe_name, write_report
+
+    if not args.output_dir:
+        raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
+    specs = parse_model_specs(args.model, args.adapter)
+    for spec in specs:
+        _check_local(spec.path, "Model")
+        if spec.adapter:
+            _check_local(spec.adapter, "Adapter")
+    settings = _settings(args)
+    if args.backend == "vllm" and not vllm_available():
+        raise EvalInputError("--backend vllm needs vllm installed (`pip install vllm`); use --backend hf.")
+    output_dir = Path(args.output_dir)
+
+    evaluator = None
+    runner = None
+    context, source = (None, None)
+    if args.game:
+        runner = _game_runner()
+        if args.context_text is not None or args.context_file:
+            context, source = _context_spec(args)
+        options = _game_options(args.game_option)
+    else:
+        if not args.dataset:
+            raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
+        from .data import load_eval_dataset
+
+        context, source = _context_spec(args)
+        dataset = load_eval_dataset(args.dataset, split=args.split, config=args.dataset_config)
+        companions = [] if args.no_companion_scorers else args.companion_scorer
+        try:
+            evaluator = PairedEvaluator(
+                dataset,
+                context=context,
+                scorer=args.scorer,
+                label_column=args.label_column,
+                id_column=args.id_column,
+                generation=settings,
+                companion_scorers=companions,
+                prompt_column=args.prompt_column,
+                limit=args.limit,
+                chat_template_kwargs=args.chat_template_kwargs,
+                context_source=source,
+            )
+        except EvalInputError:
+            raise
+        except ValueError as error:  # e.g. an unknown scorer name
+            raise EvalInputError(str(error)) from error
+
+    runs = []
+    for spec in specs:
+        records_path = output_dir / safe_name(spec.name) / "records.jsonl"
+        progress = not args.no_progress
+        if args.backend == "vllm":
+            from .generation import VLLMBackend
+
+            tokenizer = load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
+            backend = VLLMBackend(spec.path, tokenizer, adapter=spec.adapter, dtype=args.dtype)
+            model = backend.llm
+        else:
+            backend = None
+            model = load_model(
+                spec.path, spec.adapter, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code
+            )
+            tokenizer = load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
+        if runner is not None:
+            records = runner(
+                model=model, tokenizer=tokenizer, game=args.game, generation=settings, context=context,
+                options=options, output_path=records_path, progress=progress,
+            )  # fmt: skip
+            provenance = {
+                "model": model_identity(model, spec.path, spec.adapter),
+                "game": args.game,
+                "game_options": options,
+                "context": {"source": source, "sha256": sha256_text(context.text) if context is not None else None},
+                "generation": settings.to_dict(),
+                "versions": library_versions(),
+            }
+        else:
+            provenance = evaluator.provenance(model, spec.path, spec.adapter)
+            provenance["backend"] = args.backend
+            records = evaluator.run(
+                model, tokenizer, output_path=records_path, backend=backend, progress=progress,
+                provenance=provenance,
+            )  # fmt: skip
+        written = str(records_path) if records_path.exists() else None  # a game runner may not write the file
+        runs.append(ModelRun(spec.name, records, provenance=provenance, records_path=written))
+        del model, backend
+        gc.collect()
+        _empty_cuda_cache()
+
+    return write_report(
+        runs,
+        output_dir,
+        alpha=args.alpha,
+        n_bootstrap=args.bootstrap,
+        bootstrap_seed=args.bootstrap_seed,
+        plots=not args.no_plots,
+        title=args.title,
+        extra={"command": {k: v for k, v in vars(args).items() if not callable(v)}},
+    )
+
+
+def _empty_cuda_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def build_parser(prog: str = "trl-nca eval") -> argparse.ArgumentParser:
+    """A stand-alone parser with every `trl-nca eval` option."""
+    return add_eval_arguments(argparse.ArgumentParser(prog=prog))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m trl_nca.eval.cli`: exit status 0 on success, 2 with a one-line error on bad input."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        summary = run_eval(args)
+    except EvalInputError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    print(f"Wrote {summary['files']['markdown']} and {summary['files']['summary']}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

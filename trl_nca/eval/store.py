@@ -1,0 +1,77 @@
+"""The per-item JSONL store of paired records: append as items finish, reload (and repair) on resume."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import EvalInputError
+from .records import PairedRecord
+
+
+logger = logging.getLogger(__name__)
+
+
+def append_records(path: str | os.PathLike, records: Iterable[PairedRecord]) -> None:
+    """Append records to a JSONL file, one per line, flushed and synced so an interruption loses at most one line."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_records(path: str | os.PathLike, expected_run_key: str | None = None) -> dict[str, PairedRecord]:
+    """Records of a JSONL file by item id, repairing what an interruption can leave behind.
+
+    A half-written last line is cut off; a complete last record missing its newline gets one, so the next append
+    starts on a fresh line. A corrupt line elsewhere, or a record from a run with another `run_key`, raises
+    `EvalInputError`. Should an id appear twice, the first record wins.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    tail = lines.pop()  # the bytes after the last newline: b"" for a cleanly written file
+    records: dict[str, PairedRecord] = {}
+
+    def parse(line: bytes, number: int) -> PairedRecord:
+        record = PairedRecord.from_dict(json.loads(line))
+        key = record.meta.get("run_key")
+        if expected_run_key is not None and key is not None and key != expected_run_key:
+            raise EvalInputError(
+                f"{path} holds records of another run (line {number}: run key {key} != {expected_run_key}, i.e. a "
+                "different model, context, scorer or sampling setting). Use a new output folder, or delete the file."
+            )
+        return record
+
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = parse(line, number)
+        except (ValueError, KeyError, TypeError) as error:
+            if isinstance(error, EvalInputError):
+                raise
+            raise EvalInputError(f"Line {number} of {path} is not a valid paired record: {error}") from error
+        records.setdefault(record.item_id, record)
+    if tail.strip():
+        try:
+            record = parse(tail, len(lines) + 1)
+        except EvalInputError:
+            raise
+        except (ValueError, KeyError, TypeError):
+            logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
+            with path.open("r+b") as f:
+                f.truncate(len(raw) - len(tail))
+        else:
+            records.setdefault(record.item_id, record)
+            with path.open("ab") as f:
+                f.write(b"\n")
+    return records
