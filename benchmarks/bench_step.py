@@ -1,0 +1,308 @@
+"""Seconds per step and peak memory: TRL's GKDTrainer vs NCATrainer (nca_beta 0 and 0.5), side by side in one process.
+
+Every configuration trains on the same prompts with the same seed; GKDTrainer gets the context inside its prompt so
+its teacher reads what NCATrainer's teacher reads. Completions are forced to exactly `--new-tokens` tokens
+(`min_new_tokens`) so every configuration scores the same number of tokens.
+
+    python benchmarks/bench_step.py --model embedded --steps 3      # SmolLM2-135M, batch 4, 32 new tokens
+    python benchmarks/bench_step.py --model tiny --steps 5          # the 2-layer test model
+
+Peak memory is the CUDA allocator's peak on a GPU; on a CPU it is the peak resident set size sampled every 0.2 ms
+during the measured steps, minus the resident size before them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+
+CONTEXT_SENTENCES = [
+    "You are a senior clinician who reviews medical exam questions.",
+    "Read the question and every option before you decide.",
+    "Recall the relevant anatomy, physiology, pharmacology or pathology.",
+    "Rule out the options that contradict it and prefer the most specific correct option.",
+    "Keep your reasoning short and factual, and never invent facts you are unsure of.",
+    "Finish with exactly one line of the form <answer>X</answer>, where X is the letter of your chosen option.",
+]
+
+
+class PeakMemory:
+    """Peak memory above the level at `start()`: CUDA allocator stats, or sampled RSS on a CPU."""
+
+    def __init__(self, device: str):
+        self.device = device
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def start(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return
+        self.base = self.peak = self._rss()
+        self.running = True
+
+        def sample():
+            while self.running:
+                self.peak = max(self.peak, self._rss())
+                time.sleep(0.0002)
+
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> float:
+        """Peak in MiB above the starting level."""
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            return (torch.cuda.max_memory_allocated() - self.base) / 2**20
+        self.running = False
+        self.thread.join()
+        return (self.peak - self.base) / 2**20
+
+
+class StepTimer(TrainerCallback):
+    def __init__(self, warmup: int, meter: PeakMemory):
+        self.warmup, self.meter, self.times, self.peak = warmup, meter, [], 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.warmup:
+            self.meter.start()
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if state.global_step > self.warmup:
+            self.times.append(time.perf_counter() - self.t0)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.peak = self.meter.stop()
+
+
+def load(model_name: str, device: str):
+    if model_name == "tiny":
+        from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+
+        tok = make_tiny_tokenizer()
+        return make_tiny_model(tok, seed=0, num_layers=4, hidden_size=128).to(device), tok
+    from trl_nca.models import resolve_model_name_or_path
+
+    path = resolve_model_name_or_path(model_name)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def datasets(tok, n: int, context_tokens: int):
+    context = ""
+    i = 0
+    while len(tok(context)["input_ids"]) < context_tokens:
+        context += CONTEXT_SENTENCES[i % len(CONTEXT_SENTENCES)] + " "
+        i += 1
+    prompts = [f"Question {k}: which organ produces insulin? (A) Liver (B) Spleen (C) Pancreas (D) Kidney" for k in range(n)]
+    nca = Dataset.from_dict({"prompt": prompts, "context": [context.strip()] * n})
+    # GKD: the context inside the prompt (as a system message), plus a placeholder answer GKD's collator requires.
+    gkd = Dataset.from_dict(
+        {
+            "messages": [
+                [
+                    {"role": "system", "content": context.strip()},
+                    {"role": "user", "content": p},
+                    {"role": "assistant", "content": "<answer>C</answer>"},
+                ]
+                for p in prompts
+            ]
+        }
+    )
+    return nca, gkd, len(tok(context)["input_ids"])
+
+
+def common_args(out, steps, batch, new_tokens, device, checkpointing):
+    return dict(
+        output_dir=out,
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        max_new_tokens=new_tokens,
+        bf16=device == "cuda",
+        use_cpu=device == "cpu",
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1000,
+        gradient_checkpointing=checkpointing,
+        lmbda=1.0,
+        beta=1.0,
+        temperature=1.0,
+        learning_rate=1e-6,
+        seed=0,
+        max_length=None,
+        disable_tqdm=True,
+    )
+
+
+def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
+    from peft import LoraConfig
+    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    from trl_nca import NCAConfig, NCATrainer
+
+    torch.manual_seed(0)
+    student = copy.deepcopy(base_model)
+    peft = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]) if lora else None
+    meter = PeakMemory(device)
+    timer = StepTimer(warmup, meter)
+    if kind == "gkd":
+        teacher = copy.deepcopy(base_model)
+        trainer = GKDTrainer(
+            model=student,
+            teacher_model=teacher,
+            args=GKDConfig(**args_kwargs),
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[timer],
+            peft_config=peft,
+        )
+    else:
+        teacher = None if lora else copy.deepcopy(base_model)
+        trainer = NCATrainer(
+            model=student,
+            teacher_model=teacher,
+            args=NCAConfig(**args_kwargs, nca_beta=0.5 if kind == "nca05" else 0.0),
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[timer],
+            peft_config=peft,
+        )
+    trainer.generation_config.min_new_tokens = args_kwargs["max_new_tokens"]
+    trainer.generation_kwargs["min_new_tokens"] = args_kwargs["max_new_tokens"]
+    trainer.train()
+    result = statistics.median(timer.times), timer.peak
+    del trainer, student, teacher
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, view, warmup, steps):
+    """One forward+backward of a single student view on fixed samples (`view`: 'x' or 'c'), timed like a step."""
+    from peft import LoraConfig, get_peft_model
+
+    from trl_nca.data import Limits, NCACollator, prepare_dataset
+    from trl_nca.losses import LMHead
+    from trl_nca.trainer import _hidden
+    from trl_nca.views import ContextSpec, build_view, completion_hidden
+
+    model = copy.deepcopy(base_model)
+    if lora:
+        model = get_peft_model(
+            model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+        )
+    ds = prepare_dataset(data, tok, ContextSpec(), Limits(max_new_tokens=new_tokens), "bench")
+    b = NCACollator(tok.pad_token_id)([ds[i] for i in range(batch)])
+    b = {k: v.to(device) for k, v in b.items()}
+    g = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, len(tok), (batch, new_tokens), generator=g).to(device)
+    mask = torch.ones_like(ids)
+    key = ("prompts", "prompt_attention_mask") if view == "x" else ("context_prompts", "context_prompt_attention_mask")
+    meter, times = PeakMemory(device), []
+    for step in range(warmup + steps):
+        if step == warmup:
+            meter.start()
+        t0 = time.perf_counter()
+        v = build_view(b[key[0]], b[key[1]], ids, mask)
+        h = completion_hidden(_hidden(model, v), v, mask)
+        logits = LMHead.from_model(model).logits(h)
+        torch.nn.functional.cross_entropy(logits, ids[mask.bool()]).backward()
+        model.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if step >= warmup:
+            times.append(time.perf_counter() - t0)
+    peak = meter.stop()
+    del model
+    gc.collect()
+    return statistics.median(times), peak
+
+
+def main():
+    if not torch.cuda.is_available() and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        # glibc keeps freed heap memory mapped; serving every block of 64 KiB or more by mmap makes the resident size
+        # follow the live tensors, which is what the CPU peak measures. Re-run this script with that setting.
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="embedded", help="'embedded' (SmolLM2-135M), 'tiny', or a path")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--context-tokens", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per configuration")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--only", nargs="*", help="subset of configurations to run")
+    parser.add_argument(
+        "--no-checkpointing", action="store_true", help="disable gradient checkpointing (on by default, as in TRL)"
+    )
+    cli = parser.parse_args()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    base, tok = load(cli.model, device)
+    n = cli.batch * (cli.steps + cli.warmup)
+    nca_data, gkd_data, ctx_len = datasets(tok, n, cli.context_tokens)
+    print(
+        f"model={cli.model} device={device} batch={cli.batch} new_tokens={cli.new_tokens} context={ctx_len} tokens "
+        f"gradient_checkpointing={not cli.no_checkpointing} torch_threads={torch.get_num_threads()}"
+    )
+    rows = {}
+    with tempfile.TemporaryDirectory() as out:
+        kw = common_args(out, cli.steps + cli.warmup, cli.batch, cli.new_tokens, device, not cli.no_checkpointing)
+        configs = [
+            ("gkd/separate", "gkd", gkd_data, False),
+            ("nca0/separate", "nca0", nca_data, False),
+            ("nca05/separate", "nca05", nca_data, False),
+            ("nca0/lora-self", "nca0", nca_data, True),
+            ("nca05/lora-self", "nca05", nca_data, True),
+        ]
+        for name, kind, data, lora in configs:
+            if cli.only and name not in cli.only:
+                continue
+            rows[name] = run(kind, base, tok, data, kw, cli.warmup, device, lora)
+            print(f"{name:18s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB", flush=True)
+        for name, view, lora in (("view-c/full", "c", False), ("view-x/lora", "x", True)):
+            rows[name] = manual_view_step(
+                base, tok, nca_data, cli.batch, cli.new_tokens, device, lora, view, cli.warmup, cli.steps
+            )
+            print(f"{name:18s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB", flush=True)
+
+    def ratio(a, b, i):
+        return rows[a][i] / rows[b][i] if a in rows and b in rows and rows[b][i] > 0 else float("nan")
+
+    print("\nratios (target)")
+    print(f"time  nca0/gkd                         {ratio('nca0/separate', 'gkd/separate', 0):6.2f}  (<= 1.00)")
+    print(f"mem   nca0/gkd                         {ratio('nca0/separate', 'gkd/separate', 1):6.2f}  (<= 0.70)")
+    if all(k in rows for k in ("nca05/separate", "nca0/separate", "view-c/full")):
+        extra = (rows["nca05/separate"][0] - rows["nca0/separate"][0]) / rows["view-c/full"][0]
+        print(f"time  (nca05-nca0)/fwd+bwd(context view) {extra:6.2f}  (<= 1.10)")
+    print(f"mem   nca05/nca0 (separate teacher)    {ratio('nca05/separate', 'nca0/separate', 1):6.2f}  (<= 1.15)")
+    print(f"mem   nca05/nca0 (LoRA self-teacher)   {ratio('nca05/lora-self', 'nca0/lora-self', 1):6.2f}  (<= 1.15)")
+    print(f"mem   nca0 LoRA self / student-only    {ratio('nca0/lora-self', 'view-x/lora', 1):6.2f}  (<= 1.15)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Shared driver of the system-prompt examples: train with NCATrainer, then a paired evaluation of base and student."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.cli import read_context
+from trl_nca.eval import GenerationSettings, ModelRun, PairedEvaluator, load_model, write_report
+from trl_nca.models import resolve_model_name_or_path
+
+
+@dataclass
+class QAArguments:
+    dataset_path: str | None = field(
+        default=None, metadata={"help": "Local .jsonl/.parquet instead of the Hub dataset (same schema)."}
+    )
+    train_limit: int | None = field(default=None, metadata={"help": "Use only the first N training items."})
+    eval_limit: int = field(default=500, metadata={"help": "Evaluate on the first N test items (paper: 500)."})
+    eval_max_new_tokens: int = field(default=512, metadata={"help": "Tokens per evaluation answer (paper: 512)."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Evaluation generation batch size."})
+    skip_eval: bool = field(default=False, metadata={"help": "Train only."})
+
+
+def run(build_splits, context_name: str, scorer: str, default_output: str):
+    """Parse QAArguments + NCAConfig + ModelConfig (YAML via --config), train, evaluate base and student paired."""
+    parser = TrlParser((QAArguments, NCAConfig, ModelConfig))
+    qa, args, model_args = parser.parse_args_and_config()
+    if args.output_dir in (None, "trainer_output"):
+        args.output_dir = default_output
+    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
+    args.model_init_kwargs = {"dtype": model_args.dtype or "auto"}
+    if args.context_text is None:
+        args.context_text = read_context(context_name)
+    train, test = build_splits(qa)
+    trainer = NCATrainer(model=model_path, args=args, train_dataset=train, peft_config=get_peft_config(model_args))
+    trainer.train()
+    trainer.save_model(args.output_dir)
+    if qa.skip_eval or not trainer.accelerator.is_main_process:
+        return
+    settings = GenerationSettings(
+        max_new_tokens=qa.eval_max_new_tokens, temperature=1.0, top_p=0.95, top_k=20, batch_size=qa.eval_batch_size
+    )
+    out = Path(args.output_dir) / "paired_eval"
+    evaluator = PairedEvaluator(
+        test, context=args.context_spec, scorer=scorer, label_column="answer", id_column="id", generation=settings
+    )
+    runs = []
+    for name, model, path in (
+        ("base", load_model(model_path), model_path),
+        ("student", trainer.model, args.output_dir),
+    ):
+        provenance = evaluator.provenance(model, path, None)
+        records_path = out / name / "records.jsonl"
+        records = evaluator.run(model, trainer.processing_class, output_path=records_path, provenance=provenance)
+        runs.append(ModelRun(name, records, provenance=provenance, records_path=records_path))
+    summary = write_report(runs, out, title=f"{Path(args.output_dir).name}: paired evaluation")
+    print((out / "report.md").read_text() if (out / "report.md").exists() else summary)
