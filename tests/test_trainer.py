@@ -338,3 +338,26 @@ def test_user_placement_and_fixed_context(tok, tmp_path):
     text = tok.decode(trainer.train_dataset[0]["context_prompt_ids"])
     assert "user\nBoxes move when pushed.\n\nPush the box." in text
     trainer.train()
+
+
+def test_resume_from_checkpoint_is_exact(tok, tmp_path):
+    """4 straight steps == 2 steps, checkpoint, resume for 2 more (samples, optimizer and RNG all restored)."""
+    finals = []
+    for resume in (False, True):
+        out = tmp_path / ("resumed" if resume else "straight")
+        kwargs = dict(output_dir=str(out), max_steps=4, save_strategy="steps", save_steps=2, learning_rate=1e-2)
+
+        trainer = NCATrainer(
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=make_args(tmp_path, **kwargs),
+            train_dataset=prompt_dataset(8),
+            processing_class=tok,
+        )
+        if resume:
+            trainer.train(resume_from_checkpoint=str(out.parent / "straight" / "checkpoint-2"))
+        else:
+            trainer.train()
+        finals.append(params(trainer.model))
+    for name in finals[0]:
+        assert torch.equal(finals[0][name], finals[1][name]), name

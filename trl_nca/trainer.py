@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer
+from transformers.trainer_utils import get_last_checkpoint
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
@@ -144,6 +145,21 @@ class NCATrainer(GKDTrainer):
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling
 
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+        self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _load_rng_state(self, checkpoint):
+        # On a mid-epoch resume Trainer restores the RNG only after fetching the first batches; we sample there, so
+        # the state was already restored in get_batch_samples and must not be rewound a second time.
+        self._resume_rng_from = None
+        if getattr(self, "_rng_restored_early", False):
+            self._rng_restored_early = False
+            return
+        super()._load_rng_state(checkpoint)
+
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         """Fetch the micro-batches of one optimizer step, sample their completions, and count their tokens.
 
@@ -152,6 +168,9 @@ class NCATrainer(GKDTrainer):
         then gives the same update as one large batch.
         """
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if getattr(self, "_resume_rng_from", None) is not None:
+            self._load_rng_state(self._resume_rng_from)  # resumed runs sample exactly what the uninterrupted run did
+            self._rng_restored_early = True
         batches = [self._complete(self._prepare_inputs(batch)) for batch in batches]
         if not batches:
             return batches, None
