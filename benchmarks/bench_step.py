@@ -7,8 +7,9 @@ its teacher reads what NCATrainer's teacher reads. Completions are forced to exa
     python benchmarks/bench_step.py --model embedded --steps 3      # SmolLM2-135M, batch 4, 32 new tokens
     python benchmarks/bench_step.py --model tiny --steps 5          # the 2-layer test model
 
-Peak memory is the CUDA allocator's peak on a GPU; on a CPU it is the peak resident set size sampled every 0.2 ms
-during the measured steps, minus the resident size before them.
+Time is the median wall time per optimizer step (sampling included). Peak memory is measured on one extra step: the
+CUDA allocator's peak above the level before it on a GPU; on a CPU the peak of PyTorch's own allocation events
+(tensor memory, not the Python heap) recorded by the profiler.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import copy
 import gc
 import os
 import statistics
-import sys
 import tempfile
-import threading
 import time
 
 import torch
@@ -39,14 +38,11 @@ CONTEXT_SENTENCES = [
 
 
 class PeakMemory:
-    """Peak memory above the level at `start()`: CUDA allocator stats, or sampled RSS on a CPU."""
+    """Peak tensor memory above the level at `start()`: the CUDA allocator's peak on a GPU; on a CPU the peak of the
+    running sum of the memory the PyTorch profiler attributes to each op (tensor memory only, op granularity)."""
 
     def __init__(self, device: str):
         self.device = device
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     def start(self):
         if self.device == "cuda":
@@ -54,44 +50,50 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
             return
-        self.base = self.peak = self._rss()
-        self.running = True
-
-        def sample():
-            while self.running:
-                self.peak = max(self.peak, self._rss())
-                time.sleep(0.0002)
-
-        self.thread = threading.Thread(target=sample, daemon=True)
-        self.thread.start()
+        self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        self.profiler.__enter__()
 
     def stop(self) -> float:
         """Peak in MiB above the starting level."""
         if self.device == "cuda":
             torch.cuda.synchronize()
             return (torch.cuda.max_memory_allocated() - self.base) / 2**20
-        self.running = False
-        self.thread.join()
-        return (self.peak - self.base) / 2**20
+        self.profiler.__exit__(None, None, None)
+        # Allocations inside an op are reported as its self memory; frees outside any op as "[memory]" events.
+        events = sorted(
+            (e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
+            for e in self.profiler.events()
+        )
+        level = peak = 0
+        for _, delta in events:
+            level += delta
+            peak = max(peak, level)
+        return peak / 2**20
 
 
 class StepTimer(TrainerCallback):
-    def __init__(self, warmup: int, meter: PeakMemory):
-        self.warmup, self.meter, self.times, self.peak = warmup, meter, [], 0.0
+    """Wall time between consecutive step ends (so sampling, which happens before a step begins, is included), and
+    the peak memory of one extra step measured after the timed ones (the profiler slows the step it watches)."""
 
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step == self.warmup:
-            self.meter.start()
-        self.t0 = time.perf_counter()
+    def __init__(self, warmup: int, timed: int, meter: PeakMemory):
+        self.warmup, self.timed, self.meter, self.times, self.peak = warmup, timed, meter, [], 0.0
+        self.last = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.last = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        if state.global_step > self.warmup:
-            self.times.append(time.perf_counter() - self.t0)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self.peak = self.meter.stop()
+        now = time.perf_counter()
+        step = state.global_step
+        if self.warmup < step <= self.warmup + self.timed:
+            self.times.append(now - self.last)
+        if step == self.warmup + self.timed:
+            self.meter.start()
+        elif step == self.warmup + self.timed + 1:
+            self.peak = self.meter.stop()
+        self.last = time.perf_counter()
 
 
 def load(model_name: str, device: str):
@@ -117,7 +119,9 @@ def datasets(tok, n: int, context_tokens: int):
     while len(tok(context)["input_ids"]) < context_tokens:
         context += CONTEXT_SENTENCES[i % len(CONTEXT_SENTENCES)] + " "
         i += 1
-    prompts = [f"Question {k}: which organ produces insulin? (A) Liver (B) Spleen (C) Pancreas (D) Kidney" for k in range(n)]
+    prompts = [
+        f"Question {k}: which organ produces insulin? (A) Liver (B) Spleen (C) Pancreas (D) Kidney" for k in range(n)
+    ]
     nca = Dataset.from_dict({"prompt": prompts, "context": [context.strip()] * n})
     # GKD: the context inside the prompt (as a system message), plus a placeholder answer GKD's collator requires.
     gkd = Dataset.from_dict(
@@ -167,7 +171,7 @@ def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
     student = copy.deepcopy(base_model)
     peft = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]) if lora else None
     meter = PeakMemory(device)
-    timer = StepTimer(warmup, meter)
+    timer = StepTimer(warmup, args_kwargs["max_steps"] - warmup - 1, meter)
     if kind == "gkd":
         teacher = copy.deepcopy(base_model)
         trainer = GKDTrainer(
@@ -201,7 +205,7 @@ def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
     return result
 
 
-def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, view, warmup, steps):
+def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, view, warmup, steps, checkpointing):
     """One forward+backward of a single student view on fixed samples (`view`: 'x' or 'c'), timed like a step."""
     from peft import LoraConfig, get_peft_model
 
@@ -215,6 +219,11 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
         model = get_peft_model(
             model, LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
         )
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+        if lora:
+            model.enable_input_require_grads()
     ds = prepare_dataset(data, tok, ContextSpec(), Limits(max_new_tokens=new_tokens), "bench")
     b = NCACollator(tok.pad_token_id)([ds[i] for i in range(batch)])
     b = {k: v.to(device) for k, v in b.items()}
@@ -223,8 +232,8 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
     mask = torch.ones_like(ids)
     key = ("prompts", "prompt_attention_mask") if view == "x" else ("context_prompts", "context_prompt_attention_mask")
     meter, times = PeakMemory(device), []
-    for step in range(warmup + steps):
-        if step == warmup:
+    for step in range(warmup + steps + 1):
+        if step == warmup + steps:
             meter.start()
         t0 = time.perf_counter()
         v = build_view(b[key[0]], b[key[1]], ids, mask)
@@ -234,7 +243,7 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
         model.zero_grad(set_to_none=True)
         if device == "cuda":
             torch.cuda.synchronize()
-        if step >= warmup:
+        if warmup <= step < warmup + steps:
             times.append(time.perf_counter() - t0)
     peak = meter.stop()
     del model
@@ -243,11 +252,6 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
 
 
 def main():
-    if not torch.cuda.is_available() and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
-        # glibc keeps freed heap memory mapped; serving every block of 64 KiB or more by mmap makes the resident size
-        # follow the live tensors, which is what the CPU peak measures. Re-run this script with that setting.
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded", help="'embedded' (SmolLM2-135M), 'tiny', or a path")
     parser.add_argument("--batch", type=int, default=4)
@@ -263,7 +267,7 @@ def main():
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base, tok = load(cli.model, device)
-    n = cli.batch * (cli.steps + cli.warmup)
+    n = cli.batch * (cli.steps + cli.warmup + 1)
     nca_data, gkd_data, ctx_len = datasets(tok, n, cli.context_tokens)
     print(
         f"model={cli.model} device={device} batch={cli.batch} new_tokens={cli.new_tokens} context={ctx_len} tokens "
@@ -271,7 +275,7 @@ def main():
     )
     rows = {}
     with tempfile.TemporaryDirectory() as out:
-        kw = common_args(out, cli.steps + cli.warmup, cli.batch, cli.new_tokens, device, not cli.no_checkpointing)
+        kw = common_args(out, cli.steps + cli.warmup + 1, cli.batch, cli.new_tokens, device, not cli.no_checkpointing)
         configs = [
             ("gkd/separate", "gkd", gkd_data, False),
             ("nca0/separate", "nca0", nca_data, False),
@@ -286,8 +290,9 @@ def main():
             print(f"{name:18s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB", flush=True)
         for name, view, lora in (("view-c/full", "c", False), ("view-x/lora", "x", True)):
             rows[name] = manual_view_step(
-                base, tok, nca_data, cli.batch, cli.new_tokens, device, lora, view, cli.warmup, cli.steps
-            )
+                base, tok, nca_data, cli.batch, cli.new_tokens, device, lora, view, cli.warmup, cli.steps,
+                not cli.no_checkpointing,
+            )  # fmt: skip
             print(f"{name:18s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB", flush=True)
 
     def ratio(a, b, i):
