@@ -146,6 +146,10 @@ class NCACollator:
     pad_token_id: int
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self.pad(examples)
+
+    def pad(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Pad rows that already hold the three token columns."""
         missing = [c for c in TOKEN_COLUMNS if c not in examples[0]]
         if missing:
             raise KeyError(

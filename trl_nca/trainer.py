@@ -17,10 +17,10 @@ from trl.trainer.sft_trainer import SFTTrainer
 from trl.trainer.utils import create_model_from_path
 
 from .config import NCAConfig
-from .data import Limits, NCACollator, check_tokenizer, prepare_dataset
+from .data import Limits, NCACollator, check_tokenizer, prepare_dataset, tokenize_example
 from .losses import LMHead, token_divergences
 from .teacher import SelfTeacher, adapter_is_identity, check_peft_self_teacher, frozen_copy, is_peft_model
-from .views import View, build_view, completion_hidden
+from .views import View, build_view, completion_hidden, left_pad, render_prompt_ids
 
 
 class NCATrainer(GKDTrainer):
@@ -41,6 +41,10 @@ class NCATrainer(GKDTrainer):
         args: an [`NCAConfig`].
         train_dataset, eval_dataset: datasets in GKD's `messages` format or prompt-only (`prompt` as a string or a
             list of messages), with the context in `args.context_column` unless `args.context_text` is set.
+        rollout: a `trl_nca.envs.GameRollout` to train on played text-game episodes instead of a dataset. Every
+            optimizer step plays `rollout.episodes_per_step` fresh training maps (per_device_train_batch_size x
+            gradient_accumulation_steps x processes) with the student, without the experience; every model call of
+            every episode becomes one sample, scored with the experience in the context view.
         Other arguments are those of `GKDTrainer`.
     """
 
@@ -65,6 +69,7 @@ class NCATrainer(GKDTrainer):
         preprocess_logits_for_metrics=None,
         peft_config=None,
         formatting_func=None,
+        rollout=None,
     ):
         if args is None:
             args = NCAConfig(output_dir="nca-output")
@@ -99,15 +104,23 @@ class NCATrainer(GKDTrainer):
         )
         self.limits = limits
 
-        def prepare(dataset, split):
-            return prepare_dataset(dataset, processing_class, args.context_spec, limits, split, args.dataset_num_proc)
+        self.rollout = rollout
+        context_spec = args.context_spec
+        if rollout is not None:
+            train_dataset, context_spec = _rollout_dataset(rollout, args, train_dataset)
+            data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
+        self.context_spec = context_spec
 
-        train_dataset = prepare(train_dataset, "train")
+        def prepare(dataset, split):
+            return prepare_dataset(dataset, processing_class, context_spec, limits, split, args.dataset_num_proc)
+
+        if rollout is None:
+            train_dataset = prepare(train_dataset, "train")
         if isinstance(eval_dataset, dict):
             eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
         else:
             eval_dataset = prepare(eval_dataset, "eval")
-        if train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
+        if rollout is None and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
             _check_references(train_dataset)
         if data_collator is None:
             data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
@@ -171,7 +184,10 @@ class NCATrainer(GKDTrainer):
         if getattr(self, "_resume_rng_from", None) is not None:
             self._load_rng_state(self._resume_rng_from)  # resumed runs sample exactly what the uninterrupted run did
             self._rng_restored_early = True
-        batches = [self._complete(self._prepare_inputs(batch)) for batch in batches]
+        if self.rollout is not None:
+            batches = [self._play(batch) for batch in batches]
+        else:
+            batches = [self._complete(self._prepare_inputs(batch)) for batch in batches]
         if not batches:
             return batches, None
         tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
@@ -211,6 +227,46 @@ class NCATrainer(GKDTrainer):
                 )
         width = prompts.shape[1]
         return sequences[:, width:], attention[:, width:]
+
+    def _generate_chats(self, chats: list[list[dict]]) -> list[list[int]]:
+        """Sample one completion per chat prompt with the student; token ids without padding."""
+        ids, mask = left_pad(
+            [render_prompt_ids(self.processing_class, c) for c in chats], self.processing_class.pad_token_id
+        )
+        completion, completion_mask = self._generate(
+            self.model_wrapped, ids.to(self.args.device), mask.to(self.args.device)
+        )
+        return [row[: int(n)].tolist() for row, n in zip(completion, completion_mask.sum(1))]
+
+    def _play(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Play the episodes of a micro-batch of seeds; every model call becomes one sample of the returned batch."""
+        from .envs.registry import make_env
+        from .envs.rollout import play_episodes
+
+        rollout = self.rollout
+        envs = [
+            make_env(rollout.game, int(s), max_calls=rollout.max_calls, **rollout.env_kwargs) for s in batch["seed"]
+        ]
+        result = play_episodes(
+            envs, self._generate_chats, self.processing_class, None, rollout.spec, rollout.max_calls,
+            sample_context=rollout.experience,
+        )  # fmt: skip
+        rows = []
+        for sample in result.samples:
+            row = tokenize_example(sample, None, self.processing_class, self.context_spec, self.limits)
+            row["completion_ids"] = sample["completion_ids"]
+            rows.append(row)
+        for key, value in result.metrics().items():
+            if key not in ("num_episodes", "num_calls"):
+                self._metrics["train"][f"rollout/{key}"].append(value)
+        inputs = self._prepare_inputs(self.data_collator.pad(rows))
+        inputs["completions_ready"] = True
+        return inputs
+
+    def _get_train_sampler(self, *args, **kwargs):
+        if self.rollout is not None:  # play the training seeds in schedule order
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+        return super()._get_train_sampler(*args, **kwargs)
 
     def _generate_teacher(self, prompts: torch.Tensor, prompt_mask: torch.Tensor):
         teacher = self._teacher()
@@ -331,6 +387,42 @@ def _hidden(model: nn.Module, view: View) -> torch.Tensor:
         use_cache=False,
     )
     return output[0]
+
+
+class SeedCollator(NCACollator):
+    """Batches of episode seeds for rollout training; `pad` turns the played samples into a training batch."""
+
+    def __init__(self, pad_token_id: int | None = None):
+        super().__init__(pad_token_id=pad_token_id if pad_token_id is not None else 0)
+
+    def __call__(self, examples):
+        return {"seed": torch.tensor([e["seed"] for e in examples], dtype=torch.long)}
+
+
+def _rollout_dataset(rollout, args: NCAConfig, train_dataset):
+    """The seed schedule of a game rollout as a dataset, and the context placement of its experience."""
+    from datasets import Dataset
+
+    from .views import ContextSpec
+
+    if train_dataset is not None:
+        raise ValueError("Give either a train_dataset or a rollout, not both.")
+    if args.max_steps is None or args.max_steps <= 0:
+        raise ValueError("Rollout training needs `max_steps` (each step plays fresh training maps).")
+    if args.lmbda < 1.0 or args.seq_kd:
+        raise ValueError("Rollout training is on-policy: set lmbda=1.0 and seq_kd=False.")
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    if rollout.episodes_per_step != per_step:
+        raise ValueError(
+            f"The rollout plays {rollout.episodes_per_step} episodes per step, but per_device_train_batch_size x "
+            f"gradient_accumulation_steps x processes = {per_step}. Make them equal (the batch size counts episodes)."
+        )
+    seeds = [seed for step in range(args.max_steps) for seed in rollout.seeds(step)]
+    spec = ContextSpec(
+        column="context", placement=rollout.spec.placement, template=rollout.spec.template,
+        separator=rollout.spec.separator,
+    )  # fmt: skip
+    return Dataset.from_dict({"seed": seeds}), spec
 
 
 def _position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
