@@ -1,0 +1,37 @@
+"""Train 1 SGD step on fixed samples and save the weights; run under torchrun (DDP on CPU, gloo) or alone."""
+
+import os
+import sys
+
+import torch
+from datasets import Dataset
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+
+
+def main(out: str, per_device: int):
+    torch.set_num_threads(1)
+    tok = make_tiny_tokenizer()
+    rows = [
+        [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "ok" + " yes" * i}]
+        for i in range(4)
+    ]
+    ds = Dataset.from_dict({"messages": rows, "context": ["Be brief and precise."] * 4})
+    args = NCAConfig(
+        output_dir=out, max_steps=1, per_device_train_batch_size=per_device, lmbda=0.0, optim="sgd",
+        learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=True,
+        report_to=[], save_strategy="no", gradient_checkpointing=False, max_new_tokens=4, seed=0,
+        dataloader_drop_last=False,
+    )  # fmt: skip
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
+        processing_class=tok,
+    )  # fmt: skip
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        torch.save({n: p.detach() for n, p in trainer.model.named_parameters()}, os.path.join(out, "weights.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
