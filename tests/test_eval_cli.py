@@ -175,3 +175,12 @@ def test_game_extension_point(tmp_path, tiny_dir, monkeypatch, capsys):
 
     monkeypatch.setitem(sys.modules, "trl_nca.envs.evaluate", None)  # as if the module did not exist
     assert "trl_nca.envs" in run_error(argv, capsys)
+
+
+def test_game_runs_default_to_opcd_game_sampling():
+    from trl_nca.eval.cli import _settings, build_parser
+
+    game = _settings(build_parser().parse_args(["--model", "m", "--game", "sokoban"]))
+    assert (game.temperature, game.top_p, game.top_k, game.max_new_tokens) == (0.7, 0.8, 20, 1024)
+    qa = _settings(build_parser().parse_args(["--model", "m", "--dataset", "d.jsonl", "--temperature", "0.3"]))
+    assert (qa.temperature, qa.top_p, qa.max_new_tokens) == (0.3, 0.95, 512)

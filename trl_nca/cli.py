@@ -9,14 +9,16 @@ from importlib import resources
 from pathlib import Path
 
 
-USAGE = """usage: trl-nca {train,eval} [options]
+USAGE = """usage: trl-nca {train,eval,experience} [options]
 
   train   on-policy context distillation with No-Context Anchoring (NCATrainer)
           e.g. trl-nca train --config examples/configs/quickstart.yaml
   eval    paired evaluation with and without the context
           e.g. trl-nca eval --help
+  experience  extract game experience from a model's own played episodes
+          e.g. trl-nca experience --help
 
-Run `trl-nca train --help` or `trl-nca eval --help` for every option."""
+Run `trl-nca COMMAND --help` for every option of a command."""
 
 BUILTIN_CONTEXTS = {"medical": "medical_system_prompt.txt", "safety": "safety_system_prompt.txt"}
 BUILTIN_DATASETS = {"quickstart": "quickstart_mcq.jsonl"}
@@ -133,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         from .eval.cli import main as eval_main
 
         return eval_main(rest) or 0
+    if command == "experience":
+        from .envs.experience import main as experience_main
+
+        return experience_main(rest) or 0
     print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

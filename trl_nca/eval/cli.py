@@ -141,12 +141,22 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
     generation = parser.add_argument_group("generation (shared by both views)")
     defaults = GenerationSettings()
-    generation.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, help="Default: %(default)s.")
-    generation.add_argument("--temperature", type=float, default=defaults.temperature, help="Default: %(default)s.")
-    generation.add_argument("--top-p", type=float, default=defaults.top_p, help="Default: %(default)s.")
+    game_note = "; with --game the OPCD game default {}"
     generation.add_argument(
-        "--top-k", type=int, default=defaults.top_k, help="Default: %(default)s (0 disables top-k)."
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"Default: {defaults.max_new_tokens}" + game_note.format(1024) + ".",
     )
+    generation.add_argument(
+        "--temperature", type=float, default=None, help=f"Default: {defaults.temperature}" + game_note.format(0.7) + "."
+    )
+    generation.add_argument(
+        "--top-p", type=float, default=None, help=f"Default: {defaults.top_p}" + game_note.format(0.8) + "."
+    )
+    generation.add_argument(
+        "--top-k", type=int, default=None, help=f"Default: {defaults.top_k} (0 disables top-k)" + game_note.format(20)
+    )  # fmt: skip
     generation.add_argument("--greedy", action="store_true", help="Greedy decoding instead of sampling.")
     generation.add_argument(
         "--seed", type=int, default=defaults.seed, help="Run seed; each item's seed derives from it and its id."
@@ -257,12 +267,24 @@ def _context_spec(args) -> tuple[ContextSpec, str | None]:
 
 
 def _settings(args) -> GenerationSettings:
+    """Sampling settings: the options given, else the OPCD game defaults with --game, else the QA defaults."""
+    if args.game:
+        from ..envs.generation import game_generation_settings
+
+        defaults = game_generation_settings()
+    else:
+        defaults = GenerationSettings()
+
+    def pick(name):
+        value = getattr(args, name)
+        return getattr(defaults, name) if value is None else value
+
     try:
         return GenerationSettings(
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
+            max_new_tokens=pick("max_new_tokens"),
+            temperature=pick("temperature"),
+            top_p=pick("top_p"),
+            top_k=pick("top_k"),
             do_sample=not args.greedy,
             seed=args.seed,
             batch_size=args.batch_size,

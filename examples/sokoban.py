@@ -1,0 +1,84 @@
+"""Distil the Sokoban experience into a student by playing games with NCA, then compare win rates paired.
+
+Each optimizer step plays fresh training rooms (6x6, one box, 5 moves) with the student, without the experience; every
+model call becomes one sample whose teacher view has the experience in the user message. Base model and student are
+then evaluated on the 128 held-out rooms, each played once without and once with the experience (T=0.7, top-p 0.8,
+top-k 20), next to the oracle ceiling (share of rooms solvable in 5 moves).
+
+    accelerate launch examples/sokoban.py --model_name_or_path Qwen/Qwen3-1.7B --max_steps 100 \
+        --per_device_train_batch_size 8 --output_dir outputs/sokoban-nca
+    python examples/sokoban.py --model_name_or_path embedded --max_steps 2 --per_device_train_batch_size 2 \
+        --eval_seeds 8 --max_new_tokens 64 --eval_max_new_tokens 64
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.envs import GameRollout
+from trl_nca.envs.evaluate import evaluate_game
+from trl_nca.eval import ModelRun, load_model, write_report
+from trl_nca.models import resolve_model_name_or_path
+
+
+@dataclass
+class GameArguments:
+    game_options: str = field(
+        default="{}", metadata={"help": 'Game settings as JSON, e.g. \'{"dim_room": [6, 6], "num_boxes": 1}\'.'}
+    )
+    experience_file: str | None = field(default=None, metadata={"help": "Own experience text (default: shipped)."})
+    eval_seeds: int = field(default=128, metadata={"help": "Held-out maps for the paired evaluation (paper: 128)."})
+    eval_max_new_tokens: int = field(default=1024, metadata={"help": "Tokens per evaluation reply."})
+    eval_batch_size: int = field(default=32, metadata={"help": "Evaluation generation batch size."})
+    skip_eval: bool = field(default=False, metadata={"help": "Train only."})
+
+
+def run_game(game: str, default_output: str) -> None:
+    """Parse GameArguments + NCAConfig + ModelConfig, train on played games, evaluate base and student paired."""
+    parser = TrlParser((GameArguments, NCAConfig, ModelConfig))
+    game_args, args, model_args = parser.parse_args_and_config()
+    if args.output_dir in (None, "trainer_output"):
+        args.output_dir = default_output
+    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
+    args.model_init_kwargs = {"dtype": model_args.dtype or "auto"}
+    experience = Path(game_args.experience_file).read_text() if game_args.experience_file else None
+    rollout = GameRollout(
+        game=game,
+        env_kwargs=json.loads(game_args.game_options),
+        episodes_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
+        experience=experience,
+    )
+    trainer = NCATrainer(model=model_path, args=args, rollout=rollout, peft_config=get_peft_config(model_args))
+    trainer.train()
+    trainer.save_model(args.output_dir)
+    if game_args.skip_eval or not trainer.accelerator.is_main_process:
+        return
+    out = Path(args.output_dir) / "paired_eval"
+    runs, summaries = [], {}
+    for name, model in (("base", load_model(model_path)), ("student", trainer.model)):
+        records, summaries[name] = evaluate_game(
+            model,
+            trainer.processing_class,
+            game,
+            num_seeds=game_args.eval_seeds,
+            experience=rollout.experience,
+            env_kwargs=rollout.env_kwargs,
+            max_new_tokens=game_args.eval_max_new_tokens,
+            batch_size=game_args.eval_batch_size,
+        )
+        runs.append(ModelRun(name, records, provenance={"game": game, "game_options": rollout.env_kwargs}))
+    write_report(runs, out, title=f"{Path(args.output_dir).name}: paired win rates", extra={"games": summaries})
+    for name, s in summaries.items():
+        print(
+            f"{name}: win rate {s['win_rate_x']:.3f} without / {s['win_rate_xc']:.3f} with experience, "
+            f"harm {s['harm']}, help {s['help']}, oracle ceiling {s['oracle_ceiling']:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    run_game("sokoban", default_output="outputs/sokoban-nca")

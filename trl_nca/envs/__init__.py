@@ -1,0 +1,54 @@
+"""Text games for on-policy context distillation: Sokoban and FrozenLake with TextArena 0.7.4 semantics.
+
+Environments (`SokobanEnv`, `FrozenLakeEnv`, `make_env`), BFS solvers and the oracle ceiling, per-step prompts and the
+action parser, OPCD seed formulas, shipped experience texts, batched rollouts for training (`play_episodes`,
+`GameRollout`) and paired win-rate evaluation (`evaluate_game`). See docs/games.md.
+"""
+
+from .base import DIRECTIONS, EpisodeOutcome, GameEnv, TurnRecord
+from .experience import extract_experience, load_experience
+from .frozenlake import FrozenLakeEnv
+from .prompts import build_step_messages, build_step_prompt, parse_action
+from .registry import GAMES, game_class, make_env
+from .rollout import GameRollout, RolloutResult, default_game_spec, play_episodes
+from .seeds import heldout_seed, heldout_seeds, training_seed, training_seeds
+from .sokoban import SokobanEnv
+from .solver import oracle_ceiling, shortest_solution_length, solve
+
+
+def __getattr__(name: str):
+    if name == "evaluate_game":  # imports the evaluation library only when asked for
+        from .evaluate import evaluate_game
+
+        return evaluate_game
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DIRECTIONS",
+    "GAMES",
+    "EpisodeOutcome",
+    "FrozenLakeEnv",
+    "GameEnv",
+    "GameRollout",
+    "RolloutResult",
+    "SokobanEnv",
+    "TurnRecord",
+    "build_step_messages",
+    "build_step_prompt",
+    "default_game_spec",
+    "evaluate_game",
+    "extract_experience",
+    "game_class",
+    "heldout_seed",
+    "heldout_seeds",
+    "load_experience",
+    "make_env",
+    "oracle_ceiling",
+    "parse_action",
+    "play_episodes",
+    "shortest_solution_length",
+    "solve",
+    "training_seed",
+    "training_seeds",
+]

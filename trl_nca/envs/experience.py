@@ -1,0 +1,288 @@
+"""Experience texts: the shipped ones, and extracting new ones from a model's own games.
+
+`load_experience(game)` returns the short rules-and-strategy text shipped with the package (`envs/experience/*.txt`).
+
+`extract_experience` regenerates an experience for a given model, as OPCD's pipeline does: each round it plays a batch
+of episodes (with the best experience so far as context), shows the model its own trajectories (boards, moves, game
+replies and results; not its reasoning) and asks for short transferable lessons, one per line. New lessons are added to
+the current set, and the enlarged set is kept only if its win rate on validation maps, with the set as context, beats
+the best so far. Run it from the shell with `python -m trl_nca.envs.experience --model PATH --game sokoban --output
+FILE`.
+
+Seeds: extraction episodes use training rounds from 10,000 on (training steps use rounds 0, 1, ...), validation uses
+held-out indices from 1,000 on (the evaluation uses 0..127), so neither touches the evaluation maps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .base import GameEnv
+from .prompts import format_action, game_rules
+from .registry import GAMES, game_class, make_env
+from .rollout import default_game_spec, run_episodes
+from .seeds import heldout_seeds, training_seeds
+
+
+EXTRACTION_ROUND_BASE = 10_000
+VALIDATION_START = 1_000
+TITLES = {"sokoban": "Sokoban", "frozenlake": "FrozenLake"}
+
+SeededGenerateFn = Callable[[list[list[dict[str, str]]], list[int]], list[list[int]]]
+
+
+def load_experience(game: str) -> str:
+    """The experience text shipped for `game` ("sokoban" or "frozenlake")."""
+    name = game_class(game).name
+    path = resources.files("trl_nca.envs").joinpath("experience").joinpath(f"{name}.txt")
+    return path.read_text(encoding="utf-8").strip()
+
+
+_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.*\S)\s*$")
+
+
+def parse_items(text: str, max_chars: int = 300) -> list[str]:
+    """The lessons of a reply: lines starting with '-', '*', '•' or a number ('1.' / '1)'), deduplicated, in order."""
+    items: list[str] = []
+    seen: set[str] = set()
+    for line in (text or "").splitlines():
+        match = _ITEM.match(line)
+        if not match:
+            continue
+        item = match.group(1).strip()[:max_chars]
+        key = " ".join(item.lower().split())
+        if key and key not in seen:
+            seen.add(key)
+            items.append(item)
+    return items
+
+
+def format_items(items: Sequence[str], game: str) -> str:
+    """An experience text from lessons, in the shipped texts' layout."""
+    return f"Experience for {TITLES[game_class(game).name]}:\n" + "\n".join(f"- {item}" for item in items)
+
+
+def describe_episode(env: GameEnv, number: int) -> str:
+    """A finished episode as the summarising prompt shows it: start board, each move and reply, the result."""
+    lines = [f"Game {number}:", "Starting board:", env.initial_board]
+    for turn, record in enumerate(env.history, start=1):
+        lines.append(f"Turn {turn}: {format_action(record.action)} -> {record.message}")
+    result = "WON" if env.won else f"LOST ({env.end_reason})"
+    lines.append(f"Result: {result} after {env.num_calls} turns.")
+    return "\n".join(lines)
+
+
+SUMMARY_PROMPT = """\
+You just played {n} games of {title}. The rules were:
+{rules}
+
+Here is what happened:
+
+{games}
+
+Write the lessons from these games that would help a player win NEW {title} games: rules you learned, mistakes to \
+avoid, strategies that worked. Write at most {max_new} short lessons, one per line, each starting with "- ". Write only \
+the lessons."""
+
+
+@dataclass
+class ExperienceResult:
+    """The best experience found, its validation win rate, and what each round tried."""
+
+    text: str | None
+    items: list[str]
+    score: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def validation_win_rate(
+    generate_seeded: SeededGenerateFn,
+    tokenizer,
+    game: str,
+    experience: str | None,
+    seeds: Sequence[int],
+    *,
+    max_calls: int = 5,
+    env_kwargs: dict[str, Any] | None = None,
+    sampling_seed: int = 0,
+) -> float:
+    """Win rate on `seeds` with `experience` as context (None: without context); calls seeded by (seed, step)."""
+    from ..eval.generation import item_seed
+
+    envs = [make_env(game, s, max_calls=max_calls, **(env_kwargs or {})) for s in seeds]
+
+    def generate(prompts, keys):
+        return generate_seeded(prompts, [item_seed(sampling_seed, f"val:{envs[i].seed}:{t}") for i, t in keys])
+
+    result = run_episodes(envs, generate, tokenizer, experience, default_game_spec(), max_calls)
+    return result.stats["win_rate"]
+
+
+def extract_experience(
+    generate_seeded: SeededGenerateFn,
+    tokenizer,
+    game: str,
+    *,
+    rounds: int = 3,
+    episodes_per_round: int = 8,
+    validation_size: int = 16,
+    max_items: int = 12,
+    max_new_items: int = 5,
+    initial_items: Sequence[str] = (),
+    max_calls: int = 5,
+    env_kwargs: dict[str, Any] | None = None,
+    sampling_seed: int = 0,
+) -> ExperienceResult:
+    """Extract an experience from the model's own games; see the module docstring for the procedure.
+
+    `generate_seeded(prompts, row_seeds)` returns completion ids (e.g. `generation.hf_seeded_generate`). The returned
+    `text` is None when no lesson set beat playing without context.
+    """
+    from ..eval.generation import item_seed
+
+    game = game_class(game).name
+    env_kwargs = dict(env_kwargs or {})
+    val_seeds = heldout_seeds(validation_size, start=VALIDATION_START)
+    common = {"max_calls": max_calls, "env_kwargs": env_kwargs, "sampling_seed": sampling_seed}
+
+    def text_of(items):
+        return format_items(items, game) if items else None
+
+    best_items = list(initial_items)[:max_items]
+    best_score = validation_win_rate(generate_seeded, tokenizer, game, text_of(best_items), val_seeds, **common)
+    history: list[dict[str, Any]] = [{"round": 0, "items": list(best_items), "score": best_score, "kept": True}]
+    for r in range(1, rounds + 1):
+        envs = [
+            make_env(game, s, max_calls=max_calls, **env_kwargs)
+            for s in training_seeds(episodes_per_round, round=EXTRACTION_ROUND_BASE + r)
+        ]
+        context = text_of(best_items)
+
+        def generate(prompts, keys, envs=envs, r=r):
+            return generate_seeded(
+                prompts, [item_seed(sampling_seed, f"extract:{r}:{envs[i].seed}:{t}") for i, t in keys]
+            )
+
+        played = run_episodes(envs, generate, tokenizer, context, default_game_spec(), max_calls)
+        prompt = SUMMARY_PROMPT.format(
+            n=len(envs),
+            title=TITLES[game],
+            rules=game_rules(envs[0]),
+            games="\n\n".join(describe_episode(env, k) for k, env in enumerate(envs, start=1)),
+            max_new=max_new_items,
+        )
+        reply_ids = generate_seeded([[{"role": "user", "content": prompt}]], [item_seed(sampling_seed, f"summary:{r}")])
+        reply = tokenizer.decode(reply_ids[0], skip_special_tokens=True)
+        new_items = parse_items(reply)[:max_new_items]
+        seen = {" ".join(i.lower().split()) for i in best_items}
+        candidate = best_items + [i for i in new_items if " ".join(i.lower().split()) not in seen]
+        candidate = candidate[:max_items]
+        entry = {"round": r, "train_win_rate": played.stats["win_rate"], "new_items": new_items, "items": candidate}
+        if candidate == best_items:
+            entry.update(score=best_score, kept=False)
+        else:
+            score = validation_win_rate(generate_seeded, tokenizer, game, text_of(candidate), val_seeds, **common)
+            entry.update(score=score, kept=score > best_score)
+            if score > best_score:
+                best_items, best_score = candidate, score
+        history.append(entry)
+    return ExperienceResult(text=text_of(best_items), items=best_items, score=best_score, history=history)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .generation import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trl_nca.envs.experience",
+        description="Extract a game experience text from a model's own played trajectories.",
+    )
+    parser.add_argument("--model", required=True, help="Model folder or Hub id.")
+    parser.add_argument("--adapter", help="Optional PEFT adapter folder.")
+    parser.add_argument("--tokenizer", help="Tokenizer (default: the model's).")
+    parser.add_argument("--game", required=True, choices=sorted(GAMES))
+    parser.add_argument(
+        "--output", required=True, help="Text file for the experience; a .json history goes next to it."
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--episodes", type=int, default=8, help="Episodes played per round.")
+    parser.add_argument("--validation-size", type=int, default=16, help="Validation maps scoring each lesson set.")
+    parser.add_argument("--max-items", type=int, default=12)
+    parser.add_argument("--max-new-items", type=int, default=5)
+    parser.add_argument("--start-from-shipped", action="store_true", help="Start from the shipped experience's items.")
+    parser.add_argument("--max-calls", type=int, default=5)
+    parser.add_argument("--game-option", action="append", default=[], metavar="KEY=VALUE", help="Game setting.")
+    parser.add_argument("--temperature", type=float, default=GAME_TEMPERATURE)
+    parser.add_argument("--top-p", type=float, default=GAME_TOP_P)
+    parser.add_argument("--top-k", type=int, default=GAME_TOP_K)
+    parser.add_argument("--max-new-tokens", type=int, default=GAME_MAX_NEW_TOKENS)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device")
+    return parser
+
+
+def _options(values: Sequence[str]) -> dict[str, Any]:
+    options = {}
+    for value in values:
+        key, sep, raw = value.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--game-option {value!r} is not KEY=VALUE.")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; writes the experience text and a JSON history of the rounds."""
+    from ..eval.loading import load_model, load_tokenizer
+    from .generation import game_generation_settings, hf_seeded_generate
+
+    args = build_parser().parse_args(argv)
+    model = load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    settings = game_generation_settings(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
+    result = extract_experience(
+        hf_seeded_generate(model, tokenizer, settings),
+        tokenizer,
+        args.game,
+        rounds=args.rounds,
+        episodes_per_round=args.episodes,
+        validation_size=args.validation_size,
+        max_items=args.max_items,
+        max_new_items=args.max_new_items,
+        initial_items=initial,
+        max_calls=args.max_calls,
+        env_kwargs=_options(args.game_option),
+        sampling_seed=args.seed,
+    )
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text((result.text or "") + "\n", encoding="utf-8")
+    output.with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,27 @@
+"""The games by name, so configs and the command line can say `sokoban` or `frozenlake`."""
+
+from __future__ import annotations
+
+from .base import GameEnv
+from .frozenlake import FrozenLakeEnv
+from .sokoban import SokobanEnv
+
+
+GAMES: dict[str, type[GameEnv]] = {"sokoban": SokobanEnv, "frozenlake": FrozenLakeEnv}
+
+
+def game_class(game: str) -> type[GameEnv]:
+    """The environment class of a game name (case-insensitive; `frozen_lake` and `frozen-lake` are accepted)."""
+    key = game.lower().replace("_", "").replace("-", "")
+    if key not in GAMES:
+        raise ValueError(f"Unknown game {game!r}; choose one of {sorted(GAMES)}.")
+    return GAMES[key]
+
+
+def make_env(game: str, seed: int | None, **env_kwargs) -> GameEnv:
+    """A fresh environment of `game` for `seed`; `env_kwargs` are the game's settings (size, num_holes, ...)."""
+    cls = game_class(game)
+    try:
+        return cls(seed=seed, **env_kwargs)
+    except TypeError as error:
+        raise TypeError(f"Bad settings for {cls.name}: {error}") from error

@@ -1,0 +1,215 @@
+"""Batched game rollouts: play many episodes at once and turn every model call into a training sample.
+
+At each step all episodes still running are prompted together, in ONE `generate` call; the caller samples the
+completions (so the trainer keeps control of the policy, sampling settings and devices). Every call becomes a sample
+holding the prompt without context, the experience string for the context view, and the completion token ids exactly as
+generated, which the trainer scores under both views without re-tokenising them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..views import ContextSpec, add_context
+from .base import GameEnv
+from .prompts import build_step_messages, parse_action
+from .registry import game_class, make_env
+from .seeds import training_seed
+
+
+Messages = list[dict[str, str]]
+GenerateFn = Callable[[list[Messages]], list[list[int]]]
+# The evaluation's variant also receives (episode index, step) per prompt, to seed each row's sampling.
+KeyedGenerateFn = Callable[[list[Messages], list[tuple[int, int]]], list[list[int]]]
+
+
+def default_game_spec() -> ContextSpec:
+    """OPCD's game layout: the experience goes first in the (only) user message, then a blank line, then the game."""
+    return ContextSpec(placement="user", template="{context}\n\n{prompt}")
+
+
+@dataclass
+class RolloutResult:
+    """The samples of a rollout (one per model call) and its statistics.
+
+    `stats` holds `win_rate`, `invalid_action_rate` (invalid calls / calls), `mean_steps` (model calls per episode),
+    `mean_reward`, `cap_rate` (share of episodes ended by the call budget), `mean_completion_tokens` (per call),
+    `num_episodes`, `num_calls` and `episodes` (one outcome dict per episode, in env order).
+    """
+
+    samples: list[dict[str, Any]]
+    stats: dict[str, Any]
+    envs: list[GameEnv] = field(default_factory=list, repr=False)
+    texts: list[str] = field(default_factory=list, repr=False)  # decoded completion of each sample
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        """The scalar statistics, for a trainer's logger."""
+        return {f"{prefix}{k}": float(v) for k, v in self.stats.items() if isinstance(v, (int, float))}
+
+
+def _check_completions(completions: Any, expected: int) -> list[list[int]]:
+    if not isinstance(completions, Sequence) or len(completions) != expected:
+        got = len(completions) if isinstance(completions, Sequence) else type(completions).__name__
+        raise ValueError(f"`generate` must return one list of token ids per prompt: sent {expected}, got {got}.")
+    out = []
+    for ids in completions:
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        if any(not isinstance(t, int) for t in ids):
+            raise TypeError("`generate` must return token ids as integers.")
+        out.append(ids)
+    return out
+
+
+def rollout_stats(envs: Sequence[GameEnv], samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Win rate, invalid-action rate, steps, rewards and per-episode outcomes of finished episodes."""
+    n = len(envs)
+    calls = sum(env.num_calls for env in envs)
+    outcomes = [env.outcome().to_dict() for env in envs]
+    tokens = [len(s["completion_ids"]) for s in samples]
+    return {
+        "win_rate": sum(env.won for env in envs) / n if n else 0.0,
+        "invalid_action_rate": sum(env.num_invalid for env in envs) / calls if calls else 0.0,
+        "mean_steps": calls / n if n else 0.0,
+        "mean_reward": sum(env.reward for env in envs) / n if n else 0.0,
+        "cap_rate": sum(o["ended_at_cap"] for o in outcomes) / n if n else 0.0,
+        "mean_completion_tokens": sum(tokens) / len(tokens) if tokens else 0.0,
+        "num_episodes": n,
+        "num_calls": calls,
+        "episodes": outcomes,
+    }
+
+
+def run_episodes(
+    envs: list[GameEnv],
+    generate: KeyedGenerateFn,
+    tokenizer,
+    context: str | None,
+    spec: ContextSpec | None = None,
+    max_calls: int = 5,
+    *,
+    sample_context: str | None = None,
+) -> RolloutResult:
+    """`play_episodes` with a generate function that also receives the (episode index, step) of every prompt."""
+    spec = spec or default_game_spec()
+    if max_calls < 1:
+        raise ValueError(f"max_calls must be at least 1, got {max_calls}.")
+    for env in envs:
+        if env.done or env.history:
+            raise ValueError("play_episodes needs fresh environments (no moves played yet).")
+        env.max_calls = min(env.max_calls, max_calls)  # the prompts then announce the budget actually played
+    samples: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for step in range(max_calls):
+        live = [i for i, env in enumerate(envs) if not env.done]
+        if not live:
+            break
+        prompts = [build_step_messages(envs[i]) for i in live]
+        views = [add_context(p, context, spec) for p in prompts] if context else prompts
+        completions = _check_completions(generate(views, [(i, step) for i in live]), len(live))
+        for i, prompt, ids in zip(live, prompts, completions):
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            action = parse_action(text)
+            envs[i].step(action)
+            samples.append(
+                {
+                    "prompt": prompt,
+                    "context": sample_context if sample_context is not None else context,
+                    "completion_ids": ids,
+                    "episode": i,
+                    "step": step,
+                    "seed": envs[i].seed,
+                    "action": action,
+                }
+            )
+            texts.append(text)
+    for env in envs:
+        env.end_at_cap()
+    return RolloutResult(samples=samples, stats=rollout_stats(envs, samples), envs=list(envs), texts=texts)
+
+
+def play_episodes(
+    envs: list[GameEnv],
+    generate: GenerateFn,
+    tokenizer,
+    context: str | None,
+    spec: ContextSpec,
+    max_calls: int = 5,
+    *,
+    sample_context: str | None = None,
+) -> RolloutResult:
+    """Play every env to the end, batching all live episodes of a step into one `generate` call.
+
+    `generate(prompts)` gets chat prompts (lists of messages; with `context`, already the context view built by `spec`)
+    and returns the completion token ids of each. Replies are decoded with `skip_special_tokens=True` and read by
+    `parse_action`. Episodes last at most `min(env.max_calls, max_calls)` calls. Each sample is `{"prompt": messages
+    without context, "context": sample_context or context, "completion_ids", "episode", "step", "seed", "action"}`;
+    pass `sample_context=experience` when the student plays without context (`context=None`) but the samples need the
+    experience for their context view.
+    """
+    return run_episodes(
+        envs,
+        lambda prompts, keys: generate(prompts),
+        tokenizer,
+        context,
+        spec,
+        max_calls,
+        sample_context=sample_context,
+    )
+
+
+@dataclass
+class GameRollout:
+    """What the trainer needs to play a game at each optimizer step.
+
+    `make_envs(step_index)` returns `episodes_per_step` fresh training envs whose seeds follow the OPCD training formula
+    (`training_seed(j, round=seed_round_offset + step_index)`), so every step plays new maps and no step ever plays a
+    held-out evaluation map. `experience` defaults to the game's shipped experience text.
+    """
+
+    game: str = "sokoban"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    episodes_per_step: int = 8
+    experience: str | None = None
+    max_calls: int = 5
+    seed_round_offset: int = 0
+    spec: ContextSpec = field(default_factory=default_game_spec)
+
+    def __post_init__(self):
+        self.game = game_class(self.game).name
+        if self.episodes_per_step < 1:
+            raise ValueError(f"episodes_per_step must be at least 1, got {self.episodes_per_step}.")
+        if self.max_calls < 1:
+            raise ValueError(f"max_calls must be at least 1, got {self.max_calls}.")
+        if self.experience is None:
+            from .experience import load_experience
+
+            self.experience = load_experience(self.game)
+        elif not self.experience.strip():
+            raise ValueError("The experience text is empty; give a non-empty string or None for the shipped one.")
+        if "max_calls" in self.env_kwargs or "seed" in self.env_kwargs:
+            raise ValueError("Set the call budget with `max_calls` and seeds through the schedule, not in env_kwargs.")
+        make_env(self.game, training_seed(0), **self.env_kwargs)  # fail early on bad settings
+
+    def seeds(self, step_index: int) -> list[int]:
+        """The training seeds of optimizer step `step_index`."""
+        return [training_seed(j, round=self.seed_round_offset + step_index) for j in range(self.episodes_per_step)]
+
+    def make_envs(self, step_index: int) -> list[GameEnv]:
+        """Fresh training envs for optimizer step `step_index`."""
+        return [
+            make_env(self.game, seed, max_calls=self.max_calls, **self.env_kwargs) for seed in self.seeds(step_index)
+        ]
+
+    def play(self, step_index: int, generate: GenerateFn, tokenizer, with_context: bool = False) -> RolloutResult:
+        """Play the envs of `step_index`: the student without context by default; samples always carry the experience."""
+        return play_episodes(
+            self.make_envs(step_index),
+            generate,
+            tokenizer,
+            self.experience if with_context else None,
+            self.spec,
+            self.max_calls,
+            sample_context=self.experience,
+        )
