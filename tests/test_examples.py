@@ -78,3 +78,13 @@ def test_two_steps_on_the_embedded_model(tmp_path):
     logs = [h for h in trainer.state.log_history if "opd_loss" in h]
     assert len(logs) == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in logs)
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if "lora_B" in n)
+
+
+def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
+    out = tmp_path / "out"
+    args = ["frozenlake.py", "--model_name_or_path", tiny_dir, "--max_steps", "1", "--per_device_train_batch_size",
+            "2", "--max_new_tokens", "6", "--max_length", "4096", "--eval_seeds", "2", "--eval_max_new_tokens", "6",
+            "--output_dir", str(out), *CPU]  # fmt: skip
+    _run(args, cwd=ROOT / "examples")
+    summary = json.loads((out / "paired_eval" / "summary.json").read_text())
+    assert {m["name"] for m in summary["models"]} == {"base", "student"}
