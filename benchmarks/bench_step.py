@@ -194,8 +194,11 @@ def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
             callbacks=[timer],
             peft_config=peft,
         )
-    trainer.generation_config.min_new_tokens = args_kwargs["max_new_tokens"]
-    trainer.generation_kwargs["min_new_tokens"] = args_kwargs["max_new_tokens"]
+    # Same sampling work for every trainer: exactly max_new_tokens tokens, with the KV cache (GKDTrainer turns the cache
+    # off under gradient checkpointing; NCATrainer keeps it, so GKD gets it here too for a like-for-like comparison).
+    for key, value in (("min_new_tokens", args_kwargs["max_new_tokens"]), ("use_cache", True)):
+        setattr(trainer.generation_config, key, value)
+        trainer.generation_kwargs[key] = value
     trainer.train()
     result = statistics.median(timer.times), timer.peak
     del trainer, student, teacher

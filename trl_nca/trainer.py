@@ -151,6 +151,10 @@ class NCATrainer(GKDTrainer):
             # keep a frozen merged copy of the student as it is now instead.
             copy = frozen_copy(self.model)
             self.teacher_model = self.accelerator.prepare_model(copy, evaluation_mode=True)
+        # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
+        # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
+        self.generation_kwargs["use_cache"] = True
+        self.generation_config.use_cache = True
         self.nca_beta = float(args.nca_beta)
         self.divergence_spec = args.divergence_spec
         self._redirect = _ForwardRedirection()
