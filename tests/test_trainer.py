@@ -361,3 +361,44 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path):
         finals.append(params(trainer.model))
     for name in finals[0]:
         assert torch.equal(finals[0][name], finals[1][name]), name
+
+
+def test_live_self_teacher_scores_with_current_weights(tok, tmp_path):
+    """self_teacher='live': the teacher is the current student on the context view, detached."""
+    student = make_tiny_model(tok, 0)
+    args = make_args(tmp_path, self_teacher="live", lmbda=0.0, nca_beta=0.5)
+    trainer = NCATrainer(model=student, args=args, train_dataset=messages_dataset(2), processing_class=tok)
+    batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(2)]), on_policy=False)
+    terms = trainer._token_divergences(student, batch, need_context=True)
+    # Teacher == q_c (detached), so OPD = KL(q_x || q_c) = the monitored view KL, and equals NCA in value.
+    torch.testing.assert_close(terms["opd"], terms["view_kl"])
+    torch.testing.assert_close(terms["opd"].detach(), terms["nca"].detach())
+    trainer.train()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_seq_kd_teacher_writes_completions_from_the_context_view(tok, tmp_path, lora):
+    """seq_kd with lmbda=0: the teacher samples the completions, reading the context."""
+    from peft import LoraConfig
+
+    teacher = None if lora else make_tiny_model(tok, 1)
+    peft = LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if lora else None
+    args = make_args(tmp_path, lmbda=0.0, seq_kd=True, max_steps=1)
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=teacher, args=args, train_dataset=prompt_dataset(2),
+        processing_class=tok, peft_config=peft,
+    )  # fmt: skip
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    calls = []
+    original = trainer._generate
+
+    def spy(model, prompts, mask, teacher=None):
+        calls.append((prompts, teacher))
+        return original(model, prompts, mask, teacher=teacher)
+
+    trainer._generate = spy
+    out = trainer._complete(trainer._prepare_inputs(batch), on_policy=False)
+    assert torch.equal(calls[0][0], batch["context_prompts"])  # sampled from the context view
+    assert (calls[0][1] is not None) == lora  # the adapter-disabled student generates as the teacher
+    assert out["completion_ids"].shape[1] > 0
+    trainer.train()

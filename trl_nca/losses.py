@@ -102,34 +102,38 @@ class _ChunkedLogSumExp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_lse):
+        # d lse / d z_v = softmax(z)_v with z = head(h) / T; the chain rule through the head is written out so each
+        # vocabulary slice costs two matmuls and writes its own rows of the weight gradient (no full-size zero fill).
         hidden, lse = ctx.saved_tensors
         head, inv_t, support, chunk = ctx.head, ctx.inv_t, ctx.support, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_h = torch.zeros_like(hidden, dtype=_acc(hidden)) if need_h else None
-        grad_w = torch.zeros_like(head.weight) if need_w else None
-        grad_b = torch.zeros_like(head.bias) if need_b else None
-        for start in range(0, head.vocab_size, chunk):
-            with torch.enable_grad():
-                h = hidden.detach().requires_grad_(need_h)
-                w = head.weight.detach().requires_grad_(need_w)
-                b = None if head.bias is None else head.bias.detach().requires_grad_(need_b)
-                sub = LMHead(w, b, head.scale, head.softcap)
-                logits = sub.logits(h, start, start + chunk) * inv_t
-                probs = torch.exp(logits.detach() - lse[:, None])
-                if support is not None:
-                    probs = probs * _support_mask(support, start, logits.shape[1])
-                inputs = [t for t, need in ((h, need_h), (w, need_w), (b, need_b)) if need]
-                grads = torch.autograd.grad(logits, inputs, probs * grad_lse[:, None])
-            grads = list(grads)
-            if need_h:
-                grad_h += grads.pop(0)
-            if need_w:
-                grad_w += grads.pop(0)
-            if need_b:
-                grad_b += grads.pop(0)
+        grad_w = torch.empty_like(head.weight) if need_w else None
+        grad_b = torch.empty_like(head.bias) if need_b else None
+        with maybe_gather_lm_head_ctx(head.weight, head.bias):
+            _lse_backward_slices(hidden, lse, grad_lse, head, inv_t, support, chunk, grad_h, grad_w, grad_b)
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
         return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def _lse_backward_slices(hidden, lse, grad_lse, head, inv_t, support, chunk, grad_h, grad_w, grad_b):
+    """Accumulate the gradients of `_ChunkedLogSumExp` slice by slice into the given buffers."""
+    for start in range(0, head.vocab_size, chunk):
+        z = head.logits(hidden, start, start + chunk)
+        grad_z = torch.exp(z * inv_t - lse[:, None]) * (grad_lse[:, None] * inv_t)
+        if support is not None:
+            grad_z = grad_z * _support_mask(support, start, z.shape[1])
+        grad_raw = grad_z * head.scale
+        if head.softcap is not None:
+            grad_raw = grad_raw * (1 - (z / head.softcap) ** 2)
+        stop = start + z.shape[1]
+        if grad_h is not None:
+            grad_h += grad_raw @ head.weight[start:stop].to(grad_raw.dtype)
+        if grad_w is not None:
+            grad_w[start:stop] = (grad_raw.T @ hidden.to(grad_raw.dtype)).to(grad_w.dtype)
+        if grad_b is not None:
+            grad_b[start:stop] = grad_raw.sum(0).to(grad_b.dtype)
 
 
 def _acc(t: torch.Tensor) -> torch.dtype:
