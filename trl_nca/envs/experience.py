@@ -26,7 +26,7 @@ from typing import Any
 
 from .base import GameEnv
 from .prompts import format_action, game_rules
-from .registry import GAMES, game_class, make_env
+from .registry import GAMES, game_class, make_env, parse_game_options
 from .rollout import default_game_spec, run_episodes
 from .seeds import heldout_seeds, training_seeds
 
@@ -233,16 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _options(values: Sequence[str]) -> dict[str, Any]:
-    options = {}
-    for value in values:
-        key, sep, raw = value.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--game-option {value!r} is not KEY=VALUE.")
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
+    try:
+        return parse_game_options(values)
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
 
 
 def main(argv: Sequence[str] | None = None) -> int:

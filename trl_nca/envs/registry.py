@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from typing import Any
+
 from .base import GameEnv
 from .frozenlake import FrozenLakeEnv
 from .sokoban import SokobanEnv
@@ -16,6 +20,20 @@ def game_class(game: str) -> type[GameEnv]:
     if key not in GAMES:
         raise ValueError(f"Unknown game {game!r}; choose one of {sorted(GAMES)}.")
     return GAMES[key]
+
+
+def parse_game_options(values: Sequence[str]) -> dict[str, Any]:
+    """`KEY=VALUE` command-line game settings; values are read as JSON when they parse, else kept as strings."""
+    options: dict[str, Any] = {}
+    for value in values:
+        key, sep, raw = value.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--game-option {value!r} is not KEY=VALUE.")
+        try:
+            options[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key] = raw
+    return options
 
 
 def make_env(game: str, seed: int | None, **env_kwargs) -> GameEnv:

@@ -294,16 +294,12 @@ def _settings(args) -> GenerationSettings:
 
 
 def _game_options(values: Sequence[str]) -> dict[str, Any]:
-    options = {}
-    for value in values:
-        key, sep, raw = value.partition("=")
-        if not sep or not key:
-            raise EvalInputError(f"--game-option {value!r} is not KEY=VALUE.")
-        try:
-            options[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            options[key] = raw
-    return options
+    from ..envs.registry import parse_game_options
+
+    try:
+        return parse_game_options(values)
+    except ValueError as error:
+        raise EvalInputError(str(error)) from error
 
 
 def _game_runner():
