@@ -120,3 +120,23 @@ def test_vocab_mismatch_is_named():
     h_x, h_c, h_t, w_s, _ = _inputs()
     with pytest.raises(ValueError, match="vocabularies differ"):
         token_divergences(h_x, h_t, LMHead(w_s), LMHead(torch.zeros(7, 16)), DivergenceSpec())
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite", "cohere"])
+def test_lm_head_matches_the_models_own_logits(family):
+    """Softcapping (Gemma2) and logit scaling (Granite divides, Cohere multiplies) are applied as the model does."""
+    import transformers
+
+    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=1, head_dim=16)  # fmt: skip
+    config = {
+        "gemma2": lambda: transformers.Gemma2Config(**common, final_logit_softcapping=3.0),
+        "granite": lambda: transformers.GraniteConfig(**common, logits_scaling=4.0),
+        "cohere": lambda: transformers.CohereConfig(**common, logit_scale=0.25),
+    }[family]()
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 97, (2, 5))
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+        torch.testing.assert_close(LMHead.from_model(model).logits(hidden), model(input_ids=ids).logits.float())

@@ -59,11 +59,7 @@ class LMHead:
                 "lm_head out of `target_modules` and `modules_to_save`."
             )
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        scale = 1.0
-        if getattr(config, "logits_scaling", None):  # Granite divides the logits
-            scale = 1.0 / config.logits_scaling
-        elif getattr(config, "logit_scale", None):  # Cohere multiplies them
-            scale = float(config.logit_scale)
+        scale = _logit_multiplier(config)
         return cls(head.weight, getattr(head, "bias", None), scale, getattr(config, "final_logit_softcapping", None))
 
     @property
@@ -83,6 +79,17 @@ class LMHead:
         if self.softcap is not None:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out
+
+
+def _logit_multiplier(config) -> float:
+    """The factor some architectures apply to the LM head's output before any softcap (1.0 for most)."""
+    for name in ("logit_scale", "output_multiplier", "lm_head_multiplier"):  # Cohere, Muse Glimmer, Falcon-H1
+        if getattr(config, name, None) is not None:
+            return float(getattr(config, name))
+    if getattr(config, "logits_scaling", None) is not None:  # Granite, MiniCPM3 divide; HyperCLOVA X multiplies
+        scaling = float(config.logits_scaling)
+        return scaling if getattr(config, "model_type", None) == "hyperclovax" else 1.0 / scaling
+    return 1.0
 
 
 class _ChunkedLogSumExp(torch.autograd.Function):
