@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -17,11 +18,15 @@ def _run(cmd, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-def test_two_process_ddp_matches_single_process(tmp_path):
+@pytest.mark.parametrize("mode", ["plain", "reentrant"])
+def test_two_process_ddp_matches_single_process(tmp_path, mode):
+    """Under reentrant checkpointing the two views must share one forward, or DDP's reducer fails."""
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    _run([sys.executable, str(SCRIPT), str(single), "4"], tmp_path)
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-          str(SCRIPT), str(ddp), "2"], tmp_path)  # fmt: skip
+    extra = ["reentrant"] if mode == "reentrant" else []
+    port = "29517" if mode == "plain" else "29518"
+    _run([sys.executable, str(SCRIPT), str(single), "4", *extra], tmp_path)
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+          str(SCRIPT), str(ddp), "2", *extra], tmp_path)  # fmt: skip
     a, b = torch.load(single / "weights.pt"), torch.load(ddp / "weights.pt")
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4)

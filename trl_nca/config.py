@@ -85,6 +85,11 @@ class NCAConfig(GKDConfig):
         self_teacher (`str`, *optional*, defaults to `"initial"`):
             Teacher when no `teacher_model` is given: `"initial"` (the student's frozen initial weights, with the
             context) or `"live"` (the current student with the context, detached).
+        nca_joint_forward (`bool` or `None`, *optional*, defaults to `None`):
+            Run the student's two views as one forward of 2 x batch rows (the no-context prompts left-padded to the
+            context prompts' width) instead of two forwards. Needed under DDP with reentrant gradient checkpointing,
+            which cannot backpropagate two forwards of the same module; `None` turns it on exactly then. Otherwise two
+            forwards are cheaper, since the no-context view is not padded.
         loss_vocab_chunk_size (`int`, *optional*, defaults to `8192`):
             Vocabulary columns per tile in the chunked loss; lower it to save memory on huge vocabularies.
         loss_token_chunk_size (`int`, *optional*, defaults to `2048`):
@@ -144,6 +149,10 @@ class NCAConfig(GKDConfig):
         default="initial",
         metadata={"help": "Teacher without teacher_model: the frozen initial student or the live student (detached)."},
     )
+    nca_joint_forward: bool | None = field(
+        default=None,
+        metadata={"help": "One student forward for both views (default: only under DDP with reentrant checkpointing)."},
+    )
     loss_vocab_chunk_size: int = field(default=8192, metadata={"help": "Vocabulary columns per loss tile."})
     loss_token_chunk_size: int = field(default=2048, metadata={"help": "Completion tokens per loss tile."})
 
@@ -190,6 +199,14 @@ class NCAConfig(GKDConfig):
             self.nca_monitor = False  # the NCA term is computed anyway
         # Builds (and so validates) the context placement and the divergence choice now, not at the first step.
         _ = (self.context_spec, self.divergence_spec)
+
+    @property
+    def joint_forward(self) -> bool:
+        """Whether the two student views share one forward (see `nca_joint_forward`)."""
+        if self.nca_joint_forward is not None:
+            return self.nca_joint_forward
+        reentrant = (self.gradient_checkpointing_kwargs or {}).get("use_reentrant", False)
+        return bool(self.gradient_checkpointing and reentrant and self.world_size > 1)
 
     @property
     def context_spec(self) -> ContextSpec:

@@ -310,11 +310,14 @@ class NCATrainer(GKDTrainer):
         view_c = build_view(
             inputs["context_prompts"], inputs["context_prompt_attention_mask"], completion_ids, completion_mask
         )
-        h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
         h_c = None
-        if need_context:
-            with nullcontext() if self.nca_beta > 0 else torch.no_grad():
-                h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
+        if need_context and self.nca_beta > 0 and self.args.joint_forward:
+            h_x, h_c = self._joint_hidden(student, inputs)
+        else:
+            h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
+            if need_context:
+                with nullcontext() if self.nca_beta > 0 else torch.no_grad():
+                    h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
         student_head = LMHead.from_model(student)
         h_t, teacher_head = self._teacher_states(view_c, completion_mask, h_c, student_head)
         want = ("opd", "nca", "view_kl") if need_context else ("opd",)
@@ -329,6 +332,25 @@ class NCATrainer(GKDTrainer):
             vocab_chunk=self.args.loss_vocab_chunk_size,
             token_chunk=self.args.loss_token_chunk_size,
         )
+
+    def _joint_hidden(self, student: nn.Module, inputs: dict[str, Any]):
+        """Both student views in one forward: [no-context rows; context rows], prompts left-padded to one width."""
+        pad = self.processing_class.pad_token_id
+        width = max(inputs["prompts"].shape[1], inputs["context_prompts"].shape[1])
+        prompts, masks = [], []
+        for ids_key, mask_key in (
+            ("prompts", "prompt_attention_mask"),
+            ("context_prompts", "context_prompt_attention_mask"),
+        ):
+            extra = width - inputs[ids_key].shape[1]
+            prompts.append(torch.nn.functional.pad(inputs[ids_key], (extra, 0), value=pad))
+            masks.append(torch.nn.functional.pad(inputs[mask_key], (extra, 0), value=0))
+        completion_ids = inputs["completion_ids"].repeat(2, 1)
+        completion_mask = inputs["completion_mask"].repeat(2, 1)
+        view = build_view(torch.cat(prompts), torch.cat(masks), completion_ids, completion_mask)
+        hidden = completion_hidden(_hidden(student, view), view, completion_mask)
+        num_tokens = hidden.shape[0] // 2  # rows are ordered: all no-context tokens, then all context tokens
+        return hidden[:num_tokens], hidden[num_tokens:]
 
     @torch.no_grad()
     def _teacher_states(self, view: View, completion_mask, h_c, student_head):

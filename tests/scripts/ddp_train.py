@@ -1,4 +1,8 @@
-"""Train 1 SGD step on fixed samples and save the weights; run under torchrun (DDP on CPU, gloo) or alone."""
+"""Train 1 SGD step on fixed samples and save the weights; run under torchrun (DDP on CPU, gloo) or alone.
+
+With a third argument `reentrant`, gradient checkpointing is on and reentrant, which under DDP needs both student
+views in one forward (`NCAConfig.nca_joint_forward`, chosen automatically).
+"""
 
 import os
 import sys
@@ -10,7 +14,7 @@ from trl_nca import NCAConfig, NCATrainer
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
 
 
-def main(out: str, per_device: int):
+def main(out: str, per_device: int, reentrant: bool):
     torch.set_num_threads(1)
     tok = make_tiny_tokenizer()
     rows = [
@@ -21,8 +25,9 @@ def main(out: str, per_device: int):
     args = NCAConfig(
         output_dir=out, max_steps=1, per_device_train_batch_size=per_device, lmbda=0.0, optim="sgd",
         learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=True,
-        report_to=[], save_strategy="no", gradient_checkpointing=False, max_new_tokens=4, seed=0,
-        dataloader_drop_last=False,
+        report_to=[], save_strategy="no", max_new_tokens=4, seed=0,
+        dataloader_drop_last=False, gradient_checkpointing=reentrant,
+        gradient_checkpointing_kwargs={"use_reentrant": True} if reentrant else None,
     )  # fmt: skip
     trainer = NCATrainer(
         model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
@@ -34,4 +39,4 @@ def main(out: str, per_device: int):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["reentrant"])
