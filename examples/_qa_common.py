@@ -9,7 +9,8 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.cli import read_context
-from trl_nca.eval import GenerationSettings, ModelRun, PairedEvaluator, load_model, write_report
+from trl_nca.eval import GenerationSettings
+from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.models import resolve_model_name_or_path
 
 
@@ -45,17 +46,7 @@ def run(build_splits, context_name: str, scorer: str, default_output: str):
         max_new_tokens=qa.eval_max_new_tokens, temperature=1.0, top_p=0.95, top_k=20, batch_size=qa.eval_batch_size
     )
     out = Path(args.output_dir) / "paired_eval"
-    evaluator = PairedEvaluator(
-        test, context=args.context_spec, scorer=scorer, label_column="answer", id_column="id", generation=settings
+    compare_base_and_student(
+        trainer, test, base_model_path=model_path, scorer=scorer, generation=settings, output_dir=out
     )
-    runs = []
-    for name, model, path in (
-        ("base", load_model(model_path), model_path),
-        ("student", trainer.model, args.output_dir),
-    ):
-        provenance = evaluator.provenance(model, path, None)
-        records_path = out / name / "records.jsonl"
-        records = evaluator.run(model, trainer.processing_class, output_path=records_path, provenance=provenance)
-        runs.append(ModelRun(name, records, provenance=provenance, records_path=records_path))
-    summary = write_report(runs, out, title=f"{Path(args.output_dir).name}: paired evaluation")
-    print((out / "report.md").read_text() if (out / "report.md").exists() else summary)
+    print((out / "report.md").read_text())

@@ -46,11 +46,14 @@ def test_cli_train_with_yaml_config(tiny_dir, tmp_path):
     config.write_text(
         f"model_name_or_path: {tiny_dir}\ndataset_name: quickstart\nmax_train_samples: 4\nmax_steps: 1\n"
         f"per_device_train_batch_size: 2\nmax_new_tokens: 4\nnca_beta: 0.5\noutput_dir: {tmp_path / 'out'}\n"
-        "save_strategy: 'no'\n"
+        "save_strategy: 'no'\nuse_peft: true\nlora_target_modules: [q_proj, v_proj]\npaired_eval: true\n"
+        "paired_eval_limit: 2\npaired_eval_max_new_tokens: 4\n"
     )
     _run(["-m", "trl_nca.cli", "train", "--config", str(config), *CPU], cwd=tmp_path)
-    assert (tmp_path / "out" / "model.safetensors").exists()
+    assert (tmp_path / "out" / "adapter_model.safetensors").exists()
     assert "trl-nca" in (tmp_path / "out" / "README.md").read_text()
+    summary = json.loads((tmp_path / "out" / "paired_eval" / "summary.json").read_text())
+    assert [m["name"] for m in summary["models"]] == ["base", "student"]
 
 
 @pytest.mark.slow

@@ -44,6 +44,18 @@ class TrainScriptArguments:
                   "Ignored when `context_text` is set."},
     )  # fmt: skip
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
+    paired_eval: bool = field(
+        default=False,
+        metadata={"help": "After training, evaluate base and student with and without the context (report in "
+                  "<output_dir>/paired_eval)."},
+    )  # fmt: skip
+    paired_eval_split: str | None = field(
+        default=None, metadata={"help": "Split for the paired evaluation (default: dataset_test_split, else train)."}
+    )
+    paired_eval_limit: int | None = field(default=64, metadata={"help": "Evaluate the first N items."})
+    paired_eval_max_new_tokens: int = field(default=256, metadata={"help": "Tokens per evaluation answer."})
+    scorer: str = field(default="mcq", metadata={"help": "Scorer of the paired evaluation: mcq, yesno, exact, ..."})
+    label_column: str = field(default="answer", metadata={"help": "Label column of the paired evaluation."})
 
 
 def read_context(name_or_path: str) -> str:
@@ -118,6 +130,21 @@ def train(argv: list[str] | None = None):
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
         trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
+    if script_args.paired_eval and trainer.accelerator.is_main_process:
+        from .eval import GenerationSettings
+        from .eval.compare import compare_base_and_student
+
+        split = script_args.paired_eval_split or script_args.dataset_test_split or script_args.dataset_train_split
+        dataset = load_dataset_any(script_args.dataset_name, split, script_args.dataset_config)
+        if script_args.paired_eval_limit is not None:
+            dataset = dataset.select(range(min(script_args.paired_eval_limit, len(dataset))))
+        settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
+        id_column = "id" if "id" in dataset.column_names else None
+        compare_base_and_student(
+            trainer, dataset, base_model_path=model_path, scorer=script_args.scorer,
+            label_column=script_args.label_column, id_column=id_column, generation=settings,
+        )  # fmt: skip
+        print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
     return trainer
 
 
