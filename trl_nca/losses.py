@@ -244,26 +244,29 @@ def token_divergences(
     inv_t = 1.0 / spec.temperature
     vocab = student.vocab_size
     h_t = h_t.detach()
-    for t0 in range(0, h_x.shape[0], token_chunk):
-        hx, ht = h_x[t0 : t0 + token_chunk], h_t[t0 : t0 + token_chunk]
-        hc = None if h_c is None else h_c[t0 : t0 + token_chunk]
-        support = top_k_support(hx, student, spec.top_k, vocab_chunk) if spec.top_k else None
-        lse_support = support if spec.renormalize else None
-        lse_x = _lse(hx, student, inv_t, lse_support, vocab_chunk)
-        lse_c = None if hc is None else _lse(hc, student, inv_t, lse_support, vocab_chunk)
-        with torch.no_grad():
-            lse_t = _lse(ht, teacher, inv_t, lse_support, vocab_chunk)
-        sums = [hx.new_zeros(hx.shape[0], dtype=_acc(hx)) for _ in want]
-        for start in range(0, vocab, vocab_chunk):
-            width = min(vocab_chunk, vocab - start)
-            parts = checkpoint(
-                _chunk_terms,
-                hx, hc, ht, lse_x, lse_c, lse_t, start, width, student, teacher, spec, support, want,
-                use_reentrant=False,
-            )  # fmt: skip
-            sums = [s + p for s, p in zip(sums, parts)]
-        for name, value in zip(want, sums):
-            results[name].append(value)
+    # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes; the tiles
+    # that the backward pass rebuilds gather them again (see LMHead.logits).
+    with maybe_gather_lm_head_ctx(student.weight, student.bias, teacher.weight, teacher.bias):
+        for t0 in range(0, h_x.shape[0], token_chunk):
+            hx, ht = h_x[t0 : t0 + token_chunk], h_t[t0 : t0 + token_chunk]
+            hc = None if h_c is None else h_c[t0 : t0 + token_chunk]
+            support = top_k_support(hx, student, spec.top_k, vocab_chunk) if spec.top_k else None
+            lse_support = support if spec.renormalize else None
+            lse_x = _lse(hx, student, inv_t, lse_support, vocab_chunk)
+            lse_c = None if hc is None else _lse(hc, student, inv_t, lse_support, vocab_chunk)
+            with torch.no_grad():
+                lse_t = _lse(ht, teacher, inv_t, lse_support, vocab_chunk)
+            sums = [hx.new_zeros(hx.shape[0], dtype=_acc(hx)) for _ in want]
+            for start in range(0, vocab, vocab_chunk):
+                width = min(vocab_chunk, vocab - start)
+                parts = checkpoint(
+                    _chunk_terms,
+                    hx, hc, ht, lse_x, lse_c, lse_t, start, width, student, teacher, spec, support, want,
+                    use_reentrant=False,
+                )  # fmt: skip
+                sums = [s + p for s, p in zip(sums, parts)]
+            for name, value in zip(want, sums):
+                results[name].append(value)
     # An empty completion block still returns tensors wired to the student, so a backward pass (and DDP's reducer)
     # sees every parameter.
     empty = (h_x.sum(-1) + student.weight.sum()).to(_acc(h_x)) * 0
