@@ -247,6 +247,9 @@ def test_trained_adapter_gets_a_frozen_copy_teacher(tok, tmp_path):
     trainer.train()
     for name, value in teacher.state_dict().items():
         assert torch.equal(value, merged_start[name]), name
+    # Called directly (as seq_kd generation does), the copy runs its own weights, not the trained student's.
+    with torch.no_grad():
+        torch.testing.assert_close(teacher(input_ids=probe).logits, start_model(input_ids=probe).logits)
     moved = [n for n, p in student.named_parameters() if "lora" in n and not torch.equal(p, lora_start[n])]
     assert moved, "the student's adapter should have trained"
 

@@ -83,6 +83,12 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     teacher = copy.deepcopy(model)
     if is_peft_model(teacher):
         teacher = teacher.merge_and_unload()
+    for module in teacher.modules():
+        # A forward patched onto the instance (e.g. TRL's fused LM head) closes over the ORIGINAL module's forward,
+        # which deepcopy does not rebind: left in place, calling the copy would run the student. Use the class forward.
+        patched = module.__dict__.get("forward")
+        if patched is not None and getattr(patched, "__func__", patched) is not type(module).forward:
+            del module.forward
     teacher.eval()
     teacher.requires_grad_(False)
     return teacher
