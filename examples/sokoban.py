@@ -5,10 +5,9 @@ model call becomes one sample whose teacher view has the experience in the user 
 then evaluated on the 128 held-out rooms, each played once without and once with the experience (T=0.7, top-p 0.8,
 top-k 20), next to the oracle ceiling (share of rooms solvable in 5 moves).
 
-    accelerate launch examples/sokoban.py --model_name_or_path Qwen/Qwen3-1.7B --max_steps 100 \
-        --per_device_train_batch_size 8 --output_dir outputs/sokoban-nca
+    accelerate launch examples/sokoban.py --config examples/configs/sokoban.yaml
     python examples/sokoban.py --model_name_or_path embedded --max_steps 2 --per_device_train_batch_size 2 \
-        --eval_seeds 8 --max_new_tokens 64 --eval_max_new_tokens 64
+        --eval_seeds 8 --max_new_tokens 64 --eval_max_new_tokens 64 --max_length 4096
 """
 
 from __future__ import annotations

@@ -91,3 +91,23 @@ def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
     _run(args, cwd=ROOT / "examples")
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
+
+
+@pytest.mark.parametrize("name", ["quickstart", "medmcqa", "safety", "sokoban", "frozenlake"])
+def test_example_configs_parse(name):
+    """Every shipped YAML parses into the dataclasses of the script that uses it (catches renamed fields)."""
+    from trl import ModelConfig, TrlParser
+
+    from trl_nca import NCAConfig
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    if name == "quickstart":
+        from trl_nca.cli import TrainScriptArguments as Script
+    elif name in ("medmcqa", "safety"):
+        from _qa_common import QAArguments as Script
+    else:
+        from sokoban import GameArguments as Script
+    parser = TrlParser((Script, NCAConfig, ModelConfig))
+    config = str(ROOT / "examples" / "configs" / f"{name}.yaml")
+    _, args, _ = parser.parse_args_and_config(args=["--config", config, "--bf16", "false", "--use_cpu", "true"])
+    assert args.nca_beta == 0.5
