@@ -306,7 +306,6 @@ class NCATrainer(GKDTrainer):
 
     def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
         view_c = build_view(
             inputs["context_prompts"], inputs["context_prompt_attention_mask"], completion_ids, completion_mask
         )
@@ -314,6 +313,7 @@ class NCATrainer(GKDTrainer):
         if need_context and self.nca_beta > 0 and self.args.joint_forward:
             h_x, h_c = self._joint_hidden(student, inputs)
         else:
+            view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
             h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
             if need_context:
                 with nullcontext() if self.nca_beta > 0 else torch.no_grad():
@@ -367,22 +367,21 @@ class NCATrainer(GKDTrainer):
         return self.accelerator.unwrap_model(self.teacher_model)
 
     def _log_terms(self, terms: dict[str, torch.Tensor], inputs: dict[str, Any]) -> None:
+        """Token means of the divergences and completion statistics, summed over processes before dividing."""
         mode = "train" if self.model.training else "eval"
         lengths = inputs["completion_mask"].sum(1)
-        sums = [terms["opd"].detach().sum(), lengths.sum().to(terms["opd"].dtype)]
-        names = ["opd_loss"]
-        for name, key in (("nca", "nca_loss"), ("view_kl", "view_kl")):
-            if name in terms:
-                sums.insert(-1, terms[name].detach().sum())
-                names.append(key)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
-        stats = torch.stack(sums + [lengths.numel() * torch.ones_like(sums[0]), clipped.sum().to(sums[0].dtype)])
-        stats = self.accelerator.gather(stats.unsqueeze(0)).sum(0) if self.accelerator.num_processes > 1 else stats
-        tokens, rows = stats[len(names)].clamp_min(1), stats[len(names) + 1].clamp_min(1)
-        for i, name in enumerate(names):
-            self._metrics[mode][name].append((stats[i] / tokens).item())
-        self._metrics[mode]["completions/mean_length"].append((stats[len(names)] / rows).item())
-        self._metrics[mode]["completions/clipped_ratio"].append((stats[-1] / rows).item())
+        names = {"opd": "opd_loss", "nca": "nca_loss", "view_kl": "view_kl"}
+        per_token = [(names[k], v.detach().sum()) for k, v in terms.items()]
+        counts = [lengths.sum(), torch.tensor(lengths.numel(), device=lengths.device), clipped.sum()]
+        stats = torch.stack([v for _, v in per_token] + [c.to(per_token[0][1].dtype) for c in counts])
+        if self.accelerator.num_processes > 1:
+            stats = self.accelerator.gather(stats.unsqueeze(0)).sum(0)
+        tokens, rows, num_clipped = stats[-3].clamp_min(1), stats[-2].clamp_min(1), stats[-1]
+        for (name, _), total in zip(per_token, stats):
+            self._metrics[mode][name].append((total / tokens).item())
+        self._metrics[mode]["completions/mean_length"].append((stats[-3] / rows).item())
+        self._metrics[mode]["completions/clipped_ratio"].append((num_clipped / rows).item())
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id
