@@ -271,10 +271,11 @@ class PairedEvaluator:
         return [done[item.item_id] for item in items]
 
     def _outcome(self, item: EvalItem, generated) -> ViewOutcome:
-        main = safe_score(self.scorer, generated.text, item.label)
+        row = self.rows[item.index]
+        main = safe_score(self.scorer, generated.text, item.label, row)
         scores = {}
         for scorer in [self.scorer, *self.companions]:
-            s = main if scorer is self.scorer else safe_score(scorer, generated.text, item.label)
+            s = main if scorer is self.scorer else safe_score(scorer, generated.text, item.label, row)
             scores[scorer.name] = {"answer": s.answer, "correct": s.correct, "format_failure": s.format_failure}
             if s.error:
                 scores[scorer.name]["error"] = s.error

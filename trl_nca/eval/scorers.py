@@ -85,6 +85,50 @@ def parse_mcq_strict(text: str, letters: str = "ABCD") -> str | None:
     return match.group(1).upper() if match else None
 
 
+_OPTION_LINE = re.compile(r"^\s*[(\[]([A-Za-z])[)\]]\s*(.+?)\s*$", re.MULTILINE)
+
+
+def prompt_options(prompt: Any, letters: str = "ABCD") -> dict[str, str]:
+    """Option texts of a multiple-choice prompt written one per line as `(A) text` (as `trl_nca.tasks` writes them).
+
+    `prompt` is a string or chat messages (the user turns are read). Returns `{letter: text}`, possibly empty.
+    """
+    if isinstance(prompt, (list, tuple)):
+        prompt = "\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user")
+    if not isinstance(prompt, str):
+        return {}
+    return {m.group(1).upper(): m.group(2) for m in _OPTION_LINE.finditer(prompt) if m.group(1).upper() in letters}
+
+
+def parse_mcq_lenient(text: str, letters: str = "ABCD", options: dict[str, str] | None = None) -> str | None:
+    """A forgiving multiple-choice parser for small models that ignore the `<answer>` format.
+
+    Reads the last `<answer>` content when there is one, else the whole response, and takes the first of: a letter in
+    parentheses or brackets (`(C)`, `[C]`); `Answer: C` / `answer is C` / `option C`; a letter opening a line and
+    followed by `)`, `.`, `:` or ` -` (`C) Pancreas`, `D - Pancreas`); a lone capital letter that is the whole reply;
+    the text of exactly one option (case-insensitive, when `options` are given). Returns None when nothing matches.
+    """
+    content = last_tag_content(text)
+    content = text if content is None else content
+    upper = letters.upper()
+    patterns = (
+        rf"[(\[]([{upper}])[)\]]",
+        rf"\b(?i:answer|option|choice)\s*(?:(?i:is)|:)?\s*[(\[]?([{upper}])\b",
+        rf"(?m)^\s*([{upper}])\s*(?:[).:]|\s-)",
+        rf"^\s*([{upper}])\s*[.!]?\s*$",
+    )
+    for pattern in patterns:
+        match = re.search(pattern, content)
+        if match:
+            return match.group(1).upper()
+    if options:
+        lowered = content.lower()
+        hits = [letter for letter, option in options.items() if option.strip() and option.strip().lower() in lowered]
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
 class MultipleChoiceScorer:
     """Option-letter answers in `<answer>` tags, with the reference (OPCD) parser or the strict one.
 
@@ -92,10 +136,14 @@ class MultipleChoiceScorer:
     datasets disagree on whether option indices start at 0 or 1 (MedMCQA's `cop` is 0-3 on the Hub, 1-4 originally).
     """
 
-    def __init__(self, strict: bool = False, letters: str = "ABCD"):
+    def __init__(self, strict: bool = False, letters: str = "ABCD", lenient: bool = False):
+        if strict and lenient:
+            raise ValueError("A multiple-choice scorer is strict or lenient, not both.")
         self.strict = strict
+        self.lenient = lenient
         self.letters = letters.upper()
-        self.name = "mcq_strict" if strict else "mcq"
+        self.name = "mcq_strict" if strict else "mcq_lenient" if lenient else "mcq"
+        self.uses_row = lenient  # the lenient parser also matches the option texts written in the item's prompt
 
     def normalize_label(self, label: Any) -> str:
         if isinstance(label, str):
@@ -114,9 +162,12 @@ class MultipleChoiceScorer:
     def check_label(self, label: Any) -> None:
         self.normalize_label(label)
 
-    def __call__(self, text: str, label: Any) -> Score:
-        parser = parse_mcq_strict if self.strict else parse_mcq_reference
-        answer = parser(text, self.letters)
+    def __call__(self, text: str, label: Any, row: dict[str, Any] | None = None) -> Score:
+        if self.lenient:
+            options = prompt_options((row or {}).get("prompt") or (row or {}).get("messages"), self.letters)
+            answer = parse_mcq_lenient(text, self.letters, options)
+        else:
+            answer = (parse_mcq_strict if self.strict else parse_mcq_reference)(text, self.letters)
         if answer is None:
             return Score(None, False, True)
         return Score(answer, answer == self.normalize_label(label), False)
@@ -190,6 +241,71 @@ class StringMatchScorer:
         return Score(answer, answer == self._canon(str(label)), False)
 
 
+class ContainsScorer:
+    """Correct when the label appears in the response as whole words, after `normalize_text` on both sides.
+
+    Meant for short factual answers inside free text ("The capital of Velmora is Tasquadru." for the label
+    `Tasquadru`). A response without any word is a format failure.
+    """
+
+    name = "contains"
+
+    def check_label(self, label: Any) -> None:
+        if not isinstance(label, str) or not normalize_text(label):
+            raise ValueError(f"the 'contains' scorer needs non-empty string labels, got {label!r}")
+
+    def __call__(self, text: str, label: Any) -> Score:
+        response = normalize_text(text)
+        if not response:
+            return Score(None, False, True)
+        found = f" {normalize_text(str(label))} " in f" {response} "
+        return Score(str(label) if found else None, found, False)
+
+
+# Function words that are frequent in one language and rare in the other (no shared spellings such as "a" or "plus").
+LANGUAGE_MARKERS: dict[str, frozenset[str]] = {
+    "french": frozenset(
+        "le la les un une des du de et est sont je tu il elle nous vous ils elles ce cette ces qui que pas pour avec "
+        "dans sur au aux mais très où ou en être avoir fait leur leurs mon ma mes son sa ses peut comme".split()
+    ),
+    "english": frozenset(
+        "the is are and of to in it you that this with for was what which be on as can your have has they there "
+        "their from by an or not but will would should its".split()
+    ),
+}
+_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+
+
+def detect_language(text: str) -> str | None:
+    """`"french"` or `"english"` when one language's marker words are at least two and outnumber the other's."""
+    words = [w.lower() for w in _WORD.findall(text)]
+    counts = {lang: sum(w in markers for w in words) for lang, markers in LANGUAGE_MARKERS.items()}
+    best = max(counts, key=counts.get)
+    others = [n for lang, n in counts.items() if lang != best]
+    if counts[best] >= 2 and all(counts[best] > n for n in others):
+        return best
+    return None
+
+
+class LanguageScorer:
+    """Correct when the response is written in the label's language (`french` or `english`), by `detect_language`.
+
+    The answer is the detected language, or `undetermined`; a response without any letter is a format failure.
+    """
+
+    name = "language"
+
+    def check_label(self, label: Any) -> None:
+        if not isinstance(label, str) or label.strip().lower() not in LANGUAGE_MARKERS:
+            raise ValueError(f"the 'language' scorer needs a label in {sorted(LANGUAGE_MARKERS)}, got {label!r}")
+
+    def __call__(self, text: str, label: Any) -> Score:
+        if not _WORD.search(text):
+            return Score(None, False, True)
+        language = detect_language(text)
+        return Score(language or "undetermined", language == str(label).strip().lower(), False)
+
+
 class CallableScorer:
     """Wraps a user function `fn(text, label)` into a scorer.
 
@@ -241,13 +357,20 @@ def _coerce_score(result: Any) -> Score:
 SCORERS: dict[str, Callable[[], Scorer]] = {
     "mcq": lambda: MultipleChoiceScorer(strict=False),
     "mcq_strict": lambda: MultipleChoiceScorer(strict=True),
+    "mcq_lenient": lambda: MultipleChoiceScorer(lenient=True),
+    "contains": ContainsScorer,
+    "language": LanguageScorer,
     "yesno": YesNoScorer,
     "exact": lambda: StringMatchScorer(normalize=False),
     "normalized": lambda: StringMatchScorer(normalize=True),
 }
 
 # Scorers reported next to the main one by default, e.g. the strict MCQ parser next to the reference parser.
-COMPANION_SCORERS: dict[str, tuple[str, ...]] = {"mcq": ("mcq_strict",), "mcq_strict": ("mcq",)}
+COMPANION_SCORERS: dict[str, tuple[str, ...]] = {
+    "mcq": ("mcq_strict", "mcq_lenient"),
+    "mcq_strict": ("mcq", "mcq_lenient"),
+    "mcq_lenient": ("mcq", "mcq_strict"),
+}
 
 
 def get_scorer(spec: str | Scorer | Callable[[str, Any], Any]) -> Scorer:
@@ -270,10 +393,13 @@ def get_scorer(spec: str | Scorer | Callable[[str, Any], Any]) -> Scorer:
     raise TypeError(f"A scorer must be a name, a Scorer or a callable, got {type(spec).__name__}.")
 
 
-def safe_score(scorer: Scorer, text: str, label: Any) -> Score:
-    """Score a response, turning any exception into a recorded format failure."""
+def safe_score(scorer: Scorer, text: str, label: Any, row: dict[str, Any] | None = None) -> Score:
+    """Score a response, turning any exception into a recorded format failure.
+
+    Scorers with `uses_row = True` also receive the item's dataset row (e.g. to read the options of a question).
+    """
     try:
-        score = scorer(text, label)
+        score = scorer(text, label, row=row) if getattr(scorer, "uses_row", False) else scorer(text, label)
     except Exception as error:
         return Score(None, False, True, error=f"{type(error).__name__}: {error}")
     return score if isinstance(score, Score) else _coerce_score(score)

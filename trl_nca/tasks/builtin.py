@@ -1,0 +1,284 @@
+"""Built-in tasks, generated from a seed with nothing downloaded, on which a small chat model uses its context.
+
+Two families, one per kind of context in the paper:
+
+- `reply_in_french` (instruction, like the paper's system prompts): one fixed context, an instruction to answer in
+  French, shared by every item; the items are everyday questions asked in English. Scored by the `language` scorer
+  (is the reply written in French?). Held-out questions come from question forms never used in training.
+- `island_facts` (knowledge, like the paper's game experience): each item's context is a short fact sheet about a
+  fictional island (capital, currency, ruler, national dish); the question asks for one of those facts. Scored by
+  the `contains` scorer (does the reply name the right made-up word?). Held-out questions ask for the same facts with
+  question forms never used in training, so a student can only answer them without the context by having
+  internalised the sheets.
+
+Why these two: the embedded SmolLM2-135M-Instruct follows a context placed in the user turn, hardly a system message,
+answers letter-only multiple choice at chance, and follows short instructions or fact sheets right before the question
+far better than long shared ones. The measurements that chose them are in `docs/results.md`.
+
+Every task is a pure function of its seed: the same seed gives the same items on every machine.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..views import ContextSpec
+
+
+USER_TEMPLATE = "{context}\n\n{prompt}"  # the context goes right before the question, inside the user turn
+
+
+@dataclass(frozen=True)
+class BuiltinTask:
+    """A generated task: rows for training and held-out evaluation, where the context goes, and how to score.
+
+    Rows carry `id`, `prompt` (the user message without the context), `answer` (the scorer's label) and, for a
+    per-item context, `context`. `context` says where the context comes from (a fixed `text` or the `context`
+    column) and where it goes (the user turn, before the question); `scorer` names a scorer of
+    `trl_nca.eval.get_scorer`. `max_new_tokens` is the reply budget used for training samples and evaluation.
+    """
+
+    name: str
+    family: str
+    description: str
+    train: list[dict[str, Any]]
+    test: list[dict[str, Any]]
+    context: ContextSpec
+    scorer: str
+    max_new_tokens: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def split(self, name: str) -> list[dict[str, Any]]:
+        """The rows of split `train` or `test`."""
+        if name not in ("train", "test"):
+            raise ValueError(f"Task {self.name!r} has the splits 'train' and 'test', not {name!r}.")
+        return self.train if name == "train" else self.test
+
+    def dataset(self, name: str):
+        """A split as a `datasets.Dataset`."""
+        from datasets import Dataset
+
+        return Dataset.from_list(self.split(name))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# reply_in_french: one instruction for every item
+
+FRENCH_CONTEXT = "Always reply in French."
+
+_COUNTRIES = ("Italy", "Japan", "Egypt", "Spain", "Canada", "Brazil", "India", "Kenya", "Norway", "Peru", "Chile",
+              "Greece", "Turkey", "Mexico", "Australia", "Germany", "China", "Sweden", "Poland", "Vietnam")  # fmt: skip
+_ANIMALS = ("cat", "dog", "horse", "owl", "shark", "eagle", "rabbit", "elephant", "tiger", "frog", "whale", "bee",
+            "fox", "wolf", "penguin", "camel", "goat", "parrot")  # fmt: skip
+_OBJECTS = ("bicycle", "umbrella", "kettle", "lamp", "guitar", "clock", "bridge", "window", "candle", "ladder",
+            "mirror", "pencil", "backpack", "boat", "train", "chair")  # fmt: skip
+_FOODS = ("bread", "rice", "apples", "cheese", "soup", "carrots", "eggs", "honey", "pasta", "oranges", "beans", "fish")
+_ACTIVITIES = ("swimming", "running", "reading", "cooking", "painting", "gardening", "cycling", "singing", "dancing",
+               "playing chess", "hiking", "knitting")  # fmt: skip
+_JOBS = ("doctor", "teacher", "farmer", "baker", "pilot", "nurse", "painter", "builder", "chef", "librarian",
+         "firefighter", "gardener")  # fmt: skip
+
+
+def _number(rng: random.Random) -> int:
+    return rng.randint(2, 60)
+
+
+_SLOTS: dict[str, Callable[[random.Random], Any]] = {
+    "a": _number,
+    "b": _number,
+    "country": lambda r: r.choice(_COUNTRIES),
+    "animal": lambda r: r.choice(_ANIMALS),
+    "object": lambda r: r.choice(_OBJECTS),
+    "food": lambda r: r.choice(_FOODS),
+    "activity": lambda r: r.choice(_ACTIVITIES),
+    "job": lambda r: r.choice(_JOBS),
+}
+
+# Question forms; training items use the first list, held-out items only the second.
+FRENCH_TRAIN_FORMS = (
+    "What is {a} plus {b}?",
+    "What is the capital of {country}?",
+    "Describe a {object} in one sentence.",
+    "What does a {job} do?",
+    "Why do people enjoy {activity}?",
+    "Where does a {animal} live?",
+    "Give me one tip for {activity}.",
+    "How is {food} usually eaten?",
+    "Name one thing you can do with a {object}.",
+    "Tell me a fun fact about {country}.",
+    "What sound does a {animal} make?",
+    "What should I pack for a trip to {country}?",
+)
+FRENCH_TEST_FORMS = (
+    "What is {a} times {b}?",
+    "What does a {animal} eat?",
+    "Is {food} healthy?",
+    "What is {a} minus {b}?",
+    "Write one sentence about a {job}.",
+    "What is the weather usually like in {country}?",
+    "How do you take care of a {animal}?",
+    "What is a {object} made of?",
+    "Why is {activity} good for you?",
+    "How many legs does a {animal} have?",
+    "Suggest a name for a pet {animal}.",
+    "What can you cook with {food}?",
+)
+
+
+def _questions(forms: Sequence[str], count: int, rng: random.Random, taken: set[str]) -> list[str]:
+    """`count` distinct questions, taking the forms in turn; a form whose fillers are used up drops out."""
+    out: list[str] = []
+    active = list(forms)
+    turn = 0
+    while len(out) < count:
+        if not active:
+            raise ValueError(f"Cannot generate {count} distinct questions from {len(forms)} forms; ask for fewer.")
+        form = active[turn % len(active)]
+        for _ in range(100):  # a form that yields no new question in 100 draws is used up
+            question = form.format(**{name: fill(rng) for name, fill in _SLOTS.items()})
+            if question not in taken:
+                taken.add(question)
+                out.append(question)
+                turn += 1
+                break
+        else:
+            active.remove(form)
+    return out
+
+
+def reply_in_french(seed: int = 0, num_train: int = 256, num_test: int = 240) -> BuiltinTask:
+    """Everyday English questions; the context asks for French replies (label `french`, scorer `language`)."""
+    rng = random.Random(f"reply_in_french:{seed}")
+    taken: set[str] = set()
+    splits = {}
+    for split, forms, count in (("train", FRENCH_TRAIN_FORMS, num_train), ("test", FRENCH_TEST_FORMS, num_test)):
+        questions = _questions(forms, count, rng, taken)
+        splits[split] = [{"id": f"{split}-{i}", "prompt": q, "answer": "french"} for i, q in enumerate(questions)]
+    return BuiltinTask(
+        name="reply_in_french",
+        family="instruction",
+        description="Everyday questions in English; the context is the instruction to reply in French.",
+        train=splits["train"],
+        test=splits["test"],
+        context=ContextSpec(column=None, text=FRENCH_CONTEXT, placement="user", template=USER_TEMPLATE),
+        scorer="language",
+        max_new_tokens=48,
+        info={"seed": seed, "context": FRENCH_CONTEXT},
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# island_facts: one fact sheet per island
+
+_SYLLABLES = ("ka", "lo", "mer", "vin", "tas", "qua", "rel", "dor", "ni", "zu", "bex", "fal", "gor", "shi", "pen",
+              "ulm", "tra", "vek", "mo", "sel", "dru", "yth", "wen", "kor")  # fmt: skip
+ISLAND_ATTRIBUTES = ("capital", "currency", "ruler", "dish")
+
+ISLAND_TRAIN_FORMS = {
+    "capital": ("What is the capital of {island}?", "Which city is the capital of {island}?",
+                "Name the capital city of {island}.", "What city serves as the capital of {island}?",
+                "Tell me the capital of {island}."),
+    "currency": ("What currency is used on {island}?", "What is the currency of {island}?",
+                 "Which money do people use on {island}?", "Name the currency of {island}.",
+                 "What do people on {island} pay with?"),
+    "ruler": ("Who rules {island}?", "Who is the ruler of {island}?", "Name the ruler of {island}.",
+              "Which queen rules {island}?", "Who governs {island}?"),
+    "dish": ("What is the national dish of {island}?", "Which dish is {island} famous for?",
+             "Name the national dish of {island}.", "What food is {island} known for?",
+             "Which meal is the national dish of {island}?"),
+}  # fmt: skip
+ISLAND_TEST_FORMS = {
+    "capital": ("I am flying to the capital of {island}. Which city is that?", "The capital of {island} is which city?",
+                "What is {island}'s capital?", "Where is the seat of government of {island}?",
+                "In which city is the capital of {island}?"),
+    "currency": ("I am visiting {island}. Which currency should I bring?", "The currency of {island} is called what?",
+                 "What is {island}'s currency?", "What coins are used on {island}?",
+                 "What is money called on {island}?"),
+    "ruler": ("Who sits on the throne of {island}?", "The ruler of {island} is who?", "Who is {island}'s ruler?",
+              "Who is the queen of {island}?", "Who is in charge of {island}?"),
+    "dish": ("I want to try the food of {island}. Which dish should I order?", "The national dish of {island} is what?",
+             "What is {island}'s national dish?", "What is the traditional dish of {island}?",
+             "Which dish do people on {island} call their national dish?"),
+}  # fmt: skip
+
+
+def island_sheet(island: dict[str, str]) -> str:
+    """The fact sheet (the context) of one island."""
+    return (
+        f"Facts about the island of {island['island']}: its capital is {island['capital']}; its currency is the "
+        f"{island['currency']}; it is ruled by Queen {island['ruler']}; its national dish is {island['dish']}."
+    )
+
+
+def _made_up_words(rng: random.Random, count: int, syllables: int, taken: set[str]) -> list[str]:
+    words = []
+    while len(words) < count:
+        word = "".join(rng.choice(_SYLLABLES) for _ in range(syllables))
+        if word not in taken:
+            taken.add(word)
+            words.append(word)
+    return words
+
+
+def islands(seed: int = 0, num_islands: int = 12) -> list[dict[str, str]]:
+    """`num_islands` fictional islands; every name and value is a distinct made-up word."""
+    rng = random.Random(f"island_facts:{seed}")
+    taken: set[str] = set()
+    columns = {
+        "island": [w.capitalize() for w in _made_up_words(rng, num_islands, 3, taken)],
+        "capital": [w.capitalize() for w in _made_up_words(rng, num_islands, 3, taken)],
+        "currency": _made_up_words(rng, num_islands, 2, taken),
+        "ruler": [w.capitalize() for w in _made_up_words(rng, num_islands, 2, taken)],
+        "dish": _made_up_words(rng, num_islands, 3, taken),
+    }
+    return [{key: values[i] for key, values in columns.items()} for i in range(num_islands)]
+
+
+def island_facts(seed: int = 0, num_islands: int = 12) -> BuiltinTask:
+    """Questions about fictional islands; each item's context is its island's fact sheet (scorer `contains`)."""
+    world = islands(seed, num_islands)
+    splits = {}
+    for split, forms in (("train", ISLAND_TRAIN_FORMS), ("test", ISLAND_TEST_FORMS)):
+        rows = []
+        for island in world:
+            for attribute in ISLAND_ATTRIBUTES:
+                for k, form in enumerate(forms[attribute]):
+                    rows.append(
+                        {
+                            "id": f"{split}-{island['island']}-{attribute}-{k}",
+                            "prompt": form.format(island=island["island"]),
+                            "context": island_sheet(island),
+                            "answer": island[attribute],
+                            "attribute": attribute,
+                        }
+                    )
+        random.Random(f"island_facts:{seed}:{split}").shuffle(rows)
+        splits[split] = rows
+    return BuiltinTask(
+        name="island_facts",
+        family="knowledge",
+        description="Questions about fictional islands; each item's context is the island's four-fact sheet.",
+        train=splits["train"],
+        test=splits["test"],
+        context=ContextSpec(column="context", placement="user", template=USER_TEMPLATE),
+        scorer="contains",
+        max_new_tokens=32,
+        info={"seed": seed, "islands": world},
+    )
+
+
+TASKS: dict[str, Callable[..., BuiltinTask]] = {"reply_in_french": reply_in_french, "island_facts": island_facts}
+
+
+def task_names() -> list[str]:
+    return sorted(TASKS)
+
+
+def get_task(name: str, seed: int = 0, **kwargs: Any) -> BuiltinTask:
+    """A built-in task by name (`reply_in_french`, `island_facts`), generated from `seed`."""
+    if name not in TASKS:
+        raise ValueError(f"Unknown built-in task {name!r}; choose one of {task_names()}.")
+    return TASKS[name](seed=seed, **kwargs)
