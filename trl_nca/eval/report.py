@@ -86,6 +86,23 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def format_failure_notes(models: Sequence[Mapping[str, Any]], threshold: float = 0.5) -> list[str]:
+    """A warning for every model and view where more than `threshold` of the answers could not be parsed: there the
+    accuracy measures whether the model keeps the answer format, not whether it knows the answer."""
+    notes = []
+    for model in models:
+        m = model["metrics"]
+        for view, label in (("x", "without"), ("xc", "with")):
+            rate = m.get(f"format_failure_{view}")
+            if rate is not None and rate > threshold:
+                notes.append(
+                    f"{model['name']}, {label} the context: {100 * rate:.0f}% of the answers are format failures, so "
+                    f"Acc_{view} measures the answer format, not the knowledge. See the other scorers below, or a "
+                    "more lenient scorer."
+                )
+    return notes
+
+
 def render_markdown(summary: Mapping[str, Any]) -> str:
     """The Markdown report: a main table, a companion-scorer table and a provenance section."""
     models = summary["models"]
@@ -131,6 +148,9 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
             )
             + " |"
         )
+    notes = format_failure_notes(models)
+    if notes:
+        lines += [""] + [f"> {note}" for note in notes]
     companion_rows = [
         (model["name"], scorer, m) for model in models for scorer, m in model.get("metrics_by_scorer", {}).items()
     ]
