@@ -9,10 +9,12 @@ from importlib import resources
 from pathlib import Path
 
 
-USAGE = """usage: trl-nca {train,eval,experience} [options]
+USAGE = """usage: trl-nca {compare,train,eval,experience} [options]
 
+  compare train plain OPD and NCA students on a built-in task and compare them paired with the base model
+          e.g. trl-nca compare --config examples/configs/quickstart.yaml
   train   on-policy context distillation with No-Context Anchoring (NCATrainer)
-          e.g. trl-nca train --config examples/configs/quickstart.yaml
+          e.g. trl-nca train --config examples/configs/medmcqa.yaml
   eval    paired evaluation with and without the context
           e.g. trl-nca eval --help
   experience  extract game experience from a model's own played episodes
@@ -148,6 +150,24 @@ def train(argv: list[str] | None = None):
     return trainer
 
 
+def compare(argv: list[str] | None = None) -> dict:
+    """Parse `trl-nca compare` options (and an optional `--config` YAML), run the comparison, print its table."""
+    from trl import ModelConfig, TrlParser
+
+    from . import NCAConfig
+    from .recipes import CompareArguments, run_comparison
+
+    parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
+    compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    summary = run_comparison(compare_args, training_args, model_args)
+    minutes, seconds = divmod(int(summary["wall_seconds"]), 60)
+    print(f"\n{summary['table']}\n\n{summary['conclusion']}\n")
+    print(f"Figures: {', '.join(summary['figures'].values())}")
+    print(f"Full paired report: {summary['report']}")
+    print(f"Total time: {minutes} min {seconds} s")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -157,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "train":
         train(rest)
+        return 0
+    if command == "compare":
+        compare(rest)
         return 0
     if command == "eval":
         from .eval.cli import main as eval_main
