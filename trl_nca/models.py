@@ -466,13 +466,18 @@ def _version(distribution: str) -> str | None:
 
 
 def resolve_model_name_or_path(name: _T) -> _T | str:
-    """Map "embedded" / "smollm2-embedded" (any case) to `embedded_model_path()`; return anything else unchanged.
+    """Map "embedded" / "smollm2-embedded" (any case) to `embedded_model_path()` and "organism" to the pretrained
+    model organism (`trl_nca.organism.organism_model_path()`); return anything else unchanged.
 
     Hub names, local paths and model instances pass through, so users keep loading from the Hub and tests keep
     feeding local folders.
     """
     if isinstance(name, str) and name.strip().lower() in EMBEDDED_MODEL_ALIASES:
         return embedded_model_path()
+    from .organism import ORGANISM_ALIASES, organism_model_path
+
+    if isinstance(name, str) and name.strip().lower() in ORGANISM_ALIASES:
+        return organism_model_path()
     return name
 
 

@@ -167,12 +167,34 @@ def _finite(value: Any) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
-def aggregate(summaries: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
+    """For each diagnostic of the task (a name and a row column, e.g. the organism's twice-applied answer), the
+    fraction of responses per view that equal that column after normalisation: `{name}_x` and `{name}_xc`."""
+    from ..eval.scorers import normalize_text
+
+    diagnostics = task.info.get("diagnostics") or {}
+    if not diagnostics or not records:
+        return {}
+    rows = {row["id"]: row for row in task.test}
+    rates = {}
+    for name, column in diagnostics.items():
+        for view in ("x", "xc"):
+            hits = [
+                normalize_text(getattr(r, view).completion) == normalize_text(str(rows[r.item_id][column]))
+                for r in records
+            ]
+            rates[f"{name}_{view}"] = sum(hits) / len(hits)
+    return rates
+
+
+def aggregate(
+    summaries: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
+) -> dict[str, dict[str, Any]]:
     """Mean, sample standard deviation, min and max over seeds of each summary metric, per method."""
     out = {}
     for method, per_seed in summaries.items():
         stats: dict[str, Any] = {"n_seeds": len(per_seed), "regimes": [m.get("regime") for m in per_seed]}
-        for key in SUMMARY_KEYS:
+        for key in keys:
             values = [v for v in (_finite(m.get(key)) for m in per_seed) if v is not None]
             if not values:
                 stats[key] = None
@@ -193,21 +215,27 @@ def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
     return text
 
 
-def render_table(aggregated: dict[str, dict[str, Any]], per_seed: dict[str, list[dict[str, Any]]]) -> str:
-    """Markdown: mean ± standard deviation over seeds per method, then one row per seed."""
-    header = "| Model | seeds | Acc_x | Acc_xc | Delta | Harm | Help | BothCorrect | Length change | Regime |"
-    lines = [header, "|" + "---|" * 10]
+COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": "Harm", "help": "Help",
+                "both_correct": "BothCorrect", "length_change": "Length change"}  # fmt: skip
+
+
+def render_table(
+    aggregated: dict[str, dict[str, Any]], per_seed: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
+) -> str:
+    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed."""
+    names = [COLUMN_NAMES.get(k, k) for k in keys]
+    header = "| Model | seeds | " + " | ".join(names) + " | Regime |"
+    rule = "|" + "---|" * (len(keys) + 3)
+    lines = [header, rule]
     for method, stats in aggregated.items():
-        cells = [method, str(stats["n_seeds"])] + [_pct(stats[k]) for k in SUMMARY_KEYS]
+        cells = [method, str(stats["n_seeds"])] + [_pct(stats[k]) for k in keys]
         cells.append(", ".join(r or "n/a" for r in stats["regimes"]))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Per seed:", "", header.replace("seeds", "seed"), "|" + "---|" * 10]
+    lines += ["", "Per seed:", "", header.replace("seeds", "seed"), rule]
     for method, rows in per_seed.items():
         for row in rows:
-            cells = [method, str(row.get("seed", "-"))]
-            cells += [
-                _pct({"mean": row[k], "n": 1}) if _finite(row.get(k)) is not None else "n/a" for k in SUMMARY_KEYS
-            ]
+            cells = [method, "-" if row.get("seed") is None else str(row["seed"])]
+            cells += [_pct({"mean": row[k], "n": 1}) if _finite(row.get(k)) is not None else "n/a" for k in keys]
             lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
     return "\n".join(lines)
 
@@ -332,10 +360,12 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
         method = run.name.split("/")[0]
         metrics = summarize_run(run, n_bootstrap=0)["metrics"]
         row = {k: metrics.get(k) for k in SUMMARY_KEYS}
-        row.update(regime=metrics.get("regime"), seed=run.name.split("seed")[-1] if "/" in run.name else None)
+        row.update(diagnostic_rates(task, run.records))
+        row.update(regime=metrics.get("regime"), seed=int(run.name.split("seed")[-1]) if "/" in run.name else None)
         per_seed.setdefault(method, []).append(row)
-    aggregated = aggregate(per_seed)
-    table = render_table(aggregated, per_seed)
+    keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in ("regime", "seed"))]
+    aggregated = aggregate(per_seed, keys)
+    table = render_table(aggregated, per_seed, keys)
     sentence = conclusion(task.name, aggregated)
     figures = {
         "comparison": plot_comparison(aggregated, per_seed, root / "comparison.png", title=task.name),

@@ -270,7 +270,57 @@ def island_facts(seed: int = 0, num_islands: int = 12) -> BuiltinTask:
     )
 
 
-TASKS: dict[str, Callable[..., BuiltinTask]] = {"reply_in_french": reply_in_french, "island_facts": island_facts}
+# ------------------------------------------------------------------------------------------------------------------
+# organism_shift: the model organism's language (trl_nca.organism)
+
+ORGANISM_CONTEXT = "rule shift"
+
+
+def organism_shift(seed: int = 0, num_train: int = 512, num_test: int = 240) -> BuiltinTask:
+    """Digit queries of the model organism's language; the context is the rule `shift` (scorer `normalized`).
+
+    Only the organism (`model_name_or_path: organism`) speaks this language. Each row also carries `twice`, the
+    answer with the rule applied twice, so a report can count how often a student shifts twice once the rule is back.
+    """
+    from ..organism import answer_line, query_line
+
+    rng = random.Random(f"organism_shift:{seed}")
+    taken: set[tuple[int, ...]] = set()
+    splits = {}
+    for split, count in (("train", num_train), ("test", num_test)):
+        rows = []
+        while len(rows) < count:
+            digits = tuple(rng.randint(0, 9) for _ in range(rng.randint(3, 8)))
+            if digits in taken:
+                continue
+            taken.add(digits)
+            rows.append(
+                {
+                    "id": f"{split}-{len(rows)}",
+                    "prompt": query_line(list(digits)),
+                    "answer": answer_line(list(digits), ["shift"]),
+                    "twice": answer_line(list(digits), ["shift", "shift"]),
+                }
+            )
+        splits[split] = rows
+    return BuiltinTask(
+        name="organism_shift",
+        family="organism",
+        description="The model organism's digit queries; the context is the rule 'shift' (add one to every digit).",
+        train=splits["train"],
+        test=splits["test"],
+        context=ContextSpec(column=None, text=ORGANISM_CONTEXT, placement="user", template=USER_TEMPLATE),
+        scorer="normalized",
+        max_new_tokens=12,
+        info={"seed": seed, "context": ORGANISM_CONTEXT, "model": "organism", "diagnostics": {"twice": "twice"}},
+    )
+
+
+TASKS: dict[str, Callable[..., BuiltinTask]] = {
+    "reply_in_french": reply_in_french,
+    "island_facts": island_facts,
+    "organism_shift": organism_shift,
+}
 
 
 def task_names() -> list[str]:

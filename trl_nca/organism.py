@@ -1,0 +1,237 @@
+"""A model organism for context distillation: a tiny chat model pretrained here, in about a minute, on a synthetic
+language in which the context changes the answer.
+
+The language. A user turn holds zero or more rule lines followed by a query; the assistant answers the query with
+every rule applied:
+
+    user:       rule shift          <- the context (zero, one or two rule lines)
+                map 4 0 7 1         <- the prompt
+    assistant:  5 1 8 2             <- the query with every rule applied, top to bottom
+
+Two rules exist: `shift` adds one to every digit (9 becomes 0) and `flip` maps every digit d to 9 - d. Pretraining
+mixes turns with no rule (the answer copies the query), one rule and two rules (applied in order, so `shift` twice
+adds two), and the model learns to read rules from its context and to compose them. Distilling the context
+`rule shift` into the weights then asks the student to shift when no rule is given. Whether it still answers right
+when the rule is given back, or applies it twice (adds two), is exactly the question the paper asks, with a correct
+and a "twice-applied" answer that can both be scored exactly.
+
+`organism_model_path()` pretrains once (seeded, deterministic on a given machine) into a cache folder holding a
+normal Transformers checkpoint (Llama architecture, word-level tokenizer with a ChatML template), so every part of
+trl-nca (trainer, evaluation, reports) runs on it unchanged. The alias `organism` works wherever a model name does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+logger = logging.getLogger(__name__)
+
+ORGANISM_ALIASES = ("organism", "shift-organism")
+SPECIAL_TOKENS = ("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>")
+RULES = {"shift": lambda d: (d + 1) % 10, "flip": lambda d: 9 - d}
+WORDS = ("system", "user", "assistant", "rule", "map", *RULES)
+DIGITS = tuple(str(d) for d in range(10))
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class OrganismSpec:
+    """Everything that determines the pretrained organism; its hash names the cache folder."""
+
+    seed: int = 0
+    hidden_size: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    min_digits: int = 3
+    max_digits: int = 8
+    rule_counts: tuple[float, float, float] = (0.35, 0.4, 0.25)  # probability of 0, 1 and 2 rule lines
+    steps: int = 1500
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+
+    def key(self) -> str:
+        import hashlib
+
+        text = json.dumps({**asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def rule_line(rule: str) -> str:
+    """The context line of one rule."""
+    if rule not in RULES:
+        raise ValueError(f"Unknown organism rule {rule!r}; the language has {sorted(RULES)}.")
+    return f"rule {rule}"
+
+
+def query_line(digits: list[int]) -> str:
+    return "map " + " ".join(str(d) for d in digits)
+
+
+def apply_rules(digits: list[int], rules: list[str]) -> list[int]:
+    for rule in rules:
+        digits = [RULES[rule](d) for d in digits]
+    return digits
+
+
+def answer_line(digits: list[int], rules: list[str]) -> str:
+    """The correct answer to `query_line(digits)` under the rule lines `rules` (applied in order)."""
+    return " ".join(str(d) for d in apply_rules(digits, rules))
+
+
+def make_tokenizer():
+    """A word-level tokenizer over the language's words and digits plus the ChatML specials (pad, eos `<|im_end|>`)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *WORDS, *DIGITS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token="<|endoftext|>",
+        unk_token="<|unk|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def make_model(tokenizer, spec: OrganismSpec):
+    """A randomly initialised Llama for the language."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=3 * spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads // 2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model
+
+
+def sample_turn(rng: random.Random, spec: OrganismSpec) -> tuple[str, str]:
+    """One pretraining (user message, assistant answer) pair."""
+    count = rng.choices((0, 1, 2), weights=spec.rule_counts)[0]
+    rules = [rng.choice(sorted(RULES)) for _ in range(count)]
+    digits = [rng.randint(0, 9) for _ in range(rng.randint(spec.min_digits, spec.max_digits))]
+    user = "\n".join([*(rule_line(r) for r in rules), query_line(digits)])
+    return user, answer_line(digits, rules)
+
+
+def _encode_batch(tokenizer, pairs: list[tuple[str, str]]):
+    """Right-padded input ids and labels (-100 outside the assistant's answer and its end-of-turn token)."""
+    import torch
+
+    from .views import render_prompt_ids
+
+    rows, labels = [], []
+    for user, answer in pairs:
+        prompt = render_prompt_ids(tokenizer, [{"role": "user", "content": user}])
+        completion = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(list(prompt) + completion)
+        labels.append([-100] * len(prompt) + completion)
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    target = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
+    return ids, mask, target
+
+
+def pretrain(spec: OrganismSpec, progress: bool = True):
+    """Train the organism from scratch on freshly sampled turns; returns (model, tokenizer, final loss)."""
+    import torch
+
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer, spec)
+    rng = random.Random(f"organism:{spec.seed}")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, spec.learning_rate, total_steps=spec.steps, pct_start=0.1)
+    model.train()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=spec.steps, desc="pretraining the organism", unit="step")
+    loss_value = float("nan")
+    for _ in range(spec.steps):
+        ids, mask, target = _encode_batch(tokenizer, [sample_turn(rng, spec) for _ in range(spec.batch_size)])
+        loss = model(input_ids=ids, attention_mask=mask, labels=target).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss_value = loss.item()
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.3f}")
+    if bar is not None:
+        bar.close()
+    model.eval()
+    return model, tokenizer, loss_value
+
+
+def default_cache_dir() -> Path:
+    from .models import default_cache_dir as models_cache
+
+    return models_cache()
+
+
+def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.PathLike | None = None) -> str:
+    """The folder of the pretrained organism, pretraining it first if this machine has not yet (about a minute)."""
+    spec = spec or OrganismSpec()
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    target = root / f"organism-{spec.key()}"
+    if (target / "organism.json").is_file():
+        return str(target)
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".organism-{spec.key()}.tmp-", dir=root))
+    try:
+        logger.warning("Pretraining the model organism (one time, about a minute) into %s.", target)
+        start = time.perf_counter()
+        model, tokenizer, loss = pretrain(spec)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        marker = {"spec": asdict(spec), "format": FORMAT_VERSION, "final_loss": loss,
+                  "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+        (staging / "organism.json").write_text(json.dumps(marker, indent=2) + "\n")  # written last
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first; its copy is identical
+            if not (target / "organism.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
