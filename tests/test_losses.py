@@ -90,6 +90,24 @@ def test_gradient_paths():
     assert g_c is None or not g_c.abs().sum()
 
 
+@pytest.mark.parametrize("spec", [DivergenceSpec(), DivergenceSpec(nca_target="teacher")], ids=["nca", "dualopd"])
+def test_teacher_sharing_the_student_head_is_a_constant(spec):
+    """A live self-teacher scores with the student's own head: its distribution must still send no gradient."""
+    h_x, h_c, _, w_s, _ = _inputs()
+    h_t = h_c.detach()
+    out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_s), spec, h_c=h_c, vocab_chunk=8)
+    ref = reference(h_x, h_c, h_t, w_s, w_s.detach(), spec)
+    for name in ("opd", "nca"):
+        torch.testing.assert_close(out[name].double(), ref[name])
+        got = torch.autograd.grad(out[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        expected = torch.autograd.grad(ref[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        for g, r in zip(got, expected):
+            if r is None:
+                assert g is None or not g.abs().sum()
+            else:
+                torch.testing.assert_close(g, r)
+
+
 def test_empty_completion_and_no_context_view():
     h_x, _, h_t, w_s, w_t = _inputs(n=0)
     out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t), DivergenceSpec())

@@ -20,7 +20,7 @@ log-normalisers come from a two-pass logsumexp whose backward also walks the voc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -43,12 +43,18 @@ class DivergenceSpec:
 
 @dataclass
 class LMHead:
-    """How hidden states become logits: `softcap(scale * (h @ weight.T + bias))`, as the model's own head does."""
+    """How hidden states become logits: `softcap(scale * (h @ weight.T + bias))`, as the model's own head does.
+
+    `constant=True` detaches the weight and bias at every use (the parameters themselves are kept, so that ZeRO-3 can
+    still gather them): a teacher's head is a constant even when it is the student's own head (live self-teacher, tied
+    or shared weights).
+    """
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     scale: float = 1.0
     softcap: float | None = None
+    constant: bool = False
 
     @classmethod
     def from_model(cls, model) -> LMHead:
@@ -71,8 +77,11 @@ class LMHead:
         stop = self.vocab_size if stop is None else stop
         # Under DeepSpeed ZeRO-3 the head's weight is sharded outside its module's forward: gather it for each tile.
         with maybe_gather_lm_head_ctx(self.weight, self.bias):
+            weight = self.weight[start:stop]
             bias = None if self.bias is None else self.bias[start:stop]
-            out = torch.nn.functional.linear(hidden, self.weight[start:stop], bias)
+            if self.constant:
+                weight, bias = weight.detach(), None if bias is None else bias.detach()
+            out = torch.nn.functional.linear(hidden, weight, bias)
         out = out.to(torch.promote_types(out.dtype, torch.float32))
         if self.scale != 1.0:
             out = out * self.scale
@@ -230,7 +239,8 @@ def token_divergences(
     """Per-token divergences (each of shape (num_tokens,)) for the tokens whose hidden states are given.
 
     `h_x`, `h_c` are the student's hidden states of the same completion tokens in the no-context and context views,
-    `h_t` the teacher's (detached). `want` selects among "opd", "nca" and "view_kl" (KL(q_x || q_c), no gradient, for
+    `h_t` the teacher's. The teacher is a constant: neither `h_t` nor the teacher's head receives gradient, also when
+    the teacher's head is the student's own (a live self-teacher). `want` selects among "opd", "nca" and "view_kl" (KL(q_x || q_c), no gradient, for
     monitoring); "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
     """
@@ -240,6 +250,8 @@ def token_divergences(
             "the output layer); per-token divergences need the same tokenizer."
         )
     want = tuple(w for w in want if w == "opd" or h_c is not None)
+    # The teacher is a constant in every parameter, also when its head is the student's (live self-teacher).
+    teacher = replace(teacher, constant=True)
     results: dict[str, list[torch.Tensor]] = {w: [] for w in want}
     inv_t = 1.0 / spec.temperature
     vocab = student.vocab_size
