@@ -1,6 +1,7 @@
 """The chunked divergences against a plain full-logit reference, in value and gradient."""
 
 import itertools
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -106,6 +107,59 @@ def test_teacher_sharing_the_student_head_is_a_constant(spec):
                 assert g is None or not g.abs().sum()
             else:
                 torch.testing.assert_close(g, r)
+
+
+def _partition(param: torch.nn.Parameter) -> None:
+    """Make `param` look like a DeepSpeed ZeRO-3 partitioned parameter: an empty tensor plus the attributes TRL's
+    `maybe_gather_lm_head_ctx` reads (`ds_id`, `ds_shape`, `ds_status`); the full data waits in `_full`."""
+    param.ds_id, param.ds_shape, param.ds_status, param._full = id(param), param.shape, "NOT_AVAILABLE", param.data
+    param.data = torch.empty(0, dtype=param.dtype)
+
+
+@contextmanager
+def _fake_gather(*params):
+    """Stands in for `deepspeed.zero.GatheredParameters` (DeepSpeed cannot run on this CPU-only CI): gathers the
+    partitioned parameters for the block and partitions them again on exit, skipping those already gathered."""
+    todo = {id(p): p for p in params if p is not None and getattr(p, "ds_status", None) == "NOT_AVAILABLE"}
+    for p in todo.values():
+        p.data, p.ds_status = p._full, "AVAILABLE"
+    try:
+        yield
+    finally:
+        for p in todo.values():
+            p._full, p.ds_status = p.data, "NOT_AVAILABLE"
+            p.data = torch.empty(0, dtype=p.dtype)
+
+
+@pytest.mark.parametrize("n", [7, 0], ids=["tokens", "empty"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_zero3_partitioned_head_gets_full_gradients(monkeypatch, n, bias):
+    """Under ZeRO-3 the LM head is an empty shard outside a gather: the log-normaliser's backward must allocate the
+    weight gradient inside the gather, with the full shape autograd recorded in the (gathered) forward."""
+    monkeypatch.setattr("trl_nca.losses.maybe_gather_lm_head_ctx", _fake_gather)
+    h_x, h_c, h_t, w_s, w_t = _inputs(n=n)
+    w_t = w_t.detach()
+    b_s = torch.randn(w_s.shape[0], dtype=torch.float64, requires_grad=True) if bias else None
+    ref_head = LMHead(w_s, b_s)
+    ref = token_divergences(h_x, h_t, ref_head, LMHead(w_t), DivergenceSpec(), h_c=h_c, vocab_chunk=8)
+    ref_params = [w_s] + ([b_s] if bias else [])
+    expected = torch.autograd.grad((ref["opd"] + ref["nca"]).sum(), [h_x, *ref_params], materialize_grads=True)
+
+    weight = torch.nn.Parameter(w_s.detach().clone())
+    head_bias = torch.nn.Parameter(b_s.detach().clone()) if bias else None
+    teacher = torch.nn.Parameter(w_t.clone(), requires_grad=False)
+    for p in (weight, head_bias, teacher):
+        if p is not None:
+            _partition(p)
+    out = token_divergences(
+        h_x, h_t, LMHead(weight, head_bias), LMHead(teacher), DivergenceSpec(), h_c=h_c, vocab_chunk=8
+    )
+    assert weight.numel() == 0  # partitioned again after the forward
+    params = [weight] + ([head_bias] if bias else [])
+    got = torch.autograd.grad((out["opd"] + out["nca"]).sum(), [h_x, *params])
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e)
 
 
 def test_empty_completion_and_no_context_view():

@@ -124,9 +124,11 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         head, inv_t, support, chunk = ctx.head, ctx.inv_t, ctx.support, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_h = torch.zeros_like(hidden, dtype=_acc(hidden)) if need_h else None
-        grad_w = torch.empty_like(head.weight) if need_w else None
-        grad_b = torch.empty_like(head.bias) if need_b else None
         with maybe_gather_lm_head_ctx(head.weight, head.bias):
+            # Allocated inside the gather: under ZeRO-3 the parameter is an empty shard outside it, while the gradient
+            # must have the full shape that autograd recorded in the (gathered) forward.
+            grad_w = torch.empty_like(head.weight) if need_w else None
+            grad_b = torch.empty_like(head.bias) if need_b else None
             _lse_backward_slices(hidden, lse, grad_lse, head, inv_t, support, chunk, grad_h, grad_w, grad_b)
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
@@ -279,7 +281,8 @@ def token_divergences(
                 sums = [s + p for s, p in zip(sums, parts)]
             for name, value in zip(want, sums):
                 results[name].append(value)
-    # An empty completion block still returns tensors wired to the student, so a backward pass (and DDP's reducer)
-    # sees every parameter.
-    empty = (h_x.sum(-1) + student.weight.sum()).to(_acc(h_x)) * 0
+        # An empty completion block still returns tensors wired to the student, so a backward pass (and DDP's
+        # reducer) sees every parameter; built while the head is gathered, so its gradient has the full shape.
+        wired = student.weight.sum() + (0 if student.bias is None else student.bias.sum())
+        empty = (h_x.sum(-1) + wired).to(_acc(h_x)) * 0
     return {name: torch.cat(chunks) if chunks else empty for name, chunks in results.items()}
