@@ -188,10 +188,32 @@ def test_bias_scale_and_softcap_match_reference():
             torch.testing.assert_close(g, gr)
 
 
-def test_vocab_mismatch_is_named():
-    h_x, h_c, h_t, w_s, _ = _inputs()
-    with pytest.raises(ValueError, match="vocabularies differ"):
-        token_divergences(h_x, h_t, LMHead(w_s), LMHead(torch.zeros(7, 16)), DivergenceSpec())
+@pytest.mark.parametrize("spec", SPECS[:5], ids=lambda s: str(s)[15:-1])
+@pytest.mark.parametrize("wider", ["teacher", "student"])
+def test_output_layers_of_different_sizes_use_the_common_rows(spec, wider):
+    """Padded output layers (same tokenizer): the divergences run over the first min(V_s, V_t) rows, each
+    distribution renormalised there; the student's rows past them get no gradient."""
+    h_x, h_c, h_t, w_s, w_t = _inputs()
+    padding = 5.0 + torch.randn(8, w_s.shape[1], dtype=torch.float64)  # rows that would dominate if they counted
+    w_t = w_t.detach()
+    if wider == "teacher":
+        w_t = torch.cat([w_t, padding])
+    else:
+        w_s = torch.cat([w_s.detach(), padding]).requires_grad_()
+    ref = reference(h_x, h_c, h_t, w_s[:53], w_t[:53], spec)
+    out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t), spec, h_c=h_c, vocab_chunk=8, token_chunk=3)
+    for name in ("opd", "nca", "view_kl"):
+        torch.testing.assert_close(out[name].double(), ref[name])
+    for name in ("opd", "nca"):
+        got = torch.autograd.grad(out[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        expected = torch.autograd.grad(ref[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        for g, r in zip(got, expected):
+            if r is None or not r.abs().sum():
+                assert g is None or not g.abs().sum()
+            else:
+                torch.testing.assert_close(g, r)
+        if wider == "student":
+            assert not got[2][53:].abs().sum()
 
 
 @pytest.mark.parametrize("family", ["gemma2", "granite", "cohere"])

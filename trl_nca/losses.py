@@ -12,6 +12,12 @@ Notation per completion token (all logits divided by the temperature T):
 
 Total loss = mean over valid tokens of OPD + nca_beta * NCA (assembled by the trainer).
 
+Output layers of different sizes: models that share a tokenizer may pad their output layers differently (Qwen2.5-7B
+has 152064 rows, Qwen2.5-3B 151936, for 151665 tokens). The divergences then run over the first
+V = min(V_student, V_teacher) rows, and every distribution is renormalised over those rows (its log-normaliser is the
+logsumexp over them only); rows past V get no probability and no gradient. The caller checks that V covers the
+tokenizer.
+
 Logits never exist for the whole (batch x sequence x vocab): callers pass only the hidden states of valid completion
 tokens, and each (tokens x vocab-chunk) tile is rebuilt from the hidden states when the backward pass needs it. The
 log-normalisers come from a two-pass logsumexp whose backward also walks the vocabulary chunk by chunk.
@@ -47,7 +53,8 @@ class LMHead:
 
     `constant=True` detaches the weight and bias at every use (the parameters themselves are kept, so that ZeRO-3 can
     still gather them): a teacher's head is a constant even when it is the student's own head (live self-teacher, tied
-    or shared weights).
+    or shared weights). `rows` restricts the head to its first `rows` output rows (the distribution is then the
+    softmax over those rows only).
     """
 
     weight: torch.Tensor
@@ -55,6 +62,7 @@ class LMHead:
     scale: float = 1.0
     softcap: float | None = None
     constant: bool = False
+    rows: int | None = None
 
     @classmethod
     def from_model(cls, model) -> LMHead:
@@ -69,12 +77,18 @@ class LMHead:
         return cls(head.weight, getattr(head, "bias", None), scale, getattr(config, "final_logit_softcapping", None))
 
     @property
-    def vocab_size(self) -> int:
+    def full_rows(self) -> int:
+        """Rows of the weight (its full shape under ZeRO-3, where the parameter itself is an empty shard)."""
         return getattr(self.weight, "ds_shape", self.weight.shape)[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows the distribution is defined over: `rows` when set, else every row of the weight."""
+        return self.full_rows if self.rows is None else min(self.rows, self.full_rows)
 
     def logits(self, hidden: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Logits (at least float32) of the vocabulary slice [start, stop), before the temperature."""
-        stop = self.vocab_size if stop is None else stop
+        stop = self.vocab_size if stop is None else min(stop, self.vocab_size)
         # Under DeepSpeed ZeRO-3 the head's weight is sharded outside its module's forward: gather it for each tile.
         with maybe_gather_lm_head_ctx(self.weight, self.bias):
             weight = self.weight[start:stop]
@@ -129,6 +143,9 @@ class _ChunkedLogSumExp(torch.autograd.Function):
             # must have the full shape that autograd recorded in the (gathered) forward.
             grad_w = torch.empty_like(head.weight) if need_w else None
             grad_b = torch.empty_like(head.bias) if need_b else None
+            for grad in (grad_w, grad_b):
+                if grad is not None:
+                    grad[head.vocab_size :] = 0  # rows past the common vocabulary take no part
             _lse_backward_slices(hidden, lse, grad_lse, head, inv_t, support, chunk, grad_h, grad_w, grad_b)
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
@@ -246,17 +263,14 @@ def token_divergences(
     monitoring); "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
     """
-    if student.vocab_size != teacher.vocab_size:
-        raise ValueError(
-            f"Student and teacher vocabularies differ ({student.vocab_size} vs {teacher.vocab_size} rows in "
-            "the output layer); per-token divergences need the same tokenizer."
-        )
     want = tuple(w for w in want if w == "opd" or h_c is not None)
+    # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
+    vocab = min(student.vocab_size, teacher.vocab_size)
+    student = replace(student, rows=vocab)
     # The teacher is a constant in every parameter, also when its head is the student's (live self-teacher).
-    teacher = replace(teacher, constant=True)
+    teacher = replace(teacher, constant=True, rows=vocab)
     results: dict[str, list[torch.Tensor]] = {w: [] for w in want}
     inv_t = 1.0 / spec.temperature
-    vocab = student.vocab_size
     h_t = h_t.detach()
     # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes; the tiles
     # that the backward pass rebuilds gather them again (see LMHead.logits).

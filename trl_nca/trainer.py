@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import random
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
@@ -87,6 +87,9 @@ class NCATrainer(GKDTrainer):
 
         if teacher_model is None and args.teacher_model_name_or_path is not None:
             teacher_model = args.teacher_model_name_or_path
+        teacher_loaded_here = isinstance(teacher_model, str)
+        if teacher_loaded_here:  # loaded here, so that its output layer can be checked before GKD's own check
+            teacher_model = _load_teacher(teacher_model, args)
         uses_peft = peft_config is not None or is_peft_model(model)
         if teacher_model is None:
             if args.self_teacher == "live" or uses_peft:
@@ -95,6 +98,8 @@ class NCATrainer(GKDTrainer):
                 teacher_model = SelfTeacher(lambda: self.model, model.config, mode=args.self_teacher)
             else:
                 teacher_model = frozen_copy(model)
+
+        self._common_rows = _check_output_rows(model, teacher_model, processing_class)
 
         limits = Limits(
             max_new_tokens=args.max_new_tokens,
@@ -127,24 +132,29 @@ class NCATrainer(GKDTrainer):
 
         gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
         gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
+        teacher_init_kwargs = args.teacher_model_init_kwargs
+        if teacher_loaded_here:
+            args.teacher_model_init_kwargs = None  # used by _load_teacher; GKD refuses them with a built teacher
         try:
-            super().__init__(
-                model,
-                teacher_model=teacher_model,
-                args=args,
-                data_collator=data_collator,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                processing_class=processing_class,
-                compute_metrics=compute_metrics,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-                peft_config=peft_config,
-                formatting_func=formatting_func,
-            )
+            with _gkd_vocab_check_passes(model, teacher_model):
+                super().__init__(
+                    model,
+                    teacher_model=teacher_model,
+                    args=args,
+                    data_collator=data_collator,
+                    train_dataset=train_dataset,
+                    eval_dataset=eval_dataset,
+                    processing_class=processing_class,
+                    compute_metrics=compute_metrics,
+                    callbacks=callbacks,
+                    optimizers=optimizers,
+                    preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                    peft_config=peft_config,
+                    formatting_func=formatting_func,
+                )
         finally:
             gkd_logger.removeFilter(_drop_migration_hint)
+            args.teacher_model_init_kwargs = teacher_init_kwargs
         teacher = self._teacher()
         if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(self.model):
             # Disabling this adapter would not give the initial model (trained adapter, PiSSA-style init, random B):
@@ -155,6 +165,12 @@ class NCATrainer(GKDTrainer):
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
         self.generation_config.use_cache = True
+        # Output layers of different sizes: the loss lives on the first `common` rows, so sampling (by the student or,
+        # with seq_kd, the teacher) never emits an id past them, which the other model could not score.
+        common, widest = self._common_rows
+        if widest > common:
+            self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
+            self.generation_config.suppress_tokens = list(range(common, widest))
         self.nca_beta = float(args.nca_beta)
         self.divergence_spec = args.divergence_spec
         self._redirect = _ForwardRedirection()
@@ -397,6 +413,59 @@ class NCATrainer(GKDTrainer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+
+def _load_teacher(name: str, args: NCAConfig) -> nn.Module:
+    """A teacher given by name, loaded with `teacher_model_init_kwargs` as GKDTrainer would load it."""
+    kwargs = dict(args.teacher_model_init_kwargs or {})
+    if isinstance(kwargs.get("dtype"), str) and kwargs["dtype"] != "auto":
+        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+
+
+def _output_rows(model: nn.Module) -> int:
+    weight = model.get_output_embeddings().weight
+    return getattr(weight, "ds_shape", weight.shape)[0]
+
+
+def _check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tuple[int, int]:
+    """(common, widest) output rows of student and teacher; the common rows must cover every token of the tokenizer.
+
+    Models sharing a tokenizer may pad their output layers differently (Qwen2.5-7B: 152064 rows, Qwen2.5-3B: 151936,
+    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.losses`).
+    """
+    student_rows = _output_rows(student)
+    teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else _output_rows(teacher)
+    common, widest = min(student_rows, teacher_rows), max(student_rows, teacher_rows)
+    if common < len(tokenizer):
+        raise ValueError(
+            f"The student's output layer has {student_rows} rows and the teacher's {teacher_rows}; the divergences "
+            f"use their first {common} rows, which do not cover the tokenizer's {len(tokenizer)} tokens (ids "
+            f"{common}..{len(tokenizer) - 1} would have no probability). Student and teacher must share the "
+            "student's tokenizer: use a teacher of the same model family, or resize the embeddings of the smaller "
+            "model to len(tokenizer)."
+        )
+    return common, widest
+
+
+@contextmanager
+def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
+    """GKDTrainer refuses a teacher whose `config.vocab_size` differs from the student's; NCATrainer supports output
+    layers padded to different sizes (checked by `_check_output_rows`). Show GKD's check the student's value, only
+    for the duration of its `__init__`."""
+    config = getattr(teacher, "config", None)
+    if isinstance(teacher, SelfTeacher) or config is None:
+        yield
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    student_config = student.config.get_text_config() if hasattr(student.config, "get_text_config") else student.config
+    original = text.vocab_size
+    text.vocab_size = student_config.vocab_size
+    try:
+        yield
+    finally:
+        text.vocab_size = original
 
 
 def _drop_migration_hint(record: logging.LogRecord) -> bool:
