@@ -62,6 +62,35 @@ def params(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def reference_terms(student, teacher, batch, temperature=1.0):
+    """Per-token OPD (reverse KL), NCA and view KL of a batch from the models' own full logits, in float64."""
+
+    def logprobs(model, prompts, prompt_mask):
+        view = build_view(prompts, prompt_mask, batch["completion_ids"], batch["completion_mask"])
+        out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
+        logits = out.logits[:, view.prompt_width - 1 :][batch["completion_mask"].bool()]
+        return F.log_softmax(logits.double() / temperature, -1)
+
+    with torch.no_grad():
+        lx = logprobs(student, batch["prompts"], batch["prompt_attention_mask"])
+        lc = logprobs(student, batch["context_prompts"], batch["context_prompt_attention_mask"])
+        lt = logprobs(teacher, batch["context_prompts"], batch["context_prompt_attention_mask"])
+    kl = lambda p, q: (p.exp() * (p - q)).sum(-1)  # noqa: E731
+    return {"opd": kl(lx, lt), "nca": kl(lx, lc), "view_kl": kl(lx, lc)}
+
+
+def ragged_messages_dataset(extra_words=(0, 1, 4, 9)):
+    """Reference completions whose token counts differ so much that no split into micro-batches balances them."""
+    rows = [
+        [
+            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
+            {"role": "assistant", "content": "<answer>A</answer>" + " ok" * n},
+        ]
+        for i, n in enumerate(extra_words)
+    ]
+    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * len(rows)})
+
+
 def test_views_align_with_unpadded_single_forwards(tok, tmp_path):
     """Completion-token logits of both views of a padded batch equal each example's own unpadded forward."""
     model = make_tiny_model(tok)
@@ -200,6 +229,28 @@ def test_gradient_accumulation_matches_double_batch(tok, tmp_path):
     for name in updates[0]:
         torch.testing.assert_close(updates[0][name], updates[1][name], atol=1e-6, rtol=1e-4)
     assert any(u.abs().sum() > 0 for u in updates[0].values())
+
+
+def test_logged_terms_are_token_means_over_the_step(tok, tmp_path):
+    """GA=2 with ragged completions: opd_loss, nca_loss, view_kl and loss are token means over the whole optimizer
+    step (not averages of per-micro-batch means), equal to a full-logit reference, and loss = opd + beta * nca."""
+    student, teacher = make_tiny_model(tok, 0), make_tiny_model(tok, 1)
+    args = make_args(
+        tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1, lmbda=0.0, nca_beta=0.5
+    )
+    trainer = NCATrainer(
+        model=student, teacher_model=teacher, args=args, train_dataset=ragged_messages_dataset(), processing_class=tok
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    ref = {k: v.mean().item() for k, v in reference_terms(student, teacher, batch).items()}
+    tokens = batch["completion_mask"].sum(1).tolist()
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
+    for key, name in (("opd", "opd_loss"), ("nca", "nca_loss"), ("view_kl", "view_kl")):
+        assert log[name] == pytest.approx(ref[key], rel=1e-5), name
+    assert log["loss"] == pytest.approx(ref["opd"] + 0.5 * ref["nca"], rel=1e-5)
+    assert log["loss"] == pytest.approx(log["opd_loss"] + 0.5 * log["nca_loss"], rel=1e-6, abs=1e-9)
+    assert log["completions/mean_length"] == pytest.approx(sum(tokens) / 4)
 
 
 def test_lora_self_teacher_is_initial_model(tok, tmp_path):

@@ -213,6 +213,8 @@ class NCATrainer(GKDTrainer):
         tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
+        # The logged terms of this step are summed over its micro-batches and divided once, like the loss.
+        self._step_sums, self._step_batches_left = None, len(batches)
         return batches, tokens
 
     def _complete(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
@@ -310,14 +312,14 @@ class NCATrainer(GKDTrainer):
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
         terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context)
-        loss = terms["opd"].sum()
+        total = terms["opd"].sum()
         if self.nca_beta > 0:
-            loss = loss + self.nca_beta * terms["nca"].sum()
+            total = total + self.nca_beta * terms["nca"].sum()
         if num_items_in_batch is not None:
-            loss = loss / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
+            loss = total / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
         else:
-            loss = loss / max(terms["opd"].numel(), 1)
-        self._log_terms(terms, inputs)
+            loss = total / max(terms["opd"].numel(), 1)
+        self._log_terms(terms, total, inputs)
         return (loss, None) if return_outputs else loss
 
     def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool):
@@ -382,22 +384,69 @@ class NCATrainer(GKDTrainer):
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
 
-    def _log_terms(self, terms: dict[str, torch.Tensor], inputs: dict[str, Any]) -> None:
-        """Token means of the divergences and completion statistics, summed over processes before dividing."""
-        mode = "train" if self.model.training else "eval"
+    # Logged terms. `loss` is the token mean over an optimizer step (all micro-batches and processes), and over the
+    # whole set in evaluation; `opd_loss`, `nca_loss` and `view_kl` are token means over the same tokens, so that
+    # loss = opd_loss + nca_beta * nca_loss holds to float precision. Each micro-batch adds its sums to a vector
+    # (`_STAT_NAMES`); the vector is summed over processes and divided once per step or per evaluation.
+
+    _STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped")
+
+    def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
-        names = {"opd": "opd_loss", "nca": "nca_loss", "view_kl": "view_kl"}
-        per_token = [(names[k], v.detach().sum()) for k, v in terms.items()]
-        counts = [lengths.sum(), torch.tensor(lengths.numel(), device=lengths.device), clipped.sum()]
-        stats = torch.stack([v for _, v in per_token] + [c.to(per_token[0][1].dtype) for c in counts])
+        # float64 keeps token counts exact and sums precise (MPS has no float64)
+        zero = total.detach().new_zeros((), dtype=torch.float32 if total.device.type == "mps" else torch.float64)
+        values = {
+            "loss": total.detach(),
+            **{k: terms[k].detach().sum() if k in terms else zero for k in ("opd", "nca", "view_kl")},
+            "tokens": lengths.sum(),
+            "rows": torch.tensor(lengths.numel(), device=lengths.device),
+            "clipped": clipped.sum(),
+        }
+        stats = torch.stack([values[k].to(zero.dtype) for k in self._STAT_NAMES])
+        if not self.model.training:
+            self._eval_sums = stats if getattr(self, "_eval_sums", None) is None else self._eval_sums + stats
+            return
+        left = getattr(self, "_step_batches_left", 0)
+        if left <= 0:  # a micro-batch outside get_batch_samples' accounting (training_step sampled it itself)
+            self._record_means(stats, "train")
+            return
+        self._step_sums = stats if self._step_sums is None else self._step_sums + stats
+        self._step_batches_left = left - 1
+        if self._step_batches_left == 0:
+            self._record_means(self._step_sums, "train")
+            self._step_sums = None
+
+    def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
+        """Sum the statistics over processes, append their token means to the logged metrics and return them."""
         if self.accelerator.num_processes > 1:
             stats = self.accelerator.gather(stats.unsqueeze(0)).sum(0)
-        tokens, rows, num_clipped = stats[-3].clamp_min(1), stats[-2].clamp_min(1), stats[-1]
-        for (name, _), total in zip(per_token, stats):
-            self._metrics[mode][name].append((total / tokens).item())
-        self._metrics[mode]["completions/mean_length"].append((stats[-3] / rows).item())
-        self._metrics[mode]["completions/clipped_ratio"].append((num_clipped / rows).item())
+        total = dict(zip(self._STAT_NAMES, stats.tolist()))
+        tokens, rows = max(total["tokens"], 1), max(total["rows"], 1)
+        names = {"opd": "opd_loss"}
+        if self.nca_beta > 0 or self.args.nca_monitor:
+            names.update(nca="nca_loss", view_kl="view_kl")
+        for key, name in names.items():
+            self._metrics[mode][name].append(total[key] / tokens)
+        self._metrics[mode]["completions/mean_length"].append(total["tokens"] / rows)
+        self._metrics[mode]["completions/clipped_ratio"].append(total["clipped"] / rows)
+        return {"loss": total["loss"] / tokens}
+
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
+        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
+        (Trainer would average per-batch means)."""
+        self._eval_sums = None
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        stats = self._eval_sums
+        if stats is None:  # no batch here: still join the other processes' sum
+            stats = torch.zeros(len(self._STAT_NAMES), dtype=torch.float64, device=self.args.device)
+        means = self._record_means(stats, "eval")
+        self._eval_sums = None
+        if f"{metric_key_prefix}_loss" in output.metrics:
+            output.metrics[f"{metric_key_prefix}_loss"] = means["loss"]
+        return output
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id
