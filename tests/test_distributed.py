@@ -33,6 +33,10 @@ def test_two_process_ddp_matches_single_process(tmp_path, mode):
     a, b = torch.load(single / "weights.pt"), torch.load(ddp / "weights.pt")
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4)
+    initial = torch.load(ddp / "initial.pt")
+    still = [name for name in b if torch.equal(b[name], initial[name])]
+    assert not still, f"parameters the step did not update: {still}"
+    assert sum((b[n] - initial[n]).norm() ** 2 for n in b) ** 0.5 > 1e-2  # SGD, lr 1: the update is the gradient
     (log_single,) = json.loads((single / "logs.json").read_text())
     (log_ddp,) = json.loads((ddp / "logs.json").read_text())
     for key in ("loss", "opd_loss", "nca_loss", "view_kl", "completions/mean_length"):

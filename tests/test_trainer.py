@@ -79,6 +79,35 @@ def reference_terms(student, teacher, batch, temperature=1.0):
     return {"opd": kl(lx, lt), "nca": kl(lx, lc), "view_kl": kl(lx, lc)}
 
 
+def record_loss_calls(trainer, mode):
+    """Wrap `trainer.compute_loss` to keep, for each call in `mode` ("train"/"eval"), its batch and the student's
+    weights at that moment, so a reference can recompute the logged numbers independently afterwards."""
+    calls = []
+    original = trainer.compute_loss
+
+    def spy(model, inputs, *args, **kwargs):
+        if trainer.model.training == (mode == "train"):
+            weights = {n: t.detach().clone() for n, t in trainer.model.state_dict().items()}
+            calls.append(({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()}, weights))
+        return original(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = spy
+    return calls
+
+
+def reference_means(tok, teacher, calls, seed=0):
+    """Token means of the reference terms over the recorded batches, each scored with the weights of its call."""
+    sums, tokens = {"opd": 0.0, "nca": 0.0, "view_kl": 0.0}, 0
+    for inputs, weights in calls:
+        student = make_tiny_model(tok, seed)
+        student.load_state_dict(weights)
+        student.eval()
+        for key, value in reference_terms(student, teacher, inputs).items():
+            sums[key] += value.sum().item()
+        tokens += int(inputs["completion_mask"].sum())
+    return {key: value / tokens for key, value in sums.items()}
+
+
 def ragged_messages_dataset(extra_words=(0, 1, 4, 9)):
     """Reference completions whose token counts differ so much that no split into micro-batches balances them."""
     rows = [
@@ -173,25 +202,29 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
 
 
 def test_nca_beta_zero_is_plain_opd(tok, tmp_path):
-    """nca_beta=0: no context-view forward, loss is the OPD token mean, weights identical with monitoring on."""
+    """nca_beta=0: no context-view forward, loss is the OPD token mean of each step's on-policy samples (checked
+    against full logits with the weights of that step), weights identical with monitoring on."""
     results = []
     for monitor in (False, True):
         torch.manual_seed(0)
-        student = make_tiny_model(tok, 0)
+        student, teacher = make_tiny_model(tok, 0), make_tiny_model(tok, 1)
         args = make_args(tmp_path, nca_beta=0.0, nca_monitor=monitor)
         trainer = NCATrainer(
-            model=student,
-            teacher_model=make_tiny_model(tok, 1),
-            args=args,
-            train_dataset=prompt_dataset(),
-            processing_class=tok,
+            model=student, teacher_model=teacher, args=args, train_dataset=prompt_dataset(), processing_class=tok
         )
+        recorded = record_loss_calls(trainer, "train")
         calls = []
         handle = student.model.register_forward_hook(lambda m, a, k, calls=calls: calls.append(1))
         trainer.train()
         handle.remove()
         logs = [h for h in trainer.state.log_history if "opd_loss" in h]
-        assert all(h["loss"] == pytest.approx(h["opd_loss"], rel=1e-6) for h in logs)
+        assert len(logs) == len(recorded) == 2  # one micro-batch per step
+        for log, call in zip(logs, recorded):
+            ref = reference_means(tok, teacher, [call])
+            assert log["loss"] == pytest.approx(ref["opd"], rel=1e-5)
+            assert log["opd_loss"] == pytest.approx(ref["opd"], rel=1e-5)
+            if monitor:
+                assert log["nca_loss"] == pytest.approx(ref["nca"], rel=1e-4, abs=1e-7)
         assert ("nca_loss" in logs[0]) == monitor
         results.append((params(student), len(calls)))
     (p0, calls0), (p1, calls1) = results
@@ -367,19 +400,29 @@ def test_context_too_long_errors_or_truncates_context_only(tok, tmp_path, caplog
 
 
 def test_two_step_runs_with_eval_and_messages_format(tok, tmp_path):
+    """Evaluation over 3 rows in batches of 2: eval_loss and the logged terms are token means over the whole set of
+    sampled completions, equal to a full-logit reference on the recorded batches."""
+    teacher = make_tiny_model(tok, 1)
     trainer = NCATrainer(
         model=make_tiny_model(tok, 0),
-        teacher_model=make_tiny_model(tok, 1),
+        teacher_model=teacher,
         args=make_args(tmp_path, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2, lmbda=0.5),
         train_dataset=messages_dataset(),
-        eval_dataset=prompt_dataset(2),
+        eval_dataset=prompt_dataset(3),
         processing_class=tok,
     )
     trainer.train()
+    recorded = record_loss_calls(trainer, "eval")
     metrics = trainer.evaluate()
     for key in ("eval_loss", "eval_opd_loss", "eval_nca_loss", "eval_view_kl", "eval_completions/mean_length"):
         assert key in metrics, key
-    assert metrics["eval_loss"] == pytest.approx(metrics["eval_opd_loss"] + 0.5 * metrics["eval_nca_loss"], rel=1e-4)
+    assert [int(inputs["completion_mask"].shape[0]) for inputs, _ in recorded] == [2, 1]
+    ref = reference_means(tok, teacher, recorded)
+    assert metrics["eval_loss"] == pytest.approx(ref["opd"] + 0.5 * ref["nca"], rel=1e-5)
+    for key in ("opd", "nca", "view_kl"):
+        assert metrics[f"eval_{key}_loss" if key != "view_kl" else "eval_view_kl"] == pytest.approx(ref[key], rel=1e-4)
+    tokens = sum(int(inputs["completion_mask"].sum()) for inputs, _ in recorded)
+    assert metrics["eval_completions/mean_length"] == pytest.approx(tokens / 3)
 
 
 def test_user_placement_and_fixed_context(tok, tmp_path):
