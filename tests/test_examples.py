@@ -32,8 +32,10 @@ def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path):
     out = tmp_path / "out"
     args = ["medmcqa.py", "--model_name_or_path", tiny_dir, "--dataset_path", str(data), "--max_steps", "1",
             "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--eval_limit", "2",
-            "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU]  # fmt: skip
+            "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU,
+            "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
     _run(args, cwd=ROOT / "examples")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
     for name in ("base", "student"):
@@ -87,8 +89,9 @@ def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
     out = tmp_path / "out"
     args = ["frozenlake.py", "--model_name_or_path", tiny_dir, "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_new_tokens", "6", "--max_length", "4096", "--eval_seeds", "2", "--eval_max_new_tokens", "6",
-            "--output_dir", str(out), *CPU]  # fmt: skip
+            "--output_dir", str(out), *CPU, "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
     _run(args, cwd=ROOT / "examples")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
 
@@ -111,6 +114,29 @@ def test_example_configs_parse(name):
     config = str(ROOT / "examples" / "configs" / f"{name}.yaml")
     _, args, _ = parser.parse_args_and_config(args=["--config", config, "--bf16", "false", "--use_cpu", "true"])
     assert args.nca_beta == 0.5
+
+
+def test_examples_merge_model_init_kwargs_with_model_config():
+    """The examples keep the user's `model_init_kwargs` and add ModelConfig's fields; a real conflict is an error."""
+    from trl import ModelConfig, TrlParser
+
+    from trl_nca import NCAConfig
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from _qa_common import QAArguments, student_init_kwargs
+
+    parser = TrlParser((QAArguments, NCAConfig, ModelConfig))
+    base = ["--output_dir", "x", "--bf16", "false", "--use_cpu", "true"]
+    user = ["--model_init_kwargs", '{"attn_implementation": "eager", "low_cpu_mem_usage": true, "dtype": "float16"}']
+    _, args, model = parser.parse_args_and_config(args=base + user + ["--model_revision", "v2"])
+    assert student_init_kwargs(args, model) == {
+        "attn_implementation": "eager", "low_cpu_mem_usage": True, "dtype": "float16", "revision": "v2"
+    }  # fmt: skip
+    _, args, model = parser.parse_args_and_config(args=base + ["--dtype", "bfloat16"])
+    assert student_init_kwargs(args, model) == {"dtype": "bfloat16", "revision": "main", "attn_implementation": None}
+    _, args, model = parser.parse_args_and_config(args=base + user + ["--dtype", "bfloat16"])
+    with pytest.raises(ValueError, match=r"`dtype: bfloat16` and `model_init_kwargs: \{dtype: float16\}` disagree"):
+        student_init_kwargs(args, model)
 
 
 # The paper's 12 settings (../shared/REFERENCE.md section 1), written out here independently of the shipped files.
