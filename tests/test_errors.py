@@ -159,3 +159,10 @@ def test_pretokenised_lengths_are_checked(tok, tmp_path):
                 tok, tmp_path, tokenised(tok, context_prompt_ids=(1, long_context)), max_context_length=64,
                 truncate_context=truncate,
             )  # fmt: skip
+
+
+def test_prompt_beyond_the_position_limit_is_an_error(tok, tmp_path):
+    """max_length no longer bounds the no-context view (GKD's meaning); max_context_length bounds both views."""
+    ds = Dataset.from_dict({"prompt": ["Push the box onto the target, please. " * 8], "context": ["c"]})
+    with pytest.raises(ValueError, match=r"row 0, the prompt without context has \d+ tokens.*max_context_length=40"):
+        build(tok, tmp_path, ds, max_context_length=40)

@@ -3,6 +3,9 @@
 Every example becomes three token lists: the no-context prompt, the context prompt, and (when the dataset has one)
 the reference completion used by off-policy steps. Length limits are checked here, once, with errors that name the
 row and the sizes; nothing is truncated unless the user opted in to shortening the context itself.
+
+`max_length` keeps GKD's meaning but not its truncation: GKD's collator drops the oldest tokens of dataset conversations
+longer than `max_length` (it never limits sampling); here such rows are kept whole, with one warning that counts them.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ TOKEN_COLUMNS = ("prompt_ids", "context_prompt_ids", "completion_ids")
 
 @dataclass(frozen=True)
 class Limits:
-    """Token budgets: `max_length` bounds the no-context view, `max_context_length` the context view."""
+    """Token budgets. `max_context_length` bounds both views (an error, or a shortened context if
+    `truncate_context`); `max_length` is GKD's cut of dataset conversations, which NCA reports but never applies."""
 
     max_new_tokens: int
     max_length: int | None = None
@@ -89,13 +93,13 @@ def tokenize_example(
 def _check_lengths(prompt_ids, context_prompt_ids, completion_ids, limits: Limits, where: str, fix: str) -> bool:
     """Check the token budgets of one row; False when only the context is too long and may be truncated."""
     completion_budget = max(limits.max_new_tokens, len(completion_ids))
-    if limits.max_length is not None and len(prompt_ids) + completion_budget > limits.max_length:
+    limit = limits.max_context_length
+    if limit is not None and len(prompt_ids) + completion_budget > limit:
         raise ValueError(
             f"In {where}, the prompt without context has {len(prompt_ids)} tokens; with up to {completion_budget} "
-            f"completion tokens that exceeds max_length={limits.max_length}. Raise `max_length` or lower "
-            "`max_new_tokens`; prompts are never truncated."
+            f"completion tokens that exceeds max_context_length={limit} (by default the models' position limit). "
+            "Lower `max_new_tokens` or drop the row; prompts are never truncated."
         )
-    limit = limits.max_context_length
     if limit is not None and len(context_prompt_ids) + completion_budget > limit:
         if limits.truncate_context:
             return False
@@ -183,12 +187,43 @@ def prepare_dataset(dataset, tokenizer, spec: ContextSpec, limits: Limits, split
     map_kwargs = {}
     if isinstance(dataset, Dataset):
         map_kwargs = {"num_proc": num_proc, "desc": f"Tokenizing {split} prompts with and without context"}
-    return dataset.map(
+    dataset = dataset.map(
         tokenize_example,
         with_indices=True,
         fn_kwargs={"tokenizer": tokenizer, "spec": spec, "limits": limits},
         **map_kwargs,
     )
+    warn_beyond_max_length(dataset, limits.max_length, split)
+    return dataset
+
+
+def warn_beyond_max_length(dataset, max_length: int | None, split: str) -> int:
+    """Count the rows whose prompt plus reference completion exceed `max_length` and warn once (returns the count).
+
+    GKDTrainer's collator would drop the oldest tokens of such rows; NCATrainer keeps them whole, since both views
+    need the same whole prompt and completion (see `NCAConfig`). Sampling is never limited by `max_length`.
+    """
+    if max_length is None or not isinstance(dataset, Dataset):
+        return 0
+    over = []
+    for index, row in enumerate(dataset.select_columns(["prompt_ids", "completion_ids"])):
+        length = len(row["prompt_ids"]) + len(row["completion_ids"])
+        if length > max_length:
+            over.append((index, length))
+    if over:
+        index, length = over[0]
+        logger.warning(
+            "%d rows of the %s dataset have a prompt plus reference completion longer than max_length=%d (first: row "
+            "%d, %d tokens). GKDTrainer would drop their oldest tokens; NCATrainer keeps prompts and completions "
+            "whole, so these rows are trained at full length (set max_length=None to silence this warning; "
+            "max_context_length bounds every sequence).",
+            len(over),
+            split,
+            max_length,
+            index,
+            length,
+        )
+    return len(over)
 
 
 def _validated_token_dataset(dataset, vocab_size: int, limits: Limits, split: str):
@@ -197,6 +232,7 @@ def _validated_token_dataset(dataset, vocab_size: int, limits: Limits, split: st
     if isinstance(dataset, Dataset):
         for index, row in enumerate(dataset.select_columns(list(TOKEN_COLUMNS))):
             check_token_row(row, index, **kwargs)
+        warn_beyond_max_length(dataset, limits.max_length, split)
         return dataset
 
     def checked(example, index):
@@ -204,6 +240,35 @@ def _validated_token_dataset(dataset, vocab_size: int, limits: Limits, split: st
         return example
 
     return dataset.map(checked, with_indices=True)
+
+
+BATCH_KEYS = (
+    "prompts",
+    "prompt_attention_mask",
+    "context_prompts",
+    "context_prompt_attention_mask",
+    "completion_ids",
+    "completion_mask",
+    "has_reference",
+)
+
+
+def check_collator(collator, example: Mapping[str, Any], split: str) -> None:
+    """Probe a user's data collator on one prepared example: its batch must hold NCA's keys (`BATCH_KEYS`)."""
+    how = (
+        f"NCATrainer's batches need the keys {list(BATCH_KEYS)}: left-padded prompts of both views with their "
+        "attention masks, right-padded reference completions with their mask, and a boolean `has_reference` per row. "
+        "Use the default collator (data_collator=None, `trl_nca.data.NCACollator`) or one that extends it."
+    )
+    try:
+        batch = collator([dict(example)])
+    except Exception as error:
+        raise ValueError(
+            f"The data_collator failed on the first {split} example ({type(error).__name__}: {error}). {how}"
+        ) from error
+    missing = [key for key in BATCH_KEYS if key not in batch]
+    if missing:
+        raise ValueError(f"The data_collator's batch lacks {missing} (it has {sorted(batch)}). {how}")
 
 
 @dataclass

@@ -17,10 +17,13 @@ from trl.trainer.sft_trainer import SFTTrainer
 from trl.trainer.utils import create_model_from_path
 
 from .config import NCAConfig
-from .data import Limits, NCACollator, check_tokenizer, prepare_dataset, tokenize_example
+from .data import Limits, NCACollator, check_collator, check_tokenizer, prepare_dataset, tokenize_example
 from .losses import LMHead, token_divergences
 from .teacher import SelfTeacher, adapter_is_identity, check_peft_self_teacher, frozen_copy, is_peft_model
 from .views import View, build_view, completion_hidden, left_pad, render_prompt_ids
+
+
+logger = logging.getLogger(__name__)
 
 
 class NCATrainer(GKDTrainer):
@@ -75,6 +78,17 @@ class NCATrainer(GKDTrainer):
             args = NCAConfig(output_dir="nca-output")
         elif not isinstance(args, NCAConfig):
             raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
+        for name, value in (
+            ("compute_metrics", compute_metrics),
+            ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"NCATrainer does not take `{name}`: its loss works on hidden states and never materialises "
+                    "logits, so evaluation has no predictions to pass to it. Evaluation logs eval_loss, "
+                    "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
+                    "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
+                )
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             model = create_model_from_path(model, **(args.model_init_kwargs or {}))
@@ -126,9 +140,21 @@ class NCATrainer(GKDTrainer):
         else:
             eval_dataset = prepare(eval_dataset, "eval")
         if rollout is None and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
-            _check_references(train_dataset)
+            _check_references(train_dataset, "train")
+        if args.eval_completions == "dataset":
+            for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
+                if dataset is not None:
+                    _check_references(dataset, f"eval {name}".strip())
         if data_collator is None:
             data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
+        elif rollout is None:
+            probe = train_dataset if train_dataset is not None else eval_dataset
+            split = "train" if train_dataset is not None else "eval"
+            if isinstance(probe, dict):
+                split, probe = next(iter(probe.items()))
+            first = next(iter(probe), None) if probe is not None else None
+            if first is not None:
+                check_collator(data_collator, first, split)
 
         gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
         gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
@@ -145,10 +171,8 @@ class NCATrainer(GKDTrainer):
                     train_dataset=train_dataset,
                     eval_dataset=eval_dataset,
                     processing_class=processing_class,
-                    compute_metrics=compute_metrics,
                     callbacks=callbacks,
                     optimizers=optimizers,
-                    preprocess_logits_for_metrics=preprocess_logits_for_metrics,
                     peft_config=peft_config,
                     formatting_func=formatting_func,
                 )
@@ -227,12 +251,18 @@ class NCATrainer(GKDTrainer):
         elif self.seq_kd:
             ids, mask = self._generate_teacher(inputs["context_prompts"], inputs["context_prompt_attention_mask"])
         else:
-            if not bool(inputs["has_reference"].all()):
-                raise ValueError("An off-policy step needs reference completions, and this batch has rows without one.")
-            ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+            return self._dataset_completions(inputs, "An off-policy step")
         inputs = dict(inputs)
         inputs["completion_ids"], inputs["completion_mask"] = ids, mask
-        inputs["completions_ready"] = True
+        inputs["completions_ready"], inputs["on_policy"] = True, on_policy
+        return inputs
+
+    def _dataset_completions(self, inputs: dict[str, Any], what: str) -> dict[str, Any]:
+        """The batch with the dataset's reference completions (already in `completion_ids`) marked as ready."""
+        if not bool(inputs["has_reference"].all()):
+            raise ValueError(f"{what} needs reference completions, and this batch has rows without one.")
+        inputs = dict(inputs)
+        inputs["completions_ready"], inputs["on_policy"] = True, False
         return inputs
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher: SelfTeacher | None = None):
@@ -282,7 +312,7 @@ class NCATrainer(GKDTrainer):
             if key not in ("num_episodes", "num_calls"):
                 self._metrics["train"][f"rollout/{key}"].append(value)
         inputs = self._prepare_inputs(self.data_collator.pad(rows))
-        inputs["completions_ready"] = True
+        inputs["completions_ready"], inputs["on_policy"] = True, True
         return inputs
 
     def _get_train_sampler(self, *args, **kwargs):
@@ -389,7 +419,7 @@ class NCATrainer(GKDTrainer):
     # loss = opd_loss + nca_beta * nca_loss holds to float precision. Each micro-batch adds its sums to a vector
     # (`_STAT_NAMES`); the vector is summed over processes and divided once per step or per evaluation.
 
-    _STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped")
+    _STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped", "sampled_rows")
 
     def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
@@ -402,6 +432,9 @@ class NCATrainer(GKDTrainer):
             "tokens": lengths.sum(),
             "rows": torch.tensor(lengths.numel(), device=lengths.device),
             "clipped": clipped.sum(),
+            "sampled_rows": torch.tensor(
+                lengths.numel() if inputs.get("on_policy", True) else 0, device=lengths.device
+            ),
         }
         stats = torch.stack([values[k].to(zero.dtype) for k in self._STAT_NAMES])
         if not self.model.training:
@@ -430,6 +463,7 @@ class NCATrainer(GKDTrainer):
             self._metrics[mode][name].append(total[key] / tokens)
         self._metrics[mode]["completions/mean_length"].append(total["tokens"] / rows)
         self._metrics[mode]["completions/clipped_ratio"].append(total["clipped"] / rows)
+        self._metrics[mode]["completions/on_policy"].append(total["sampled_rows"] / rows)
         return {"loss": total["loss"] / tokens}
 
     def evaluation_loop(
@@ -438,6 +472,13 @@ class NCATrainer(GKDTrainer):
         """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
         (Trainer would average per-batch means)."""
         self._eval_sums = None
+        if self.args.eval_completions == "dataset":
+            logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
+        else:
+            logger.info(
+                "%s scores completions sampled from the student without the context (eval_completions='on_policy').",
+                description,
+            )
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         stats = self._eval_sums
         if stats is None:  # no batch here: still join the other processes' sum
@@ -457,8 +498,12 @@ class NCATrainer(GKDTrainer):
         return (torch.isin(ids, eos) & mask).any(1)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Evaluation: sample on-policy completions without context and return the loss (no logits)."""
-        inputs = self._complete(self._prepare_inputs(inputs), on_policy=True)
+        """Evaluation: the loss (no logits) on sampled or on the dataset's completions (`eval_completions`)."""
+        inputs = self._prepare_inputs(inputs)
+        if self.args.eval_completions == "dataset":
+            inputs = self._dataset_completions(inputs, "eval_completions='dataset'")
+        else:
+            inputs = self._complete(inputs, on_policy=True)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
@@ -583,14 +628,21 @@ def _position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
     return min(limits) if limits else None
 
 
-def _check_references(dataset) -> None:
-    """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's completions, so every row needs one."""
+def _check_references(dataset, split: str) -> None:
+    """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's completions, and eval_completions='dataset'
+    evaluates them, so every row needs one."""
     if dataset.column_names is None:
         return
     missing = [i for i, ids in enumerate(dataset["completion_ids"]) if len(ids) == 0]
-    if missing:
+    if not missing:
+        return
+    where = f"in the {split} dataset {len(missing)} rows (first: {missing[:5]}) have none"
+    if split == "train":
         raise ValueError(
-            f"lmbda < 1 makes some steps off-policy, which train on reference completions, but {len(missing)} rows "
-            f"(first: {missing[:5]}) have none. Use `messages` ending with an assistant turn, set lmbda=1.0, or set "
-            "seq_kd=True to let the teacher write them."
+            f"lmbda < 1 makes some steps off-policy, which train on reference completions, but {where}. Use "
+            "`messages` ending with an assistant turn, set lmbda=1.0, or set seq_kd=True to let the teacher write them."
         )
+    raise ValueError(
+        f"eval_completions='dataset' evaluates the dataset's reference completions, but {where}. Use `messages` "
+        "ending with an assistant turn (or a `completion` column), or set eval_completions='on_policy'."
+    )
