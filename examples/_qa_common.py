@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from trl import ModelConfig, TrlParser, get_peft_config
@@ -26,6 +26,28 @@ class QAArguments:
     skip_eval: bool = field(default=False, metadata={"help": "Train only."})
 
 
+def student_init_kwargs(args: NCAConfig, model_args: ModelConfig) -> dict:
+    """`from_pretrained` kwargs of the student: the user's `model_init_kwargs`, completed by ModelConfig's `dtype`,
+    `model_revision` and `attn_implementation`. A key set in both places to different values is an error, unless
+    the ModelConfig field still has its default (then the explicit `model_init_kwargs` entry wins)."""
+    kwargs = dict(args.model_init_kwargs or {})
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    given = {
+        "dtype": ("dtype", model_args.dtype or "auto"),
+        "revision": ("model_revision", model_args.model_revision),
+        "attn_implementation": ("attn_implementation", model_args.attn_implementation),
+    }
+    for key, (option, value) in given.items():
+        if key not in kwargs:
+            kwargs[key] = value
+        elif kwargs[key] != value and getattr(model_args, option) != defaults[option]:
+            raise ValueError(
+                f"`{option}: {getattr(model_args, option)}` and `model_init_kwargs: {{{key}: {kwargs[key]}}}` "
+                "disagree; set it in one place only."
+            )
+    return kwargs
+
+
 def run(build_splits, context_name: str, scorer: str, default_output: str):
     """Parse QAArguments + NCAConfig + ModelConfig (YAML via --config), train, evaluate base and student paired."""
     parser = TrlParser((QAArguments, NCAConfig, ModelConfig))
@@ -33,7 +55,7 @@ def run(build_splits, context_name: str, scorer: str, default_output: str):
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = default_output
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
-    args.model_init_kwargs = {"dtype": model_args.dtype or "auto"}
+    args.model_init_kwargs = student_init_kwargs(args, model_args)
     if args.context_text is None:
         args.context_text = read_context(context_name)
     train, test = build_splits(qa)

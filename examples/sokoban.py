@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from _qa_common import student_init_kwargs
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
@@ -44,7 +45,7 @@ def run_game(game: str, default_output: str) -> None:
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = default_output
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
-    args.model_init_kwargs = {"dtype": model_args.dtype or "auto"}
+    args.model_init_kwargs = student_init_kwargs(args, model_args)
     experience = Path(game_args.experience_file).read_text() if game_args.experience_file else None
     rollout = GameRollout(
         game=game,

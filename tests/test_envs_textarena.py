@@ -1,4 +1,4 @@
-"""Comparison with TextArena 0.7.4 (optional: skipped unless `textarena` is importable).
+"""Comparison with TextArena 0.7.4, a dev dependency (`pip install -e ".[dev]"`): never skipped, so CI runs it.
 
 For many seeds, the starting boards must be identical, and random move sequences (with unparseable replies mixed in)
 must give the same boards, the same end of game and the same final reward. TextArena is driven through its public
@@ -6,17 +6,20 @@ environment API only; its `reset` reseeds Python's global `random`, so the globa
 """
 
 import random
+from importlib.metadata import version
 
 import pytest
 
 from trl_nca.envs import FrozenLakeEnv, SokobanEnv, heldout_seeds, solve, training_seeds
 
 
-textarena = pytest.importorskip("textarena")
-pytest.importorskip("textarena.envs.Sokoban.env")
-
-from textarena.envs.FrozenLake.env import FrozenLakeEnv as TAFrozenLake  # noqa: E402
-from textarena.envs.Sokoban.env import SokobanEnv as TASokoban  # noqa: E402
+try:
+    from textarena.envs.FrozenLake.env import FrozenLakeEnv as TAFrozenLake
+    from textarena.envs.Sokoban.env import SokobanEnv as TASokoban
+except ImportError as error:
+    raise ImportError(
+        "tests/test_envs_textarena.py needs textarena==0.7.4, a dev dependency: pip install -e '.[dev]'"
+    ) from error
 
 
 MOVES = ["[up]", "[down]", "[left]", "[right]", "no move here"]
@@ -74,6 +77,10 @@ def frozenlake_pair(seed, size=3, holes=2):
 
 
 SEEDS = heldout_seeds(128) + training_seeds(64) + list(range(64))
+
+
+def test_the_installed_textarena_is_the_compared_version():
+    assert version("textarena") == "0.7.4"
 
 
 def test_frozenlake_matches_textarena_on_many_seeds():

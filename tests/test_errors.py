@@ -61,14 +61,16 @@ def test_tokenizer_without_chat_template_or_pad(tmp_path):
 
 
 def test_teacher_vocabulary_mismatch(tok, tmp_path):
+    """A teacher whose output layer is narrower than the tokenizer cannot score every token (a wider one, padded like
+    Qwen2.5-7B, is fine: see test_vocab_sizes.py)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     other = LlamaForCausalLM(
-        LlamaConfig(vocab_size=len(tok) + 7, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        LlamaConfig(vocab_size=len(tok) - 7, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                     num_attention_heads=2, num_key_value_heads=1)
     )  # fmt: skip
     ds = Dataset.from_dict({"prompt": ["q"], "context": ["c"]})
-    with pytest.raises(ValueError, match="vocab_size"):
+    with pytest.raises(ValueError, match=rf"teacher's {len(tok) - 7}.*do not cover the tokenizer's {len(tok)} tokens"):
         build(tok, tmp_path, ds, teacher=other)
 
 
@@ -108,3 +110,59 @@ def test_off_policy_without_reference_completions(tok, tmp_path):
     ds = Dataset.from_dict({"prompt": ["q"], "context": ["c"]})
     with pytest.raises(ValueError, match=r"lmbda < 1.*rows \(first: \[0\]\) have none"):
         build(tok, tmp_path, ds, lmbda=0.5)
+
+
+def tokenised(tok, n=2, **overrides):
+    """A dataset that already holds NCA's token columns (e.g. prepared once and saved)."""
+    from trl_nca.data import Limits, tokenize_example
+    from trl_nca.views import ContextSpec
+
+    rows = [
+        tokenize_example({"prompt": f"Question {i}?", "context": "Be brief."}, i, tok, ContextSpec(), Limits(4))
+        for i in range(n)
+    ]
+    columns = {key: [r[key] for r in rows] for key in rows[0]}
+    for key, (index, value) in overrides.items():
+        columns[key][index] = value
+    return Dataset.from_dict(columns)
+
+
+def test_pretokenised_dataset_trains(tok, tmp_path):
+    build(tok, tmp_path, tokenised(tok)).train()
+
+
+@pytest.mark.parametrize(
+    "column,value,match",
+    [
+        ("prompt_ids", [], "row 1 of the train dataset, `prompt_ids` is empty"),
+        ("context_prompt_ids", [3, -1], r"row 1 .*`context_prompt_ids` holds ids outside the tokenizer's range.*-1"),
+        ("completion_ids", [5, 10**6], r"row 1 .*`completion_ids` holds ids outside the tokenizer's range.*1000000"),
+        ("context_prompt_ids", None, r"row 1 .*`context_prompt_ids` must be a list of token ids, got NoneType"),
+    ],
+)
+def test_pretokenised_rows_are_validated(tok, tmp_path, column, value, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        build(tok, tmp_path, tokenised(tok, **{column: (1, value)}))
+
+
+def test_pretokenised_row_without_context_is_refused(tok, tmp_path):
+    plain = tokenised(tok)[1]["prompt_ids"]
+    with pytest.raises(ValueError, match=r"row 1 .*`context_prompt_ids` equals `prompt_ids`.*x -> x"):
+        build(tok, tmp_path, tokenised(tok, context_prompt_ids=(1, plain)))
+
+
+def test_pretokenised_lengths_are_checked(tok, tmp_path):
+    long_context = tokenised(tok)[1]["context_prompt_ids"] * 20
+    for truncate in (False, True):  # a tokenised row cannot be re-rendered, so it is never cut
+        with pytest.raises(ValueError, match=r"row 1 .*context view is too long.*max_context_length=64.*cannot be re"):
+            build(
+                tok, tmp_path, tokenised(tok, context_prompt_ids=(1, long_context)), max_context_length=64,
+                truncate_context=truncate,
+            )  # fmt: skip
+
+
+def test_prompt_beyond_the_position_limit_is_an_error(tok, tmp_path):
+    """max_length no longer bounds the no-context view (GKD's meaning); max_context_length bounds both views."""
+    ds = Dataset.from_dict({"prompt": ["Push the box onto the target, please. " * 8], "context": ["c"]})
+    with pytest.raises(ValueError, match=r"row 0, the prompt without context has \d+ tokens.*max_context_length=40"):
+        build(tok, tmp_path, ds, max_context_length=40)

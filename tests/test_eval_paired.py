@@ -204,6 +204,42 @@ def test_scoring_errors_are_format_failures_not_dropped(tok, model):
     assert "scorer bug" in records[0].x.extra["scores"]["broken"]["error"]
 
 
+def test_scorer_errors_are_counted_warned_once_and_reported(tok, model, tmp_path, caplog):
+    """A scorer that raises on some items: one warning with the first traceback, and the count per scorer and view
+    in summary.json and in the Markdown report."""
+
+    def flaky(text, label):
+        if label == "B":
+            raise KeyError("flaky scorer cannot read this label")
+        return True
+
+    ev = evaluator(scorer=flaky)
+    with caplog.at_level("WARNING", logger="trl_nca.eval.paired"):
+        records = ev.run(model, tok, progress=False)
+    failing = [r for r in records if r.meta["label"] == "B"]  # q1 and q3, both views each
+    assert len(failing) == 2
+    tracebacks = [rec for rec in caplog.records if "Traceback" in rec.getMessage()]
+    assert len(tracebacks) == 1
+    assert (
+        "flaky scorer cannot read this label" in tracebacks[0].getMessage()
+        and "item 'q1'" in tracebacks[0].getMessage()
+    )
+    assert any("4 responses could not be scored" in rec.getMessage() for rec in caplog.records)
+
+    summary = write_report([ModelRun("base", records, ev.provenance(model))], tmp_path, n_bootstrap=10, plots=False)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    for errors in (summary["models"][0]["scorer_errors"], saved["models"][0]["scorer_errors"]):
+        assert errors["total"] == 4
+        assert errors["by_scorer"]["flaky"]["x"] == errors["by_scorer"]["flaky"]["xc"] == 2
+        assert "item q1, view x: KeyError" in errors["by_scorer"]["flaky"]["first"]
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Scorer errors" in markdown and "| base | flaky | 2 | 2 | item q1, view x: KeyError" in markdown
+
+    clean = write_report([ModelRun("base", ev.run(model, tok, progress=False)[:1], {})], tmp_path / "c", plots=False)
+    assert clean["models"][0]["scorer_errors"]["total"] == 0
+    assert "None: every response was scored" in (tmp_path / "c" / "report.md").read_text()
+
+
 def test_companion_scores_are_stored(tok):
     always = evaluator(scorer=lambda text, label: True)
     assert always.companions == []

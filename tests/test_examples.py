@@ -32,8 +32,10 @@ def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path):
     out = tmp_path / "out"
     args = ["medmcqa.py", "--model_name_or_path", tiny_dir, "--dataset_path", str(data), "--max_steps", "1",
             "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--eval_limit", "2",
-            "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU]  # fmt: skip
+            "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU,
+            "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
     _run(args, cwd=ROOT / "examples")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
     for name in ("base", "student"):
@@ -87,8 +89,9 @@ def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
     out = tmp_path / "out"
     args = ["frozenlake.py", "--model_name_or_path", tiny_dir, "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_new_tokens", "6", "--max_length", "4096", "--eval_seeds", "2", "--eval_max_new_tokens", "6",
-            "--output_dir", str(out), *CPU]  # fmt: skip
+            "--output_dir", str(out), *CPU, "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
     _run(args, cwd=ROOT / "examples")
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
 
@@ -111,3 +114,94 @@ def test_example_configs_parse(name):
     config = str(ROOT / "examples" / "configs" / f"{name}.yaml")
     _, args, _ = parser.parse_args_and_config(args=["--config", config, "--bf16", "false", "--use_cpu", "true"])
     assert args.nca_beta == 0.5
+
+
+def test_examples_merge_model_init_kwargs_with_model_config():
+    """The examples keep the user's `model_init_kwargs` and add ModelConfig's fields; a real conflict is an error."""
+    from trl import ModelConfig, TrlParser
+
+    from trl_nca import NCAConfig
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from _qa_common import QAArguments, student_init_kwargs
+
+    parser = TrlParser((QAArguments, NCAConfig, ModelConfig))
+    base = ["--output_dir", "x", "--bf16", "false", "--use_cpu", "true"]
+    user = ["--model_init_kwargs", '{"attn_implementation": "eager", "low_cpu_mem_usage": true, "dtype": "float16"}']
+    _, args, model = parser.parse_args_and_config(args=base + user + ["--model_revision", "v2"])
+    assert student_init_kwargs(args, model) == {
+        "attn_implementation": "eager", "low_cpu_mem_usage": True, "dtype": "float16", "revision": "v2"
+    }  # fmt: skip
+    _, args, model = parser.parse_args_and_config(args=base + ["--dtype", "bfloat16"])
+    assert student_init_kwargs(args, model) == {"dtype": "bfloat16", "revision": "main", "attn_implementation": None}
+    _, args, model = parser.parse_args_and_config(args=base + user + ["--dtype", "bfloat16"])
+    with pytest.raises(ValueError, match=r"`dtype: bfloat16` and `model_init_kwargs: \{dtype: float16\}` disagree"):
+        student_init_kwargs(args, model)
+
+
+# The paper's 12 settings (../shared/REFERENCE.md section 1), written out here independently of the shipped files.
+QA_SETTINGS = {
+    "llama3.1-8b": ("meta-llama/Llama-3.1-8B-Instruct", None),
+    "llama3.2-3b": ("meta-llama/Llama-3.2-3B-Instruct", None),
+    "qwen2.5-7b": ("Qwen/Qwen2.5-7B-Instruct", None),
+    "qwen2.5-7b-to-3b": ("Qwen/Qwen2.5-3B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
+}
+GAME_SETTINGS = {
+    "sokoban-qwen3-4b": ("Qwen/Qwen3-4B-Instruct-2507", None),
+    "sokoban-qwen3-4b-to-1.7b": ("Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B-Instruct-2507"),
+    "frozenlake-qwen3-1.7b": ("Qwen/Qwen3-1.7B", None),
+    "frozenlake-qwen3-4b-to-1.7b": ("Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B"),
+}
+REFERENCE_SETTINGS = {
+    **{f"{task}-{name}": (task, *models) for task in ("medmcqa", "safety") for name, models in QA_SETTINGS.items()},
+    **{name: (name.split("-")[0], *models) for name, models in GAME_SETTINGS.items()},
+}
+REFERENCE_CONFIGS = [f"{setting}-{variant}" for setting in REFERENCE_SETTINGS for variant in ("opd", "nca")]
+
+
+def test_reference_configs_are_exactly_the_24_runs():
+    shipped = sorted(p.stem for p in (ROOT / "examples" / "configs" / "reference").glob("*.yaml"))
+    assert shipped == sorted(REFERENCE_CONFIGS)
+
+
+@pytest.mark.parametrize("name", REFERENCE_CONFIGS)
+def test_reference_config_carries_the_reference_hyperparameters(name):
+    """OPD and NCA variants of each setting, parsed by the example script's own parser."""
+    from trl import ModelConfig, TrlParser
+
+    from trl_nca import NCAConfig
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from _qa_common import QAArguments
+    from sokoban import GameArguments
+
+    setting, variant = name.rsplit("-", 1)
+    task, student, teacher = REFERENCE_SETTINGS[setting]
+    game = task in ("sokoban", "frozenlake")
+    parser = TrlParser((GameArguments if game else QAArguments, NCAConfig, ModelConfig))
+    config = str(ROOT / "examples" / "configs" / "reference" / f"{name}.yaml")
+    script, args, model = parser.parse_args_and_config(
+        args=["--config", config, "--bf16", "false", "--use_cpu", "true"]
+    )
+    assert (ROOT / "examples" / f"{task}.py").exists()
+    assert model.model_name_or_path == student and args.teacher_model_name_or_path == teacher
+    assert not model.use_peft
+    assert args.nca_beta == (0.5 if variant == "nca" else 0.0)
+    assert (args.beta, args.lmbda, args.seq_kd) == (1.0, 1.0, False)  # on-policy reverse KL
+    assert args.max_steps == 50
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == (64 if game else 128)
+    assert args.learning_rate == 5e-6 and args.lr_scheduler_type == "constant" and args.warmup_steps == 0
+    assert args.optim == "adamw_torch" and (args.adam_beta1, args.adam_beta2) == (0.9, 0.999)
+    assert args.weight_decay == 0.01 and args.max_grad_norm == 1.0
+    assert args.max_new_tokens == (1024 if game else 512)
+    assert args.temperature == (0.7 if game else 1.0)
+    assert args.divergence_support == "top_k" and args.top_k == 256
+    assert args.top_k_renormalize == (setting == "safety-llama3.1-8b")
+    if game:
+        assert script.eval_seeds == 128 and script.eval_max_new_tokens == 1024
+    else:
+        assert args.context_placement == "system"
+        assert args.save_strategy == "steps" and args.save_steps == 2
+        assert script.eval_limit == 500 and script.eval_max_new_tokens == 512
+    if teacher is not None:
+        assert args.teacher_model_init_kwargs == {"dtype": "bfloat16"}

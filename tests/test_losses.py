@@ -1,6 +1,7 @@
 """The chunked divergences against a plain full-logit reference, in value and gradient."""
 
 import itertools
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -90,6 +91,77 @@ def test_gradient_paths():
     assert g_c is None or not g_c.abs().sum()
 
 
+@pytest.mark.parametrize("spec", [DivergenceSpec(), DivergenceSpec(nca_target="teacher")], ids=["nca", "dualopd"])
+def test_teacher_sharing_the_student_head_is_a_constant(spec):
+    """A live self-teacher scores with the student's own head: its distribution must still send no gradient."""
+    h_x, h_c, _, w_s, _ = _inputs()
+    h_t = h_c.detach()
+    out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_s), spec, h_c=h_c, vocab_chunk=8)
+    ref = reference(h_x, h_c, h_t, w_s, w_s.detach(), spec)
+    for name in ("opd", "nca"):
+        torch.testing.assert_close(out[name].double(), ref[name])
+        got = torch.autograd.grad(out[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        expected = torch.autograd.grad(ref[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        for g, r in zip(got, expected):
+            if r is None:
+                assert g is None or not g.abs().sum()
+            else:
+                torch.testing.assert_close(g, r)
+
+
+def _partition(param: torch.nn.Parameter) -> None:
+    """Make `param` look like a DeepSpeed ZeRO-3 partitioned parameter: an empty tensor plus the attributes TRL's
+    `maybe_gather_lm_head_ctx` reads (`ds_id`, `ds_shape`, `ds_status`); the full data waits in `_full`."""
+    param.ds_id, param.ds_shape, param.ds_status, param._full = id(param), param.shape, "NOT_AVAILABLE", param.data
+    param.data = torch.empty(0, dtype=param.dtype)
+
+
+@contextmanager
+def _fake_gather(*params):
+    """Stands in for `deepspeed.zero.GatheredParameters` (DeepSpeed cannot run on this CPU-only CI): gathers the
+    partitioned parameters for the block and partitions them again on exit, skipping those already gathered."""
+    todo = {id(p): p for p in params if p is not None and getattr(p, "ds_status", None) == "NOT_AVAILABLE"}
+    for p in todo.values():
+        p.data, p.ds_status = p._full, "AVAILABLE"
+    try:
+        yield
+    finally:
+        for p in todo.values():
+            p._full, p.ds_status = p.data, "NOT_AVAILABLE"
+            p.data = torch.empty(0, dtype=p.dtype)
+
+
+@pytest.mark.parametrize("n", [7, 0], ids=["tokens", "empty"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_zero3_partitioned_head_gets_full_gradients(monkeypatch, n, bias):
+    """Under ZeRO-3 the LM head is an empty shard outside a gather: the log-normaliser's backward must allocate the
+    weight gradient inside the gather, with the full shape autograd recorded in the (gathered) forward."""
+    monkeypatch.setattr("trl_nca.losses.maybe_gather_lm_head_ctx", _fake_gather)
+    h_x, h_c, h_t, w_s, w_t = _inputs(n=n)
+    w_t = w_t.detach()
+    b_s = torch.randn(w_s.shape[0], dtype=torch.float64, requires_grad=True) if bias else None
+    ref_head = LMHead(w_s, b_s)
+    ref = token_divergences(h_x, h_t, ref_head, LMHead(w_t), DivergenceSpec(), h_c=h_c, vocab_chunk=8)
+    ref_params = [w_s] + ([b_s] if bias else [])
+    expected = torch.autograd.grad((ref["opd"] + ref["nca"]).sum(), [h_x, *ref_params], materialize_grads=True)
+
+    weight = torch.nn.Parameter(w_s.detach().clone())
+    head_bias = torch.nn.Parameter(b_s.detach().clone()) if bias else None
+    teacher = torch.nn.Parameter(w_t.clone(), requires_grad=False)
+    for p in (weight, head_bias, teacher):
+        if p is not None:
+            _partition(p)
+    out = token_divergences(
+        h_x, h_t, LMHead(weight, head_bias), LMHead(teacher), DivergenceSpec(), h_c=h_c, vocab_chunk=8
+    )
+    assert weight.numel() == 0  # partitioned again after the forward
+    params = [weight] + ([head_bias] if bias else [])
+    got = torch.autograd.grad((out["opd"] + out["nca"]).sum(), [h_x, *params])
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e)
+
+
 def test_empty_completion_and_no_context_view():
     h_x, _, h_t, w_s, w_t = _inputs(n=0)
     out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t), DivergenceSpec())
@@ -116,10 +188,32 @@ def test_bias_scale_and_softcap_match_reference():
             torch.testing.assert_close(g, gr)
 
 
-def test_vocab_mismatch_is_named():
-    h_x, h_c, h_t, w_s, _ = _inputs()
-    with pytest.raises(ValueError, match="vocabularies differ"):
-        token_divergences(h_x, h_t, LMHead(w_s), LMHead(torch.zeros(7, 16)), DivergenceSpec())
+@pytest.mark.parametrize("spec", SPECS[:5], ids=lambda s: str(s)[15:-1])
+@pytest.mark.parametrize("wider", ["teacher", "student"])
+def test_output_layers_of_different_sizes_use_the_common_rows(spec, wider):
+    """Padded output layers (same tokenizer): the divergences run over the first min(V_s, V_t) rows, each
+    distribution renormalised there; the student's rows past them get no gradient."""
+    h_x, h_c, h_t, w_s, w_t = _inputs()
+    padding = 5.0 + torch.randn(8, w_s.shape[1], dtype=torch.float64)  # rows that would dominate if they counted
+    w_t = w_t.detach()
+    if wider == "teacher":
+        w_t = torch.cat([w_t, padding])
+    else:
+        w_s = torch.cat([w_s.detach(), padding]).requires_grad_()
+    ref = reference(h_x, h_c, h_t, w_s[:53], w_t[:53], spec)
+    out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t), spec, h_c=h_c, vocab_chunk=8, token_chunk=3)
+    for name in ("opd", "nca", "view_kl"):
+        torch.testing.assert_close(out[name].double(), ref[name])
+    for name in ("opd", "nca"):
+        got = torch.autograd.grad(out[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        expected = torch.autograd.grad(ref[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        for g, r in zip(got, expected):
+            if r is None or not r.abs().sum():
+                assert g is None or not g.abs().sum()
+            else:
+                torch.testing.assert_close(g, r)
+        if wider == "student":
+            assert not got[2][53:].abs().sum()
 
 
 @pytest.mark.parametrize("family", ["gemma2", "granite", "cohere"])

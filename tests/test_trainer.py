@@ -62,6 +62,64 @@ def params(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def reference_terms(student, teacher, batch, temperature=1.0):
+    """Per-token OPD (reverse KL), NCA and view KL of a batch from the models' own full logits, in float64."""
+
+    def logprobs(model, prompts, prompt_mask):
+        view = build_view(prompts, prompt_mask, batch["completion_ids"], batch["completion_mask"])
+        out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
+        logits = out.logits[:, view.prompt_width - 1 :][batch["completion_mask"].bool()]
+        return F.log_softmax(logits.double() / temperature, -1)
+
+    with torch.no_grad():
+        lx = logprobs(student, batch["prompts"], batch["prompt_attention_mask"])
+        lc = logprobs(student, batch["context_prompts"], batch["context_prompt_attention_mask"])
+        lt = logprobs(teacher, batch["context_prompts"], batch["context_prompt_attention_mask"])
+    kl = lambda p, q: (p.exp() * (p - q)).sum(-1)  # noqa: E731
+    return {"opd": kl(lx, lt), "nca": kl(lx, lc), "view_kl": kl(lx, lc)}
+
+
+def record_loss_calls(trainer, mode):
+    """Wrap `trainer.compute_loss` to keep, for each call in `mode` ("train"/"eval"), its batch and the student's
+    weights at that moment, so a reference can recompute the logged numbers independently afterwards."""
+    calls = []
+    original = trainer.compute_loss
+
+    def spy(model, inputs, *args, **kwargs):
+        if trainer.model.training == (mode == "train"):
+            weights = {n: t.detach().clone() for n, t in trainer.model.state_dict().items()}
+            calls.append(({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()}, weights))
+        return original(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = spy
+    return calls
+
+
+def reference_means(tok, teacher, calls, seed=0):
+    """Token means of the reference terms over the recorded batches, each scored with the weights of its call."""
+    sums, tokens = {"opd": 0.0, "nca": 0.0, "view_kl": 0.0}, 0
+    for inputs, weights in calls:
+        student = make_tiny_model(tok, seed)
+        student.load_state_dict(weights)
+        student.eval()
+        for key, value in reference_terms(student, teacher, inputs).items():
+            sums[key] += value.sum().item()
+        tokens += int(inputs["completion_mask"].sum())
+    return {key: value / tokens for key, value in sums.items()}
+
+
+def ragged_messages_dataset(extra_words=(0, 1, 4, 9)):
+    """Reference completions whose token counts differ so much that no split into micro-batches balances them."""
+    rows = [
+        [
+            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
+            {"role": "assistant", "content": "<answer>A</answer>" + " ok" * n},
+        ]
+        for i, n in enumerate(extra_words)
+    ]
+    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * len(rows)})
+
+
 def test_views_align_with_unpadded_single_forwards(tok, tmp_path):
     """Completion-token logits of both views of a padded batch equal each example's own unpadded forward."""
     model = make_tiny_model(tok)
@@ -144,25 +202,29 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
 
 
 def test_nca_beta_zero_is_plain_opd(tok, tmp_path):
-    """nca_beta=0: no context-view forward, loss is the OPD token mean, weights identical with monitoring on."""
+    """nca_beta=0: no context-view forward, loss is the OPD token mean of each step's on-policy samples (checked
+    against full logits with the weights of that step), weights identical with monitoring on."""
     results = []
     for monitor in (False, True):
         torch.manual_seed(0)
-        student = make_tiny_model(tok, 0)
+        student, teacher = make_tiny_model(tok, 0), make_tiny_model(tok, 1)
         args = make_args(tmp_path, nca_beta=0.0, nca_monitor=monitor)
         trainer = NCATrainer(
-            model=student,
-            teacher_model=make_tiny_model(tok, 1),
-            args=args,
-            train_dataset=prompt_dataset(),
-            processing_class=tok,
+            model=student, teacher_model=teacher, args=args, train_dataset=prompt_dataset(), processing_class=tok
         )
+        recorded = record_loss_calls(trainer, "train")
         calls = []
         handle = student.model.register_forward_hook(lambda m, a, k, calls=calls: calls.append(1))
         trainer.train()
         handle.remove()
         logs = [h for h in trainer.state.log_history if "opd_loss" in h]
-        assert all(h["loss"] == pytest.approx(h["opd_loss"], rel=1e-6) for h in logs)
+        assert len(logs) == len(recorded) == 2  # one micro-batch per step
+        for log, call in zip(logs, recorded):
+            ref = reference_means(tok, teacher, [call])
+            assert log["loss"] == pytest.approx(ref["opd"], rel=1e-5)
+            assert log["opd_loss"] == pytest.approx(ref["opd"], rel=1e-5)
+            if monitor:
+                assert log["nca_loss"] == pytest.approx(ref["nca"], rel=1e-4, abs=1e-7)
         assert ("nca_loss" in logs[0]) == monitor
         results.append((params(student), len(calls)))
     (p0, calls0), (p1, calls1) = results
@@ -200,6 +262,28 @@ def test_gradient_accumulation_matches_double_batch(tok, tmp_path):
     for name in updates[0]:
         torch.testing.assert_close(updates[0][name], updates[1][name], atol=1e-6, rtol=1e-4)
     assert any(u.abs().sum() > 0 for u in updates[0].values())
+
+
+def test_logged_terms_are_token_means_over_the_step(tok, tmp_path):
+    """GA=2 with ragged completions: opd_loss, nca_loss, view_kl and loss are token means over the whole optimizer
+    step (not averages of per-micro-batch means), equal to a full-logit reference, and loss = opd + beta * nca."""
+    student, teacher = make_tiny_model(tok, 0), make_tiny_model(tok, 1)
+    args = make_args(
+        tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1, lmbda=0.0, nca_beta=0.5
+    )
+    trainer = NCATrainer(
+        model=student, teacher_model=teacher, args=args, train_dataset=ragged_messages_dataset(), processing_class=tok
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    ref = {k: v.mean().item() for k, v in reference_terms(student, teacher, batch).items()}
+    tokens = batch["completion_mask"].sum(1).tolist()
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
+    for key, name in (("opd", "opd_loss"), ("nca", "nca_loss"), ("view_kl", "view_kl")):
+        assert log[name] == pytest.approx(ref[key], rel=1e-5), name
+    assert log["loss"] == pytest.approx(ref["opd"] + 0.5 * ref["nca"], rel=1e-5)
+    assert log["loss"] == pytest.approx(log["opd_loss"] + 0.5 * log["nca_loss"], rel=1e-6, abs=1e-9)
+    assert log["completions/mean_length"] == pytest.approx(sum(tokens) / 4)
 
 
 def test_lora_self_teacher_is_initial_model(tok, tmp_path):
@@ -316,19 +400,29 @@ def test_context_too_long_errors_or_truncates_context_only(tok, tmp_path, caplog
 
 
 def test_two_step_runs_with_eval_and_messages_format(tok, tmp_path):
+    """Evaluation over 3 rows in batches of 2: eval_loss and the logged terms are token means over the whole set of
+    sampled completions, equal to a full-logit reference on the recorded batches."""
+    teacher = make_tiny_model(tok, 1)
     trainer = NCATrainer(
         model=make_tiny_model(tok, 0),
-        teacher_model=make_tiny_model(tok, 1),
+        teacher_model=teacher,
         args=make_args(tmp_path, eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=2, lmbda=0.5),
         train_dataset=messages_dataset(),
-        eval_dataset=prompt_dataset(2),
+        eval_dataset=prompt_dataset(3),
         processing_class=tok,
     )
     trainer.train()
+    recorded = record_loss_calls(trainer, "eval")
     metrics = trainer.evaluate()
     for key in ("eval_loss", "eval_opd_loss", "eval_nca_loss", "eval_view_kl", "eval_completions/mean_length"):
         assert key in metrics, key
-    assert metrics["eval_loss"] == pytest.approx(metrics["eval_opd_loss"] + 0.5 * metrics["eval_nca_loss"], rel=1e-4)
+    assert [int(inputs["completion_mask"].shape[0]) for inputs, _ in recorded] == [2, 1]
+    ref = reference_means(tok, teacher, recorded)
+    assert metrics["eval_loss"] == pytest.approx(ref["opd"] + 0.5 * ref["nca"], rel=1e-5)
+    for key in ("opd", "nca", "view_kl"):
+        assert metrics[f"eval_{key}_loss" if key != "view_kl" else "eval_view_kl"] == pytest.approx(ref[key], rel=1e-4)
+    tokens = sum(int(inputs["completion_mask"].sum()) for inputs, _ in recorded)
+    assert metrics["eval_completions/mean_length"] == pytest.approx(tokens / 3)
 
 
 def test_user_placement_and_fixed_context(tok, tmp_path):

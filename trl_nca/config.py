@@ -31,6 +31,23 @@ class NCAConfig(GKDConfig):
         - `bf16=None` resolves to `True` only when a CUDA device with bfloat16 support is present, so the same config
           runs on a CPU-only machine.
 
+    Shared fields whose effect differs from `GKDTrainer` (a config that trains under `GKDTrainer` also trains under
+    `NCATrainer`; where the effect differs, the trainer says so):
+        - `max_length`: in GKD it is only used by the data collator, which drops the oldest tokens of a dataset
+          conversation (prompt plus reference completion) longer than `max_length`; it never limits sampling.
+          NCATrainer never truncates: both views need the same whole prompt and the same whole completion, and
+          cutting the no-context prompt alone would make the views differ by more than the context. So `max_length`
+          does not limit sampling here either (`max_new_tokens` does), rows longer than `max_length` are kept whole,
+          and the trainer warns once, at init, how many there are. Every sequence is bounded by
+          `max_context_length` (an error naming the row).
+        - Evaluation: GKD scores the dataset's completions; NCATrainer scores completions it samples from the
+          student without the context, unless `eval_completions="dataset"` (see below).
+        - `compute_metrics` and `preprocess_logits_for_metrics` are refused: the loss never materialises logits, so
+          evaluation has no predictions to give them. Use the logged `eval_*` terms, or
+          `trl_nca.eval.PairedEvalCallback` for task accuracy with and without the context.
+        - A custom `data_collator` must produce NCA's batch keys (`trl_nca.data.BATCH_KEYS`); the trainer probes it
+          on one example at init. GKD's chat collator does not.
+
     Parameters:
         > Parameters that control the NCA term
 
@@ -94,6 +111,15 @@ class NCAConfig(GKDConfig):
             Vocabulary columns per tile in the chunked loss; lower it to save memory on huge vocabularies.
         loss_token_chunk_size (`int`, *optional*, defaults to `2048`):
             Completion tokens per tile in the chunked loss.
+
+        > Parameters that control evaluation
+
+        eval_completions (`str`, *optional*, defaults to `"on_policy"`):
+            Which completions evaluation scores. `"on_policy"`: completions sampled from the student without the
+            context (the distribution NCA trains on; `eval_loss` is then itself a sample). `"dataset"`: the eval
+            dataset's reference completions, as `GKDTrainer` evaluates (every eval row needs one: `messages` ending
+            with an assistant turn, or a `completion` column). `eval_completions/on_policy` logs the fraction of
+            evaluated completions that the student sampled (1.0 or 0.0).
     """
 
     nca_beta: float = field(
@@ -155,6 +181,13 @@ class NCAConfig(GKDConfig):
     )
     loss_vocab_chunk_size: int = field(default=8192, metadata={"help": "Vocabulary columns per loss tile."})
     loss_token_chunk_size: int = field(default=2048, metadata={"help": "Completion tokens per loss tile."})
+    eval_completions: Literal["on_policy", "dataset"] = field(
+        default="on_policy",
+        metadata={
+            "help": "Completions scored in evaluation: sampled from the student without context ('on_policy') or "
+            "the eval dataset's references ('dataset', as GKDTrainer evaluates)."
+        },
+    )
 
     # Defaults that differ from GKDConfig (documented above).
     lmbda: float = field(
@@ -184,6 +217,7 @@ class NCAConfig(GKDConfig):
             "context_placement": ("system", "user"),
             "divergence_support": ("full", "top_k"),
             "self_teacher": ("initial", "live"),
+            "eval_completions": ("on_policy", "dataset"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

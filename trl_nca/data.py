@@ -3,13 +3,17 @@
 Every example becomes three token lists: the no-context prompt, the context prompt, and (when the dataset has one)
 the reference completion used by off-policy steps. Length limits are checked here, once, with errors that name the
 row and the sizes; nothing is truncated unless the user opted in to shortening the context itself.
+
+`max_length` keeps GKD's meaning but not its truncation: GKD's collator drops the oldest tokens of dataset conversations
+longer than `max_length` (it never limits sampling); here such rows are kept whole, with one warning that counts them.
 """
 
 from __future__ import annotations
 
 import logging
+import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -33,7 +37,8 @@ TOKEN_COLUMNS = ("prompt_ids", "context_prompt_ids", "completion_ids")
 
 @dataclass(frozen=True)
 class Limits:
-    """Token budgets: `max_length` bounds the no-context view, `max_context_length` the context view."""
+    """Token budgets. `max_context_length` bounds both views (an error, or a shortened context if
+    `truncate_context`); `max_length` is GKD's cut of dataset conversations, which NCA reports but never applies."""
 
     max_new_tokens: int
     max_length: int | None = None
@@ -77,25 +82,76 @@ def tokenize_example(
     prompt_ids = render_prompt_ids(tokenizer, prompt)
     completion_ids = render_completion_ids(tokenizer, prompt, completion) if completion else []
     where = f"row {index}" if index is not None else "an example"
+    context_prompt_ids = render_prompt_ids(tokenizer, add_context(prompt, context, spec))
+    fix = "Shorten the context, lower `max_new_tokens`, or set `truncate_context=True` to cut the context itself."
+    if not _check_lengths(prompt_ids, context_prompt_ids, completion_ids, limits, where, fix):
+        budget = limits.max_context_length - max(limits.max_new_tokens, len(completion_ids))
+        context_prompt_ids = _truncate_context(tokenizer, prompt, context, spec, budget, where)
+    return {"prompt_ids": prompt_ids, "context_prompt_ids": context_prompt_ids, "completion_ids": completion_ids}
+
+
+def _check_lengths(prompt_ids, context_prompt_ids, completion_ids, limits: Limits, where: str, fix: str) -> bool:
+    """Check the token budgets of one row; False when only the context is too long and may be truncated."""
     completion_budget = max(limits.max_new_tokens, len(completion_ids))
-    if limits.max_length is not None and len(prompt_ids) + completion_budget > limits.max_length:
+    limit = limits.max_context_length
+    if limit is not None and len(prompt_ids) + completion_budget > limit:
         raise ValueError(
             f"In {where}, the prompt without context has {len(prompt_ids)} tokens; with up to {completion_budget} "
-            f"completion tokens that exceeds max_length={limits.max_length}. Raise `max_length` or lower "
-            "`max_new_tokens`; prompts are never truncated."
+            f"completion tokens that exceeds max_context_length={limit} (by default the models' position limit). "
+            "Lower `max_new_tokens` or drop the row; prompts are never truncated."
         )
-    context_prompt_ids = render_prompt_ids(tokenizer, add_context(prompt, context, spec))
-    limit = limits.max_context_length
     if limit is not None and len(context_prompt_ids) + completion_budget > limit:
-        if not limits.truncate_context:
+        if limits.truncate_context:
+            return False
+        raise ValueError(
+            f"In {where}, the context view is too long: {len(prompt_ids)} prompt tokens + "
+            f"{len(context_prompt_ids) - len(prompt_ids)} context tokens + {completion_budget} completion tokens "
+            f"= {len(context_prompt_ids) + completion_budget} > max_context_length={limit}. {fix}"
+        )
+    return True
+
+
+def check_token_row(example: Mapping[str, Any], index: int | None, vocab_size: int, limits: Limits, split: str):
+    """Validate a row that arrives already tokenised (the three token columns), as `tokenize_example` validates text.
+
+    The ids must be integers of the tokenizer, both prompts non-empty, the context prompt different from the plain
+    prompt (else the row would distil x into x), and the lengths within the same budgets. Such a row cannot be
+    re-rendered, so an over-long context view is an error even with `truncate_context=True`.
+    """
+    where = f"row {index} of the {split} dataset" if index is not None else f"an example of the {split} dataset"
+    for column in TOKEN_COLUMNS:
+        ids = example[column]
+        if not isinstance(ids, Sequence) or isinstance(ids, str) or not all(_is_int(t) for t in ids):
+            raise TypeError(f"In {where}, `{column}` must be a list of token ids, got {_describe(ids)}.")
+        bad = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
+        if bad:
             raise ValueError(
-                f"In {where}, the context view is too long: {len(prompt_ids)} prompt tokens + "
-                f"{len(context_prompt_ids) - len(prompt_ids)} context tokens + {completion_budget} completion tokens "
-                f"= {len(context_prompt_ids) + completion_budget} > max_context_length={limit}. Shorten the context, "
-                "lower `max_new_tokens`, or set `truncate_context=True` to cut the context itself."
+                f"In {where}, `{column}` holds ids outside the tokenizer's range [0, {vocab_size}): {bad[:5]}. "
+                "Tokenise the dataset with the trainer's tokenizer (or drop the token columns to let NCATrainer do it)."
             )
-        context_prompt_ids = _truncate_context(tokenizer, prompt, context, spec, limit - completion_budget, where)
-    return {"prompt_ids": prompt_ids, "context_prompt_ids": context_prompt_ids, "completion_ids": completion_ids}
+    for column in ("prompt_ids", "context_prompt_ids"):
+        if len(example[column]) == 0:
+            raise ValueError(f"In {where}, `{column}` is empty; every row needs a prompt to sample from.")
+    if list(example["context_prompt_ids"]) == list(example["prompt_ids"]):
+        raise ValueError(
+            f"In {where}, `context_prompt_ids` equals `prompt_ids`: the row has no context, so it would train the "
+            "student on x -> x distillation. Put the context into `context_prompt_ids`, or drop such rows."
+        )
+    fix = (
+        "Pre-tokenised rows cannot be re-rendered, so `truncate_context` does not apply: shorten the context before "
+        "tokenising, lower `max_new_tokens`, or drop the token columns and let NCATrainer tokenise the text."
+    )
+    limits = replace(limits, truncate_context=False)
+    _check_lengths(example["prompt_ids"], example["context_prompt_ids"], example["completion_ids"], limits, where, fix)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 def _truncate_context(tokenizer, prompt, context: str, spec: ContextSpec, budget: int, where: str) -> list[int]:
@@ -126,17 +182,93 @@ def prepare_dataset(dataset, tokenizer, spec: ContextSpec, limits: Limits, split
     column_names = dataset.column_names
     if column_names is not None:
         if all(c in column_names for c in TOKEN_COLUMNS):
-            return dataset
+            return _validated_token_dataset(dataset, len(tokenizer), limits, split)
         check_columns(column_names, spec, split)
     map_kwargs = {}
     if isinstance(dataset, Dataset):
         map_kwargs = {"num_proc": num_proc, "desc": f"Tokenizing {split} prompts with and without context"}
-    return dataset.map(
+    dataset = dataset.map(
         tokenize_example,
         with_indices=True,
         fn_kwargs={"tokenizer": tokenizer, "spec": spec, "limits": limits},
         **map_kwargs,
     )
+    warn_beyond_max_length(dataset, limits.max_length, split)
+    return dataset
+
+
+def warn_beyond_max_length(dataset, max_length: int | None, split: str) -> int:
+    """Count the rows whose prompt plus reference completion exceed `max_length` and warn once (returns the count).
+
+    GKDTrainer's collator would drop the oldest tokens of such rows; NCATrainer keeps them whole, since both views
+    need the same whole prompt and completion (see `NCAConfig`). Sampling is never limited by `max_length`.
+    """
+    if max_length is None or not isinstance(dataset, Dataset):
+        return 0
+    over = []
+    for index, row in enumerate(dataset.select_columns(["prompt_ids", "completion_ids"])):
+        length = len(row["prompt_ids"]) + len(row["completion_ids"])
+        if length > max_length:
+            over.append((index, length))
+    if over:
+        index, length = over[0]
+        logger.warning(
+            "%d rows of the %s dataset have a prompt plus reference completion longer than max_length=%d (first: row "
+            "%d, %d tokens). GKDTrainer would drop their oldest tokens; NCATrainer keeps prompts and completions "
+            "whole, so these rows are trained at full length (set max_length=None to silence this warning; "
+            "max_context_length bounds every sequence).",
+            len(over),
+            split,
+            max_length,
+            index,
+            length,
+        )
+    return len(over)
+
+
+def _validated_token_dataset(dataset, vocab_size: int, limits: Limits, split: str):
+    """A dataset that already has the token columns, every row checked (lazily, row by row, for a streamed one)."""
+    kwargs = {"vocab_size": vocab_size, "limits": limits, "split": split}
+    if isinstance(dataset, Dataset):
+        for index, row in enumerate(dataset.select_columns(list(TOKEN_COLUMNS))):
+            check_token_row(row, index, **kwargs)
+        warn_beyond_max_length(dataset, limits.max_length, split)
+        return dataset
+
+    def checked(example, index):
+        check_token_row(example, index, **kwargs)
+        return example
+
+    return dataset.map(checked, with_indices=True)
+
+
+BATCH_KEYS = (
+    "prompts",
+    "prompt_attention_mask",
+    "context_prompts",
+    "context_prompt_attention_mask",
+    "completion_ids",
+    "completion_mask",
+    "has_reference",
+)
+
+
+def check_collator(collator, example: Mapping[str, Any], split: str) -> None:
+    """Probe a user's data collator on one prepared example: its batch must hold NCA's keys (`BATCH_KEYS`)."""
+    how = (
+        f"NCATrainer's batches need the keys {list(BATCH_KEYS)}: left-padded prompts of both views with their "
+        "attention masks, right-padded reference completions with their mask, and a boolean `has_reference` per row. "
+        "Use the default collator (data_collator=None, `trl_nca.data.NCACollator`) or one that extends it."
+    )
+    try:
+        batch = collator([dict(example)])
+    except Exception as error:
+        raise ValueError(
+            f"The data_collator failed on the first {split} example ({type(error).__name__}: {error}). {how}"
+        ) from error
+    missing = [key for key in BATCH_KEYS if key not in batch]
+    if missing:
+        raise ValueError(f"The data_collator's batch lacks {missing} (it has {sorted(batch)}). {how}")
 
 
 @dataclass

@@ -12,6 +12,12 @@ Notation per completion token (all logits divided by the temperature T):
 
 Total loss = mean over valid tokens of OPD + nca_beta * NCA (assembled by the trainer).
 
+Output layers of different sizes: models that share a tokenizer may pad their output layers differently (Qwen2.5-7B
+has 152064 rows, Qwen2.5-3B 151936, for 151665 tokens). The divergences then run over the first
+V = min(V_student, V_teacher) rows, and every distribution is renormalised over those rows (its log-normaliser is the
+logsumexp over them only); rows past V get no probability and no gradient. The caller checks that V covers the
+tokenizer.
+
 Logits never exist for the whole (batch x sequence x vocab): callers pass only the hidden states of valid completion
 tokens, and each (tokens x vocab-chunk) tile is rebuilt from the hidden states when the backward pass needs it. The
 log-normalisers come from a two-pass logsumexp whose backward also walks the vocabulary chunk by chunk.
@@ -20,7 +26,7 @@ log-normalisers come from a two-pass logsumexp whose backward also walks the voc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -43,12 +49,20 @@ class DivergenceSpec:
 
 @dataclass
 class LMHead:
-    """How hidden states become logits: `softcap(scale * (h @ weight.T + bias))`, as the model's own head does."""
+    """How hidden states become logits: `softcap(scale * (h @ weight.T + bias))`, as the model's own head does.
+
+    `constant=True` detaches the weight and bias at every use (the parameters themselves are kept, so that ZeRO-3 can
+    still gather them): a teacher's head is a constant even when it is the student's own head (live self-teacher, tied
+    or shared weights). `rows` restricts the head to its first `rows` output rows (the distribution is then the
+    softmax over those rows only).
+    """
 
     weight: torch.Tensor
     bias: torch.Tensor | None = None
     scale: float = 1.0
     softcap: float | None = None
+    constant: bool = False
+    rows: int | None = None
 
     @classmethod
     def from_model(cls, model) -> LMHead:
@@ -63,16 +77,25 @@ class LMHead:
         return cls(head.weight, getattr(head, "bias", None), scale, getattr(config, "final_logit_softcapping", None))
 
     @property
-    def vocab_size(self) -> int:
+    def full_rows(self) -> int:
+        """Rows of the weight (its full shape under ZeRO-3, where the parameter itself is an empty shard)."""
         return getattr(self.weight, "ds_shape", self.weight.shape)[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows the distribution is defined over: `rows` when set, else every row of the weight."""
+        return self.full_rows if self.rows is None else min(self.rows, self.full_rows)
 
     def logits(self, hidden: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Logits (at least float32) of the vocabulary slice [start, stop), before the temperature."""
-        stop = self.vocab_size if stop is None else stop
+        stop = self.vocab_size if stop is None else min(stop, self.vocab_size)
         # Under DeepSpeed ZeRO-3 the head's weight is sharded outside its module's forward: gather it for each tile.
         with maybe_gather_lm_head_ctx(self.weight, self.bias):
+            weight = self.weight[start:stop]
             bias = None if self.bias is None else self.bias[start:stop]
-            out = torch.nn.functional.linear(hidden, self.weight[start:stop], bias)
+            if self.constant:
+                weight, bias = weight.detach(), None if bias is None else bias.detach()
+            out = torch.nn.functional.linear(hidden, weight, bias)
         out = out.to(torch.promote_types(out.dtype, torch.float32))
         if self.scale != 1.0:
             out = out * self.scale
@@ -115,9 +138,14 @@ class _ChunkedLogSumExp(torch.autograd.Function):
         head, inv_t, support, chunk = ctx.head, ctx.inv_t, ctx.support, ctx.chunk
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_h = torch.zeros_like(hidden, dtype=_acc(hidden)) if need_h else None
-        grad_w = torch.empty_like(head.weight) if need_w else None
-        grad_b = torch.empty_like(head.bias) if need_b else None
         with maybe_gather_lm_head_ctx(head.weight, head.bias):
+            # Allocated inside the gather: under ZeRO-3 the parameter is an empty shard outside it, while the gradient
+            # must have the full shape that autograd recorded in the (gathered) forward.
+            grad_w = torch.empty_like(head.weight) if need_w else None
+            grad_b = torch.empty_like(head.bias) if need_b else None
+            for grad in (grad_w, grad_b):
+                if grad is not None:
+                    grad[head.vocab_size :] = 0  # rows past the common vocabulary take no part
             _lse_backward_slices(hidden, lse, grad_lse, head, inv_t, support, chunk, grad_h, grad_w, grad_b)
         if grad_h is not None:
             grad_h = grad_h.to(hidden.dtype)
@@ -230,19 +258,19 @@ def token_divergences(
     """Per-token divergences (each of shape (num_tokens,)) for the tokens whose hidden states are given.
 
     `h_x`, `h_c` are the student's hidden states of the same completion tokens in the no-context and context views,
-    `h_t` the teacher's (detached). `want` selects among "opd", "nca" and "view_kl" (KL(q_x || q_c), no gradient, for
+    `h_t` the teacher's. The teacher is a constant: neither `h_t` nor the teacher's head receives gradient, also when
+    the teacher's head is the student's own (a live self-teacher). `want` selects among "opd", "nca" and "view_kl" (KL(q_x || q_c), no gradient, for
     monitoring); "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
     """
-    if student.vocab_size != teacher.vocab_size:
-        raise ValueError(
-            f"Student and teacher vocabularies differ ({student.vocab_size} vs {teacher.vocab_size} rows in "
-            "the output layer); per-token divergences need the same tokenizer."
-        )
     want = tuple(w for w in want if w == "opd" or h_c is not None)
+    # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
+    vocab = min(student.vocab_size, teacher.vocab_size)
+    student = replace(student, rows=vocab)
+    # The teacher is a constant in every parameter, also when its head is the student's (live self-teacher).
+    teacher = replace(teacher, constant=True, rows=vocab)
     results: dict[str, list[torch.Tensor]] = {w: [] for w in want}
     inv_t = 1.0 / spec.temperature
-    vocab = student.vocab_size
     h_t = h_t.detach()
     # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes; the tiles
     # that the backward pass rebuilds gather them again (see LMHead.logits).
@@ -267,7 +295,8 @@ def token_divergences(
                 sums = [s + p for s, p in zip(sums, parts)]
             for name, value in zip(want, sums):
                 results[name].append(value)
-    # An empty completion block still returns tensors wired to the student, so a backward pass (and DDP's reducer)
-    # sees every parameter.
-    empty = (h_x.sum(-1) + student.weight.sum()).to(_acc(h_x)) * 0
+        # An empty completion block still returns tensors wired to the student, so a backward pass (and DDP's
+        # reducer) sees every parameter; built while the head is gathered, so its gradient has the full shape.
+        wired = student.weight.sum() + (0 if student.bias is None else student.bias.sum())
+        empty = (h_x.sum(-1) + wired).to(_acc(h_x)) * 0
     return {name: torch.cat(chunks) if chunks else empty for name, chunks in results.items()}

@@ -56,13 +56,24 @@ def make_tiny_tokenizer(vocab_size: int = 320):
     return fast
 
 
-def make_tiny_model(tokenizer, seed: int = 0, num_layers: int = 2, hidden_size: int = 64):
-    """A randomly initialised Llama small enough to train on one CPU core in milliseconds per step."""
+def make_tiny_model(
+    tokenizer,
+    seed: int = 0,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    tie_word_embeddings: bool = False,
+    vocab_size: int | None = None,
+):
+    """A randomly initialised Llama small enough to train on one CPU core in milliseconds per step.
+
+    `vocab_size` sets the rows of the embedding and output layers (default: `len(tokenizer)`); more rows than the
+    tokenizer has mimic the padded output layers of real models (Qwen2.5-7B has 152064 rows for 151665 tokens).
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=len(tokenizer) if vocab_size is None else vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers,
@@ -72,7 +83,7 @@ def make_tiny_model(tokenizer, seed: int = 0, num_layers: int = 2, hidden_size: 
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import random
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
@@ -17,10 +17,13 @@ from trl.trainer.sft_trainer import SFTTrainer
 from trl.trainer.utils import create_model_from_path
 
 from .config import NCAConfig
-from .data import Limits, NCACollator, check_tokenizer, prepare_dataset, tokenize_example
+from .data import Limits, NCACollator, check_collator, check_tokenizer, prepare_dataset, tokenize_example
 from .losses import LMHead, token_divergences
 from .teacher import SelfTeacher, adapter_is_identity, check_peft_self_teacher, frozen_copy, is_peft_model
 from .views import View, build_view, completion_hidden, left_pad, render_prompt_ids
+
+
+logger = logging.getLogger(__name__)
 
 
 class NCATrainer(GKDTrainer):
@@ -75,6 +78,17 @@ class NCATrainer(GKDTrainer):
             args = NCAConfig(output_dir="nca-output")
         elif not isinstance(args, NCAConfig):
             raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
+        for name, value in (
+            ("compute_metrics", compute_metrics),
+            ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"NCATrainer does not take `{name}`: its loss works on hidden states and never materialises "
+                    "logits, so evaluation has no predictions to pass to it. Evaluation logs eval_loss, "
+                    "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
+                    "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
+                )
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             model = create_model_from_path(model, **(args.model_init_kwargs or {}))
@@ -87,6 +101,9 @@ class NCATrainer(GKDTrainer):
 
         if teacher_model is None and args.teacher_model_name_or_path is not None:
             teacher_model = args.teacher_model_name_or_path
+        teacher_loaded_here = isinstance(teacher_model, str)
+        if teacher_loaded_here:  # loaded here, so that its output layer can be checked before GKD's own check
+            teacher_model = _load_teacher(teacher_model, args)
         uses_peft = peft_config is not None or is_peft_model(model)
         if teacher_model is None:
             if args.self_teacher == "live" or uses_peft:
@@ -95,6 +112,8 @@ class NCATrainer(GKDTrainer):
                 teacher_model = SelfTeacher(lambda: self.model, model.config, mode=args.self_teacher)
             else:
                 teacher_model = frozen_copy(model)
+
+        self._common_rows = _check_output_rows(model, teacher_model, processing_class)
 
         limits = Limits(
             max_new_tokens=args.max_new_tokens,
@@ -121,30 +140,45 @@ class NCATrainer(GKDTrainer):
         else:
             eval_dataset = prepare(eval_dataset, "eval")
         if rollout is None and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
-            _check_references(train_dataset)
+            _check_references(train_dataset, "train")
+        if args.eval_completions == "dataset":
+            for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
+                if dataset is not None:
+                    _check_references(dataset, f"eval {name}".strip())
         if data_collator is None:
             data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
+        elif rollout is None:
+            probe = train_dataset if train_dataset is not None else eval_dataset
+            split = "train" if train_dataset is not None else "eval"
+            if isinstance(probe, dict):
+                split, probe = next(iter(probe.items()))
+            first = next(iter(probe), None) if probe is not None else None
+            if first is not None:
+                check_collator(data_collator, first, split)
 
         gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
         gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
+        teacher_init_kwargs = args.teacher_model_init_kwargs
+        if teacher_loaded_here:
+            args.teacher_model_init_kwargs = None  # used by _load_teacher; GKD refuses them with a built teacher
         try:
-            super().__init__(
-                model,
-                teacher_model=teacher_model,
-                args=args,
-                data_collator=data_collator,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                processing_class=processing_class,
-                compute_metrics=compute_metrics,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-                peft_config=peft_config,
-                formatting_func=formatting_func,
-            )
+            with _gkd_vocab_check_passes(model, teacher_model):
+                super().__init__(
+                    model,
+                    teacher_model=teacher_model,
+                    args=args,
+                    data_collator=data_collator,
+                    train_dataset=train_dataset,
+                    eval_dataset=eval_dataset,
+                    processing_class=processing_class,
+                    callbacks=callbacks,
+                    optimizers=optimizers,
+                    peft_config=peft_config,
+                    formatting_func=formatting_func,
+                )
         finally:
             gkd_logger.removeFilter(_drop_migration_hint)
+            args.teacher_model_init_kwargs = teacher_init_kwargs
         teacher = self._teacher()
         if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(self.model):
             # Disabling this adapter would not give the initial model (trained adapter, PiSSA-style init, random B):
@@ -155,6 +189,12 @@ class NCATrainer(GKDTrainer):
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
         self.generation_config.use_cache = True
+        # Output layers of different sizes: the loss lives on the first `common` rows, so sampling (by the student or,
+        # with seq_kd, the teacher) never emits an id past them, which the other model could not score.
+        common, widest = self._common_rows
+        if widest > common:
+            self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
+            self.generation_config.suppress_tokens = list(range(common, widest))
         self.nca_beta = float(args.nca_beta)
         self.divergence_spec = args.divergence_spec
         self._redirect = _ForwardRedirection()
@@ -197,6 +237,8 @@ class NCATrainer(GKDTrainer):
         tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
+        # The logged terms of this step are summed over its micro-batches and divided once, like the loss.
+        self._step_sums, self._step_batches_left = None, len(batches)
         return batches, tokens
 
     def _complete(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
@@ -209,12 +251,18 @@ class NCATrainer(GKDTrainer):
         elif self.seq_kd:
             ids, mask = self._generate_teacher(inputs["context_prompts"], inputs["context_prompt_attention_mask"])
         else:
-            if not bool(inputs["has_reference"].all()):
-                raise ValueError("An off-policy step needs reference completions, and this batch has rows without one.")
-            ids, mask = inputs["completion_ids"], inputs["completion_mask"]
+            return self._dataset_completions(inputs, "An off-policy step")
         inputs = dict(inputs)
         inputs["completion_ids"], inputs["completion_mask"] = ids, mask
-        inputs["completions_ready"] = True
+        inputs["completions_ready"], inputs["on_policy"] = True, on_policy
+        return inputs
+
+    def _dataset_completions(self, inputs: dict[str, Any], what: str) -> dict[str, Any]:
+        """The batch with the dataset's reference completions (already in `completion_ids`) marked as ready."""
+        if not bool(inputs["has_reference"].all()):
+            raise ValueError(f"{what} needs reference completions, and this batch has rows without one.")
+        inputs = dict(inputs)
+        inputs["completions_ready"], inputs["on_policy"] = True, False
         return inputs
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher: SelfTeacher | None = None):
@@ -264,7 +312,7 @@ class NCATrainer(GKDTrainer):
             if key not in ("num_episodes", "num_calls"):
                 self._metrics["train"][f"rollout/{key}"].append(value)
         inputs = self._prepare_inputs(self.data_collator.pad(rows))
-        inputs["completions_ready"] = True
+        inputs["completions_ready"], inputs["on_policy"] = True, True
         return inputs
 
     def _get_train_sampler(self, *args, **kwargs):
@@ -294,14 +342,14 @@ class NCATrainer(GKDTrainer):
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
         terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context)
-        loss = terms["opd"].sum()
+        total = terms["opd"].sum()
         if self.nca_beta > 0:
-            loss = loss + self.nca_beta * terms["nca"].sum()
+            total = total + self.nca_beta * terms["nca"].sum()
         if num_items_in_batch is not None:
-            loss = loss / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
+            loss = total / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
         else:
-            loss = loss / max(terms["opd"].numel(), 1)
-        self._log_terms(terms, inputs)
+            loss = total / max(terms["opd"].numel(), 1)
+        self._log_terms(terms, total, inputs)
         return (loss, None) if return_outputs else loss
 
     def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool):
@@ -366,22 +414,80 @@ class NCATrainer(GKDTrainer):
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
 
-    def _log_terms(self, terms: dict[str, torch.Tensor], inputs: dict[str, Any]) -> None:
-        """Token means of the divergences and completion statistics, summed over processes before dividing."""
-        mode = "train" if self.model.training else "eval"
+    # Logged terms. `loss` is the token mean over an optimizer step (all micro-batches and processes), and over the
+    # whole set in evaluation; `opd_loss`, `nca_loss` and `view_kl` are token means over the same tokens, so that
+    # loss = opd_loss + nca_beta * nca_loss holds to float precision. Each micro-batch adds its sums to a vector
+    # (`_STAT_NAMES`); the vector is summed over processes and divided once per step or per evaluation.
+
+    _STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped", "sampled_rows")
+
+    def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
-        names = {"opd": "opd_loss", "nca": "nca_loss", "view_kl": "view_kl"}
-        per_token = [(names[k], v.detach().sum()) for k, v in terms.items()]
-        counts = [lengths.sum(), torch.tensor(lengths.numel(), device=lengths.device), clipped.sum()]
-        stats = torch.stack([v for _, v in per_token] + [c.to(per_token[0][1].dtype) for c in counts])
+        # float64 keeps token counts exact and sums precise (MPS has no float64)
+        zero = total.detach().new_zeros((), dtype=torch.float32 if total.device.type == "mps" else torch.float64)
+        values = {
+            "loss": total.detach(),
+            **{k: terms[k].detach().sum() if k in terms else zero for k in ("opd", "nca", "view_kl")},
+            "tokens": lengths.sum(),
+            "rows": torch.tensor(lengths.numel(), device=lengths.device),
+            "clipped": clipped.sum(),
+            "sampled_rows": torch.tensor(
+                lengths.numel() if inputs.get("on_policy", True) else 0, device=lengths.device
+            ),
+        }
+        stats = torch.stack([values[k].to(zero.dtype) for k in self._STAT_NAMES])
+        if not self.model.training:
+            self._eval_sums = stats if getattr(self, "_eval_sums", None) is None else self._eval_sums + stats
+            return
+        left = getattr(self, "_step_batches_left", 0)
+        if left <= 0:  # a micro-batch outside get_batch_samples' accounting (training_step sampled it itself)
+            self._record_means(stats, "train")
+            return
+        self._step_sums = stats if self._step_sums is None else self._step_sums + stats
+        self._step_batches_left = left - 1
+        if self._step_batches_left == 0:
+            self._record_means(self._step_sums, "train")
+            self._step_sums = None
+
+    def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
+        """Sum the statistics over processes, append their token means to the logged metrics and return them."""
         if self.accelerator.num_processes > 1:
             stats = self.accelerator.gather(stats.unsqueeze(0)).sum(0)
-        tokens, rows, num_clipped = stats[-3].clamp_min(1), stats[-2].clamp_min(1), stats[-1]
-        for (name, _), total in zip(per_token, stats):
-            self._metrics[mode][name].append((total / tokens).item())
-        self._metrics[mode]["completions/mean_length"].append((stats[-3] / rows).item())
-        self._metrics[mode]["completions/clipped_ratio"].append((num_clipped / rows).item())
+        total = dict(zip(self._STAT_NAMES, stats.tolist()))
+        tokens, rows = max(total["tokens"], 1), max(total["rows"], 1)
+        names = {"opd": "opd_loss"}
+        if self.nca_beta > 0 or self.args.nca_monitor:
+            names.update(nca="nca_loss", view_kl="view_kl")
+        for key, name in names.items():
+            self._metrics[mode][name].append(total[key] / tokens)
+        self._metrics[mode]["completions/mean_length"].append(total["tokens"] / rows)
+        self._metrics[mode]["completions/clipped_ratio"].append(total["clipped"] / rows)
+        self._metrics[mode]["completions/on_policy"].append(total["sampled_rows"] / rows)
+        return {"loss": total["loss"] / tokens}
+
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
+        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
+        (Trainer would average per-batch means)."""
+        self._eval_sums = None
+        if self.args.eval_completions == "dataset":
+            logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
+        else:
+            logger.info(
+                "%s scores completions sampled from the student without the context (eval_completions='on_policy').",
+                description,
+            )
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        stats = self._eval_sums
+        if stats is None:  # no batch here: still join the other processes' sum
+            stats = torch.zeros(len(self._STAT_NAMES), dtype=torch.float64, device=self.args.device)
+        means = self._record_means(stats, "eval")
+        self._eval_sums = None
+        if f"{metric_key_prefix}_loss" in output.metrics:
+            output.metrics[f"{metric_key_prefix}_loss"] = means["loss"]
+        return output
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id
@@ -392,11 +498,68 @@ class NCATrainer(GKDTrainer):
         return (torch.isin(ids, eos) & mask).any(1)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        """Evaluation: sample on-policy completions without context and return the loss (no logits)."""
-        inputs = self._complete(self._prepare_inputs(inputs), on_policy=True)
+        """Evaluation: the loss (no logits) on sampled or on the dataset's completions (`eval_completions`)."""
+        inputs = self._prepare_inputs(inputs)
+        if self.args.eval_completions == "dataset":
+            inputs = self._dataset_completions(inputs, "eval_completions='dataset'")
+        else:
+            inputs = self._complete(inputs, on_policy=True)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+
+def _load_teacher(name: str, args: NCAConfig) -> nn.Module:
+    """A teacher given by name, loaded with `teacher_model_init_kwargs` as GKDTrainer would load it."""
+    kwargs = dict(args.teacher_model_init_kwargs or {})
+    if isinstance(kwargs.get("dtype"), str) and kwargs["dtype"] != "auto":
+        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+
+
+def _output_rows(model: nn.Module) -> int:
+    weight = model.get_output_embeddings().weight
+    return getattr(weight, "ds_shape", weight.shape)[0]
+
+
+def _check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tuple[int, int]:
+    """(common, widest) output rows of student and teacher; the common rows must cover every token of the tokenizer.
+
+    Models sharing a tokenizer may pad their output layers differently (Qwen2.5-7B: 152064 rows, Qwen2.5-3B: 151936,
+    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.losses`).
+    """
+    student_rows = _output_rows(student)
+    teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else _output_rows(teacher)
+    common, widest = min(student_rows, teacher_rows), max(student_rows, teacher_rows)
+    if common < len(tokenizer):
+        raise ValueError(
+            f"The student's output layer has {student_rows} rows and the teacher's {teacher_rows}; the divergences "
+            f"use their first {common} rows, which do not cover the tokenizer's {len(tokenizer)} tokens (ids "
+            f"{common}..{len(tokenizer) - 1} would have no probability). Student and teacher must share the "
+            "student's tokenizer: use a teacher of the same model family, or resize the embeddings of the smaller "
+            "model to len(tokenizer)."
+        )
+    return common, widest
+
+
+@contextmanager
+def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
+    """GKDTrainer refuses a teacher whose `config.vocab_size` differs from the student's; NCATrainer supports output
+    layers padded to different sizes (checked by `_check_output_rows`). Show GKD's check the student's value, only
+    for the duration of its `__init__`."""
+    config = getattr(teacher, "config", None)
+    if isinstance(teacher, SelfTeacher) or config is None:
+        yield
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    student_config = student.config.get_text_config() if hasattr(student.config, "get_text_config") else student.config
+    original = text.vocab_size
+    text.vocab_size = student_config.vocab_size
+    try:
+        yield
+    finally:
+        text.vocab_size = original
 
 
 def _drop_migration_hint(record: logging.LogRecord) -> bool:
@@ -465,14 +628,21 @@ def _position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
     return min(limits) if limits else None
 
 
-def _check_references(dataset) -> None:
-    """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's completions, so every row needs one."""
+def _check_references(dataset, split: str) -> None:
+    """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's completions, and eval_completions='dataset'
+    evaluates them, so every row needs one."""
     if dataset.column_names is None:
         return
     missing = [i for i, ids in enumerate(dataset["completion_ids"]) if len(ids) == 0]
-    if missing:
+    if not missing:
+        return
+    where = f"in the {split} dataset {len(missing)} rows (first: {missing[:5]}) have none"
+    if split == "train":
         raise ValueError(
-            f"lmbda < 1 makes some steps off-policy, which train on reference completions, but {len(missing)} rows "
-            f"(first: {missing[:5]}) have none. Use `messages` ending with an assistant turn, set lmbda=1.0, or set "
-            "seq_kd=True to let the teacher write them."
+            f"lmbda < 1 makes some steps off-policy, which train on reference completions, but {where}. Use "
+            "`messages` ending with an assistant turn, set lmbda=1.0, or set seq_kd=True to let the teacher write them."
         )
+    raise ValueError(
+        f"eval_completions='dataset' evaluates the dataset's reference completions, but {where}. Use `messages` "
+        "ending with an assistant turn (or a `completion` column), or set eval_completions='on_policy'."
+    )

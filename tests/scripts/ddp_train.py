@@ -1,9 +1,15 @@
-"""Train 1 SGD step on fixed samples and save the weights; run under torchrun (DDP on CPU, gloo) or alone.
+"""Train 1 SGD step on fixed samples; save the weights before and after, and the logged metrics.
 
-With a third argument `reentrant`, gradient checkpointing is on and reentrant, which under DDP needs both student
-views in one forward (`NCAConfig.nca_joint_forward`, chosen automatically).
+Run under torchrun (DDP on CPU, gloo) or alone:
+
+    ddp_train.py OUT PER_DEVICE_BATCH [GRAD_ACCUM] [reentrant]
+
+With `reentrant`, gradient checkpointing is on and reentrant, which under DDP needs both student views in one forward
+(`NCAConfig.nca_joint_forward`, chosen automatically). The reference completions have ragged lengths, so per-micro-batch
+token means differ from the step's token mean.
 """
 
+import json
 import os
 import sys
 
@@ -14,18 +20,18 @@ from trl_nca import NCAConfig, NCATrainer
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
 
 
-def main(out: str, per_device: int, reentrant: bool):
+def main(out: str, per_device: int, grad_accum: int, reentrant: bool):
     torch.set_num_threads(1)
     tok = make_tiny_tokenizer()
     rows = [
-        [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "ok" + " yes" * i}]
+        [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "ok" + " yes" * (i * i)}]
         for i in range(4)
     ]
     ds = Dataset.from_dict({"messages": rows, "context": ["Be brief and precise."] * 4})
     args = NCAConfig(
-        output_dir=out, max_steps=1, per_device_train_batch_size=per_device, lmbda=0.0, optim="sgd",
-        learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=True,
-        report_to=[], save_strategy="no", max_new_tokens=4, seed=0,
+        output_dir=out, max_steps=1, per_device_train_batch_size=per_device, gradient_accumulation_steps=grad_accum,
+        lmbda=0.0, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False,
+        use_cpu=True, report_to=[], save_strategy="no", max_new_tokens=4, seed=0, logging_steps=1,
         dataloader_drop_last=False, gradient_checkpointing=reentrant,
         gradient_checkpointing_kwargs={"use_reentrant": True} if reentrant else None,
     )  # fmt: skip
@@ -33,10 +39,17 @@ def main(out: str, per_device: int, reentrant: bool):
         model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
         processing_class=tok,
     )  # fmt: skip
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     if trainer.accelerator.is_main_process:
+        torch.save(before, os.path.join(out, "initial.pt"))
         torch.save({n: p.detach() for n, p in trainer.model.named_parameters()}, os.path.join(out, "weights.pt"))
+        with open(os.path.join(out, "logs.json"), "w") as f:
+            json.dump([h for h in trainer.state.log_history if "opd_loss" in h], f)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["reentrant"])
+    rest = sys.argv[3:]
+    reentrant = "reentrant" in rest
+    numbers = [int(a) for a in rest if a != "reentrant"]
+    main(sys.argv[1], int(sys.argv[2]), numbers[0] if numbers else 1, reentrant)

@@ -8,6 +8,7 @@ guaranteed about the random samples.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,9 @@ from .provenance import library_versions, model_identity, sha256_text
 from .records import PairedRecord, ViewOutcome
 from .scorers import COMPANION_SCORERS, Scorer, get_scorer, safe_score
 from .store import append_records, load_records
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -253,6 +257,7 @@ class PairedEvaluator:
         was_training = getattr(model, "training", False)
         if hasattr(model, "eval"):
             model.eval()
+        self._scorer_errors = 0
         try:
             with _progress(len(todo), progress, desc=f"paired eval ({len(done)} done)") as bar:
                 for start in range(0, len(todo), self.generation.batch_size):
@@ -268,9 +273,15 @@ class PairedEvaluator:
         finally:
             if was_training and hasattr(model, "train"):
                 model.train()
+        if self._scorer_errors:
+            logger.warning(
+                "%d responses could not be scored because a scorer raised; each counts as wrong and as a format "
+                "failure. The summary and report give the count per scorer and view.",
+                self._scorer_errors,
+            )
         return [done[item.item_id] for item in items]
 
-    def _outcome(self, item: EvalItem, generated) -> ViewOutcome:
+    def _outcome(self, item: EvalItem, generated, view: str) -> ViewOutcome:
         row = self.rows[item.index]
         main = safe_score(self.scorer, generated.text, item.label, row)
         scores = {}
@@ -279,6 +290,7 @@ class PairedEvaluator:
             scores[scorer.name] = {"answer": s.answer, "correct": s.correct, "format_failure": s.format_failure}
             if s.error:
                 scores[scorer.name]["error"] = s.error
+                self._note_scorer_error(scorer.name, item.item_id, view, s)
         return ViewOutcome(
             completion=generated.text,
             answer=main.answer,
@@ -300,7 +312,21 @@ class PairedEvaluator:
             "prompt_tokens_xc": len(item.prompt_ids_xc),
             **record_meta,
         }
-        return PairedRecord(item.item_id, self._outcome(item, gen_x), self._outcome(item, gen_xc), meta)
+        return PairedRecord(item.item_id, self._outcome(item, gen_x, "x"), self._outcome(item, gen_xc, "xc"), meta)
+
+    def _note_scorer_error(self, scorer: str, item_id: str, view: str, score) -> None:
+        """Count a scorer error; the first one of a run is logged with its traceback."""
+        self._scorer_errors = getattr(self, "_scorer_errors", 0) + 1
+        if self._scorer_errors == 1:
+            logger.warning(
+                "Scorer %r failed on item %r (view %s): %s. The response counts as wrong and as a format failure; "
+                "further scorer errors are only counted.\n%s",
+                scorer,
+                item_id,
+                view,
+                score.error,
+                score.traceback or "(no traceback: the scorer returned an unusable value)",
+            )
 
 
 def _head(dataset, limit: int):

@@ -50,6 +50,25 @@ def scorer_names(records: Sequence[PairedRecord]) -> list[str]:
     return sorted(names or [])
 
 
+def scorer_errors(records: Sequence[PairedRecord]) -> dict[str, Any]:
+    """How many responses a scorer failed on (it raised, or returned an unusable value), per scorer and view.
+
+    Such a response counts as wrong and as a format failure in the metrics; this count tells them apart from genuine
+    format failures. `first` describes the first failure of each scorer (item, view, error message).
+    """
+    by_scorer: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for view, outcome in (("x", record.x), ("xc", record.xc)):
+            for name, score in outcome.extra.get("scores", {}).items():
+                counts = by_scorer.setdefault(name, {"x": 0, "xc": 0, "first": None})
+                if score.get("error"):
+                    counts[view] += 1
+                    if counts["first"] is None:
+                        counts["first"] = f"item {record.item_id}, view {view}: {score['error']}"
+    total = sum(c["x"] + c["xc"] for c in by_scorer.values())
+    return {"total": total, "by_scorer": by_scorer}
+
+
 def summarize_run(
     run: ModelRun, *, alpha: float = 0.05, n_bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95
 ) -> dict[str, Any]:
@@ -65,6 +84,7 @@ def summarize_run(
         "name": run.name,
         "metrics": compute_metrics(run.records, **options),
         "metrics_by_scorer": by_scorer,
+        "scorer_errors": scorer_errors(run.records),
         "records_path": run.records_path,
         "provenance": run.provenance,
     }
@@ -166,6 +186,22 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
             cells = [name, scorer] + [_with_ci(m, k) for k in ("acc_x", "acc_xc", "delta", "harm", "help")]
             cells += [_pct(m["format_failure_x"]), _pct(m["format_failure_xc"]), f"{m['mcnemar_p']:.3g}"]
             lines.append("| " + " | ".join(cells + [m["regime"] or "n/a"]) + " |")
+    lines += ["", "## Scorer errors", ""]
+    errors = [(model["name"], model.get("scorer_errors") or {"total": 0, "by_scorer": {}}) for model in models]
+    if not any(e["total"] for _, e in errors):
+        lines.append("None: every response was scored (format failures above are genuine).")
+    else:
+        lines += [
+            "Responses a scorer failed on (it raised, or returned an unusable value): each counts as wrong and as a "
+            "format failure above.",
+            "",
+            "| Model | Scorer | Errors without c | Errors with c | First error |",
+            "|---|---|---|---|---|",
+        ]
+        for name, e in errors:
+            for scorer, counts in e["by_scorer"].items():
+                first = (counts["first"] or "").replace("|", "\\|").replace("\n", " ")
+                lines.append(f"| {name} | {scorer} | {counts['x']} | {counts['xc']} | {first} |")
     lines += ["", "## Length (response tokens)", "", "| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
     for model in models:
         m = model["metrics"]

@@ -1,7 +1,9 @@
 """Scorers: turn a generated response into (parsed answer, correct, format failure) given the item's label.
 
 A scorer never raises on a response: whatever it cannot parse is a format failure, which counts as wrong and is also
-counted separately, so no item is silently dropped from the accuracy denominator. Scorers can raise on a *label*
+counted separately, so no item is silently dropped from the accuracy denominator. An exception inside a scorer (a bug
+in a user scorer, say) is caught the same way but recorded as an error: the evaluator warns once with its traceback and
+reports the number of scorer errors in the summary and the Markdown report. Scorers can raise on a *label*
 (`check_label`) so that a scorer/dataset mismatch is caught before any generation starts.
 """
 
@@ -10,8 +12,9 @@ from __future__ import annotations
 import importlib
 import re
 import string
+import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -26,6 +29,7 @@ class Score:
     correct: bool
     format_failure: bool
     error: str | None = None
+    traceback: str | None = field(default=None, compare=False, repr=False)
 
 
 @runtime_checkable
@@ -332,7 +336,7 @@ class CallableScorer:
         try:
             result = self.fn(text, label)
         except Exception as error:  # a scorer bug must not lose the item
-            return Score(None, False, True, error=f"{type(error).__name__}: {error}")
+            return _error_score(error)
         return _coerce_score(result)
 
 
@@ -401,5 +405,10 @@ def safe_score(scorer: Scorer, text: str, label: Any, row: dict[str, Any] | None
     try:
         score = scorer(text, label, row=row) if getattr(scorer, "uses_row", False) else scorer(text, label)
     except Exception as error:
-        return Score(None, False, True, error=f"{type(error).__name__}: {error}")
+        return _error_score(error)
     return score if isinstance(score, Score) else _coerce_score(score)
+
+
+def _error_score(error: Exception) -> Score:
+    """The verdict on a response whose scorer raised: wrong, a format failure, and the error with its traceback."""
+    return Score(None, False, True, error=f"{type(error).__name__}: {error}", traceback=traceback.format_exc())

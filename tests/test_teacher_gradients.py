@@ -1,0 +1,149 @@
+"""The trainer's loss and gradients against a full-logit reference for every kind of teacher.
+
+The teacher must be a constant: whatever it is (the live student, the student with its adapter off, a frozen or merged
+copy, a separate model), no gradient may flow into any parameter through its distribution. The reference computes
+full logits with the models' own forward passes, takes the teacher's log-probabilities from a detached forward of an
+independent copy of the teacher, and differentiates the plain token mean of OPD + nca_beta * NCA.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.views import build_view
+
+
+CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
+LORA_TARGETS = ["q_proj", "v_proj"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tiny_tokenizer()
+
+
+def ragged_dataset(n=3):
+    rows = [
+        [
+            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
+            {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * (3 * i)},
+        ]
+        for i in range(n)
+    ]
+    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
+
+
+def full_logits(model, view, completion_mask):
+    out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
+    return out.logits[:, view.prompt_width - 1 :][completion_mask.bool()].double()
+
+
+def reference_loss(student, teacher_logits_fn, batch, nca_beta, anchor, temperature=1.0):
+    """Token mean of OPD (reverse KL) + nca_beta * NCA from full logits; the teacher's log-probs are constants."""
+    ids, mask = batch["completion_ids"], batch["completion_mask"]
+    vx = build_view(batch["prompts"], batch["prompt_attention_mask"], ids, mask)
+    vc = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], ids, mask)
+    lx = F.log_softmax(full_logits(student, vx, mask) / temperature, -1)
+    lc = F.log_softmax(full_logits(student, vc, mask) / temperature, -1)
+    with torch.no_grad():
+        lt = F.log_softmax(teacher_logits_fn(vc, mask) / temperature, -1)
+    opd = (lx.exp() * (lx - lt)).sum(-1)
+    target = lx.detach() if anchor == "student" else lt
+    nca = (target.exp() * (target - lc)).sum(-1)
+    return (opd + nca_beta * nca).mean()
+
+
+TEACHERS = [
+    # (teacher kind, fine-tuning)
+    ("live", "full"),
+    ("live", "lora"),
+    ("adapter_off", "lora"),
+    ("frozen_copy", "full"),
+    ("merged_copy", "lora"),
+    ("separate", "full"),
+    ("separate", "lora"),
+]
+
+
+def build(tok, tmp_path, kind, tuning, tied, anchor="student"):
+    """A trainer with the given teacher, and a function giving the reference teacher's logits on a view."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    base = make_tiny_model(tok, 0, tie_word_embeddings=tied).double()
+    initial = copy.deepcopy(base).eval()
+    args = NCAConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, max_new_tokens=6, bf16=False, use_cpu=True,
+        report_to=[], save_strategy="no", lmbda=0.0, nca_beta=0.5, nca_anchor=anchor,
+        self_teacher="live" if kind == "live" else "initial",
+    )  # fmt: skip
+    teacher, peft_config, model = None, None, base
+    separate = make_tiny_model(tok, 1, tie_word_embeddings=tied).double() if kind == "separate" else None
+    if kind == "separate":
+        teacher = separate
+    if tuning == "lora":
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0)
+        if kind == "merged_copy":  # an adapter that is not a no-op at the start
+            lora.init_lora_weights = False
+            model = get_peft_model(base, lora)
+        else:
+            peft_config = lora
+    merged_start = copy.deepcopy(model).merge_and_unload().eval() if kind == "merged_copy" else None
+    trainer = NCATrainer(
+        model=model, teacher_model=teacher, args=args, train_dataset=ragged_dataset(), processing_class=tok,
+        peft_config=peft_config,
+    )  # fmt: skip
+    student = trainer.model
+
+    def teacher_logits(view, mask):
+        reference = {"adapter_off": initial, "frozen_copy": initial, "merged_copy": merged_start}.get(kind, separate)
+        return full_logits(student if kind == "live" else reference, view, mask)
+
+    return trainer, teacher_logits
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("kind,tuning", TEACHERS, ids=[f"{k}-{t}" for k, t in TEACHERS])
+def test_loss_and_gradients_match_full_logit_reference(tok, tmp_path, kind, tuning, tied):
+    trainer, teacher_logits = build(tok, tmp_path, kind, tuning, tied)
+    _check_against_reference(trainer, teacher_logits, anchor="student")
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("kind,tuning", [("live", "full"), ("frozen_copy", "full")], ids=["live", "frozen_copy"])
+def test_teacher_anchor_gradients_match_full_logit_reference(tok, tmp_path, kind, tuning, tied):
+    """nca_anchor='teacher' (DualOPD) pulls the context view towards the teacher: still no gradient into it."""
+    trainer, teacher_logits = build(tok, tmp_path, kind, tuning, tied, anchor="teacher")
+    _check_against_reference(trainer, teacher_logits, anchor="teacher")
+
+
+def _check_against_reference(trainer, teacher_logits, anchor):
+    student = trainer.model
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
+    batch = trainer._complete(batch, on_policy=False)
+    assert batch["completion_mask"].sum(1).unique().numel() == 3  # ragged completions
+
+    student.zero_grad()
+    loss = trainer.compute_loss(student, batch)
+    loss.backward()
+    got = grads(student)
+    student.zero_grad()
+    ref = reference_loss(student, teacher_logits, batch, nca_beta=0.5, anchor=anchor)
+    ref.backward()
+    expected = grads(student)
+    student.zero_grad()
+
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-9, atol=1e-12)
+    assert set(got) == set(expected) and expected
+    for name, g in expected.items():
+        scale = g.abs().max().clamp_min(1e-12)
+        torch.testing.assert_close(got[name] / scale, g / scale, rtol=0, atol=1e-9, msg=name)

@@ -1,0 +1,152 @@
+"""Student and teacher whose output layers are padded to different sizes (same tokenizer).
+
+Qwen2.5-7B has 152064 output rows, Qwen2.5-3B 151936, both for 151665 tokens. The divergences use the first
+V = min(V_student, V_teacher) rows, each distribution renormalised over them; sampling never emits an id past V.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from torch import nn
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.views import build_view
+
+
+CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
+EXTRA = 8  # padding rows of the wider model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tiny_tokenizer()
+
+
+def ragged_dataset(n=3):
+    rows = [
+        [
+            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
+            {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * (3 * i)},
+        ]
+        for i in range(n)
+    ]
+    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
+
+
+def make_args(tmp_path, **kwargs):
+    defaults = dict(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, max_new_tokens=6, bf16=False, use_cpu=True,
+        report_to=[], save_strategy="no", lmbda=0.0, nca_beta=0.5, max_steps=1,
+    )  # fmt: skip
+    defaults.update(kwargs)
+    return NCAConfig(**defaults)
+
+
+def loud_padding_rows(model, first_padding_row):
+    """Give the model's output layer a bias that makes its padding rows (ids >= first_padding_row) all but certain, so
+    any sampling or loss that looked at them would show it."""
+    head = model.lm_head
+    biased = nn.Linear(head.in_features, head.out_features, bias=True, dtype=head.weight.dtype)
+    with torch.no_grad():
+        biased.weight.copy_(head.weight)
+        biased.bias.zero_()
+        biased.bias[first_padding_row:] = 30.0
+    model.lm_head = biased
+    return model
+
+
+def full_logits(model, view, mask, rows):
+    out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
+    return out.logits[:, view.prompt_width - 1 :][mask.bool()][:, :rows].double()
+
+
+@pytest.mark.parametrize("spec", [{}, {"beta": 0.5, "temperature": 0.7}, {"divergence_support": "top_k", "top_k": 5}])
+@pytest.mark.parametrize("wider", ["teacher", "student"])
+def test_loss_and_gradients_over_the_common_rows(tok, tmp_path, wider, spec):
+    """Values and gradients against full logits cut to the common rows and renormalised there."""
+    rows = len(tok)
+    student = make_tiny_model(tok, 0, vocab_size=rows + (EXTRA if wider == "student" else 0)).double()
+    teacher = make_tiny_model(tok, 1, vocab_size=rows + (EXTRA if wider == "teacher" else 0)).double()
+    loud_padding_rows(student if wider == "student" else teacher, rows)
+    trainer = NCATrainer(
+        model=student, teacher_model=teacher, args=make_args(tmp_path, **spec), train_dataset=ragged_dataset(),
+        processing_class=tok,
+    )  # fmt: skip
+    batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False)
+    loss = trainer.compute_loss(student, batch)
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in student.named_parameters()}
+    student.zero_grad()
+
+    ids, mask = batch["completion_ids"], batch["completion_mask"]
+    vx = build_view(batch["prompts"], batch["prompt_attention_mask"], ids, mask)
+    vc = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], ids, mask)
+    T = spec.get("temperature", 1.0)
+    zx, zc = full_logits(student, vx, mask, rows) / T, full_logits(student, vc, mask, rows) / T
+    with torch.no_grad():
+        zt = full_logits(teacher, vc, mask, rows) / T
+    lx, lc, lt = (F.log_softmax(z, -1) for z in (zx, zc, zt))
+    beta = spec.get("beta", 1.0)
+    if beta == 1.0:
+        opd = lx.exp() * (lx - lt)
+    else:
+        lm = torch.logaddexp(lx + math.log1p(-beta), lt + math.log(beta))
+        opd = beta * lt.exp() * (lt - lm) + (1 - beta) * lx.exp() * (lx - lm)
+    nca = lx.detach().exp() * (lx.detach() - lc)
+    if spec.get("divergence_support") == "top_k":
+        support = torch.zeros_like(zx, dtype=torch.bool).scatter(1, zx.detach().topk(5, -1).indices, True)
+        opd, nca = opd * support, nca * support
+    ref = (opd.sum(-1) + 0.5 * nca.sum(-1)).mean()
+    ref.backward()
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-9, atol=1e-12)
+    for name, p in student.named_parameters():
+        scale = p.grad.abs().max().clamp_min(1e-12)
+        torch.testing.assert_close(got[name] / scale, p.grad / scale, rtol=0, atol=1e-9, msg=name)
+    if wider == "student":  # the padding rows take no part in the loss
+        assert not got["lm_head.weight"][rows:].abs().sum() and not got["lm_head.bias"][rows:].abs().sum()
+
+
+def test_too_few_common_rows_for_the_tokenizer_is_an_error(tok, tmp_path):
+    teacher = make_tiny_model(tok, 1, vocab_size=len(tok) - 4)
+    with pytest.raises(ValueError, match=rf"first {len(tok) - 4} rows, which do not cover the tokenizer's {len(tok)}"):
+        NCATrainer(
+            model=make_tiny_model(tok, 0), teacher_model=teacher, args=make_args(tmp_path),
+            train_dataset=ragged_dataset(), processing_class=tok,
+        )  # fmt: skip
+
+
+def test_teacher_by_name_with_a_wider_output_layer(tok, tmp_path):
+    """A teacher given by name (GKD loads it itself, and refuses a different vocab_size) is accepted too."""
+    path = tmp_path / "wide-teacher"
+    make_tiny_model(tok, 1, vocab_size=len(tok) + EXTRA).save_pretrained(path)
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=str(path), args=make_args(tmp_path),
+        train_dataset=ragged_dataset(), processing_class=tok,
+    )  # fmt: skip
+    assert trainer._teacher().get_output_embeddings().weight.shape[0] == len(tok) + EXTRA
+    assert trainer._teacher().config.vocab_size == len(tok) + EXTRA  # GKD's check saw a stand-in value only
+    trainer.train()
+
+
+@pytest.mark.parametrize("wider", ["teacher", "student"])
+def test_sampling_never_emits_ids_past_the_common_rows(tok, tmp_path, wider):
+    """seq_kd from a wider teacher, and on-policy sampling of a wider student: padding ids are masked, even when the
+    padding rows would otherwise take almost all the probability."""
+    rows = len(tok)
+    student = make_tiny_model(tok, 0, vocab_size=rows + (EXTRA if wider == "student" else 0))
+    teacher = make_tiny_model(tok, 1, vocab_size=rows + (EXTRA if wider == "teacher" else 0))
+    loud_padding_rows(student if wider == "student" else teacher, rows)
+    seq_kd = wider == "teacher"
+    args = make_args(tmp_path, lmbda=0.0 if seq_kd else 1.0, seq_kd=seq_kd, max_new_tokens=12)
+    prompts = Dataset.from_dict({"prompt": ["Which answer? (A) yes (B) no"] * 3, "context": [CONTEXT] * 3})
+    trainer = NCATrainer(model=student, teacher_model=teacher, args=args, train_dataset=prompts, processing_class=tok)
+    batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]))
+    torch.manual_seed(0)
+    out = trainer._complete(batch, on_policy=not seq_kd)
+    ids = out["completion_ids"][out["completion_mask"].bool()]
+    assert ids.numel() >= 3 and int(ids.max()) < rows
+    trainer.train()
