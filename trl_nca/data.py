@@ -72,11 +72,11 @@ def tokenize_example(
     example: Mapping[str, Any], index: int | None, tokenizer, spec: ContextSpec, limits: Limits
 ) -> dict[str, list[int]]:
     """Token ids of the no-context prompt, the context prompt and the reference completion (possibly empty)."""
-    prompt, completion = split_example(example)
+    where = f"row {index}" if index is not None else "an example"
+    prompt, completion = split_example(example, where)
     context = spec.context_of(example, index)
     prompt_ids = render_prompt_ids(tokenizer, prompt)
     completion_ids = render_completion_ids(tokenizer, prompt, completion) if completion else []
-    where = f"row {index}" if index is not None else "an example"
     completion_budget = max(limits.max_new_tokens, len(completion_ids))
     if limits.max_length is not None and len(prompt_ids) + completion_budget > limits.max_length:
         raise ValueError(
@@ -168,3 +168,31 @@ class NCACollator:
             "completion_mask": completion_mask,
             "has_reference": torch.tensor([len(e["completion_ids"]) > 0 for e in examples]),
         }
+
+
+def check_examples(dataset, spec: ContextSpec, split: str) -> None:
+    """Fail on an empty dataset and on malformed rows (prompt type, chat messages, context) before any model work.
+
+    Cheap (no tokenisation); pre-tokenised datasets and datasets without a length (iterable) are left to
+    `prepare_dataset`.
+    """
+    column_names = getattr(dataset, "column_names", None)
+    if column_names is not None and all(c in column_names for c in TOKEN_COLUMNS):
+        return
+    try:
+        size = len(dataset)
+    except TypeError:
+        return
+    if size == 0:
+        raise ValueError(
+            f"The {split} dataset is empty (0 rows). Check the file, the split name and any row limit "
+            "(e.g. max_train_samples)."
+        )
+    if column_names is not None:
+        check_columns(column_names, spec, split)
+        if isinstance(dataset, Dataset):  # read only the columns checked here
+            wanted = ("messages", "prompt", "completion", spec.column if spec.text is None else None)
+            dataset = dataset.select_columns([c for c in column_names if c in wanted])
+    for index, example in enumerate(dataset):
+        split_example(example, where=f"row {index} of the {split} dataset")
+        spec.context_of(example, index)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 from contextlib import nullcontext
 from typing import Any
@@ -17,9 +18,18 @@ from trl.trainer.sft_trainer import SFTTrainer
 from trl.trainer.utils import create_model_from_path
 
 from .config import NCAConfig
-from .data import Limits, NCACollator, check_tokenizer, prepare_dataset, tokenize_example
+from .data import Limits, NCACollator, check_examples, check_tokenizer, prepare_dataset, tokenize_example
 from .losses import LMHead, token_divergences
-from .teacher import SelfTeacher, adapter_is_identity, check_peft_self_teacher, frozen_copy, is_peft_model
+from .models import resolve_model_name_or_path
+from .teacher import (
+    SelfTeacher,
+    adapter_is_identity,
+    check_peft_self_teacher,
+    check_same_vocabulary,
+    frozen_copy,
+    is_peft_model,
+    load_teacher_tokenizer,
+)
 from .views import View, build_view, completion_hidden, left_pad, render_prompt_ids
 
 
@@ -45,6 +55,9 @@ class NCATrainer(GKDTrainer):
             optimizer step plays `rollout.episodes_per_step` fresh training maps (per_device_train_batch_size x
             gradient_accumulation_steps x processes) with the student, without the experience; every model call of
             every episode becomes one sample, scored with the experience in the context view.
+        teacher_processing_class: the teacher's tokenizer, to check that it maps every token to the same id as the
+            student's. By default it is loaded from the teacher's path (or the folder a teacher model was loaded
+            from), when there is one.
         Other arguments are those of `GKDTrainer`.
     """
 
@@ -70,11 +83,16 @@ class NCATrainer(GKDTrainer):
         peft_config=None,
         formatting_func=None,
         rollout=None,
+        teacher_processing_class=None,
     ):
         if args is None:
             args = NCAConfig(output_dir="nca-output")
         elif not isinstance(args, NCAConfig):
             raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
+        model = resolve_model_name_or_path(model, "Student model")
+        if rollout is None:  # empty or malformed datasets fail here, before any model is loaded
+            for split, dataset in _named_datasets(train_dataset, eval_dataset):
+                check_examples(dataset, args.context_spec, split)
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             model = create_model_from_path(model, **(args.model_init_kwargs or {}))
@@ -87,6 +105,11 @@ class NCATrainer(GKDTrainer):
 
         if teacher_model is None and args.teacher_model_name_or_path is not None:
             teacher_model = args.teacher_model_name_or_path
+        teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
+        if teacher_model is not None:
+            teacher_tokenizer = teacher_processing_class or load_teacher_tokenizer(teacher_model)
+            if teacher_tokenizer is not None:
+                check_same_vocabulary(processing_class, teacher_tokenizer)
         uses_peft = peft_config is not None or is_peft_model(model)
         if teacher_model is None:
             if args.self_teacher == "live" or uses_peft:
@@ -164,7 +187,13 @@ class NCATrainer(GKDTrainer):
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            if last is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True, but output_dir {self.args.output_dir!r} holds no checkpoint-N "
+                    "folder. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
+                )
+            resume_from_checkpoint = last
         self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
@@ -448,6 +477,16 @@ def _rollout_dataset(rollout, args: NCAConfig, train_dataset):
         separator=rollout.spec.separator,
     )  # fmt: skip
     return Dataset.from_dict({"seed": seeds}), spec
+
+
+def _named_datasets(train_dataset, eval_dataset):
+    """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
+    pairs = [("train", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        pairs += [(f"eval {name}", ds) for name, ds in eval_dataset.items()]
+    else:
+        pairs.append(("eval", eval_dataset))
+    return [(split, ds) for split, ds in pairs if ds is not None]
 
 
 def _position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
