@@ -9,6 +9,7 @@ from datasets import Dataset
 
 import trl_nca.trainer
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.cli import main as cli_main
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
 
 
@@ -222,3 +223,189 @@ def test_resume_true_without_a_checkpoint_is_an_error(tok, tmp_path):
     trainer = build(tok, tmp_path / "fresh", Dataset.from_dict({"prompt": ["q"]}), context_text="c")
     with pytest.raises(ValueError, match=r"resume_from_checkpoint=True, but output_dir .* holds no checkpoint-N"):
         trainer.train(resume_from_checkpoint=True)
+
+
+# --- evaluation: 2, 9, 12, 13, 15 and the model resolver ---------------------------------------------------------------
+
+from trl_nca.eval import GenerationSettings, PairedEvaluator  # noqa: E402
+from trl_nca.eval.cli import main as eval_main  # noqa: E402
+from trl_nca.eval.errors import EvalInputError  # noqa: E402
+from trl_nca.views import ContextSpec  # noqa: E402
+
+
+def qa_rows(n=3):
+    return [{"id": f"q{i}", "prompt": f"Question {i}? (A) yes (B) no", "answer": "AB"[i % 2]} for i in range(n)]
+
+
+def qa_evaluator(data, **kwargs):
+    return PairedEvaluator(
+        data, context=ContextSpec(text="Be careful."), id_column="id",
+        generation=GenerationSettings(max_new_tokens=4, batch_size=2), **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: r[1].update(prompt="Another question? (A) yes (B) no"),
+        lambda r: r[1].update(answer="A"),
+        lambda r: r[1].update(
+            prompt=[{"role": "system", "content": "Short."}, {"role": "user", "content": r[1]["prompt"]}]
+        ),
+    ],
+    ids=["prompt", "label", "messages"],
+)
+def test_eval_refuses_to_resume_records_of_changed_items(tok, tmp_path, change):
+    model = make_tiny_model(tok)
+    path = tmp_path / "records.jsonl"
+    first = qa_evaluator(qa_rows()).run(model, tok, output_path=path, progress=False)
+    changed = qa_rows()
+    change(changed)
+    with pytest.raises(EvalInputError, match=r"records of 1 item\(s\) whose prompt, label or tokenization differ .*"
+                       r"\['q1'\].*Use a new output folder, or delete the file"):  # fmt: skip
+        qa_evaluator(changed).run(model, tok, output_path=path, progress=False)
+    # unchanged items resume (nothing regenerated), and new ones are added
+    more = qa_evaluator(qa_rows(4)).run(model, tok, output_path=path, progress=False)
+    assert [r.to_dict() for r in more[:3]] == [r.to_dict() for r in first]
+    assert len(path.read_text().splitlines()) == 4
+
+
+def test_eval_cli_refuses_a_changed_dataset_in_an_existing_output_folder(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in qa_rows(2)))
+    argv = ["--model", tiny_dir, "--dataset", str(data), "--id-column", "id", "--context-text", "Be careful.",
+            "--max-new-tokens", "3", "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    assert eval_main(argv) == 0
+    rows = qa_rows(2)
+    rows[0]["answer"] = "B"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(argv)
+    assert exit_info.value.code == 2
+    assert "item(s) whose prompt, label or tokenization differ" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"id": "b", "prompt": "q"}],
+            r"Row 1 \(item 'b'\) has no label in column 'answer' \(missing or null\)\. Fill it in, or drop the row",
+        ),
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"id": "b", "prompt": "q", "answer": None}],
+            r"Row 1 \(item 'b'\) has no label",
+        ),
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"prompt": "q", "answer": "B"}],
+            r"Row 1 has no id in column 'id'",
+        ),
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"id": "b", "prompt": 7, "answer": "B"}],
+            r"row 1 \(item 'b'\), `prompt` must be a string or a list of chat messages",
+        ),
+        (
+            [{"id": "a", "messages": [{"content": "q"}], "answer": "A"}],
+            r"row 0 \(item 'a'\), message 0 of `messages` has no string 'role'",
+        ),
+        (
+            [{"id": "a", "messages": [{"role": "system", "content": "q"}], "answer": "A"}],
+            r"row 0 \(item 'a'\), the prompt has no user turn",
+        ),
+    ],
+)
+def test_eval_rows_are_checked_before_any_model_work(rows, match):
+    with pytest.raises(EvalInputError, match=match):
+        qa_evaluator(rows)
+
+
+def run_eval_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_eval_cli_label_missing_in_one_row(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n{"prompt": "q2"}\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir",
+                          str(tmp_path / "o")], capsys)  # fmt: skip
+    assert "Row 1 (item '1') has no label in column 'answer'" in err
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_non_utf8_file_names_file_and_line(tiny_dir, tmp_path, capsys, suffix):
+    data = tmp_path / f"items{suffix}"
+    if suffix == ".jsonl":
+        data.write_bytes(b'{"prompt": "q1", "answer": "A"}\n{"prompt": "q\xff2", "answer": "B"}\n')
+    else:
+        data.write_bytes(b'[{"prompt": "q1", "answer": "A"},\n {"prompt": "q\xff2", "answer": "B"}]\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir",
+                          str(tmp_path / "o")], capsys)  # fmt: skip
+    assert f"Line 2 of {data} is not UTF-8 text: byte 0xff" in err
+    # the training command reads local files the same way
+    assert cli_main(["train", "--model_name_or_path", tiny_dir, "--dataset_name", str(data), "--output_dir",
+                     str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"]) == 2  # fmt: skip
+    assert f"Line 2 of {data} is not UTF-8 text: byte 0xff" in capsys.readouterr().err
+
+
+def test_train_cli_empty_dataset_file(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("\n")
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    assert cli_main(["train", *common, "--dataset_name", str(data)]) == 2
+    assert f"The dataset file '{data}' holds no rows" in capsys.readouterr().err
+    assert cli_main(["train", *common, "--max_train_samples", "0"]) == 2
+    assert "max_train_samples must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name,match",
+    [
+        ("./no/such/model", r"path './no/such/model' does not exist"),
+        ("no/such/model", r"path 'no/such/model' does not exist"),
+        ("nobody/no-such-model", r"'nobody/no-such-model' is not a local folder .*the Hugging Face Hub is offline"),
+        ("not a model", r"'not a model' is neither an existing local folder nor a valid Hub id"),
+    ],
+)
+def test_missing_models_get_our_message_in_every_command(tiny_dir, tmp_path, capsys, name, match):
+    import re
+
+    assert cli_main(["train", "--model_name_or_path", name, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+                     "--bf16", "false"]) == 2  # fmt: skip
+    assert re.search("trl-nca train: error: Student model " + match, capsys.readouterr().err)
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    err = run_eval_error(["--model", name, "--dataset", str(data), "--context-text", "c", "--output-dir",
+                          str(tmp_path / "o")], capsys)  # fmt: skip
+    assert re.search(match, err)
+    teacher = cli_main(["train", "--model_name_or_path", tiny_dir, "--teacher_model_name_or_path", name,
+                        "--output_dir", str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"])  # fmt: skip
+    assert teacher == 2 and re.search("Teacher model " + match, capsys.readouterr().err)
+
+
+def test_eval_cli_accepts_embedded_like_train(tiny_dir, tmp_path, monkeypatch):
+    """One resolver for every command: `trl-nca eval --model embedded` loads the embedded model's folder."""
+    import trl_nca.models
+
+    monkeypatch.setattr(trl_nca.models, "embedded_model_path", lambda: tiny_dir)  # stands in for the converted cache
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    argv = ["--model", "embedded", "--dataset", str(data), "--context-text", "c", "--max-new-tokens", "3",
+            "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    assert eval_main(argv) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["models"][0]["name"] == "embedded"
+    assert summary["models"][0]["provenance"]["model"]["resolved_path"] == str(tiny_dir)
+
+
+def test_custom_scorer_help_says_it_runs_code(capsys):
+    from trl_nca.eval.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    assert "runs its code" in " ".join(capsys.readouterr().out.split())

@@ -112,7 +112,7 @@ def test_error_scorer_dataset_mismatch(tmp_path, dataset, tiny_dir, capsys):
 
 def test_error_model_not_found(tmp_path, dataset, capsys):
     err = run_error(base_args(tmp_path, dataset, str(tmp_path / "no-such-model")), capsys)
-    assert "Model" in err and "not found" in err
+    assert "Model 'base': path" in err and "does not exist" in err and "Traceback" not in err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "has no config.json" in run_error(base_args(tmp_path, dataset, str(empty)), capsys)

@@ -277,7 +277,7 @@ def test_evaluate_paired_from_paths_with_adapter(tok, tiny_dir, tmp_path):
     adapted = evaluate_paired(tiny_dir, rows(3), adapter=str(tmp_path / "adapter"), **kwargs)
     assert adapted[0].meta["adapter"] == str(tmp_path / "adapter")
     assert [r.x.completion for r in adapted] != [r.x.completion for r in base]
-    with pytest.raises(EvalInputError, match="not found"):
+    with pytest.raises(EvalInputError, match="does not exist"):
         load_model(str(tmp_path / "nope"))
 
 

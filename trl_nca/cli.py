@@ -173,7 +173,7 @@ def train(argv: list[str] | None = None):
     from trl import ModelConfig, TrlParser, get_peft_config
 
     from . import NCAConfig, NCATrainer
-    from .models import resolve_model_name_or_path
+    from .models import EmbeddedModelUnavailableError, resolve_model_name_or_path
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
@@ -218,7 +218,7 @@ def train(argv: list[str] | None = None):
             eval_dataset=eval_dataset,
             peft_config=get_peft_config(model_args),
         )
-    except (ValueError, TypeError, OSError) as error:
+    except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)

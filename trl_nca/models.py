@@ -514,9 +514,10 @@ def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
             f"{what} {name!r} is a file; give the model's folder (with config.json), a Hub id, or 'embedded'."
         )
     if _looks_like_local_path(name):
+        looked = "" if str(path.absolute()) == name else f" (looked for {path.absolute()})"
         raise ModelNotFoundError(
-            f"{what} path {name!r} does not exist (looked for {path.absolute()}). Check the path, or give a Hub id "
-            "(owner/name) or 'embedded' for the built-in SmolLM2-135M-Instruct."
+            f"{what} path {name!r} does not exist{looked}. Check the path, or give a Hub id (owner/name) or "
+            "'embedded' for the built-in SmolLM2-135M-Instruct."
         )
     from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.constants import is_offline_mode

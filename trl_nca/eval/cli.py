@@ -72,8 +72,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     models = parser.add_argument_group("models")
     models.add_argument(
         "--model", action="append", default=[], metavar="[NAME=]PATH",
-        help="Model folder or Hub id; repeat for several models. NAME= sets its name in the report (default: the "
-        "last path component). Example: --model nca=Qwen/Qwen2.5-0.5B-Instruct.",
+        help="Model folder, Hub id, or 'embedded' (the built-in SmolLM2-135M-Instruct); repeat for several models. "
+        "NAME= sets its name in the report (default: the last path component). Example: "
+        "--model nca=Qwen/Qwen2.5-0.5B-Instruct.",
     )  # fmt: skip
     models.add_argument(
         "--adapter", action="append", default=[], metavar="[NAME=]PATH",
@@ -131,7 +132,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     scoring.add_argument(
         "--scorer", default="mcq",
         help=f"One of {sorted(SCORERS)}, or 'package.module:function' taking (text, label) (default: mcq, the OPCD "
-        "parser; the strict parser is reported next to it).",
+        "parser; the strict parser is reported next to it). A custom scorer imports that module and runs its code, "
+        "with your permissions: use only code you trust.",
     )  # fmt: skip
     scoring.add_argument(
         "--companion-scorer", action="append", metavar="SCORER",
@@ -234,14 +236,20 @@ def parse_model_specs(models: Sequence[str], adapters: Sequence[str]) -> list[Mo
     return specs
 
 
+def _resolve_model(name: str, what: str) -> str:
+    """`trl_nca.models.resolve_model_name_or_path`, the resolver of every command ('embedded' included)."""
+    from ..models import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
+
+    try:
+        return resolve_model_name_or_path(name, what)
+    except (ModelNotFoundError, EmbeddedModelUnavailableError) as error:
+        raise EvalInputError(str(error)) from error
+
+
 def _check_local(path: str, what: str) -> None:
-    """Fail early on a local model/adapter path that does not exist or is not a model folder (Hub ids pass)."""
-    local = Path(path).expanduser()
-    if path.startswith(("/", "./", "../", "~")) and not local.exists():
+    """Fail early on a local adapter path that does not exist (Hub ids pass)."""
+    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
         raise EvalInputError(f"{what} {path!r} not found: no such folder.")
-    if what == "Model" and local.is_dir():
-        if not (local / "config.json").exists() and not (local / "adapter_config.json").exists():
-            raise EvalInputError(f"Model {path!r} not found: the folder has no config.json.")
 
 
 def _context_spec(args) -> tuple[ContextSpec, str | None]:
@@ -334,9 +342,11 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
     specs = parse_model_specs(args.model, args.adapter)
     for spec in specs:
-        _check_local(spec.path, "Model")
+        spec.path = _resolve_model(spec.path, f"Model {spec.name!r}:")
         if spec.adapter:
             _check_local(spec.adapter, "Adapter")
+    if args.tokenizer:
+        args.tokenizer = _resolve_model(args.tokenizer, "--tokenizer")
     settings = _settings(args)
     if args.backend == "vllm" and not vllm_available():
         raise EvalInputError("--backend vllm needs vllm installed (`pip install vllm`); use --backend hf.")
