@@ -409,3 +409,59 @@ def test_custom_scorer_help_says_it_runs_code(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     assert "runs its code" in " ".join(capsys.readouterr().out.split())
+
+
+# --- 6, 14: game options, one parser, checked before any model is loaded ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (["num_seeds=0"], r"--game-option num_seeds must be a positive integer .*got the int 0"),
+        (["num_seeds=abc"], r"--game-option num_seeds must be a positive integer .*got the str 'abc'"),
+        (["num_seeds=2.5"], r"num_seeds must be a positive integer .*got the float 2.5"),
+        (
+            ["seeds=5"],
+            r"--game-option seeds must be a non-empty JSON list of non-negative integers, e.g\. seeds=\[3,7,11\].*"
+            r"got the int 5",
+        ),
+        (["seeds=[]"], r"seeds must be a non-empty JSON list .*got the list \[\]"),
+        (["seeds=[1,1,2]"], r"seeds lists \[1\] more than once"),
+        (["seeds=[1]", "num_seeds=2"], r"either --game-option num_seeds=N or seeds=\[...\], not both"),
+        (["num_seeds=2", "num_seeds=3"], r"--game-option num_seeds is given twice"),
+        (["max_calls=0"], r"max_calls must be a positive integer .*got the int 0"),
+        (["seed=3"], r"'seed' is not a game setting"),
+        (["chat_template_kwargs=x"], r"chat_template_kwargs must be a JSON object"),
+        (["experience_file=/no/such/file.txt"], r"Cannot read the experience file '/no/such/file.txt'"),
+        (["num_seeds"], r"--game-option 'num_seeds' is not KEY=VALUE"),
+        (["sise=3"], r"Unknown --game-option sise for frozenlake: its settings are \[.size., .num_holes.\]"),
+        (["size=abc"], r"Bad --game-option for frozenlake: size must be an integer, got the str .abc."),
+    ],
+)
+def test_game_options_are_checked_before_any_model_is_loaded(tiny_dir, tmp_path, capsys, monkeypatch, options, match):
+    import re
+
+    import trl_nca.eval.loading
+
+    def no_model_work(*a, **k):
+        raise AssertionError("a model was loaded before the game options were checked")
+
+    monkeypatch.setattr(trl_nca.eval.loading, "load_model", no_model_work)
+    argv = ["--model", tiny_dir, "--game", "frozenlake", "--output-dir", str(tmp_path / "o")]
+    for option in options:
+        argv += ["--game-option", option]
+    assert re.search(match, run_eval_error(argv, capsys))
+
+
+def test_game_records_of_another_model_are_refused(tok, tmp_path):
+    from trl_nca.envs.evaluate import run_game_eval
+
+    settings = GenerationSettings(max_new_tokens=3, temperature=0.7, top_p=0.8, top_k=20, batch_size=4)
+    path = tmp_path / "records.jsonl"
+    common = dict(tokenizer=tok, game="frozenlake", generation=settings, context=None, options={"num_seeds": 1})
+    run_game_eval(model=make_tiny_model(tok, 0), output_path=path, **common)
+    with pytest.raises(EvalInputError, match="holds records of another run"):
+        run_game_eval(model=make_tiny_model(tok, 1), output_path=path, **common)
+    with pytest.raises(EvalInputError, match="holds records of another run"):  # other prompts: chat template options
+        run_game_eval(model=make_tiny_model(tok, 0), output_path=path,
+                      **{**common, "options": {"num_seeds": 1, "chat_template_kwargs": {"enable_thinking": False}}})  # fmt: skip

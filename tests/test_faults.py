@@ -110,3 +110,59 @@ def test_cli_resume_mistakes_are_one_line_errors(tiny_dir, tmp_path, capsys):
     missing = str(tmp_path / "nowhere" / "checkpoint-2")
     assert cli_main(["train", *train_argv(tiny_dir, out, "--resume_from_checkpoint", missing)]) == 2
     assert f"--resume_from_checkpoint {missing!r} is not a folder" in capsys.readouterr().err
+
+
+# Runs `trl-nca eval` and SIGKILLs the process at the first generate call after RECORDS holds KILL_AFTER records: the
+# evaluation dies in the middle of a map, as a job killed by the scheduler would.
+KILL_MID_GAME = """
+import os, signal, sys
+from pathlib import Path
+import trl_nca.eval.generation as generation
+
+original = generation.HFBackend.generate
+def generate(self, *args, **kwargs):
+    path = Path(os.environ["RECORDS"])
+    if path.exists() and len(path.read_text().splitlines()) >= int(os.environ["KILL_AFTER"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(self, *args, **kwargs)
+generation.HFBackend.generate = generate
+from trl_nca.eval.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def game_argv(tiny_dir, output_dir):
+    return [
+        "--model", f"m={tiny_dir}", "--game", "frozenlake", "--game-option", "num_seeds=5", "--max-new-tokens", "4",
+        "--batch-size", "2", "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(output_dir),
+    ]  # fmt: skip
+
+
+def test_game_evaluation_killed_mid_run_resumes_to_the_same_records(tiny_dir, tmp_path):
+    from trl_nca.eval.cli import main as eval_main
+
+    assert eval_main(game_argv(tiny_dir, tmp_path / "uninterrupted")) == 0
+    expected = {
+        json.loads(line)["item_id"]: json.loads(line)
+        for line in (tmp_path / "uninterrupted" / "m" / "records.jsonl").read_text().splitlines()
+    }
+    assert len(expected) == 5
+
+    records = tmp_path / "killed" / "m" / "records.jsonl"
+    env = dict(os.environ, RECORDS=str(records), KILL_AFTER="2", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               PYTHONPATH=str(ROOT))  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", KILL_MID_GAME, *game_argv(tiny_dir, tmp_path / "killed")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == -9, result.stderr[-3000:]
+    kept = records.read_text().splitlines()
+    assert len(kept) == 2  # the maps finished before the kill were written as they ended
+
+    assert eval_main(game_argv(tiny_dir, tmp_path / "killed")) == 0
+    lines = records.read_text().splitlines()
+    assert lines[:2] == kept and len(lines) == 5  # nothing replayed, nothing lost
+    assert {json.loads(line)["item_id"]: json.loads(line) for line in lines} == expected
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    reference = json.loads((tmp_path / "uninterrupted" / "summary.json").read_text())
+    assert summary["models"][0]["metrics"] == reference["models"][0]["metrics"]

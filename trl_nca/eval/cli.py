@@ -360,6 +360,9 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         if args.context_text is not None or args.context_file:
             context, source = _context_spec(args)
         options = _game_options(args.game_option)
+        checker = getattr(sys.modules.get("trl_nca.envs.evaluate"), "check_game_options", None)
+        if checker is not None:  # game, options and experience file are checked before any model is loaded
+            checker(args.game, options, context)
     else:
         if not args.dataset:
             raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
