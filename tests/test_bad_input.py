@@ -465,3 +465,78 @@ def test_game_records_of_another_model_are_refused(tok, tmp_path):
     with pytest.raises(EvalInputError, match="holds records of another run"):  # other prompts: chat template options
         run_game_eval(model=make_tiny_model(tok, 0), output_path=path,
                       **{**common, "options": {"num_seeds": 1, "chat_template_kwargs": {"enable_thinking": False}}})  # fmt: skip
+
+
+# --- found by probing as a careless user -------------------------------------------------------------------------------
+
+
+def test_datasets_of_the_wrong_kind(tok, tmp_path):
+    from datasets import DatasetDict
+
+    with pytest.raises(TypeError, match=r"The train dataset is a Python list; pass a datasets\.Dataset.*from_list"):
+        build(tok, tmp_path, [{"prompt": "q"}], context_text="c")
+    splits = DatasetDict({"train": Dataset.from_dict({"prompt": ["q"]})})
+    with pytest.raises(
+        TypeError, match=r"DatasetDict with splits \['train'\]; pass one split, e\.g\. dataset\['train'\]"
+    ):
+        build(tok, tmp_path, splits, context_text="c")
+
+
+@pytest.mark.parametrize("field", ["per_device_train_batch_size", "gradient_accumulation_steps"])
+def test_zero_batch_sizes_are_refused(tmp_path, field):
+    with pytest.raises(ValueError, match=f"{field} must be an integer >= 1, got the int 0"):
+        args(tmp_path, **{field: 0})
+
+
+def test_empty_fixed_context_says_to_give_the_text(tmp_path):
+    with pytest.raises(ValueError, match="The context in the fixed context string is empty. Give the context text"):
+        args(tmp_path, context_text="  ")
+
+
+@pytest.mark.parametrize("option,value", [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan")])
+def test_eval_refuses_non_finite_sampling(tiny_dir, tmp_path, capsys, option, value):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", option, value,
+                          "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    assert f"{option[2:].replace('-', '_')} must be a finite number, got the float {value}" in err
+
+
+def test_eval_limit_zero_says_so(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--limit", "0",
+                          "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    assert "The evaluation dataset is empty after limit=0" in err
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--episodes", "0"], "--episodes must be at least 1, got 0"),
+        (["--game-option", "size=abc"], "size must be an integer, got the str 'abc'"),
+        (["--game-option", "sise=3"], "unexpected keyword argument 'sise'"),
+        (["--game-option", "size=3", "--game-option", "size=4"], "--game-option size is given twice"),
+    ],
+)
+def test_experience_cli_checks_settings_before_loading_the_model(tiny_dir, tmp_path, capsys, monkeypatch, extra, match):
+    import trl_nca.eval.loading
+
+    def no_model_work(*a, **k):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(trl_nca.eval.loading, "load_model", no_model_work)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["experience", "--model", tiny_dir, "--game", "frozenlake", "--output", str(tmp_path / "x.txt"),
+                  *extra])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "trl-nca experience: error:" in err and match in err
+
+
+def test_experience_cli_missing_model_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["experience", "--model", "./no/model", "--game", "frozenlake", "--output", str(tmp_path / "x.txt")])
+    assert exit_info.value.code == 2
+    assert "trl-nca experience: error: Model path './no/model' does not exist" in capsys.readouterr().err

@@ -214,7 +214,10 @@ class NCAConfig(GKDConfig):
         _check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
         for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
             _check_number(name, getattr(self, name))
-        for name in ("top_k", "loss_vocab_chunk_size", "loss_token_chunk_size", "max_new_tokens"):
+        for name in (
+            "top_k", "loss_vocab_chunk_size", "loss_token_chunk_size", "max_new_tokens", "per_device_train_batch_size",
+            "per_device_eval_batch_size", "gradient_accumulation_steps",
+        ):  # fmt: skip
             _check_integer(name, getattr(self, name), low=1)
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")

@@ -176,6 +176,16 @@ def check_examples(dataset, spec: ContextSpec, split: str) -> None:
     Cheap (no tokenisation); pre-tokenised datasets and datasets without a length (iterable) are left to
     `prepare_dataset`.
     """
+    if isinstance(dataset, Mapping):  # e.g. a DatasetDict from load_dataset without `split=`
+        raise TypeError(
+            f"The {split} dataset is a {type(dataset).__name__} with splits {sorted(dataset)}; pass one split, e.g. "
+            f"dataset[{next(iter(dataset), 'train')!r}] (or load_dataset(..., split='train'))."
+        )
+    if isinstance(dataset, (list, tuple)):
+        raise TypeError(
+            f"The {split} dataset is a Python {type(dataset).__name__}; pass a datasets.Dataset, e.g. "
+            "datasets.Dataset.from_list(rows)."
+        )
     column_names = getattr(dataset, "column_names", None)
     if column_names is not None and all(c in column_names for c in TOKEN_COLUMNS):
         return

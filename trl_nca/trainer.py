@@ -483,7 +483,7 @@ def _named_datasets(train_dataset, eval_dataset):
     """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
     pairs = [("train", train_dataset)]
     if isinstance(eval_dataset, dict):
-        pairs += [(f"eval {name}", ds) for name, ds in eval_dataset.items()]
+        pairs += [(f"eval {name!r}", ds) for name, ds in eval_dataset.items()]
     else:
         pairs.append(("eval", eval_dataset))
     return [(split, ds) for split, ds in pairs if ds is not None]

@@ -97,9 +97,8 @@ def check_context(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"The context in {where} is a {type(value).__name__}, expected a non-empty string.")
     if not value.strip():
-        raise ValueError(
-            f"The context in {where} is empty. Drop such rows, or they would train the student on x -> x distillation."
-        )
+        fix = "Give the context text" if where == "the fixed context string" else "Drop such rows"
+        raise ValueError(f"The context in {where} is empty. {fix}, or the student would be distilled from x to x.")
     return value
 
 

@@ -31,7 +31,7 @@ def parse_game_options(values: Sequence[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ValueError(f"--game-option {value!r} is not KEY=VALUE (e.g. num_seeds=16).")
         if key in options:
-            raise ValueError(f"--game-option {key} is given twice ({options[key]!r} and {raw!r}); keep one.")
+            raise ValueError(f"--game-option {key} is given twice; keep one.")
         try:
             options[key] = json.loads(raw)
         except json.JSONDecodeError:

@@ -104,6 +104,7 @@ class PairedEvaluator:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         rows = dataset if limit is None else _head(dataset, limit)
         self.rows = [dict(r) for r in rows]
+        self._limit = limit
         self._validate()
         self._items: list[EvalItem] | None = None
         self._tokenizer_id: int | None = None
@@ -111,7 +112,8 @@ class PairedEvaluator:
     def _validate(self) -> None:
         columns = column_names(self.rows)
         if not self.rows:
-            raise EvalInputError("The evaluation dataset is empty.")
+            after = f" after limit={self._limit}" if self._limit is not None else ""
+            raise EvalInputError(f"The evaluation dataset is empty{after}: there is nothing to evaluate.")
         _check_column(self.label_column, columns, "label", "the label column")
         if self.id_column is not None:
             _check_column(self.id_column, columns, "id", "the id column")
