@@ -540,3 +540,29 @@ def test_experience_cli_missing_model_is_one_line(tmp_path, capsys):
         cli_main(["experience", "--model", "./no/model", "--game", "frozenlake", "--output", str(tmp_path / "x.txt")])
     assert exit_info.value.code == 2
     assert "trl-nca experience: error: Model path './no/model' does not exist" in capsys.readouterr().err
+
+
+def test_train_cli_config_and_data_mistakes_are_one_line(tiny_dir, tmp_path, capsys):
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    config = tmp_path / "run.yaml"
+    config.write_text("nca_beta: .nan\n")
+    assert cli_main(["train", *common, "--config", str(config)]) == 2
+    assert "trl-nca train: error: nca_beta must be a finite number >= 0" in capsys.readouterr().err
+    text = tmp_path / "data.txt"
+    text.write_text("hello\n")
+    assert cli_main(["train", *common, "--dataset_name", str(text)]) == 2
+    assert "unsupported file type .txt" in capsys.readouterr().err
+    # a single file has one split: a test split would silently be the training rows
+    assert cli_main(["train", *common, "--dataset_test_split", "test"]) == 2
+    assert "'quickstart' is a single file, so it has one split ('train'); the split 'test'" in capsys.readouterr().err
+
+
+def test_eval_accepts_the_builtin_contexts_of_train(tiny_dir, tmp_path):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    argv = ["--model", tiny_dir, "--dataset", str(data), "--context-file", "medical", "--max-new-tokens", "2",
+            "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    assert eval_main(argv) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["models"][0]["provenance"]["context"]["source"] == "builtin:medical"

@@ -95,9 +95,20 @@ def load_dataset_any(name: str, split: str, config: str | None = None):
 
     from .eval.data import read_json_rows
 
+    local = name in BUILTIN_DATASETS or Path(name).suffix.lower() in LOCAL_FORMATS
+    if local and split not in (None, "train"):
+        raise ValueError(
+            f"{name!r} is a single file, so it has one split ('train'); the split {split!r} would silently be the same "
+            "rows. Put the other split in its own file (and train or evaluate from that file), or use a Hub dataset."
+        )
     if name in BUILTIN_DATASETS:
         path = resources.files("trl_nca.resources").joinpath(BUILTIN_DATASETS[name])
         dataset = load_dataset("json", data_files=str(path), split="train")
+    elif Path(name).is_file() and Path(name).suffix.lower() not in LOCAL_FORMATS:
+        raise ValueError(
+            f"Cannot read the dataset file {name!r}: unsupported file type {Path(name).suffix or '(none)'}; use one of "
+            f"{sorted(LOCAL_FORMATS)}."
+        )
     elif Path(name).suffix.lower() in LOCAL_FORMATS:
         suffix = Path(name).suffix.lower()
         if not Path(name).is_file():
@@ -176,8 +187,8 @@ def train(argv: list[str] | None = None):
     from .models import EmbeddedModelUnavailableError, resolve_model_name_or_path
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
-    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     try:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
         model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
         training_args.model_init_kwargs = {
             **(training_args.model_init_kwargs or {}),

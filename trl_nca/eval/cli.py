@@ -111,7 +111,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--context-column", default="context", help="Column with each item's context (default: context)."
     )
     source.add_argument("--context-text", help="One fixed context string for every item (e.g. a system prompt).")
-    source.add_argument("--context-file", help="A UTF-8 text file holding one fixed context for every item.")
+    source.add_argument(
+        "--context-file",
+        help="A UTF-8 text file holding one fixed context for every item, or a built-in one: 'medical' or 'safety'.",
+    )
     context.add_argument(
         "--placement", default="system", choices=["system", "user"],
         help="Put the context in the system message (default) or inside the first user message.",
@@ -257,11 +260,20 @@ def _context_spec(args) -> tuple[ContextSpec, str | None]:
     layout = {"placement": args.placement, "template": args.template, "separator": args.separator}
     try:
         if args.context_file:
+            from ..cli import BUILTIN_CONTEXTS, read_context  # the built-in contexts of `trl-nca train` work here too
+
+            if args.context_file in BUILTIN_CONTEXTS:
+                return ContextSpec(column=None, text=read_context(args.context_file), **layout), (
+                    f"builtin:{args.context_file}"
+                )
             path = Path(args.context_file)
             try:
                 text = path.read_text(encoding="utf-8")
             except OSError as error:
-                raise EvalInputError(f"Cannot read the context file {str(path)!r}: {error.strerror}.") from error
+                raise EvalInputError(
+                    f"Cannot read the context file {str(path)!r}: {error.strerror}. Give a text file or one of "
+                    f"{sorted(BUILTIN_CONTEXTS)}."
+                ) from error
             except UnicodeDecodeError as error:
                 raise EvalInputError(f"The context file {str(path)!r} is not UTF-8 text.") from error
             return ContextSpec(column=None, text=text, **layout), f"file:{path}"
