@@ -566,3 +566,19 @@ def test_eval_accepts_the_builtin_contexts_of_train(tiny_dir, tmp_path):
     assert eval_main(argv) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["models"][0]["provenance"]["context"]["source"] == "builtin:medical"
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--game", "frozenlake", "--dataset", "d.jsonl"], r"--dataset do\(es\) not apply to --game"),
+        (["--game", "frozenlake", "--limit", "3"], r"--limit do\(es\) not apply to --game.*num_seeds=N"),
+        (["--game", "frozenlake", "--scorer", "yesno"], r"--scorer do\(es\) not apply to --game"),
+        (["--dataset", "d.jsonl", "--game-option", "num_seeds=2"], r"--game-option only applies with --game"),
+    ],
+)
+def test_eval_options_that_would_be_ignored_are_errors(tiny_dir, tmp_path, capsys, extra, match):
+    import re
+
+    argv = ["--model", tiny_dir, "--output-dir", str(tmp_path / "o"), *extra]
+    assert re.search(match, run_eval_error(argv, capsys))

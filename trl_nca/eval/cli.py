@@ -368,6 +368,18 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     runner = None
     context, source = (None, None)
     if args.game:
+        ignored = {
+            "--dataset": args.dataset, "--limit": args.limit, "--prompt-column": args.prompt_column,
+            "--id-column": args.id_column, "--dataset-config": args.dataset_config,
+            "--label-column": None if args.label_column == "answer" else args.label_column,
+            "--scorer": None if args.scorer == "mcq" else args.scorer,
+        }  # fmt: skip
+        given = [option for option, value in ignored.items() if value is not None]
+        if given:
+            raise EvalInputError(
+                f"{', '.join(given)} do(es) not apply to --game (a game is scored by winning; choose the maps with "
+                "--game-option num_seeds=N or seeds=[...]). Drop them, or evaluate a dataset without --game."
+            )
         runner = _game_runner()
         if args.context_text is not None or args.context_file:
             context, source = _context_spec(args)
@@ -378,6 +390,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     else:
         if not args.dataset:
             raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
+        if args.game_option:
+            raise EvalInputError("--game-option only applies with --game; drop it, or add --game NAME.")
         from .data import load_eval_dataset
 
         context, source = _context_spec(args)
