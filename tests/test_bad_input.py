@@ -582,3 +582,14 @@ def test_eval_options_that_would_be_ignored_are_errors(tiny_dir, tmp_path, capsy
 
     argv = ["--model", tiny_dir, "--output-dir", str(tmp_path / "o"), *extra]
     assert re.search(match, run_eval_error(argv, capsys))
+
+
+def test_eval_records_without_item_fingerprints_are_refused(tok, tmp_path):
+    path = tmp_path / "records.jsonl"
+    qa_evaluator(qa_rows(2)).run(make_tiny_model(tok), tok, output_path=path, progress=False)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        del line["meta"]["item_sha256"]  # as written before records carried fingerprints
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(EvalInputError, match="records without item fingerprints .* Use a new output folder"):
+        qa_evaluator(qa_rows(2)).run(make_tiny_model(tok), tok, output_path=path, progress=False)

@@ -106,10 +106,9 @@ class NCATrainer(GKDTrainer):
         if teacher_model is None and args.teacher_model_name_or_path is not None:
             teacher_model = args.teacher_model_name_or_path
         teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
-        if teacher_model is not None:
-            teacher_tokenizer = teacher_processing_class or load_teacher_tokenizer(teacher_model)
-            if teacher_tokenizer is not None:
-                check_same_vocabulary(processing_class, teacher_tokenizer)
+        teacher_tokenizer = teacher_processing_class or load_teacher_tokenizer(teacher_model)
+        if teacher_tokenizer is not None:
+            check_same_vocabulary(processing_class, teacher_tokenizer)
         uses_peft = peft_config is not None or is_peft_model(model)
         if teacher_model is None:
             if args.self_teacher == "live" or uses_peft:

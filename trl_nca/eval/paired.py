@@ -335,6 +335,11 @@ def item_fingerprint(item: EvalItem) -> str:
 
 def check_resumed_items(done: Mapping[str, PairedRecord], items: Sequence[EvalItem], path) -> None:
     """Refuse to resume records whose item has changed (another prompt, label or tokenizer under the same id)."""
+    if any("item_sha256" not in record.meta for record in done.values()):
+        raise EvalInputError(
+            f"{path} holds records without item fingerprints (written by an older trl-nca), so they cannot be checked "
+            "against the dataset. Use a new output folder, or delete the file to evaluate from scratch."
+        )
     changed = [
         item.item_id
         for item in items
