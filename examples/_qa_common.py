@@ -8,7 +8,7 @@ from pathlib import Path
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.cli import read_context
+from trl_nca.cli import read_context, resume_checkpoint
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.models import resolve_model_name_or_path
@@ -59,8 +59,9 @@ def run(build_splits, context_name: str, scorer: str, default_output: str):
     if args.context_text is None:
         args.context_text = read_context(context_name)
     train, test = build_splits(qa)
+    resume = resume_checkpoint(args.resume_from_checkpoint, args.output_dir)  # checked before the model loads
     trainer = NCATrainer(model=model_path, args=args, train_dataset=train, peft_config=get_peft_config(model_args))
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     if qa.skip_eval or not trainer.accelerator.is_main_process:
         return

@@ -20,6 +20,7 @@ from _qa_common import student_init_kwargs
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.cli import resume_checkpoint
 from trl_nca.envs import GameRollout
 from trl_nca.envs.evaluate import evaluate_game
 from trl_nca.eval import ModelRun, load_model, write_report
@@ -53,8 +54,9 @@ def run_game(game: str, default_output: str) -> None:
         episodes_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
         experience=experience,
     )
+    resume = resume_checkpoint(args.resume_from_checkpoint, args.output_dir)  # checked before the model loads
     trainer = NCATrainer(model=model_path, args=args, rollout=rollout, peft_config=get_peft_config(model_args))
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     if game_args.skip_eval or not trainer.accelerator.is_main_process:
         return

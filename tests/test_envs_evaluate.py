@@ -77,7 +77,7 @@ def test_scripted_views_give_known_paired_metrics():
     assert summary["tokens_per_step_xc"] == pytest.approx(sum(r.xc.num_tokens for r in records) / 16)
 
 
-def test_run_game_eval_resumes_from_its_records(tiny, tmp_path):
+def test_run_game_eval_resumes_from_its_records(tiny, tmp_path, monkeypatch):
     tokenizer, model = tiny
     settings = GenerationSettings(max_new_tokens=4, temperature=0.7, top_p=0.8, top_k=20, batch_size=4)
     path = tmp_path / "m" / "records.jsonl"
@@ -85,11 +85,12 @@ def test_run_game_eval_resumes_from_its_records(tiny, tmp_path):
     first = run_game_eval(**kwargs, options={"num_seeds": 2}, output_path=path, progress=False)
     assert len(path.read_text().splitlines()) == 2
 
-    class NoGenerate:  # a resumed run must not generate again
-        def __getattr__(self, name):
-            raise AssertionError("generated although every map was done")
+    def no_generate(*args, **kwargs):  # a resumed run must not generate again
+        raise AssertionError("generated although every map was done")
 
-    second = run_game_eval(**{**kwargs, "model": NoGenerate()}, options={"num_seeds": 2}, output_path=path)
+    with monkeypatch.context() as patch:
+        patch.setattr(model, "generate", no_generate)
+        second = run_game_eval(**kwargs, options={"num_seeds": 2}, output_path=path)
     assert [r.to_dict() for r in second] == [r.to_dict() for r in first]
     more = run_game_eval(**kwargs, options={"num_seeds": 3}, output_path=path)
     assert len(more) == 3 and len(path.read_text().splitlines()) == 3
@@ -105,3 +106,23 @@ def test_eval_cli_accepts_a_game(tiny_dir, tmp_path):
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["models"][0]["metrics"]["n"] == 2
+
+
+def test_evaluate_game_with_an_output_dir_resumes(tiny, tmp_path, monkeypatch):
+    tokenizer, model = tiny
+    kwargs = dict(num_seeds=2, max_new_tokens=4, batch_size=2, n_bootstrap=0, output_dir=tmp_path)
+    first, summary = evaluate_game(model, tokenizer, "frozenlake", **kwargs)
+    assert len((tmp_path / "model" / "records.jsonl").read_text().splitlines()) == 2
+
+    def no_generate(*args, **kwargs):
+        raise AssertionError("generated although every map was done")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model, "generate", no_generate)
+        again, summary_again = evaluate_game(model, tokenizer, "frozenlake", **kwargs)
+    assert [r.to_dict() for r in again] == [r.to_dict() for r in first] and summary_again == summary
+    more, _ = evaluate_game(model, tokenizer, "frozenlake", **{**kwargs, "num_seeds": 3})
+    assert [r.to_dict() for r in more[:2]] == [r.to_dict() for r in first]
+    assert len((tmp_path / "model" / "records.jsonl").read_text().splitlines()) == 3
+    with pytest.raises(ValueError, match="num_seeds must be a positive integer"):
+        evaluate_game(model, tokenizer, "frozenlake", num_seeds=0)

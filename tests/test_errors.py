@@ -77,11 +77,11 @@ def test_teacher_vocabulary_mismatch(tok, tmp_path):
 @pytest.mark.parametrize(
     "field,value,match",
     [
-        ("nca_beta", -0.1, "nca_beta must be a number >= 0"),
+        ("nca_beta", -0.1, "nca_beta must be a finite number >= 0"),
         ("context_template", "{prompt} only", r"lacks \{context\}"),
         ("context_placement", "assistant", "must be one of"),
         ("divergence_support", "top_p", "must be one of"),
-        ("temperature", 0.0, "temperature must be > 0"),
+        ("temperature", 0.0, "temperature must be a finite number > 0"),
     ],
 )
 def test_config_validation(tmp_path, field, value, match):

@@ -52,7 +52,7 @@ def test_cli_end_to_end_and_resume(tmp_path, dataset, tiny_dir, tiny_teacher_dir
     assert model["provenance"]["model"]["resolved_path"] == str(tiny_dir)
     assert model["provenance"]["context"]["source"] == "column:context"
     assert model["provenance"]["generation"]["max_new_tokens"] == 6
-    assert set(model["metrics_by_scorer"]) == {"mcq_strict"}
+    assert set(model["metrics_by_scorer"]) == {"mcq_strict", "mcq_lenient"}
     for name in ("report.md", "accuracy.png", "harm_help.png", "lengths.png"):
         assert (out / name).exists()
     records = (out / "base" / "records.jsonl").read_text().splitlines()
@@ -112,7 +112,7 @@ def test_error_scorer_dataset_mismatch(tmp_path, dataset, tiny_dir, capsys):
 
 def test_error_model_not_found(tmp_path, dataset, capsys):
     err = run_error(base_args(tmp_path, dataset, str(tmp_path / "no-such-model")), capsys)
-    assert "Model" in err and "not found" in err
+    assert "Model 'base': path" in err and "does not exist" in err and "Traceback" not in err
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "has no config.json" in run_error(base_args(tmp_path, dataset, str(empty)), capsys)

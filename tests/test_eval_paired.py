@@ -244,7 +244,7 @@ def test_companion_scores_are_stored(tok):
     always = evaluator(scorer=lambda text, label: True)
     assert always.companions == []
     mcq = evaluator()
-    assert [s.name for s in mcq.companions] == ["mcq_strict"]
+    assert [s.name for s in mcq.companions] == ["mcq_strict", "mcq_lenient"]
 
 
 def test_input_errors_name_the_problem():
@@ -313,7 +313,7 @@ def test_evaluate_paired_from_paths_with_adapter(tok, tiny_dir, tmp_path):
     adapted = evaluate_paired(tiny_dir, rows(3), adapter=str(tmp_path / "adapter"), **kwargs)
     assert adapted[0].meta["adapter"] == str(tmp_path / "adapter")
     assert [r.x.completion for r in adapted] != [r.x.completion for r in base]
-    with pytest.raises(EvalInputError, match="not found"):
+    with pytest.raises(EvalInputError, match="does not exist"):
         load_model(str(tmp_path / "nope"))
 
 

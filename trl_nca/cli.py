@@ -56,12 +56,17 @@ class TrainScriptArguments:
     )
     paired_eval_limit: int | None = field(default=64, metadata={"help": "Evaluate the first N items."})
     paired_eval_max_new_tokens: int = field(default=256, metadata={"help": "Tokens per evaluation answer."})
-    scorer: str = field(default="mcq", metadata={"help": "Scorer of the paired evaluation: mcq, yesno, exact, ..."})
+    scorer: str = field(
+        default="mcq",
+        metadata={"help": "Scorer of the paired evaluation: mcq, mcq_strict, yesno, exact, normalized, or "
+                  "'package.module:function'. A custom scorer imports that module and runs its code: use only code "
+                  "you trust."},
+    )  # fmt: skip
     label_column: str = field(default="answer", metadata={"help": "Label column of the paired evaluation."})
 
 
 def read_context(name_or_path: str) -> str:
-    """Text of a built-in context ('medical', 'safety') or of a text file."""
+    """Text of a built-in context ('medical', 'safety') or of a UTF-8 text file."""
     if name_or_path in BUILTIN_CONTEXTS:
         return resources.files("trl_nca.resources").joinpath(BUILTIN_CONTEXTS[name_or_path]).read_text().strip()
     path = Path(name_or_path)
@@ -69,22 +74,111 @@ def read_context(name_or_path: str) -> str:
         raise FileNotFoundError(
             f"Context file {name_or_path!r} not found; give a text file or one of {sorted(BUILTIN_CONTEXTS)}."
         )
-    return path.read_text().strip()
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ValueError(
+            f"The context file {name_or_path!r} is not UTF-8 text: byte 0x{raw[error.start]:02x} on line {line}. "
+            "Save it as UTF-8."
+        ) from None
+    if not text.strip():
+        raise ValueError(f"The context file {name_or_path!r} is empty; write the context into it.")
+    return text.strip()
 
 
 def load_dataset_any(name: str, split: str, config: str | None = None):
-    """A built-in dataset, a local file (by extension) or a Hub dataset."""
-    from datasets import load_dataset
+    """A built-in dataset, a local file (by extension) or a Hub dataset; an empty one is an error naming it.
 
+    Local JSON and JSONL files are read line by line (a bad byte or line is reported with the file and line number).
+    """
+    from datasets import Dataset, load_dataset
+
+    from .eval.data import read_json_rows
+
+    local = name in BUILTIN_DATASETS or Path(name).suffix.lower() in LOCAL_FORMATS
+    if local and split not in (None, "train"):
+        raise ValueError(
+            f"{name!r} is a single file, so it has one split ('train'); the split {split!r} would silently be the same "
+            "rows. Put the other split in its own file (and train or evaluate from that file), or use a Hub dataset."
+        )
     if name in BUILTIN_DATASETS:
         path = resources.files("trl_nca.resources").joinpath(BUILTIN_DATASETS[name])
-        return load_dataset("json", data_files=str(path), split="train")
-    suffix = Path(name).suffix.lower()
-    if suffix in LOCAL_FORMATS:
+        dataset = load_dataset("json", data_files=str(path), split="train")
+    elif Path(name).is_file() and Path(name).suffix.lower() not in LOCAL_FORMATS:
+        raise ValueError(
+            f"Cannot read the dataset file {name!r}: unsupported file type {Path(name).suffix or '(none)'}; use one of "
+            f"{sorted(LOCAL_FORMATS)}."
+        )
+    elif Path(name).suffix.lower() in LOCAL_FORMATS:
+        suffix = Path(name).suffix.lower()
         if not Path(name).is_file():
             raise FileNotFoundError(f"Dataset file {name!r} not found.")
-        return load_dataset(LOCAL_FORMATS[suffix], data_files=name, split="train")
-    return load_dataset(name, config, split=split)
+        if LOCAL_FORMATS[suffix] == "json":
+            rows = read_json_rows(Path(name))
+            if not rows:
+                raise ValueError(f"The dataset file {name!r} holds no rows; fill it, or give another file.")
+            dataset = Dataset.from_list(rows)
+        else:
+            dataset = load_dataset(LOCAL_FORMATS[suffix], data_files=name, split="train")
+    else:
+        dataset = load_dataset(name, config, split=split)
+    if len(dataset) == 0:
+        raise ValueError(f"The dataset {name!r} (split {split!r}) has no rows; check the name, the split and the file.")
+    return dataset
+
+
+def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
+    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last checkpoint in `output_dir`), or a
+    checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does not exist, or
+    'true' when `output_dir` has no checkpoint, is an error (never a silent restart from step 0)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if value is None or value is False:
+        return None
+    if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
+        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
+            raise ValueError(
+                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to resume "
+                "from. Give the checkpoint folder itself, or leave the option out to start afresh."
+            )
+        return True
+    if str(value).strip().lower() in ("false", "none", "no", "0", ""):
+        return None
+    if not Path(value).is_dir():
+        raise ValueError(
+            f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
+            "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
+        )
+    return str(value)
+
+
+class CommandLineError(ValueError):
+    """Bad input to `trl-nca train`, found before training starts; `main` prints it as one line (exit status 2)."""
+
+
+def _paired_eval_dataset(script_args):
+    split = script_args.paired_eval_split or script_args.dataset_test_split or script_args.dataset_train_split
+    dataset = load_dataset_any(script_args.dataset_name, split, script_args.dataset_config)
+    if script_args.paired_eval_limit is not None:
+        if script_args.paired_eval_limit < 1:
+            raise ValueError(
+                f"paired_eval_limit must be at least 1 (or None for all), got {script_args.paired_eval_limit}."
+            )
+        dataset = dataset.select(range(min(script_args.paired_eval_limit, len(dataset))))
+    return dataset
+
+
+def _paired_evaluator(script_args, dataset, context_spec):
+    """The paired evaluator of `--paired_eval`, built (and so validated) before training."""
+    from .eval import GenerationSettings, PairedEvaluator
+
+    return PairedEvaluator(
+        dataset, context=context_spec, scorer=script_args.scorer, label_column=script_args.label_column,
+        id_column="id" if "id" in dataset.column_names else None,
+        generation=GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens),
+    )  # fmt: skip
 
 
 def train(argv: list[str] | None = None):
@@ -92,43 +186,54 @@ def train(argv: list[str] | None = None):
     from trl import ModelConfig, TrlParser, get_peft_config
 
     from . import NCAConfig, NCATrainer
-    from .models import resolve_model_name_or_path
+    from .models import EmbeddedModelUnavailableError, resolve_model_name_or_path
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
-    script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
-    training_args.model_init_kwargs = {
-        **(training_args.model_init_kwargs or {}),
-        "dtype": model_args.dtype or "auto",
-        "revision": model_args.model_revision,
-        "attn_implementation": model_args.attn_implementation,
-    }
-    if training_args.teacher_model_name_or_path:
-        training_args.teacher_model_name_or_path = resolve_model_name_or_path(training_args.teacher_model_name_or_path)
-    if training_args.context_text is None and script_args.context_file is not None:
-        training_args.context_text = read_context(script_args.context_file)
-    if training_args.context_text is None and script_args.dataset_name == "quickstart":
-        training_args.context_text = read_context("medical")
+    try:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+        model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
+        training_args.model_init_kwargs = {
+            **(training_args.model_init_kwargs or {}),
+            "dtype": model_args.dtype or "auto",
+            "revision": model_args.model_revision,
+            "attn_implementation": model_args.attn_implementation,
+        }
+        if training_args.teacher_model_name_or_path:
+            training_args.teacher_model_name_or_path = resolve_model_name_or_path(
+                training_args.teacher_model_name_or_path, "Teacher model"
+            )
+        if training_args.context_text is None and script_args.context_file is not None:
+            training_args.context_text = read_context(script_args.context_file)
+        if training_args.context_text is None and script_args.dataset_name == "quickstart":
+            training_args.context_text = read_context("medical")
 
-    train_dataset = load_dataset_any(
-        script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
-    )
-    if script_args.max_train_samples is not None:
-        train_dataset = train_dataset.select(range(min(script_args.max_train_samples, len(train_dataset))))
-    eval_dataset = None
-    if script_args.dataset_test_split is not None:
-        eval_dataset = load_dataset_any(
-            script_args.dataset_name, script_args.dataset_test_split, script_args.dataset_config
+        resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        train_dataset = load_dataset_any(
+            script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
         )
+        if script_args.max_train_samples is not None:
+            if script_args.max_train_samples < 1:
+                raise ValueError(f"max_train_samples must be at least 1, got {script_args.max_train_samples}.")
+            train_dataset = train_dataset.select(range(min(script_args.max_train_samples, len(train_dataset))))
+        eval_dataset = None
+        if script_args.dataset_test_split is not None:
+            eval_dataset = load_dataset_any(
+                script_args.dataset_name, script_args.dataset_test_split, script_args.dataset_config
+            )
+        if script_args.paired_eval:  # check the evaluation's dataset, labels and scorer now, not after training
+            paired_dataset = _paired_eval_dataset(script_args)
+            _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
 
-    trainer = NCATrainer(
-        model=model_path,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-    )
-    trainer.train()
+        trainer = NCATrainer(
+            model=model_path,
+            args=training_args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            peft_config=get_peft_config(model_args),
+        )
+    except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
+        raise CommandLineError(str(error)) from error
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
         trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
@@ -136,14 +241,10 @@ def train(argv: list[str] | None = None):
         from .eval import GenerationSettings
         from .eval.compare import compare_base_and_student
 
-        split = script_args.paired_eval_split or script_args.dataset_test_split or script_args.dataset_train_split
-        dataset = load_dataset_any(script_args.dataset_name, split, script_args.dataset_config)
-        if script_args.paired_eval_limit is not None:
-            dataset = dataset.select(range(min(script_args.paired_eval_limit, len(dataset))))
         settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
-        id_column = "id" if "id" in dataset.column_names else None
+        id_column = "id" if "id" in paired_dataset.column_names else None
         compare_base_and_student(
-            trainer, dataset, base_model_path=model_path, scorer=script_args.scorer,
+            trainer, paired_dataset, base_model_path=model_path, scorer=script_args.scorer,
             label_column=script_args.label_column, id_column=id_column, generation=settings,
         )  # fmt: skip
         print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
@@ -176,7 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command == "train":
-        train(rest)
+        try:
+            train(rest)
+        except CommandLineError as error:
+            if os.environ.get("TRL_NCA_TRACEBACK"):
+                raise
+            print(f"trl-nca train: error: {error}\n(set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+            return 2
         return 0
     if command == "compare":
         compare(rest)

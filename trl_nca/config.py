@@ -2,13 +2,50 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import logging
+import math
+from dataclasses import dataclass, field, fields
+from numbers import Integral, Real
+from typing import Any, Literal
 
 from trl.experimental.gkd import GKDConfig
 
 from .losses import DivergenceSpec
 from .views import ContextSpec
+
+
+logger = logging.getLogger(__name__)
+
+
+def _shown(value: Any) -> str:
+    """A value with its type, so a string "0.5" does not read as the number 0.5 in an error message."""
+    return f"the {type(value).__name__} {value!r}"
+
+
+def _check_number(
+    name: str, value: Any, low: float | None = None, high: float | None = None, low_open: bool = False, hint: str = ""
+) -> None:
+    """A finite real number (not a bool, not a string) within [low, high] (or (low, high] with `low_open`)."""
+    bounds = []
+    if low is not None:
+        bounds.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        bounds.append(f"<= {high:g}")
+    wanted = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "") + (f" ({hint})" if hint else "")
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        fix = " Pass a number, not a string." if isinstance(value, str) else ""
+        raise ValueError(f"{name} must be {wanted}, got {_shown(value)}.{fix}")
+
+
+def _check_integer(name: str, value: Any, low: int, hint: str = "") -> None:
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
+        extra = f" ({hint})" if hint else ""
+        raise ValueError(f"{name} must be an integer >= {low}{extra}, got {_shown(value)}.")
 
 
 @dataclass
@@ -202,15 +239,26 @@ class NCAConfig(GKDConfig):
     )
 
     def __post_init__(self):
+        # Numbers are checked before GKDConfig's own range checks, which let NaN through and fail on strings with a
+        # bare TypeError.
+        _check_number("nca_beta", self.nca_beta, low=0.0, hint="0 is plain OPD, 0.5 the paper's best")
+        _check_number("temperature", self.temperature, low=0.0, low_open=True, hint="it divides every view's logits")
+        _check_number("beta", self.beta, low=0.0, high=1.0, hint="0 forward KL, 1 reverse KL")
+        _check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
+        for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
+            _check_number(name, getattr(self, name))
+        for name in (
+            "top_k", "loss_vocab_chunk_size", "loss_token_chunk_size", "max_new_tokens", "per_device_train_batch_size",
+            "per_device_eval_batch_size", "gradient_accumulation_steps",
+        ):  # fmt: skip
+            _check_integer(name, getattr(self, name), low=1)
+        if self.max_context_length is not None:
+            _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
         if self.bf16 is None and not self.fp16:
             import torch
 
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         super().__post_init__()
-        if not isinstance(self.nca_beta, (int, float)) or self.nca_beta < 0:
-            raise ValueError(
-                f"nca_beta must be a number >= 0 (0 is plain OPD, 0.5 the paper's best), got {self.nca_beta}."
-            )
         choices = {
             "nca_anchor": ("student", "teacher"),
             "nca_divergence": ("forward_kl", "symmetric_kl"),
@@ -222,13 +270,15 @@ class NCAConfig(GKDConfig):
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (it divides the logits of every view), got {self.temperature}.")
-        for name in ("top_k", "loss_vocab_chunk_size", "loss_token_chunk_size", "max_new_tokens"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}.")
-        if self.max_context_length is not None and self.max_context_length < 2:
-            raise ValueError(f"max_context_length must be None or >= 2 tokens, got {self.max_context_length}.")
+        defaults = {f.name: f.default for f in fields(self)}
+        unused = {"user": "context_separator", "system": "context_template"}[self.context_placement]
+        if getattr(self, unused) != defaults[unused]:
+            logger.warning(
+                "%s is set but context_placement=%r does not use it (context_template is for 'user', "
+                "context_separator for 'system'); set context_placement to use it.",
+                unused,
+                self.context_placement,
+            )
         if self.nca_monitor and self.nca_beta > 0:
             self.nca_monitor = False  # the NCA term is computed anyway
         # Builds (and so validates) the context placement and the divergence choice now, not at the first step.

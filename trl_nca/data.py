@@ -77,11 +77,11 @@ def tokenize_example(
     example: Mapping[str, Any], index: int | None, tokenizer, spec: ContextSpec, limits: Limits
 ) -> dict[str, list[int]]:
     """Token ids of the no-context prompt, the context prompt and the reference completion (possibly empty)."""
-    prompt, completion = split_example(example)
+    where = f"row {index}" if index is not None else "an example"
+    prompt, completion = split_example(example, where)
     context = spec.context_of(example, index)
     prompt_ids = render_prompt_ids(tokenizer, prompt)
     completion_ids = render_completion_ids(tokenizer, prompt, completion) if completion else []
-    where = f"row {index}" if index is not None else "an example"
     context_prompt_ids = render_prompt_ids(tokenizer, add_context(prompt, context, spec))
     fix = "Shorten the context, lower `max_new_tokens`, or set `truncate_context=True` to cut the context itself."
     if not _check_lengths(prompt_ids, context_prompt_ids, completion_ids, limits, where, fix):
@@ -300,3 +300,41 @@ class NCACollator:
             "completion_mask": completion_mask,
             "has_reference": torch.tensor([len(e["completion_ids"]) > 0 for e in examples]),
         }
+
+
+def check_examples(dataset, spec: ContextSpec, split: str) -> None:
+    """Fail on an empty dataset and on malformed rows (prompt type, chat messages, context) before any model work.
+
+    Cheap (no tokenisation); pre-tokenised datasets and datasets without a length (iterable) are left to
+    `prepare_dataset`.
+    """
+    if isinstance(dataset, Mapping):  # e.g. a DatasetDict from load_dataset without `split=`
+        raise TypeError(
+            f"The {split} dataset is a {type(dataset).__name__} with splits {sorted(dataset)}; pass one split, e.g. "
+            f"dataset[{next(iter(dataset), 'train')!r}] (or load_dataset(..., split='train'))."
+        )
+    if isinstance(dataset, (list, tuple)):
+        raise TypeError(
+            f"The {split} dataset is a Python {type(dataset).__name__}; pass a datasets.Dataset, e.g. "
+            "datasets.Dataset.from_list(rows)."
+        )
+    column_names = getattr(dataset, "column_names", None)
+    if column_names is not None and all(c in column_names for c in TOKEN_COLUMNS):
+        return
+    try:
+        size = len(dataset)
+    except TypeError:
+        return
+    if size == 0:
+        raise ValueError(
+            f"The {split} dataset is empty (0 rows). Check the file, the split name and any row limit "
+            "(e.g. max_train_samples)."
+        )
+    if column_names is not None:
+        check_columns(column_names, spec, split)
+        if isinstance(dataset, Dataset):  # read only the columns checked here
+            wanted = ("messages", "prompt", "completion", spec.column if spec.text is None else None)
+            dataset = dataset.select_columns([c for c in column_names if c in wanted])
+    for index, example in enumerate(dataset):
+        split_example(example, where=f"row {index} of the {split} dataset")
+        spec.context_of(example, index)

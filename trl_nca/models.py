@@ -465,19 +465,83 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def resolve_model_name_or_path(name: _T) -> _T | str:
-    """Map "embedded" / "smollm2-embedded" (any case) to `embedded_model_path()` and "organism" to the pretrained
-    model organism (`trl_nca.organism.organism_model_path()`); return anything else unchanged.
+class ModelNotFoundError(FileNotFoundError):
+    """A model name or path that names neither an existing model folder nor a reachable Hub model."""
 
-    Hub names, local paths and model instances pass through, so users keep loading from the Hub and tests keep
-    feeding local folders.
+
+def _looks_like_local_path(name: str) -> bool:
+    """Whether a name can only be a local path: Hub ids are `name` or `owner/name`, never `./x`, `/x`, `~/x` or `a/b/c`."""
+    return (
+        name.startswith(("/", "./", "../", "~", ".\\", "..\\"))
+        or name in (".", "..")
+        or "\\" in name
+        or name.count("/") > 1
+        or Path(name).suffix.lower() in (".gguf", ".safetensors", ".bin", ".pt", ".pth")
+    )
+
+
+def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
+    """The one resolver of model names for every command (`trl-nca train`, `trl-nca eval`, `NCATrainer`, evaluation).
+
+    "embedded" / "smollm2-embedded" (any case) map to `embedded_model_path()`, "organism" to the pretrained model
+    organism (`trl_nca.organism.organism_model_path()`). An existing local folder must hold a
+    model (`config.json`, or `adapter_config.json` for a PEFT adapter folder). A name that can only be a local path
+    (`./x`, `/x`, `~/x`, `a/b/c`) and does not exist, or a Hub id that is not in the local cache while the Hub is offline
+    (`HF_HUB_OFFLINE=1`), raises `ModelNotFoundError` with the fix. Other Hub ids and model instances pass through
+    unchanged. `what` names the model in the messages (e.g. "Teacher model").
     """
-    if isinstance(name, str) and name.strip().lower() in EMBEDDED_MODEL_ALIASES:
+    if isinstance(name, os.PathLike):  # a path object is never an alias or a Hub id
+        text = os.fspath(name)
+        if not Path(text).expanduser().exists():
+            raise ModelNotFoundError(f"{what} path {text!r} does not exist (looked for {Path(text).absolute()}).")
+        resolve_model_name_or_path(text if Path(text).is_absolute() else f"./{text}", what)
+        return name
+    if not isinstance(name, str):
+        return name
+    if not name.strip():
+        raise ModelNotFoundError(f"{what} name is empty; give a local model folder, a Hub id or 'embedded'.")
+    if name.strip().lower() in EMBEDDED_MODEL_ALIASES:
         return embedded_model_path()
     from .organism import ORGANISM_ALIASES, organism_model_path
 
-    if isinstance(name, str) and name.strip().lower() in ORGANISM_ALIASES:
+    if name.strip().lower() in ORGANISM_ALIASES:
         return organism_model_path()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            raise ModelNotFoundError(
+                f"{what} folder {name!r} has no config.json, so it is not a saved model. Point to the folder that "
+                "`save_pretrained` wrote (it holds config.json and the weights)."
+            )
+        return name
+    if path.exists():
+        raise ModelNotFoundError(
+            f"{what} {name!r} is a file; give the model's folder (with config.json), a Hub id, or 'embedded'."
+        )
+    if _looks_like_local_path(name):
+        looked = "" if str(path.absolute()) == name else f" (looked for {path.absolute()})"
+        raise ModelNotFoundError(
+            f"{what} path {name!r} does not exist{looked}. Check the path, or give a Hub id (owner/name) or "
+            "'embedded' for the built-in SmolLM2-135M-Instruct."
+        )
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.constants import is_offline_mode
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ModelNotFoundError(
+            f"{what} {name!r} is neither an existing local folder nor a valid Hub id (owner/name). Check the spelling, "
+            "or give 'embedded' for the built-in SmolLM2-135M-Instruct."
+        ) from None
+    if is_offline_mode() and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise ModelNotFoundError(
+            f"{what} {name!r} is not a local folder ({path.absolute()} does not exist), and the Hugging Face Hub is "
+            "offline (HF_HUB_OFFLINE=1) with no cached copy of it. Give the path of a saved model folder, download "
+            "the model while online, or use 'embedded' for the built-in SmolLM2-135M-Instruct."
+        )
     return name
 
 
@@ -487,6 +551,7 @@ __all__ = [
     "EMBEDDED_MODEL_NAME",
     "INSTALL_COMMAND",
     "EmbeddedModelUnavailableError",
+    "ModelNotFoundError",
     "default_cache_dir",
     "embedded_model_path",
     "locate_embedded_gguf",

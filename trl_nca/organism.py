@@ -60,9 +60,9 @@ class OrganismSpec:
     min_digits: int = 3
     max_digits: int = 8
     rule_counts: tuple[float, float, float] = (0.35, 0.4, 0.25)  # probability of 0, 1 and 2 rule lines
-    steps: int = 1500
+    steps: int = 1000
     batch_size: int = 64
-    learning_rate: float = 3e-3
+    learning_rate: float = 2e-3
 
     def key(self) -> str:
         import hashlib

@@ -9,11 +9,16 @@ adapter, random B), the teacher is a frozen merged copy of the student as it was
 from __future__ import annotations
 
 import copy
+import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import nn
+
+
+logger = logging.getLogger(__name__)
 
 
 class SelfTeacher(nn.Module):
@@ -92,3 +97,68 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     teacher.eval()
     teacher.requires_grad_(False)
     return teacher
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_teacher_tokenizer(teacher) -> object | None:
+    """The teacher's tokenizer when it can be found without guessing, else None.
+
+    A path (or Hub id) is loaded from there; a model instance from the folder it was loaded from, when that folder holds
+    tokenizer files, or from the local Hub cache. A self-teacher shares the student's tokenizer (None). A teacher path
+    without a tokenizer gives a warning, since its vocabulary then cannot be compared with the student's.
+    """
+    from transformers import AutoTokenizer
+
+    if isinstance(teacher, SelfTeacher) or teacher is None:
+        return None
+    if isinstance(teacher, (str, os.PathLike)):
+        try:
+            return AutoTokenizer.from_pretrained(teacher)
+        except (OSError, ValueError, TypeError) as error:
+            logger.warning(
+                "Could not load a tokenizer from the teacher %s (%s), so its vocabulary was not compared with the "
+                "student's. Pass it as `teacher_processing_class` to check it.",
+                teacher,
+                str(error).splitlines()[0] if str(error) else type(error).__name__,
+            )
+            return None
+    source = getattr(getattr(teacher, "config", None), "_name_or_path", None)
+    if not source:
+        return None
+    if os.path.isdir(source):
+        if not any(os.path.isfile(os.path.join(source, name)) for name in TOKENIZER_FILES):
+            return None
+        kwargs = {}
+    else:
+        kwargs = {"local_files_only": True}  # a Hub id: only what is cached, never a download
+    try:
+        return AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def check_same_vocabulary(student_tokenizer, teacher_tokenizer) -> None:
+    """The teacher must give every student token the same id: the losses compare distributions id by id.
+
+    Tokens the teacher has beyond the student's vocabulary are allowed (the student never produces them).
+    """
+    student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if student == teacher:
+        return
+    differing = [(token, i, teacher.get(token)) for token, i in sorted(student.items(), key=lambda kv: kv[1])]
+    differing = [d for d in differing if d[1] != d[2]]
+    if not differing:
+        return
+    examples = ", ".join(
+        f"{token!r} is {i} for the student and {'absent' if j is None else j} for the teacher"
+        for token, i, j in differing[:3]
+    )
+    raise ValueError(
+        f"The teacher's tokenizer maps {len(differing)} of the student's {len(student)} tokens to other ids "
+        f"(student vocabulary {len(student)} tokens, teacher {len(teacher)}): {examples}. The losses compare the two "
+        "models' next-token distributions id by id, so the teacher must use the student's tokenizer (same model "
+        "family). Use such a teacher, or pass its real tokenizer as `teacher_processing_class` if the one found "
+        f"({getattr(teacher_tokenizer, 'name_or_path', '?')!r}) is not it."
+    )

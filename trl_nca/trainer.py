@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -17,9 +18,26 @@ from trl.trainer.sft_trainer import SFTTrainer
 from trl.trainer.utils import create_model_from_path
 
 from .config import NCAConfig
-from .data import Limits, NCACollator, check_collator, check_tokenizer, prepare_dataset, tokenize_example
+from .data import (
+    Limits,
+    NCACollator,
+    check_collator,
+    check_examples,
+    check_tokenizer,
+    prepare_dataset,
+    tokenize_example,
+)
 from .losses import LMHead, token_divergences
-from .teacher import SelfTeacher, adapter_is_identity, check_peft_self_teacher, frozen_copy, is_peft_model
+from .models import resolve_model_name_or_path
+from .teacher import (
+    SelfTeacher,
+    adapter_is_identity,
+    check_peft_self_teacher,
+    check_same_vocabulary,
+    frozen_copy,
+    is_peft_model,
+    load_teacher_tokenizer,
+)
 from .views import View, build_view, completion_hidden, left_pad, render_prompt_ids
 
 
@@ -48,6 +66,9 @@ class NCATrainer(GKDTrainer):
             optimizer step plays `rollout.episodes_per_step` fresh training maps (per_device_train_batch_size x
             gradient_accumulation_steps x processes) with the student, without the experience; every model call of
             every episode becomes one sample, scored with the experience in the context view.
+        teacher_processing_class: the teacher's tokenizer, to check that it maps every token to the same id as the
+            student's. By default it is loaded from the teacher's path (or the folder a teacher model was loaded
+            from), when there is one.
         Other arguments are those of `GKDTrainer`.
     """
 
@@ -73,6 +94,7 @@ class NCATrainer(GKDTrainer):
         peft_config=None,
         formatting_func=None,
         rollout=None,
+        teacher_processing_class=None,
     ):
         if args is None:
             args = NCAConfig(output_dir="nca-output")
@@ -89,6 +111,10 @@ class NCATrainer(GKDTrainer):
                     "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
                     "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
                 )
+        model = resolve_model_name_or_path(model, "Student model")
+        if rollout is None:  # empty or malformed datasets fail here, before any model is loaded
+            for split, dataset in _named_datasets(train_dataset, eval_dataset):
+                check_examples(dataset, args.context_spec, split)
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
             model = create_model_from_path(model, **(args.model_init_kwargs or {}))
@@ -101,6 +127,10 @@ class NCATrainer(GKDTrainer):
 
         if teacher_model is None and args.teacher_model_name_or_path is not None:
             teacher_model = args.teacher_model_name_or_path
+        teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
+        teacher_tokenizer = teacher_processing_class or load_teacher_tokenizer(teacher_model)
+        if teacher_tokenizer is not None:
+            check_same_vocabulary(processing_class, teacher_tokenizer)
         teacher_loaded_here = isinstance(teacher_model, str)
         if teacher_loaded_here:  # loaded here, so that its output layer can be checked before GKD's own check
             teacher_model = _load_teacher(teacher_model, args)
@@ -204,7 +234,13 @@ class NCATrainer(GKDTrainer):
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         if resume_from_checkpoint is True:
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+            if last is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True, but output_dir {self.args.output_dir!r} holds no checkpoint-N "
+                    "folder. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
+                )
+            resume_from_checkpoint = last
         self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
@@ -611,6 +647,16 @@ def _rollout_dataset(rollout, args: NCAConfig, train_dataset):
         separator=rollout.spec.separator,
     )  # fmt: skip
     return Dataset.from_dict({"seed": seeds}), spec
+
+
+def _named_datasets(train_dataset, eval_dataset):
+    """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
+    pairs = [("train", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        pairs += [(f"eval {name!r}", ds) for name, ds in eval_dataset.items()]
+    else:
+        pairs.append(("eval", eval_dataset))
+    return [(split, ds) for split, ds in pairs if ds is not None]
 
 
 def _position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:

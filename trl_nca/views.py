@@ -8,6 +8,7 @@ same token in every view.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -38,8 +39,9 @@ class ContextSpec:
     def __post_init__(self):
         if self.placement not in PLACEMENTS:
             raise ValueError(f"context placement must be one of {PLACEMENTS}, got {self.placement!r}.")
+        names = check_template(self.template)
         if self.placement == "user":
-            missing = [p for p in ("{prompt}", "{context}") if p not in self.template]
+            missing = ["{" + p + "}" for p in TEMPLATE_FIELDS if p not in names]
             if missing:
                 raise ValueError(
                     f"The context template {self.template!r} lacks {', '.join(missing)}. It must contain both "
@@ -60,6 +62,30 @@ class ContextSpec:
         return check_context(example[self.column], where=f"{where} of column {self.column!r}")
 
 
+TEMPLATE_FIELDS = ("prompt", "context")
+
+
+def check_template(template: Any) -> set[str]:
+    """A context template may only use the `{prompt}` and `{context}` placeholders (literal braces written doubled)."""
+    if not isinstance(template, str):
+        raise TypeError(f"The context template must be a string, got the {type(template).__name__} {template!r}.")
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as error:
+        raise ValueError(
+            f"The context template {template!r} is not a valid format string ({error}). Write literal braces as "
+            "'{{' and '}}'; the placeholders are {prompt} and {context}."
+        ) from None
+    unknown = [name for name in names if name not in TEMPLATE_FIELDS]
+    if unknown:
+        shown = ", ".join("{" + name + "}" for name in dict.fromkeys(unknown))
+        raise ValueError(
+            f"The context template {template!r} has the unknown placeholder(s) {shown}; only {{prompt}} and "
+            "{context} are filled in. Remove the others, or write literal braces as '{{' and '}}'."
+        )
+    return set(names)
+
+
 def missing_column_message(column: str, available: Sequence[str], what: str) -> str:
     return (
         f"The dataset has no {what} column {column!r}; its columns are {sorted(available)}. Rename the column, or set "
@@ -71,34 +97,76 @@ def check_context(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"The context in {where} is a {type(value).__name__}, expected a non-empty string.")
     if not value.strip():
-        raise ValueError(
-            f"The context in {where} is empty. Drop such rows, or they would train the student on x -> x distillation."
-        )
+        fix = "Give the context text" if where == "the fixed context string" else "Drop such rows"
+        raise ValueError(f"The context in {where} is empty. {fix}, or the student would be distilled from x to x.")
     return value
 
 
-def split_example(example: Mapping[str, Any]) -> tuple[list[Message], list[Message] | None]:
+def split_example(example: Mapping[str, Any], where: str = "an example") -> tuple[list[Message], list[Message] | None]:
     """Return (prompt messages, reference completion messages or None) for a `messages` or `prompt` example.
 
     `messages` ending with an assistant turn gives that turn as the reference completion (used by off-policy steps);
-    `prompt` may be a string (one user turn) or a list of messages, with an optional `completion` column.
+    `prompt` may be a string (one user turn) or a list of messages, with an optional `completion` column. The example is
+    validated: messages must be dicts with string `role` and `content`, and the prompt must hold a user turn (the
+    context view puts the context next to it, and a chat without one is almost always a data mistake, such as
+    ShareGPT's `human`/`gpt` roles). Errors name the example by `where` (e.g. "row 3").
     """
     if "messages" in example and example["messages"] is not None:
-        messages = list(example["messages"])
+        messages = check_messages(example["messages"], where, "messages")
+        completion = None
         if messages and messages[-1]["role"] == "assistant":
-            return messages[:-1], [messages[-1]]
-        return messages, None
-    if "prompt" in example and example["prompt"] is not None:
+            messages, completion = messages[:-1], [messages[-1]]
+    elif "prompt" in example and example["prompt"] is not None:
         prompt = example["prompt"]
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError(f"In {where}, the prompt is an empty string. Drop the row or fill in its prompt.")
+            messages = [{"role": "user", "content": prompt}]
+        else:
+            messages = check_messages(prompt, where, "prompt")
         completion = example.get("completion")
         if isinstance(completion, str):
             completion = [{"role": "assistant", "content": completion}]
-        return messages, completion
-    raise KeyError(
-        f"An example has neither a `messages` nor a `prompt` column (its columns are {sorted(example.keys())}). "
-        "Use GKD's conversational `messages` format or a prompt-only `prompt` column."
-    )
+        elif completion is not None:
+            completion = check_messages(completion, where, "completion")
+    else:
+        raise KeyError(
+            f"{where[:1].upper() + where[1:]} has neither a `messages` nor a `prompt` (its columns are "
+            f"{sorted(example.keys())}, or they are empty). Use GKD's conversational `messages` format or a "
+            "prompt-only `prompt` column."
+        )
+    if not any(m["role"] == "user" for m in messages):
+        raise ValueError(
+            f"In {where}, the prompt has no user turn (its roles are {[m['role'] for m in messages]}). Every prompt "
+            "needs a {'role': 'user', 'content': ...} message; rename roles such as 'human' to 'user', or drop the row."
+        )
+    return messages, completion
+
+
+def check_messages(value: Any, where: str, column: str) -> list[Message]:
+    """A list of chat messages, each a dict with string `role` and `content`; errors name the example and message."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Sequence):
+        kind = "a single message" if isinstance(value, Mapping) else f"the {type(value).__name__} {value!r:.60}"
+        raise TypeError(
+            f"In {where}, `{column}` must be a string or a list of chat messages ({{'role': ..., 'content': ...}}), "
+            f"got {kind}."
+        )
+    messages = []
+    for number, message in enumerate(value):
+        if not isinstance(message, Mapping):
+            raise TypeError(
+                f"In {where}, message {number} of `{column}` is the {type(message).__name__} {message!r:.60}, "
+                "expected a dict with 'role' and 'content'."
+            )
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                got = "missing or null" if message.get(key) is None else f"the {type(message[key]).__name__}"
+                raise TypeError(
+                    f"In {where}, message {number} of `{column}` has no string {key!r} ({got}). Chat messages need "
+                    "'role' (system, user or assistant) and 'content' text."
+                )
+        messages.append(dict(message))
+    return messages
 
 
 def add_context(messages: Sequence[Message], context: str, spec: ContextSpec) -> list[Message]:

@@ -20,6 +20,13 @@ INVALID_MOVES = "invalid_moves"
 MAX_STEPS = "max_steps"
 
 
+def require_int(name: str, value: Any) -> int:
+    """A game setting that must be an integer (bools and strings refused, with the value's type in the message)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got the {type(value).__name__} {value!r}.")
+    return value
+
+
 @dataclass
 class MoveResult:
     """What a game's rules say about one move: whether it was allowed, the message, and an end reason if it ended."""
@@ -83,7 +90,9 @@ class GameEnv:
     name: ClassVar[str] = "game"
 
     def __init__(self, seed: int | None = None, max_calls: int = 5):
-        if max_calls < 1:
+        if seed is not None:
+            require_int("seed", seed)
+        if require_int("max_calls", max_calls) < 1:
             raise ValueError(f"max_calls must be at least 1, got {max_calls}.")
         self.seed = seed
         self.max_calls = max_calls

@@ -19,22 +19,24 @@ sample with the same per-call seeds (common random numbers).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..eval.generation import GenerationSettings, item_seed
 from ..eval.metrics import compute_metrics
 from ..eval.records import PairedRecord, ViewOutcome
-from ..views import ContextSpec
+from ..views import ContextSpec, add_context
 from .base import MAX_STEPS, GameEnv
 from .experience import load_experience
 from .generation import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P, hf_seeded_generate
-from .prompts import format_action
+from .prompts import build_step_messages, format_action, parse_action
 from .registry import game_class, make_env
-from .rollout import default_game_spec, run_episodes
+from .rollout import _check_completions, default_game_spec, run_episodes
 from .seeds import DEFAULT_HELDOUT, heldout_seeds
 from .solver import shortest_solution_length
 
@@ -95,6 +97,75 @@ def play_view(
     return [view_outcome(env, texts[i], ids[i]) for i, env in enumerate(envs)]
 
 
+class _Pair:
+    """Both views of one map while they are played: the two envs and each view's replies."""
+
+    def __init__(self, game: str, seed: int, max_calls: int, env_kwargs: dict[str, Any]):
+        self.seed = seed
+        self.envs = {view: make_env(game, seed, max_calls=max_calls, **env_kwargs) for view in ("x", "xc")}
+        self.texts: dict[str, list[str]] = {"x": [], "xc": []}
+        self.ids: dict[str, list[list[int]]] = {"x": [], "xc": []}
+
+    @property
+    def live(self) -> list[str]:
+        return [view for view, env in self.envs.items() if not env.done]
+
+    def outcome(self, view: str) -> ViewOutcome:
+        return view_outcome(self.envs[view], self.texts[view], self.ids[view])
+
+
+def play_pairs(
+    generate_seeded,
+    tokenizer,
+    game: str,
+    seeds: Sequence[int],
+    experience: str,
+    *,
+    spec: ContextSpec,
+    max_calls: int,
+    env_kwargs: dict[str, Any],
+    sampling_seed: int,
+    max_prompts: int | None = None,
+    on_pair: Callable[[int, ViewOutcome, ViewOutcome], None],
+) -> None:
+    """Play every map without and with `experience`, calling `on_pair(seed, x, xc)` as soon as both views of a map end.
+
+    Maps are played with continuous batching: each `generate_seeded` call holds the next prompt of every live episode
+    (both views of the maps in play, at most `max_prompts` prompts when a new map is let in; None: all maps at once),
+    and a finished map's place goes to the next seed. The call `k` of a map's episode is sampled with the row seed
+    `item_seed(sampling_seed, "<game>:<seed>:<k>")` in both views, so the outcome of a map depends neither on the
+    batching nor on which maps were played before: a resumed evaluation gives the records of an uninterrupted one.
+    """
+    pending = list(seeds)[::-1]
+    active: list[_Pair] = []
+    while pending or active:
+        live = sum(len(pair.live) for pair in active)
+        while pending and (not active or max_prompts is None or live + 2 <= max_prompts):
+            active.append(_Pair(game, pending.pop(), max_calls, env_kwargs))
+            live += 2
+        prompts, row_seeds, owners = [], [], []
+        for pair in active:
+            for view in pair.live:
+                env = pair.envs[view]
+                messages = build_step_messages(env)
+                prompts.append(add_context(messages, experience, spec) if view == "xc" else messages)
+                row_seeds.append(item_seed(sampling_seed, f"{game}:{env.seed}:{env.num_calls}"))
+                owners.append((pair, view))
+        completions = _check_completions(generate_seeded(prompts, row_seeds), len(prompts))
+        for (pair, view), ids in zip(owners, completions):
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            pair.envs[view].step(parse_action(text))
+            pair.texts[view].append(text)
+            pair.ids[view].append(ids)
+        still = []
+        for pair in active:
+            if pair.live:
+                still.append(pair)
+            else:
+                on_pair(pair.seed, pair.outcome("x"), pair.outcome("xc"))
+        active = still
+
+
 def oracle_moves(game: str, seed: int, max_calls: int, env_kwargs: dict[str, Any]) -> int | None:
     """Shortest solution length of a map if it fits in the call budget, else None."""
     return shortest_solution_length(make_env(game, seed, max_calls=max_calls, **env_kwargs), max_moves=max_calls)
@@ -112,16 +183,23 @@ def paired_game_records(
     env_kwargs: dict[str, Any] | None = None,
     sampling_seed: int = 0,
     run_key: str | None = None,
+    batch_size: int | None = None,
+    on_record: Callable[[PairedRecord], None] | None = None,
 ) -> list[PairedRecord]:
-    """Play every seed without and with `experience` and pair the outcomes."""
+    """Play every seed without and with `experience` and pair the outcomes (records in seed order).
+
+    `on_record(record)` is called as each map finishes (both views), e.g. to append it to a file; `batch_size` bounds
+    the prompts of a generate call when a new map is let in (see `play_pairs`).
+    """
     game = game_class(game).name
     spec = spec or default_game_spec()
     env_kwargs = dict(env_kwargs or {})
-    common = {"spec": spec, "max_calls": max_calls, "env_kwargs": env_kwargs, "sampling_seed": sampling_seed}
-    x = play_view(generate_seeded, tokenizer, game, seeds, context=None, **common)
-    xc = play_view(generate_seeded, tokenizer, game, seeds, context=experience, **common)
-    records = []
-    for seed, ox, oxc in zip(seeds, x, xc):
+    repeated = sorted({s for s in seeds if list(seeds).count(s) > 1})
+    if repeated:
+        raise ValueError(f"Each map is played once; the seeds {repeated} appear more than once.")
+    records: dict[int, PairedRecord] = {}
+
+    def pair(seed: int, ox: ViewOutcome, oxc: ViewOutcome) -> None:
         moves = oracle_moves(game, seed, max_calls, env_kwargs)
         meta = {
             "game": game,
@@ -137,8 +215,15 @@ def paired_game_records(
         }
         if run_key is not None:
             meta["run_key"] = run_key
-        records.append(PairedRecord(item_id=f"{game}-{seed}", x=ox, xc=oxc, meta=meta))
-    return records
+        records[seed] = PairedRecord(item_id=f"{game}-{seed}", x=ox, xc=oxc, meta=meta)
+        if on_record is not None:
+            on_record(records[seed])
+
+    play_pairs(
+        generate_seeded, tokenizer, game, seeds, experience, spec=spec, max_calls=max_calls, env_kwargs=env_kwargs,
+        sampling_seed=sampling_seed, max_prompts=batch_size, on_pair=pair,
+    )  # fmt: skip
+    return [records[seed] for seed in seeds]
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -182,16 +267,169 @@ def game_summary(records: Sequence[PairedRecord], n_bootstrap: int = 1000, seed:
     return summary
 
 
-def _run_key(game: str, experience: str, spec: ContextSpec, settings: GenerationSettings, **config) -> str:
-    """What must not change between a run and its resumption (the seed list may grow: seeds are the item ids)."""
+def _tokenizer_sha256(tokenizer) -> str:
+    """A hash of what shapes the prompts' tokens: the vocabulary and the chat template."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]) if hasattr(tokenizer, "get_vocab") else []
+    payload = json.dumps([vocab, getattr(tokenizer, "chat_template", None)], default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _run_key(
+    game: str, experience: str, spec: ContextSpec, settings: GenerationSettings, model=None, tokenizer=None, **config
+) -> str:
+    """What must not change between a run and its resumption: game and settings, experience and its placement,
+    sampling (not the batch size, which does not change samples), chat template options, the model's weights and the
+    tokenizer. The seed list may grow or shrink: seeds are the item ids."""
+    from ..eval.provenance import weights_fingerprint
+
+    generation = {k: v for k, v in settings.to_dict().items() if k != "batch_size"}
     payload = {
         "game": game,
         "experience_sha256": hashlib.sha256(experience.encode("utf-8")).hexdigest(),
         "spec": [spec.placement, spec.template, spec.separator],
-        "generation": settings.to_dict(),
+        "generation": generation,
+        "model": None if model is None else [weights_fingerprint(model), str(getattr(model, "dtype", None))],
+        "tokenizer": None if tokenizer is None else _tokenizer_sha256(tokenizer),
         **config,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class GameEvalPlan:
+    """A validated game evaluation: which maps, which settings, which experience and where it goes."""
+
+    game: str
+    seeds: list[int]
+    max_calls: int
+    env_kwargs: dict[str, Any]
+    experience: str
+    spec: ContextSpec
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
+
+
+def _shown(value: Any) -> str:
+    return f"the {type(value).__name__} {value!r}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_game_options(game: str, options: dict[str, Any] | None, context: ContextSpec | None = None) -> GameEvalPlan:
+    """Validate `--game-option` values (and an optional context) into a `GameEvalPlan`, before any model work.
+
+    Run options: `num_seeds` (a positive integer, default 128 held-out maps), `seeds` (a non-empty list of distinct
+    non-negative integers, instead of `num_seeds`), `max_calls` (positive integer, default 5), `experience_file` (a
+    UTF-8 text file replacing the shipped experience), `chat_template_kwargs` (an object). Any other key is a game
+    setting (`size`, `num_holes`, `dim_room`, `num_boxes`), checked by building the first map. Raises `EvalInputError`
+    naming the option and the fix.
+    """
+    from ..eval.errors import EvalInputError
+
+    try:
+        cls = game_class(game)
+    except ValueError as error:
+        raise EvalInputError(str(error)) from error
+    options = dict(options or {})
+    if "num_seeds" in options and "seeds" in options:
+        raise EvalInputError("Give either --game-option num_seeds=N or seeds=[...], not both.")
+    num_seeds = options.get("num_seeds", DEFAULT_HELDOUT)
+    if not _is_int(num_seeds) or num_seeds < 1:
+        raise EvalInputError(
+            f"--game-option num_seeds must be a positive integer (how many held-out maps to play; OPCD uses 128), "
+            f"got {_shown(num_seeds)}."
+        )
+    if "seeds" in options:
+        seeds = options["seeds"]
+        if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
+            raise EvalInputError(
+                "--game-option seeds must be a non-empty JSON list of non-negative integers, e.g. seeds=[3,7,11] "
+                f"(or use num_seeds=N for the first N held-out maps), got {_shown(seeds)}."
+            )
+        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+        if repeated:
+            raise EvalInputError(f"--game-option seeds lists {repeated} more than once; each map is played once.")
+    else:
+        seeds = heldout_seeds(num_seeds)
+    max_calls = options.get("max_calls", 5)
+    if not _is_int(max_calls) or max_calls < 1:
+        raise EvalInputError(
+            f"--game-option max_calls must be a positive integer (model calls per episode; OPCD uses 5), got "
+            f"{_shown(max_calls)}."
+        )
+    template_kwargs = options.get("chat_template_kwargs")
+    if template_kwargs is not None and not isinstance(template_kwargs, dict):
+        raise EvalInputError(
+            "--game-option chat_template_kwargs must be a JSON object, e.g. chat_template_kwargs="
+            f'{{"enable_thinking":false}}, got {_shown(template_kwargs)}.'
+        )
+    env_kwargs = {k: v for k, v in options.items() if k not in RUN_OPTIONS}
+    if "seed" in env_kwargs:
+        raise EvalInputError("'seed' is not a game setting: choose the maps with seeds=[...] or num_seeds=N.")
+    settings = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "seed", "max_calls")]
+    unknown = sorted(set(env_kwargs) - set(settings))
+    if unknown:
+        raise EvalInputError(
+            f"Unknown --game-option {', '.join(unknown)} for {cls.name}: its settings are {settings} and the run "
+            f"options are {list(RUN_OPTIONS)}."
+        )
+    if context is not None:
+        if context.text is None:
+            raise EvalInputError("A game needs one fixed context: use --context-text or --context-file.")
+        experience, spec = context.text, context
+    elif "experience_file" in options:
+        source = options["experience_file"]
+        try:
+            experience = Path(str(source)).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise EvalInputError(f"Cannot read the experience file {source!r}: {error}") from error
+        if not experience.strip():
+            raise EvalInputError(f"The experience file {source!r} is empty.")
+        spec = default_game_spec()
+    else:
+        experience, spec = load_experience(cls.name), default_game_spec()
+    try:
+        make_env(cls.name, seeds[0], max_calls=max_calls, **env_kwargs)
+    except (TypeError, ValueError) as error:
+        reason = str(error).removeprefix(f"Bad settings for {cls.name}: ")
+        raise EvalInputError(f"Bad --game-option for {cls.name}: {reason}") from error
+    return GameEvalPlan(cls.name, list(seeds), max_calls, env_kwargs, experience, spec, template_kwargs)
+
+
+def _play_plan(
+    plan: GameEvalPlan, model, tokenizer, generation: GenerationSettings, output_path: str | Path | None, progress: bool
+) -> list[PairedRecord]:
+    """Play the maps of a plan not yet in `output_path`, appending each record as its map finishes; resumable."""
+    from ..eval.store import append_records, load_records
+
+    run_key = _run_key(
+        plan.game, plan.experience, plan.spec, generation, model=model, tokenizer=tokenizer,
+        env_kwargs=plan.env_kwargs, max_calls=plan.max_calls, chat_template_kwargs=plan.chat_template_kwargs,
+    )  # fmt: skip
+    done = load_records(output_path, expected_run_key=run_key) if output_path is not None else {}
+    todo = [s for s in plan.seeds if f"{plan.game}-{s}" not in done]
+    if progress:
+        logger.info(
+            "%s: %d of %d maps to play (%d already in %s).", plan.game, len(todo), len(plan.seeds),
+            len(plan.seeds) - len(todo), output_path,
+        )  # fmt: skip
+    if todo:
+
+        def keep(record: PairedRecord) -> None:
+            if output_path is not None:
+                append_records(output_path, [record])
+            done[record.item_id] = record
+
+        paired_game_records(
+            hf_seeded_generate(model, tokenizer, generation, plan.chat_template_kwargs), tokenizer, plan.game, todo,
+            plan.experience, spec=plan.spec, max_calls=plan.max_calls, env_kwargs=plan.env_kwargs,
+            sampling_seed=generation.seed, run_key=run_key, batch_size=generation.batch_size, on_record=keep,
+        )  # fmt: skip
+    return [done[f"{plan.game}-{s}"] for s in plan.seeds]
 
 
 def evaluate_game(
@@ -220,13 +458,26 @@ def evaluate_game(
     """Paired win-rate evaluation of an HF model on `num_seeds` held-out maps (OPCD formula) or on `seeds`.
 
     `experience` defaults to the game's shipped text; `spec` to OPCD's layout (experience at the top of the user
-    message). With `output_dir`, writes the evaluation report (records, summary.json, report.md, figures) plus
-    `game_summary.json`. Returns the records and the game summary.
+    message). With `output_dir`, each map's record is appended to `<output_dir>/<name>/records.jsonl` as soon as both
+    of its views end, a rerun resumes from that file (records of another model or other settings are refused), and
+    the evaluation report (summary.json, report.md, figures) plus `game_summary.json` are written at the end. Returns
+    the records and the game summary.
     """
-    game = game_class(game).name
-    experience = experience if experience is not None else load_experience(game)
-    spec = spec or default_game_spec()
-    seeds = list(seeds) if seeds is not None else heldout_seeds(num_seeds)
+    options: dict[str, Any] = {"max_calls": max_calls, **dict(env_kwargs or {})}
+    if seeds is not None:
+        options["seeds"] = list(seeds)
+    else:
+        options["num_seeds"] = num_seeds
+    if chat_template_kwargs is not None:
+        options["chat_template_kwargs"] = chat_template_kwargs
+    context = None
+    if experience is not None or spec is not None:
+        if experience is None:
+            experience = load_experience(game_class(game).name)
+        base = spec or default_game_spec()
+        context = ContextSpec(column=None, text=experience, placement=base.placement, template=base.template,
+                              separator=base.separator)  # fmt: skip
+    plan = check_game_options(game, options, context)
     settings = GenerationSettings(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -236,35 +487,27 @@ def evaluate_game(
         seed=seed,
         batch_size=batch_size,
     )
-    generate_seeded = hf_seeded_generate(model, tokenizer, settings, chat_template_kwargs)
-    records = paired_game_records(
-        generate_seeded,
-        tokenizer,
-        game,
-        seeds,
-        experience,
-        spec=spec,
-        max_calls=max_calls,
-        env_kwargs=env_kwargs,
-        sampling_seed=seed,
-    )
+    records_path = None
+    if output_dir is not None:
+        from ..eval.report import safe_name
+
+        records_path = Path(output_dir) / safe_name(name) / "records.jsonl"
+    records = _play_plan(plan, model, tokenizer, settings, records_path, progress=False)
     summary = game_summary(records, n_bootstrap=n_bootstrap)
     if output_dir is not None:
         from ..eval.report import ModelRun, write_report
 
         output_dir = Path(output_dir)
         provenance = {
-            "game": game,
-            "game_options": {"env_kwargs": dict(env_kwargs or {}), "max_calls": max_calls, "num_seeds": len(seeds)},
-            "context": {"sha256": hashlib.sha256(experience.encode("utf-8")).hexdigest()},
+            "game": plan.game,
+            "game_options": {"env_kwargs": plan.env_kwargs, "max_calls": plan.max_calls, "num_seeds": len(plan.seeds)},
+            "context": {"sha256": hashlib.sha256(plan.experience.encode("utf-8")).hexdigest()},
             "generation": settings.to_dict(),
         }
-        write_report([ModelRun(name, records, provenance=provenance)], output_dir, n_bootstrap=n_bootstrap)
+        run = ModelRun(name, records, provenance=provenance, records_path=str(records_path))
+        write_report([run], output_dir, n_bootstrap=n_bootstrap)
         (output_dir / "game_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return records, summary
-
-
-RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
 
 
 def run_game_eval(
@@ -281,62 +524,11 @@ def run_game_eval(
     """Entry point of `trl-nca eval --game NAME` (see docs/evaluation.md); resumes from `output_path`.
 
     `context` (from --context-text/--context-file) replaces the game's experience and sets its placement; without it
-    the shipped experience goes into the user message. `options` (--game-option) may set `num_seeds` (default 128),
-    `seeds` (a list), `max_calls` (5), `experience_file`, `chat_template_kwargs`; any other key is a game setting
-    (`size`, `num_holes`, `dim_room`, `num_boxes`). Sampling follows `generation` as given: pass `--temperature 0.7
-    --top-p 0.8 --top-k 20` for OPCD's game settings.
+    the shipped experience goes into the user message. `options` (--game-option) are checked by `check_game_options`:
+    `num_seeds` (default 128), `seeds` (a list), `max_calls` (5), `experience_file`, `chat_template_kwargs`; any other
+    key is a game setting (`size`, `num_holes`, `dim_room`, `num_boxes`). Each map's record is appended to
+    `output_path` as soon as both of its views end, so a killed run loses at most the maps in play. Sampling follows
+    `generation` as given: pass `--temperature 0.7 --top-p 0.8 --top-k 20` for OPCD's game settings.
     """
-    from ..eval.errors import EvalInputError
-    from ..eval.store import append_records, load_records
-
-    try:
-        cls = game_class(game)
-    except ValueError as error:
-        raise EvalInputError(str(error)) from error
-    options = dict(options or {})
-    env_kwargs = {k: v for k, v in options.items() if k not in RUN_OPTIONS}
-    max_calls = int(options.get("max_calls", 5))
-    seeds = (
-        list(options["seeds"]) if "seeds" in options else heldout_seeds(int(options.get("num_seeds", DEFAULT_HELDOUT)))
-    )
-    if context is not None:
-        if context.text is None:
-            raise EvalInputError("A game needs one fixed context: use --context-text or --context-file.")
-        experience, spec = context.text, context
-    elif "experience_file" in options:
-        try:
-            experience = Path(options["experience_file"]).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise EvalInputError(f"Cannot read the experience file {options['experience_file']!r}: {error}") from error
-        spec = default_game_spec()
-    else:
-        experience, spec = load_experience(cls.name), default_game_spec()
-    try:
-        make_env(cls.name, seeds[0] if seeds else 0, max_calls=max_calls, **env_kwargs)
-    except (TypeError, ValueError) as error:
-        raise EvalInputError(f"Bad --game-option for {cls.name}: {error}") from error
-    run_key = _run_key(cls.name, experience, spec, generation, env_kwargs=env_kwargs, max_calls=max_calls)
-    done = load_records(output_path, expected_run_key=run_key) if output_path is not None else {}
-    todo = [s for s in seeds if f"{cls.name}-{s}" not in done]
-    if progress:
-        logger.info(
-            "%s: %d of %d maps to play (%d already in %s).", cls.name, len(todo), len(seeds), len(done), output_path
-        )
-    if todo:
-        generate_seeded = hf_seeded_generate(model, tokenizer, generation, options.get("chat_template_kwargs"))
-        new = paired_game_records(
-            generate_seeded,
-            tokenizer,
-            cls.name,
-            todo,
-            experience,
-            spec=spec,
-            max_calls=max_calls,
-            env_kwargs=env_kwargs,
-            sampling_seed=generation.seed,
-            run_key=run_key,
-        )
-        if output_path is not None:
-            append_records(output_path, new)
-        done.update({r.item_id: r for r in new})
-    return [done[f"{cls.name}-{s}"] for s in seeds]
+    plan = check_game_options(game, options, context)
+    return _play_plan(plan, model, tokenizer, generation, output_path, progress)

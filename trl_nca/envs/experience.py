@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .generation import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
 
     parser = argparse.ArgumentParser(
-        prog="python -m trl_nca.envs.experience",
+        prog="trl-nca experience",
         description="Extract a game experience text from a model's own played trajectories.",
     )
     parser.add_argument("--model", required=True, help="Model folder or Hub id.")
@@ -232,29 +232,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _options(values: Sequence[str]) -> dict[str, Any]:
+def _options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]:
+    """The game settings of `--game-option`, checked by building one map."""
+    options = parse_game_options(values)
+    if "seed" in options or "max_calls" in options:
+        raise ValueError("Set the call budget with --max-calls; 'seed' and 'max_calls' are not game settings.")
     try:
-        return parse_game_options(values)
-    except ValueError as error:
-        raise SystemExit(str(error)) from error
+        make_env(game, 0, max_calls=max_calls, **options)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+    return options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; writes the experience text and a JSON history of the rounds."""
+    from ..eval.errors import EvalInputError
     from ..eval.loading import load_model, load_tokenizer
     from .generation import game_generation_settings, hf_seeded_generate
 
-    args = build_parser().parse_args(argv)
-    model = load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
-    tokenizer = load_tokenizer(args.tokenizer or args.model)
-    settings = game_generation_settings(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # every setting is checked before the model is loaded
+        for name in ("rounds", "episodes", "validation_size", "max_items", "max_new_items", "max_calls", "batch_size"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+        env_kwargs = _options(args.game_option, args.game, args.max_calls)
+        settings = game_generation_settings(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
+        model = load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
+        tokenizer = load_tokenizer(args.tokenizer or args.model)
+    except (EvalInputError, ValueError) as error:
+        parser.error(str(error))
     initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
     result = extract_experience(
         hf_seeded_generate(model, tokenizer, settings),
@@ -267,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_new_items=args.max_new_items,
         initial_items=initial,
         max_calls=args.max_calls,
-        env_kwargs=_options(args.game_option),
+        env_kwargs=env_kwargs,
         sampling_seed=args.seed,
     )
     output = Path(args.output)

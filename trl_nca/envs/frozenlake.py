@@ -20,7 +20,7 @@ import random
 from collections import deque
 from collections.abc import Sequence
 
-from .base import DELTAS, GOAL, GameEnv, MoveResult
+from .base import DELTAS, GOAL, GameEnv, MoveResult, require_int
 
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class FrozenLakeEnv(GameEnv):
 
     def __init__(self, seed: int | None = None, size: int = 3, num_holes: int = 2, max_calls: int = 5):
         super().__init__(seed=seed, max_calls=max_calls)
+        require_int("size", size)
+        require_int("num_holes", num_holes)
         if size < 2:
             raise ValueError(f"FrozenLake needs size >= 2, got {size}.")
         if num_holes < 0:

@@ -27,8 +27,11 @@ def parse_game_options(values: Sequence[str]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for value in values:
         key, sep, raw = value.partition("=")
+        key = key.strip()
         if not sep or not key:
-            raise ValueError(f"--game-option {value!r} is not KEY=VALUE.")
+            raise ValueError(f"--game-option {value!r} is not KEY=VALUE (e.g. num_seeds=16).")
+        if key in options:
+            raise ValueError(f"--game-option {key} is given twice; keep one.")
         try:
             options[key] = json.loads(raw)
         except json.JSONDecodeError:

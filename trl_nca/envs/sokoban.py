@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import DELTAS, DIRECTIONS, GOAL, GameEnv, MoveResult
+from .base import DELTAS, DIRECTIONS, GOAL, GameEnv, MoveResult, require_int
 
 
 Cell = tuple[int, int]
@@ -220,7 +220,15 @@ class SokobanEnv(GameEnv):
         tries: int = 1000,
     ):
         super().__init__(seed=seed, max_calls=max_calls)
-        height, width = (dim_room, dim_room) if isinstance(dim_room, int) else tuple(dim_room)
+        if isinstance(dim_room, (list, tuple)) and len(dim_room) == 2:
+            height, width = (require_int("dim_room[0]", dim_room[0]), require_int("dim_room[1]", dim_room[1]))
+        elif isinstance(dim_room, int) and not isinstance(dim_room, bool):
+            height = width = dim_room
+        else:
+            raise TypeError(
+                f"dim_room must be an integer or [height, width], got the {type(dim_room).__name__} {dim_room!r}."
+            )
+        require_int("num_boxes", num_boxes)
         if height < 5 or width < 5:
             raise ValueError(f"Sokoban rooms need at least 5x5 cells (walls included), got {height}x{width}.")
         if num_boxes < 1:

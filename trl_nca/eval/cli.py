@@ -72,8 +72,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     models = parser.add_argument_group("models")
     models.add_argument(
         "--model", action="append", default=[], metavar="[NAME=]PATH",
-        help="Model folder or Hub id; repeat for several models. NAME= sets its name in the report (default: the "
-        "last path component). Example: --model nca=Qwen/Qwen2.5-0.5B-Instruct.",
+        help="Model folder, Hub id, or 'embedded' (the built-in SmolLM2-135M-Instruct); repeat for several models. "
+        "NAME= sets its name in the report (default: the last path component). Example: "
+        "--model nca=Qwen/Qwen2.5-0.5B-Instruct.",
     )  # fmt: skip
     models.add_argument(
         "--adapter", action="append", default=[], metavar="[NAME=]PATH",
@@ -110,7 +111,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--context-column", default="context", help="Column with each item's context (default: context)."
     )
     source.add_argument("--context-text", help="One fixed context string for every item (e.g. a system prompt).")
-    source.add_argument("--context-file", help="A UTF-8 text file holding one fixed context for every item.")
+    source.add_argument(
+        "--context-file",
+        help="A UTF-8 text file holding one fixed context for every item, or a built-in one: 'medical' or 'safety'.",
+    )
     context.add_argument(
         "--placement", default="system", choices=["system", "user"],
         help="Put the context in the system message (default) or inside the first user message.",
@@ -131,7 +135,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     scoring.add_argument(
         "--scorer", default="mcq",
         help=f"One of {sorted(SCORERS)}, or 'package.module:function' taking (text, label) (default: mcq, the OPCD "
-        "parser; the strict parser is reported next to it).",
+        "parser; the strict parser is reported next to it). A custom scorer imports that module and runs its code, "
+        "with your permissions: use only code you trust.",
     )  # fmt: skip
     scoring.add_argument(
         "--companion-scorer", action="append", metavar="SCORER",
@@ -234,14 +239,20 @@ def parse_model_specs(models: Sequence[str], adapters: Sequence[str]) -> list[Mo
     return specs
 
 
+def _resolve_model(name: str, what: str) -> str:
+    """`trl_nca.models.resolve_model_name_or_path`, the resolver of every command ('embedded' included)."""
+    from ..models import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
+
+    try:
+        return resolve_model_name_or_path(name, what)
+    except (ModelNotFoundError, EmbeddedModelUnavailableError) as error:
+        raise EvalInputError(str(error)) from error
+
+
 def _check_local(path: str, what: str) -> None:
-    """Fail early on a local model/adapter path that does not exist or is not a model folder (Hub ids pass)."""
-    local = Path(path).expanduser()
-    if path.startswith(("/", "./", "../", "~")) and not local.exists():
+    """Fail early on a local adapter path that does not exist (Hub ids pass)."""
+    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
         raise EvalInputError(f"{what} {path!r} not found: no such folder.")
-    if what == "Model" and local.is_dir():
-        if not (local / "config.json").exists() and not (local / "adapter_config.json").exists():
-            raise EvalInputError(f"Model {path!r} not found: the folder has no config.json.")
 
 
 def _context_spec(args) -> tuple[ContextSpec, str | None]:
@@ -249,11 +260,20 @@ def _context_spec(args) -> tuple[ContextSpec, str | None]:
     layout = {"placement": args.placement, "template": args.template, "separator": args.separator}
     try:
         if args.context_file:
+            from ..cli import BUILTIN_CONTEXTS, read_context  # the built-in contexts of `trl-nca train` work here too
+
+            if args.context_file in BUILTIN_CONTEXTS:
+                return ContextSpec(column=None, text=read_context(args.context_file), **layout), (
+                    f"builtin:{args.context_file}"
+                )
             path = Path(args.context_file)
             try:
                 text = path.read_text(encoding="utf-8")
             except OSError as error:
-                raise EvalInputError(f"Cannot read the context file {str(path)!r}: {error.strerror}.") from error
+                raise EvalInputError(
+                    f"Cannot read the context file {str(path)!r}: {error.strerror}. Give a text file or one of "
+                    f"{sorted(BUILTIN_CONTEXTS)}."
+                ) from error
             except UnicodeDecodeError as error:
                 raise EvalInputError(f"The context file {str(path)!r} is not UTF-8 text.") from error
             return ContextSpec(column=None, text=text, **layout), f"file:{path}"
@@ -334,9 +354,11 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
     specs = parse_model_specs(args.model, args.adapter)
     for spec in specs:
-        _check_local(spec.path, "Model")
+        spec.path = _resolve_model(spec.path, f"Model {spec.name!r}:")
         if spec.adapter:
             _check_local(spec.adapter, "Adapter")
+    if args.tokenizer:
+        args.tokenizer = _resolve_model(args.tokenizer, "--tokenizer")
     settings = _settings(args)
     if args.backend == "vllm" and not vllm_available():
         raise EvalInputError("--backend vllm needs vllm installed (`pip install vllm`); use --backend hf.")
@@ -346,13 +368,30 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     runner = None
     context, source = (None, None)
     if args.game:
+        ignored = {
+            "--dataset": args.dataset, "--limit": args.limit, "--prompt-column": args.prompt_column,
+            "--id-column": args.id_column, "--dataset-config": args.dataset_config,
+            "--label-column": None if args.label_column == "answer" else args.label_column,
+            "--scorer": None if args.scorer == "mcq" else args.scorer,
+        }  # fmt: skip
+        given = [option for option, value in ignored.items() if value is not None]
+        if given:
+            raise EvalInputError(
+                f"{', '.join(given)} do(es) not apply to --game (a game is scored by winning; choose the maps with "
+                "--game-option num_seeds=N or seeds=[...]). Drop them, or evaluate a dataset without --game."
+            )
         runner = _game_runner()
         if args.context_text is not None or args.context_file:
             context, source = _context_spec(args)
         options = _game_options(args.game_option)
+        checker = getattr(sys.modules.get("trl_nca.envs.evaluate"), "check_game_options", None)
+        if checker is not None:  # game, options and experience file are checked before any model is loaded
+            checker(args.game, options, context)
     else:
         if not args.dataset:
             raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
+        if args.game_option:
+            raise EvalInputError("--game-option only applies with --game; drop it, or add --game NAME.")
         from .data import load_eval_dataset
 
         context, source = _context_spec(args)

@@ -21,10 +21,21 @@ def _looks_local(source: str) -> bool:
     )
 
 
+def _decode_line(raw: bytes, path: Path, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise EvalInputError(
+            f"Line {number} of {path} is not UTF-8 text: byte 0x{raw[error.start]:02x} at column {error.start + 1}. "
+            "Save the file as UTF-8 (or fix that line)."
+        ) from None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = _decode_line(raw, path, number)
             if not line.strip():
                 continue
             try:
@@ -40,8 +51,16 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise EvalInputError(
+            f"Line {line} of {path} is not UTF-8 text: byte 0x{raw[error.start]:02x}. Save the file as UTF-8."
+        ) from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise EvalInputError(
             f"{path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."
@@ -55,6 +74,11 @@ def _read_json(path: Path) -> list[dict[str, Any]]:
     if isinstance(data, list) and all(isinstance(row, dict) for row in data):
         return data
     raise EvalInputError(f"{path} must hold a list of objects (one per item) or an object of equal-length columns.")
+
+
+def read_json_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a local `.jsonl` (one object per line) or `.json` file; errors name the file and the line."""
+    return _read_jsonl(path) if path.suffix.lower() == ".jsonl" else _read_json(path)
 
 
 def load_eval_dataset(source: str, split: str = "test", config: str | None = None):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -42,6 +43,14 @@ class GenerationSettings:
     batch_size: int = 8
 
     def __post_init__(self):
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got the {type(value).__name__} {value!r}.")
+        for name in ("max_new_tokens", "top_k", "seed", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got the {type(value).__name__} {value!r}.")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}.")
         if self.temperature < 0:

@@ -19,6 +19,7 @@ def load_model(
     """Load a causal LM (and optional PEFT adapter) for evaluation, with a clear error when it cannot be found."""
     from transformers import AutoModelForCausalLM
 
+    model = _resolve(model, "Model")
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:  # ValueError: an id the Hub client rejects as malformed
@@ -43,6 +44,16 @@ def load_model(
     return loaded
 
 
+def _resolve(name: str, what: str) -> str:
+    """The resolver of every command (`trl_nca.models.resolve_model_name_or_path`: 'embedded', missing paths)."""
+    from ..models import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
+
+    try:
+        return resolve_model_name_or_path(name, what)
+    except (ModelNotFoundError, EmbeddedModelUnavailableError) as error:
+        raise EvalInputError(str(error)) from error
+
+
 def _cuda_available() -> bool:
     import torch
 
@@ -53,6 +64,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     """Load a tokenizer, with a clear error when it cannot be found."""
     from transformers import AutoTokenizer
 
+    path = _resolve(path, "Tokenizer")
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:

@@ -38,6 +38,7 @@ class EvalItem:
     prompt_ids_xc: list[int]
     context_sha256: str
     seed: int
+    fingerprint: str = ""  # sha256 of what the item's records depend on: id, label, prompt token ids of both views
 
 
 def column_names(dataset) -> list[str]:
@@ -107,6 +108,7 @@ class PairedEvaluator:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         rows = dataset if limit is None else _head(dataset, limit)
         self.rows = [dict(r) for r in rows]
+        self._limit = limit
         self._validate()
         self._items: list[EvalItem] | None = None
         self._tokenizer_id: int | None = None
@@ -114,7 +116,8 @@ class PairedEvaluator:
     def _validate(self) -> None:
         columns = column_names(self.rows)
         if not self.rows:
-            raise EvalInputError("The evaluation dataset is empty.")
+            after = f" after limit={self._limit}" if self._limit is not None else ""
+            raise EvalInputError(f"The evaluation dataset is empty{after}: there is nothing to evaluate.")
         _check_column(self.label_column, columns, "label", "the label column")
         if self.id_column is not None:
             _check_column(self.id_column, columns, "id", "the id column")
@@ -129,7 +132,26 @@ class PairedEvaluator:
             _check_column(self.context.column, columns, "context", "the context column (or give a fixed context)")
         seen: dict[str, int] = {}
         for index, row in enumerate(self.rows):
+            if self.id_column is not None and row.get(self.id_column) is None:
+                raise EvalInputError(
+                    f"Row {index} has no id in column {self.id_column!r} (missing or null). Give every row an id, or "
+                    "leave out the id column to use row numbers."
+                )
             item_id = self.item_id(row, index)
+            if row.get(self.label_column) is None:
+                raise EvalInputError(
+                    f"Row {index} (item {item_id!r}) has no label in column {self.label_column!r} (missing or null). "
+                    "Fill it in, or drop the row."
+                )
+            if self.prompt_column is not None and row.get(self.prompt_column) is None:
+                raise EvalInputError(
+                    f"Row {index} (item {item_id!r}) has no prompt in column {self.prompt_column!r} (missing or null). "
+                    "Fill it in, or drop the row."
+                )
+            try:
+                self._prompt_messages(row, where=f"row {index} (item {item_id!r})")
+            except (KeyError, TypeError, ValueError) as error:
+                raise EvalInputError(str(error).strip("\"'")) from error
             if item_id in seen:
                 raise EvalInputError(
                     f"Item id {item_id!r} appears in rows {seen[item_id]} and {index}; ids must be unique."
@@ -151,12 +173,12 @@ class PairedEvaluator:
     def item_id(self, row: Mapping[str, Any], index: int) -> str:
         return str(index) if self.id_column is None else str(row[self.id_column])
 
-    def _prompt_messages(self, row: Mapping[str, Any]):
+    def _prompt_messages(self, row: Mapping[str, Any], where: str = "an item"):
         if self.prompt_column in (None, "prompt", "messages"):
-            example = row if self.prompt_column is None else {self.prompt_column: row[self.prompt_column]}
+            example = row if self.prompt_column is None else {self.prompt_column: row.get(self.prompt_column)}
         else:
-            example = {"prompt": row[self.prompt_column]}
-        messages, _ = split_example(example)
+            example = {"prompt": row.get(self.prompt_column)}
+        messages, _ = split_example(example, where)
         return messages
 
     def items(self, tokenizer) -> list[EvalItem]:
@@ -168,19 +190,19 @@ class PairedEvaluator:
             item_id = self.item_id(row, index)
             messages = self._prompt_messages(row)
             context = self.context.context_of(row, index)
-            items.append(
-                EvalItem(
-                    item_id=item_id,
-                    index=index,
-                    label=row[self.label_column],
-                    prompt_ids_x=render_prompt_ids(tokenizer, messages, **self.chat_template_kwargs),
-                    prompt_ids_xc=render_prompt_ids(
-                        tokenizer, add_context(messages, context, self.context), **self.chat_template_kwargs
-                    ),
-                    context_sha256=sha256_text(context),
-                    seed=item_seed(self.generation.seed, item_id),
-                )
+            item = EvalItem(
+                item_id=item_id,
+                index=index,
+                label=row[self.label_column],
+                prompt_ids_x=render_prompt_ids(tokenizer, messages, **self.chat_template_kwargs),
+                prompt_ids_xc=render_prompt_ids(
+                    tokenizer, add_context(messages, context, self.context), **self.chat_template_kwargs
+                ),
+                context_sha256=sha256_text(context),
+                seed=item_seed(self.generation.seed, item_id),
             )
+            item.fingerprint = item_fingerprint(item)
+            items.append(item)
         self._items, self._tokenizer_id = items, id(tokenizer)
         return items
 
@@ -242,6 +264,8 @@ class PairedEvaluator:
         done: dict[str, PairedRecord] = {}
         if output_path is not None:
             done = load_records(output_path, expected_run_key=run_key)
+        if output_path is not None:
+            check_resumed_items(done, items, output_path)
         todo = [item for item in items if item.item_id not in done]
         if backend is None:
             backend = HFBackend(model, tokenizer)
@@ -308,6 +332,7 @@ class PairedEvaluator:
             "label": label,
             "item_seed": item.seed,
             "context_sha256": item.context_sha256,
+            "item_sha256": item.fingerprint,
             "prompt_tokens_x": len(item.prompt_ids_x),
             "prompt_tokens_xc": len(item.prompt_ids_xc),
             **record_meta,
@@ -327,6 +352,32 @@ class PairedEvaluator:
                 score.error,
                 score.traceback or "(no traceback: the scorer returned an unusable value)",
             )
+
+
+def item_fingerprint(item: EvalItem) -> str:
+    """sha256 of everything an item's record depends on besides the run settings: id, label, both prompts' tokens."""
+    payload = [item.item_id, item.label, item.prompt_ids_x, item.prompt_ids_xc, item.context_sha256]
+    return sha256_text(json.dumps(payload, sort_keys=True, default=str))
+
+
+def check_resumed_items(done: Mapping[str, PairedRecord], items: Sequence[EvalItem], path) -> None:
+    """Refuse to resume records whose item has changed (another prompt, label or tokenizer under the same id)."""
+    if any("item_sha256" not in record.meta for record in done.values()):
+        raise EvalInputError(
+            f"{path} holds records without item fingerprints (written by an older trl-nca), so they cannot be checked "
+            "against the dataset. Use a new output folder, or delete the file to evaluate from scratch."
+        )
+    changed = [
+        item.item_id
+        for item in items
+        if item.item_id in done and done[item.item_id].meta.get("item_sha256") != item.fingerprint
+    ]
+    if changed:
+        raise EvalInputError(
+            f"{path} holds records of {len(changed)} item(s) whose prompt, label or tokenization differ from the "
+            f"dataset now (ids {changed[:5]}{' ...' if len(changed) > 5 else ''}): the dataset changed since they were "
+            "written. Use a new output folder, or delete the file to evaluate the new items from scratch."
+        )
 
 
 def _head(dataset, limit: int):

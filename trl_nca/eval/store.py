@@ -47,7 +47,7 @@ def load_records(path: str | os.PathLike, expected_run_key: str | None = None) -
         if expected_run_key is not None and key is not None and key != expected_run_key:
             raise EvalInputError(
                 f"{path} holds records of another run (line {number}: run key {key} != {expected_run_key}, i.e. a "
-                "different model, context, scorer or sampling setting). Use a new output folder, or delete the file."
+                "different model, context, scorer, sampling or game setting). Use a new output folder, or delete the file."
             )
         return record
 

@@ -1,0 +1,595 @@
+"""Issue 8: bad input and faults. Every mistake gets one clear message naming the problem, the row or file, and the
+fix, and nothing is silently accepted."""
+
+import json
+import logging
+
+import pytest
+from datasets import Dataset
+
+import trl_nca.trainer
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.cli import main as cli_main
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+
+
+def args(tmp_path, **kwargs):
+    base = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True, report_to=[], max_new_tokens=4, max_steps=1)
+    base.update(kwargs)
+    return NCAConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tiny_tokenizer()
+
+
+def permuted_tokenizer(swap=(100, 101)):
+    """The tiny tokenizer with two ordinary tokens' ids swapped: same size, different token -> id map."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    base = make_tiny_tokenizer()
+    data = json.loads(base.backend_tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    by_id = {i: t for t, i in vocab.items()}
+    a, b = by_id[swap[0]], by_id[swap[1]]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)), pad_token="<|pad|>", eos_token="<|im_end|>",
+        bos_token="<|endoftext|>",
+    )  # fmt: skip
+    fast.chat_template = base.chat_template
+    assert len(fast) == len(base) and fast.get_vocab() != base.get_vocab()
+    return fast
+
+
+# --- 3, 16: numbers in the config ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("nca_beta", float("nan"), r"nca_beta must be a finite number >= 0 .*got the float nan"),
+        ("nca_beta", float("inf"), r"nca_beta must be a finite number >= 0 .*got the float inf"),
+        ("nca_beta", "0.5", r"nca_beta must be a finite number .*got the str '0.5'\. Pass a number, not a string"),
+        ("nca_beta", True, r"nca_beta must be a finite number .*got the bool True"),
+        ("temperature", float("inf"), r"temperature must be a finite number > 0 .*got the float inf"),
+        ("temperature", float("nan"), r"temperature must be a finite number > 0 .*got the float nan"),
+        ("temperature", "0.7", r"temperature must be .*got the str '0.7'"),
+        ("beta", float("nan"), r"beta must be a finite number >= 0 and <= 1 .*got the float nan"),
+        ("lmbda", float("nan"), r"lmbda must be a finite number >= 0 and <= 1 .*got the float nan"),
+        ("lmbda", "1", r"lmbda must be .*got the str '1'"),
+        ("learning_rate", float("nan"), r"learning_rate must be a finite number, got the float nan"),
+        ("max_grad_norm", float("inf"), r"max_grad_norm must be a finite number, got the float inf"),
+        ("top_k", 2.5, r"top_k must be an integer >= 1, got the float 2.5"),
+        ("max_context_length", "512", r"max_context_length must be an integer >= 2 .*got the str '512'"),
+    ],
+)
+def test_config_refuses_non_finite_and_mistyped_numbers(tmp_path, field, value, match):
+    with pytest.raises(ValueError, match=match):
+        args(tmp_path, **{field: value})
+
+
+# --- 10: context template --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "template,match",
+    [
+        ("{context}\n{prompt}\n{answer}", r"unknown placeholder\(s\) \{answer\}.*only \{prompt\} and \{context\}"),
+        ("{context} {0} {prompt}", r"unknown placeholder\(s\) \{0\}"),
+        ("{context} {prompt} {", r"not a valid format string.*literal braces as '\{\{' and '\}\}'"),
+        ("{{prompt}} {context}", r"lacks \{prompt\}"),
+    ],
+)
+def test_context_template_is_checked_at_config_time(tmp_path, template, match):
+    with pytest.raises(ValueError, match=match):
+        args(tmp_path, context_placement="user", context_template=template, context_text="c")
+
+
+def test_a_template_the_placement_does_not_use_is_reported(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="trl_nca.config"):
+        args(tmp_path, context_template="Notes: {context}\n{prompt}", context_text="c")
+    assert "context_template is set but context_placement='system' does not use it" in caplog.text
+
+
+# --- 8, 9, 5: datasets -----------------------------------------------------------------------------------------------
+
+
+def build(tok, tmp_path, dataset, model=None, **config):
+    return NCATrainer(
+        model=model if model is not None else make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args(tmp_path, **config),
+        train_dataset=dataset,
+        processing_class=tok,
+    )
+
+
+def test_empty_dataset(tok, tmp_path):
+    with pytest.raises(ValueError, match=r"The train dataset is empty \(0 rows\)\. Check the file, the split"):
+        build(tok, tmp_path, Dataset.from_dict({"prompt": []}), context_text="c")
+    with pytest.raises(ValueError, match=r"The eval dataset is empty"):
+        NCATrainer(
+            model=make_tiny_model(tok, 0), args=args(tmp_path, context_text="c"), processing_class=tok,
+            train_dataset=Dataset.from_dict({"prompt": ["q"]}), eval_dataset=Dataset.from_dict({"prompt": []}),
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        (
+            {"prompt": [1, 2]},
+            r"In row 0 of the train dataset, `prompt` must be a string or a list of chat messages.*"
+            r"got the int 1",
+        ),
+        ({"prompt": [["a"], ["b"]]}, r"In row 0 .*message 0 of `prompt` is the str 'a', expected a dict"),
+        ({"prompt": ["fine", "  "]}, r"In row 1 .*the prompt is an empty string"),
+        (
+            [{"messages": [{"role": "user", "content": "a"}]}, {"messages": [{"content": "b"}]}],
+            r"In row 1 of the train dataset, message 0 of `messages` has no string 'role' \(missing or null\)",
+        ),
+        (
+            [{"messages": [{"role": "user", "content": "a"}]}, {"messages": [{"role": "user", "content": None}]}],
+            r"In row 1 .*no string 'content'",
+        ),
+        (
+            {"messages": [[{"role": "user", "content": "a"}], [{"role": "system", "content": "b"}]]},
+            r"In row 1 of the train dataset, the prompt has no user turn \(its roles are \['system'\]\).*'user'",
+        ),
+        (
+            {"messages": [[{"role": "human", "content": "a"}, {"role": "gpt", "content": "b"}]]},
+            r"In row 0 .*no user turn \(its roles are \['human', 'gpt'\]\).*rename roles such as 'human' to 'user'",
+        ),
+    ],
+)
+def test_malformed_rows_name_the_row_before_the_model_is_loaded(tok, tmp_path, tiny_dir, monkeypatch, rows, match):
+    dataset = Dataset.from_list(rows) if isinstance(rows, list) else Dataset.from_dict(rows)
+
+    def no_model_work(*a, **k):
+        raise AssertionError("the model was loaded before the dataset was checked")
+
+    monkeypatch.setattr(trl_nca.trainer, "create_model_from_path", no_model_work)
+    with pytest.raises((ValueError, TypeError), match=match):
+        build(tok, tmp_path, dataset, model=tiny_dir, context_text="c")
+
+
+def test_no_user_turn_is_refused_with_either_placement(tok, tmp_path):
+    ds = Dataset.from_dict({"messages": [[{"role": "system", "content": "rules"}]]})
+    for placement in ("system", "user"):
+        with pytest.raises(ValueError, match="row 0 .*no user turn"):
+            build(tok, tmp_path, ds, context_text="c", context_placement=placement)
+
+
+# --- 4: teacher vocabulary -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def permuted_teacher_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("permuted") / "teacher"
+    tokenizer = permuted_tokenizer()
+    tokenizer.save_pretrained(folder)
+    make_tiny_model(tokenizer, seed=1).save_pretrained(folder)
+    return str(folder)
+
+
+VOCAB_MESSAGE = (
+    r"The teacher's tokenizer maps 2 of the student's \d+ tokens to other ids.*is 100 for the student and 101"
+)
+
+
+def test_teacher_with_another_token_map_given_as_a_path(tok, tmp_path, permuted_teacher_dir):
+    ds = Dataset.from_dict({"prompt": ["q"]})
+    with pytest.raises(ValueError, match=VOCAB_MESSAGE):
+        NCATrainer(
+            model=make_tiny_model(tok, 0), teacher_model=permuted_teacher_dir, args=args(tmp_path, context_text="c"),
+            train_dataset=ds, processing_class=tok,
+        )  # fmt: skip
+
+
+def test_teacher_with_another_token_map_given_as_a_model(tok, tmp_path, permuted_teacher_dir):
+    from transformers import AutoModelForCausalLM
+
+    teacher = AutoModelForCausalLM.from_pretrained(permuted_teacher_dir)
+    ds = Dataset.from_dict({"prompt": ["q"]})
+    with pytest.raises(ValueError, match=VOCAB_MESSAGE):
+        NCATrainer(
+            model=make_tiny_model(tok, 0), teacher_model=teacher, args=args(tmp_path, context_text="c"),
+            train_dataset=ds, processing_class=tok,
+        )  # fmt: skip
+    # a model built in memory says nothing about its tokenizer: the explicit one is checked
+    with pytest.raises(ValueError, match=VOCAB_MESSAGE):
+        NCATrainer(
+            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args(tmp_path, context_text="c"),
+            train_dataset=ds, processing_class=tok, teacher_processing_class=permuted_tokenizer(),
+        )  # fmt: skip
+
+
+def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher_dir):
+    ds = Dataset.from_dict({"prompt": ["q"]})
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=tiny_teacher_dir, args=args(tmp_path, context_text="c"),
+        train_dataset=ds, processing_class=tok,
+    )  # fmt: skip
+    assert trainer.teacher_model is not None
+
+
+# --- 1: resume ---------------------------------------------------------------------------------------------------------
+
+
+def test_resume_true_without_a_checkpoint_is_an_error(tok, tmp_path):
+    trainer = build(tok, tmp_path / "fresh", Dataset.from_dict({"prompt": ["q"]}), context_text="c")
+    with pytest.raises(ValueError, match=r"resume_from_checkpoint=True, but output_dir .* holds no checkpoint-N"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+# --- evaluation: 2, 9, 12, 13, 15 and the model resolver ---------------------------------------------------------------
+
+from trl_nca.eval import GenerationSettings, PairedEvaluator  # noqa: E402
+from trl_nca.eval.cli import main as eval_main  # noqa: E402
+from trl_nca.eval.errors import EvalInputError  # noqa: E402
+from trl_nca.views import ContextSpec  # noqa: E402
+
+
+def qa_rows(n=3):
+    return [{"id": f"q{i}", "prompt": f"Question {i}? (A) yes (B) no", "answer": "AB"[i % 2]} for i in range(n)]
+
+
+def qa_evaluator(data, **kwargs):
+    return PairedEvaluator(
+        data, context=ContextSpec(text="Be careful."), id_column="id",
+        generation=GenerationSettings(max_new_tokens=4, batch_size=2), **kwargs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda r: r[1].update(prompt="Another question? (A) yes (B) no"),
+        lambda r: r[1].update(answer="A"),
+        lambda r: r[1].update(
+            prompt=[{"role": "system", "content": "Short."}, {"role": "user", "content": r[1]["prompt"]}]
+        ),
+    ],
+    ids=["prompt", "label", "messages"],
+)
+def test_eval_refuses_to_resume_records_of_changed_items(tok, tmp_path, change):
+    model = make_tiny_model(tok)
+    path = tmp_path / "records.jsonl"
+    first = qa_evaluator(qa_rows()).run(model, tok, output_path=path, progress=False)
+    changed = qa_rows()
+    change(changed)
+    with pytest.raises(EvalInputError, match=r"records of 1 item\(s\) whose prompt, label or tokenization differ .*"
+                       r"\['q1'\].*Use a new output folder, or delete the file"):  # fmt: skip
+        qa_evaluator(changed).run(model, tok, output_path=path, progress=False)
+    # unchanged items resume (nothing regenerated), and new ones are added
+    more = qa_evaluator(qa_rows(4)).run(model, tok, output_path=path, progress=False)
+    assert [r.to_dict() for r in more[:3]] == [r.to_dict() for r in first]
+    assert len(path.read_text().splitlines()) == 4
+
+
+def test_eval_cli_refuses_a_changed_dataset_in_an_existing_output_folder(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in qa_rows(2)))
+    argv = ["--model", tiny_dir, "--dataset", str(data), "--id-column", "id", "--context-text", "Be careful.",
+            "--max-new-tokens", "3", "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    assert eval_main(argv) == 0
+    rows = qa_rows(2)
+    rows[0]["answer"] = "B"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(argv)
+    assert exit_info.value.code == 2
+    assert "item(s) whose prompt, label or tokenization differ" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "rows,match",
+    [
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"id": "b", "prompt": "q"}],
+            r"Row 1 \(item 'b'\) has no label in column 'answer' \(missing or null\)\. Fill it in, or drop the row",
+        ),
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"id": "b", "prompt": "q", "answer": None}],
+            r"Row 1 \(item 'b'\) has no label",
+        ),
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"prompt": "q", "answer": "B"}],
+            r"Row 1 has no id in column 'id'",
+        ),
+        (
+            [{"id": "a", "prompt": "q", "answer": "A"}, {"id": "b", "prompt": 7, "answer": "B"}],
+            r"row 1 \(item 'b'\), `prompt` must be a string or a list of chat messages",
+        ),
+        (
+            [{"id": "a", "messages": [{"content": "q"}], "answer": "A"}],
+            r"row 0 \(item 'a'\), message 0 of `messages` has no string 'role'",
+        ),
+        (
+            [{"id": "a", "messages": [{"role": "system", "content": "q"}], "answer": "A"}],
+            r"row 0 \(item 'a'\), the prompt has no user turn",
+        ),
+    ],
+)
+def test_eval_rows_are_checked_before_any_model_work(rows, match):
+    with pytest.raises(EvalInputError, match=match):
+        qa_evaluator(rows)
+
+
+def run_eval_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_eval_cli_label_missing_in_one_row(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n{"prompt": "q2"}\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir",
+                          str(tmp_path / "o")], capsys)  # fmt: skip
+    assert "Row 1 (item '1') has no label in column 'answer'" in err
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_non_utf8_file_names_file_and_line(tiny_dir, tmp_path, capsys, suffix):
+    data = tmp_path / f"items{suffix}"
+    if suffix == ".jsonl":
+        data.write_bytes(b'{"prompt": "q1", "answer": "A"}\n{"prompt": "q\xff2", "answer": "B"}\n')
+    else:
+        data.write_bytes(b'[{"prompt": "q1", "answer": "A"},\n {"prompt": "q\xff2", "answer": "B"}]\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir",
+                          str(tmp_path / "o")], capsys)  # fmt: skip
+    assert f"Line 2 of {data} is not UTF-8 text: byte 0xff" in err
+    # the training command reads local files the same way
+    assert cli_main(["train", "--model_name_or_path", tiny_dir, "--dataset_name", str(data), "--output_dir",
+                     str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"]) == 2  # fmt: skip
+    assert f"Line 2 of {data} is not UTF-8 text: byte 0xff" in capsys.readouterr().err
+
+
+def test_train_cli_empty_dataset_file(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("\n")
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    assert cli_main(["train", *common, "--dataset_name", str(data)]) == 2
+    assert f"The dataset file '{data}' holds no rows" in capsys.readouterr().err
+    assert cli_main(["train", *common, "--max_train_samples", "0"]) == 2
+    assert "max_train_samples must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "name,match",
+    [
+        ("./no/such/model", r"path './no/such/model' does not exist"),
+        ("no/such/model", r"path 'no/such/model' does not exist"),
+        ("nobody/no-such-model", r"'nobody/no-such-model' is not a local folder .*the Hugging Face Hub is offline"),
+        ("not a model", r"'not a model' is neither an existing local folder nor a valid Hub id"),
+    ],
+)
+def test_missing_models_get_our_message_in_every_command(tiny_dir, tmp_path, capsys, name, match):
+    import re
+
+    assert cli_main(["train", "--model_name_or_path", name, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+                     "--bf16", "false"]) == 2  # fmt: skip
+    assert re.search("trl-nca train: error: Student model " + match, capsys.readouterr().err)
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    err = run_eval_error(["--model", name, "--dataset", str(data), "--context-text", "c", "--output-dir",
+                          str(tmp_path / "o")], capsys)  # fmt: skip
+    assert re.search(match, err)
+    teacher = cli_main(["train", "--model_name_or_path", tiny_dir, "--teacher_model_name_or_path", name,
+                        "--output_dir", str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"])  # fmt: skip
+    assert teacher == 2 and re.search("Teacher model " + match, capsys.readouterr().err)
+
+
+def test_eval_cli_accepts_embedded_like_train(tiny_dir, tmp_path, monkeypatch):
+    """One resolver for every command: `trl-nca eval --model embedded` loads the embedded model's folder."""
+    import trl_nca.models
+
+    monkeypatch.setattr(trl_nca.models, "embedded_model_path", lambda: tiny_dir)  # stands in for the converted cache
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    argv = ["--model", "embedded", "--dataset", str(data), "--context-text", "c", "--max-new-tokens", "3",
+            "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    assert eval_main(argv) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["models"][0]["name"] == "embedded"
+    assert summary["models"][0]["provenance"]["model"]["resolved_path"] == str(tiny_dir)
+
+
+def test_custom_scorer_help_says_it_runs_code(capsys):
+    from trl_nca.eval.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    assert "runs its code" in " ".join(capsys.readouterr().out.split())
+
+
+# --- 6, 14: game options, one parser, checked before any model is loaded ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (["num_seeds=0"], r"--game-option num_seeds must be a positive integer .*got the int 0"),
+        (["num_seeds=abc"], r"--game-option num_seeds must be a positive integer .*got the str 'abc'"),
+        (["num_seeds=2.5"], r"num_seeds must be a positive integer .*got the float 2.5"),
+        (
+            ["seeds=5"],
+            r"--game-option seeds must be a non-empty JSON list of non-negative integers, e.g\. seeds=\[3,7,11\].*"
+            r"got the int 5",
+        ),
+        (["seeds=[]"], r"seeds must be a non-empty JSON list .*got the list \[\]"),
+        (["seeds=[1,1,2]"], r"seeds lists \[1\] more than once"),
+        (["seeds=[1]", "num_seeds=2"], r"either --game-option num_seeds=N or seeds=\[...\], not both"),
+        (["num_seeds=2", "num_seeds=3"], r"--game-option num_seeds is given twice"),
+        (["max_calls=0"], r"max_calls must be a positive integer .*got the int 0"),
+        (["seed=3"], r"'seed' is not a game setting"),
+        (["chat_template_kwargs=x"], r"chat_template_kwargs must be a JSON object"),
+        (["experience_file=/no/such/file.txt"], r"Cannot read the experience file '/no/such/file.txt'"),
+        (["num_seeds"], r"--game-option 'num_seeds' is not KEY=VALUE"),
+        (["sise=3"], r"Unknown --game-option sise for frozenlake: its settings are \[.size., .num_holes.\]"),
+        (["size=abc"], r"Bad --game-option for frozenlake: size must be an integer, got the str .abc."),
+    ],
+)
+def test_game_options_are_checked_before_any_model_is_loaded(tiny_dir, tmp_path, capsys, monkeypatch, options, match):
+    import re
+
+    import trl_nca.eval.loading
+
+    def no_model_work(*a, **k):
+        raise AssertionError("a model was loaded before the game options were checked")
+
+    monkeypatch.setattr(trl_nca.eval.loading, "load_model", no_model_work)
+    argv = ["--model", tiny_dir, "--game", "frozenlake", "--output-dir", str(tmp_path / "o")]
+    for option in options:
+        argv += ["--game-option", option]
+    assert re.search(match, run_eval_error(argv, capsys))
+
+
+def test_game_records_of_another_model_are_refused(tok, tmp_path):
+    from trl_nca.envs.evaluate import run_game_eval
+
+    settings = GenerationSettings(max_new_tokens=3, temperature=0.7, top_p=0.8, top_k=20, batch_size=4)
+    path = tmp_path / "records.jsonl"
+    common = dict(tokenizer=tok, game="frozenlake", generation=settings, context=None, options={"num_seeds": 1})
+    run_game_eval(model=make_tiny_model(tok, 0), output_path=path, **common)
+    with pytest.raises(EvalInputError, match="holds records of another run"):
+        run_game_eval(model=make_tiny_model(tok, 1), output_path=path, **common)
+    with pytest.raises(EvalInputError, match="holds records of another run"):  # other prompts: chat template options
+        run_game_eval(model=make_tiny_model(tok, 0), output_path=path,
+                      **{**common, "options": {"num_seeds": 1, "chat_template_kwargs": {"enable_thinking": False}}})  # fmt: skip
+
+
+# --- found by probing as a careless user -------------------------------------------------------------------------------
+
+
+def test_datasets_of_the_wrong_kind(tok, tmp_path):
+    from datasets import DatasetDict
+
+    with pytest.raises(TypeError, match=r"The train dataset is a Python list; pass a datasets\.Dataset.*from_list"):
+        build(tok, tmp_path, [{"prompt": "q"}], context_text="c")
+    splits = DatasetDict({"train": Dataset.from_dict({"prompt": ["q"]})})
+    with pytest.raises(
+        TypeError, match=r"DatasetDict with splits \['train'\]; pass one split, e\.g\. dataset\['train'\]"
+    ):
+        build(tok, tmp_path, splits, context_text="c")
+
+
+@pytest.mark.parametrize("field", ["per_device_train_batch_size", "gradient_accumulation_steps"])
+def test_zero_batch_sizes_are_refused(tmp_path, field):
+    with pytest.raises(ValueError, match=f"{field} must be an integer >= 1, got the int 0"):
+        args(tmp_path, **{field: 0})
+
+
+def test_empty_fixed_context_says_to_give_the_text(tmp_path):
+    with pytest.raises(ValueError, match="The context in the fixed context string is empty. Give the context text"):
+        args(tmp_path, context_text="  ")
+
+
+@pytest.mark.parametrize("option,value", [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan")])
+def test_eval_refuses_non_finite_sampling(tiny_dir, tmp_path, capsys, option, value):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", option, value,
+                          "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    assert f"{option[2:].replace('-', '_')} must be a finite number, got the float {value}" in err
+
+
+def test_eval_limit_zero_says_so(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--limit", "0",
+                          "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    assert "The evaluation dataset is empty after limit=0" in err
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--episodes", "0"], "--episodes must be at least 1, got 0"),
+        (["--game-option", "size=abc"], "size must be an integer, got the str 'abc'"),
+        (["--game-option", "sise=3"], "unexpected keyword argument 'sise'"),
+        (["--game-option", "size=3", "--game-option", "size=4"], "--game-option size is given twice"),
+    ],
+)
+def test_experience_cli_checks_settings_before_loading_the_model(tiny_dir, tmp_path, capsys, monkeypatch, extra, match):
+    import trl_nca.eval.loading
+
+    def no_model_work(*a, **k):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(trl_nca.eval.loading, "load_model", no_model_work)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["experience", "--model", tiny_dir, "--game", "frozenlake", "--output", str(tmp_path / "x.txt"),
+                  *extra])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "trl-nca experience: error:" in err and match in err
+
+
+def test_experience_cli_missing_model_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["experience", "--model", "./no/model", "--game", "frozenlake", "--output", str(tmp_path / "x.txt")])
+    assert exit_info.value.code == 2
+    assert "trl-nca experience: error: Model path './no/model' does not exist" in capsys.readouterr().err
+
+
+def test_train_cli_config_and_data_mistakes_are_one_line(tiny_dir, tmp_path, capsys):
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    config = tmp_path / "run.yaml"
+    config.write_text("nca_beta: .nan\n")
+    assert cli_main(["train", *common, "--config", str(config)]) == 2
+    assert "trl-nca train: error: nca_beta must be a finite number >= 0" in capsys.readouterr().err
+    text = tmp_path / "data.txt"
+    text.write_text("hello\n")
+    assert cli_main(["train", *common, "--dataset_name", str(text)]) == 2
+    assert "unsupported file type .txt" in capsys.readouterr().err
+    # a single file has one split: a test split would silently be the training rows
+    assert cli_main(["train", *common, "--dataset_test_split", "test"]) == 2
+    assert "'quickstart' is a single file, so it has one split ('train'); the split 'test'" in capsys.readouterr().err
+
+
+def test_eval_accepts_the_builtin_contexts_of_train(tiny_dir, tmp_path):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    argv = ["--model", tiny_dir, "--dataset", str(data), "--context-file", "medical", "--max-new-tokens", "2",
+            "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    assert eval_main(argv) == 0
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["models"][0]["provenance"]["context"]["source"] == "builtin:medical"
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--game", "frozenlake", "--dataset", "d.jsonl"], r"--dataset do\(es\) not apply to --game"),
+        (["--game", "frozenlake", "--limit", "3"], r"--limit do\(es\) not apply to --game.*num_seeds=N"),
+        (["--game", "frozenlake", "--scorer", "yesno"], r"--scorer do\(es\) not apply to --game"),
+        (["--dataset", "d.jsonl", "--game-option", "num_seeds=2"], r"--game-option only applies with --game"),
+    ],
+)
+def test_eval_options_that_would_be_ignored_are_errors(tiny_dir, tmp_path, capsys, extra, match):
+    import re
+
+    argv = ["--model", tiny_dir, "--output-dir", str(tmp_path / "o"), *extra]
+    assert re.search(match, run_eval_error(argv, capsys))
+
+
+def test_eval_records_without_item_fingerprints_are_refused(tok, tmp_path):
+    path = tmp_path / "records.jsonl"
+    qa_evaluator(qa_rows(2)).run(make_tiny_model(tok), tok, output_path=path, progress=False)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line in lines:
+        del line["meta"]["item_sha256"]  # as written before records carried fingerprints
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(EvalInputError, match="records without item fingerprints .* Use a new output folder"):
+        qa_evaluator(qa_rows(2)).run(make_tiny_model(tok), tok, output_path=path, progress=False)
