@@ -95,6 +95,13 @@ def test_callback_does_not_change_training(tok, tmp_path):
     assert [entry["step"] for entry in logged] == [1, 2]
     assert {"paired/acc_xc", "paired/harm_unconditional", "paired/length_x_mean", "paired/mcnemar_p"} <= set(logged[0])
     assert with_eval.model.training
+
+    # The trainer's own per-step logs are all there, and equal to the run without the callback.
+    def own_logs(trainer):
+        return [{k: v for k, v in e.items() if "paired/" not in k} for e in trainer.state.log_history if "loss" in e]
+
+    assert [entry["step"] for entry in own_logs(with_eval)] == [1, 2]
+    assert own_logs(with_eval) == own_logs(plain)
     out = tmp_path / "paired"
     assert len((out / "history.jsonl").read_text().splitlines()) == 2
     summary = json.loads((out / "summary.json").read_text())

@@ -161,10 +161,16 @@ class PairedEvalCallback(TrainerCallback):
         if self.trainer is not None:
             from transformers import Trainer
 
+            # Trainer.log clears `control.should_log` (CallbackHandler.on_log does): called from on_step_end, that
+            # would skip the trainer's own logging of this step, so the flag is put back.
+            control = getattr(self.trainer, "control", None)
+            should_log = getattr(control, "should_log", None)
             if isinstance(self.trainer, Trainer):
                 Trainer.log(self.trainer, dict(logs))
             else:
                 self.trainer.log(dict(logs))
+            if should_log is not None:
+                self.trainer.control.should_log = should_log
             return
         if not self._warned:
             logger.warning("PairedEvalCallback has no trainer bound: metrics go to state.log_history only.")
