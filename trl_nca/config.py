@@ -11,6 +11,7 @@ from typing import Any, Literal
 from trl.experimental.gkd import GKDConfig
 
 from .losses import DivergenceSpec
+from .schedule import SCHEDULES, schedule_from_config
 from .views import ContextSpec
 
 
@@ -103,6 +104,24 @@ class NCAConfig(GKDConfig):
         nca_monitor (`bool`, *optional*, defaults to `False`):
             With `nca_beta=0`, still run the context view (without gradient) to log `nca_loss` and `view_kl`, so the
             context-induced drift of plain OPD can be watched. Costs one extra forward per step.
+        nca_beta_schedule (`str`, *optional*, defaults to `"constant"`):
+            How the anchor weight evolves over optimizer steps (logged every step as `nca_beta`): `"constant"`
+            (`nca_beta` throughout, the paper's method); `"warmup"` (from 0 up to `nca_beta` linearly over
+            `nca_warmup_steps`); `"adaptive"` (beyond the paper: starts at `nca_adaptive_init` and is multiplied after
+            each step by `1 + clip(view_kl / (nca_adaptive_target * opd_loss) - 1, -0.2, 0.2) / nca_adaptive_horizon`,
+            within `[nca_adaptive_min, nca_beta]`, so the anchor grows once the no-context view has caught up with
+            the teacher and the context view drifts; see `trl_nca.schedule`). Saved in checkpoints, restored on resume.
+        nca_warmup_steps (`int`, *optional*, defaults to `0`):
+            Optimizer steps of the linear warm-up of the `"warmup"` schedule.
+        nca_adaptive_init (`float`, *optional*, defaults to `0.01`):
+            Anchor weight of the first step under the `"adaptive"` schedule.
+        nca_adaptive_min (`float`, *optional*, defaults to `0.001`):
+            Lower bound of the adaptive anchor weight (`nca_beta` is the upper bound).
+        nca_adaptive_target (`float`, *optional*, defaults to `1.0`):
+            Tolerated ratio of the views' gap (`view_kl`) to the no-context view's gap to the teacher (`opd_loss`)
+            before the adaptive anchor grows.
+        nca_adaptive_horizon (`float`, *optional*, defaults to `1.0`):
+            Divides every adaptive update: each step changes the weight by at most `0.2 / nca_adaptive_horizon`.
 
         > Parameters that control the context
 
@@ -176,6 +195,20 @@ class NCAConfig(GKDConfig):
     nca_monitor: bool = field(
         default=False,
         metadata={"help": "With nca_beta=0, still compute and log nca_loss and view_kl (one extra forward)."},
+    )
+    nca_beta_schedule: Literal["constant", "warmup", "adaptive"] = field(
+        default="constant",
+        metadata={"help": "Anchor weight over steps: constant (the paper), warmup (0 -> nca_beta over "
+                  "nca_warmup_steps) or adaptive (grows with internalisation, capped at nca_beta)."},
+    )  # fmt: skip
+    nca_warmup_steps: int = field(default=0, metadata={"help": "Steps of the linear warm-up of the warmup schedule."})
+    nca_adaptive_init: float = field(default=0.01, metadata={"help": "First anchor weight of the adaptive schedule."})
+    nca_adaptive_min: float = field(default=1e-3, metadata={"help": "Lower bound of the adaptive anchor weight."})
+    nca_adaptive_target: float = field(
+        default=1.0, metadata={"help": "Tolerated view_kl / opd_loss ratio before the adaptive anchor grows."}
+    )
+    nca_adaptive_horizon: float = field(
+        default=1.0, metadata={"help": "Divides each adaptive update (at most 0.2 / horizon per step)."}
     )
     context_column: str | None = field(
         default="context", metadata={"help": "Dataset column holding each example's privileged context."}
@@ -252,6 +285,9 @@ class NCAConfig(GKDConfig):
             "per_device_eval_batch_size", "gradient_accumulation_steps",
         ):  # fmt: skip
             _check_integer(name, getattr(self, name), low=1)
+        for name in ("nca_adaptive_init", "nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon"):
+            _check_number(name, getattr(self, name), low=0.0, low_open=True)
+        _check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
         if self.bf16 is None and not self.fp16:
@@ -266,6 +302,7 @@ class NCAConfig(GKDConfig):
             "divergence_support": ("full", "top_k"),
             "self_teacher": ("initial", "live"),
             "eval_completions": ("on_policy", "dataset"),
+            "nca_beta_schedule": SCHEDULES,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -281,8 +318,8 @@ class NCAConfig(GKDConfig):
             )
         if self.nca_monitor and self.nca_beta > 0:
             self.nca_monitor = False  # the NCA term is computed anyway
-        # Builds (and so validates) the context placement and the divergence choice now, not at the first step.
-        _ = (self.context_spec, self.divergence_spec)
+        # Builds (and so validates) the context placement, the divergence choice and the anchor schedule now.
+        _ = (self.context_spec, self.divergence_spec, schedule_from_config(self))
 
     @property
     def joint_forward(self) -> bool:

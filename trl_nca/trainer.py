@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-from transformers.trainer_utils import get_last_checkpoint
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
@@ -29,6 +31,8 @@ from .data import (
 )
 from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
+from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
+from .schedule import BetaSchedule, schedule_from_config
 from .teacher import (
     SelfTeacher,
     adapter_is_identity,
@@ -225,9 +229,16 @@ class NCATrainer(GKDTrainer):
         if widest > common:
             self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
             self.generation_config.suppress_tokens = list(range(common, widest))
-        self.nca_beta = float(args.nca_beta)
+        self.nca_schedule = schedule_from_config(args)
+        self._nca_active = self.nca_schedule.active  # the NCA term can be on: the context view carries gradient
+        self.add_callback(_ScheduleCheckpoint(self.nca_schedule))
         self.divergence_spec = args.divergence_spec
         self._redirect = _ForwardRedirection()
+
+    @property
+    def nca_beta(self) -> float:
+        """The anchor weight of the optimizer step in progress (`NCAConfig.nca_beta_schedule`)."""
+        return self.nca_schedule.value
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling
@@ -242,6 +253,8 @@ class NCATrainer(GKDTrainer):
                 )
             resume_from_checkpoint = last
         self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        if self._resume_rng_from is not None:
+            _load_schedule(self.nca_schedule, self._resume_rng_from)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _load_rng_state(self, checkpoint):
@@ -373,13 +386,13 @@ class NCATrainer(GKDTrainer):
         return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        need_context = self.nca_beta > 0 or self.args.nca_monitor
+        need_context = self._nca_active or self.args.nca_monitor
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
         terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context)
         total = terms["opd"].sum()
-        if self.nca_beta > 0:
+        if self._nca_active:
             total = total + self.nca_beta * terms["nca"].sum()
         if num_items_in_batch is not None:
             loss = total / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
@@ -394,13 +407,13 @@ class NCATrainer(GKDTrainer):
             inputs["context_prompts"], inputs["context_prompt_attention_mask"], completion_ids, completion_mask
         )
         h_c = None
-        if need_context and self.nca_beta > 0 and self.args.joint_forward:
+        if need_context and self._nca_active and self.args.joint_forward:
             h_x, h_c = self._joint_hidden(student, inputs)
         else:
             view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
             h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
             if need_context:
-                with nullcontext() if self.nca_beta > 0 else torch.no_grad():
+                with nullcontext() if self._nca_active else torch.no_grad():
                     h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
         student_head = LMHead.from_model(student)
         h_t, teacher_head = self._teacher_states(view_c, completion_mask, h_c, student_head)
@@ -478,13 +491,20 @@ class NCATrainer(GKDTrainer):
             return
         left = getattr(self, "_step_batches_left", 0)
         if left <= 0:  # a micro-batch outside get_batch_samples' accounting (training_step sampled it itself)
-            self._record_means(stats, "train")
+            self._end_step(stats)
             return
         self._step_sums = stats if self._step_sums is None else self._step_sums + stats
         self._step_batches_left = left - 1
         if self._step_batches_left == 0:
-            self._record_means(self._step_sums, "train")
+            self._end_step(self._step_sums)
             self._step_sums = None
+
+    def _end_step(self, stats: torch.Tensor) -> None:
+        """Log the step's token means and the anchor weight it used, then set the weight of the next step. Runs in the
+        step's last micro-batch, after its loss is built, so every micro-batch of a step uses the same weight."""
+        means = self._record_means(stats, "train")
+        self._metrics["train"]["nca_beta"].append(self.nca_beta)
+        self.nca_schedule.update(means)
 
     def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
         """Sum the statistics over processes, append their token means to the logged metrics and return them."""
@@ -493,14 +513,14 @@ class NCATrainer(GKDTrainer):
         total = dict(zip(self._STAT_NAMES, stats.tolist()))
         tokens, rows = max(total["tokens"], 1), max(total["rows"], 1)
         names = {"opd": "opd_loss"}
-        if self.nca_beta > 0 or self.args.nca_monitor:
+        if self._nca_active or self.args.nca_monitor:
             names.update(nca="nca_loss", view_kl="view_kl")
         for key, name in names.items():
             self._metrics[mode][name].append(total[key] / tokens)
         self._metrics[mode]["completions/mean_length"].append(total["tokens"] / rows)
         self._metrics[mode]["completions/clipped_ratio"].append(total["clipped"] / rows)
         self._metrics[mode]["completions/on_policy"].append(total["sampled_rows"] / rows)
-        return {"loss": total["loss"] / tokens}
+        return {"loss": total["loss"] / tokens, "opd_loss": total["opd"] / tokens, "view_kl": total["view_kl"] / tokens}
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
@@ -692,3 +712,28 @@ def _check_references(dataset, split: str) -> None:
         f"eval_completions='dataset' evaluates the dataset's reference completions, but {where}. Use `messages` "
         "ending with an assistant turn (or a `completion` column), or set eval_completions='on_policy'."
     )
+
+
+class _ScheduleCheckpoint(TrainerCallback):
+    """Writes the anchor schedule's state into every checkpoint folder (read back by `NCATrainer.train` on resume)."""
+
+    def __init__(self, schedule: BetaSchedule):
+        self.schedule = schedule
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if folder.is_dir():
+                (folder / SCHEDULE_STATE_FILE).write_text(json.dumps(self.schedule.state_dict()) + "\n")
+
+
+def _load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
+    """Restore the anchor schedule saved in a checkpoint; a checkpoint without one must come from a constant one."""
+    path = Path(checkpoint) / SCHEDULE_STATE_FILE
+    if path.is_file():
+        schedule.load_state_dict(json.loads(path.read_text()))
+    elif schedule.kind != "constant":
+        raise ValueError(
+            f"{checkpoint} holds no {SCHEDULE_STATE_FILE}, so the {schedule.kind!r} anchor schedule cannot be resumed "
+            "exactly (the checkpoint was written by a run with nca_beta_schedule='constant' or an older trl-nca)."
+        )

@@ -1,0 +1,151 @@
+"""Anchor-weight schedules: the formulas, their use by the trainer step by step, and exact resume."""
+
+import json
+import math
+
+import pytest
+import torch
+from test_trainer import make_args, params, prompt_dataset
+
+from trl_nca import NCATrainer
+from trl_nca.schedule import BetaSchedule
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tiny_tokenizer()
+
+
+def test_constant_and_warmup_values():
+    constant = BetaSchedule("constant", beta=0.5)
+    assert [constant.value] + [constant.update() for _ in range(3)] == [0.5] * 4
+    warmup = BetaSchedule("warmup", beta=0.6, warmup_steps=3)
+    values = [warmup.value] + [warmup.update() for _ in range(4)]
+    assert values == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.6])
+
+
+def test_adaptive_update_follows_the_formula_and_the_bounds():
+    s = BetaSchedule("adaptive", beta=0.5, adaptive_init=0.1, adaptive_min=0.01, adaptive_horizon=2.0)
+    assert s.value == 0.1
+    # ratio 1.1 -> e = 0.1 -> x (1 + 0.1 / 2)
+    assert s.update({"opd_loss": 1.0, "view_kl": 1.1}) == pytest.approx(0.105)
+    # ratio far above 1 -> e clipped at 0.2 -> x 1.1
+    assert s.update({"opd_loss": 1e-4, "view_kl": 0.3}) == pytest.approx(0.1155)
+    # ratio 0 -> e = -0.2 -> x 0.9
+    assert s.update({"opd_loss": 2.0, "view_kl": 0.0}) == pytest.approx(0.10395)
+    for _ in range(200):
+        s.update({"opd_loss": 1.0, "view_kl": 0.0})
+    assert s.value == 0.01  # the lower bound
+    for _ in range(200):
+        s.update({"opd_loss": 0.0, "view_kl": 1.0})
+    assert s.value == 0.5  # the upper bound is nca_beta
+    s.update({"opd_loss": float("nan"), "view_kl": 1.0})
+    assert s.value == 0.5 and s.steps_done == 404
+    target = BetaSchedule("adaptive", beta=1.0, adaptive_init=0.5, adaptive_target=2.0)
+    assert target.update({"opd_loss": 1.0, "view_kl": 1.5}) == pytest.approx(0.5 * (1 - 0.2))  # 1.5 / 2 - 1 < -0.2
+
+
+def test_state_round_trip_and_errors():
+    s = BetaSchedule("adaptive", beta=0.5)
+    for _ in range(3):
+        s.update({"opd_loss": 0.1, "view_kl": 1.0})
+    restored = BetaSchedule("adaptive", beta=0.5)
+    restored.load_state_dict(json.loads(json.dumps(s.state_dict())))
+    assert restored.value == s.value and restored.steps_done == 3
+    with pytest.raises(ValueError, match="same nca_beta_schedule"):
+        BetaSchedule("warmup", beta=0.5, warmup_steps=2).load_state_dict(s.state_dict())
+    with pytest.raises(ValueError, match="nca_warmup_steps >= 1"):
+        BetaSchedule("warmup", beta=0.5)
+    with pytest.raises(ValueError, match="upper bound"):
+        BetaSchedule("adaptive", beta=0.0)
+    with pytest.raises(ValueError, match="nca_adaptive_min <= nca_adaptive_init <= nca_beta"):
+        BetaSchedule("adaptive", beta=0.5, adaptive_init=0.9)
+    with pytest.raises(ValueError, match="opd_loss and view_kl"):
+        BetaSchedule("adaptive", beta=0.5).update({"opd_loss": 1.0})
+
+
+def _logged_steps(trainer):
+    return [entry for entry in trainer.state.log_history if "loss" in entry and "nca_beta" in entry]
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_trainer_uses_the_adaptive_weight_of_each_step(tok, tmp_path, accumulation):
+    """Each logged step used the weight the formula gives from the previous step's logged terms, and its loss is
+    opd_loss + nca_beta * nca_loss with that weight (also with gradient accumulation)."""
+    args = make_args(
+        tmp_path, max_steps=4, learning_rate=5e-2, nca_beta=0.5, nca_beta_schedule="adaptive", nca_adaptive_init=0.1,
+        per_device_train_batch_size=4 // accumulation, gradient_accumulation_steps=accumulation,
+    )  # fmt: skip
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
+        train_dataset=prompt_dataset(16), processing_class=tok,
+    )  # fmt: skip
+    trainer.train()
+    steps = _logged_steps(trainer)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    expected = BetaSchedule("adaptive", beta=0.5, adaptive_init=0.1)
+    for entry in steps:
+        assert entry["nca_beta"] == pytest.approx(expected.value, rel=1e-12)
+        assert entry["loss"] == pytest.approx(entry["opd_loss"] + entry["nca_beta"] * entry["nca_loss"], rel=1e-5)
+        expected.update({"opd_loss": entry["opd_loss"], "view_kl": entry["view_kl"]})
+    assert trainer.nca_beta == pytest.approx(expected.value, rel=1e-12)
+    assert len({s["nca_beta"] for s in steps}) > 1  # the weight did move
+
+
+def test_warmup_starts_without_anchor(tok, tmp_path):
+    args = make_args(tmp_path, max_steps=3, nca_beta=0.5, nca_beta_schedule="warmup", nca_warmup_steps=2)
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(8), processing_class=tok
+    )
+    trainer.train()
+    steps = _logged_steps(trainer)
+    assert [s["nca_beta"] for s in steps] == pytest.approx([0.0, 0.25, 0.5])
+    assert steps[0]["loss"] == pytest.approx(steps[0]["opd_loss"], rel=1e-6) and steps[0]["nca_loss"] > 0
+
+
+def test_constant_schedule_logs_its_weight(tok, tmp_path):
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), args=make_args(tmp_path, nca_beta=0.25), train_dataset=prompt_dataset(4),
+        processing_class=tok,
+    )  # fmt: skip
+    trainer.train()
+    assert [s["nca_beta"] for s in _logged_steps(trainer)] == [0.25, 0.25]
+
+
+def test_resume_restores_the_adaptive_weight_exactly(tok, tmp_path):
+    """4 straight steps == 2 steps, checkpoint, resume for 2: same weights and the same anchor weights."""
+    finals, betas = [], []
+    for resume in (False, True):
+        out = tmp_path / ("resumed" if resume else "straight")
+        args = make_args(
+            tmp_path, output_dir=str(out), max_steps=4, save_strategy="steps", save_steps=2, learning_rate=5e-2,
+            nca_beta=0.5, nca_beta_schedule="adaptive", nca_adaptive_init=0.1,
+        )  # fmt: skip
+        trainer = NCATrainer(
+            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
+            train_dataset=prompt_dataset(8), processing_class=tok,
+        )  # fmt: skip
+        if resume:
+            checkpoint = out.parent / "straight" / "checkpoint-2"
+            assert json.loads((checkpoint / "nca_schedule.json").read_text())["steps_done"] == 2
+            trainer.train(resume_from_checkpoint=str(checkpoint))
+        else:
+            trainer.train()
+        finals.append(params(trainer.model))
+        betas.append({s["step"]: s["nca_beta"] for s in _logged_steps(trainer)})
+    for name in finals[0]:
+        assert torch.equal(finals[0][name], finals[1][name]), name
+    assert betas[1] == betas[0] and set(betas[0]) == {1, 2, 3, 4}  # steps 1-2 come from the checkpoint
+    assert not math.isclose(betas[0][3], 0.1)
+
+
+def test_resuming_a_schedule_from_a_checkpoint_without_its_state_is_refused(tok, tmp_path):
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    args = make_args(tmp_path, nca_beta=0.5, nca_beta_schedule="warmup", nca_warmup_steps=2)
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok
+    )
+    with pytest.raises(ValueError, match="holds no nca_schedule.json"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))

@@ -1,0 +1,137 @@
+"""Schedules of the anchor weight `nca_beta`, set once per optimizer step.
+
+- `constant`: the paper's method, `nca_beta` from the first step to the last.
+- `warmup`: `nca_beta * min(1, s / nca_warmup_steps)` during optimizer step s + 1 (s steps done), so the anchor is
+  off at the first step and full after the warm-up.
+- `adaptive` (beyond the paper): a bounded multiplicative controller in the manner of the adaptive KL controller of
+  RLHF (Ziegler et al., 2019). After each step it compares the measured gap between the student's two views with the
+  gap between the no-context view and the teacher:
+
+      ratio = view_kl / (target * opd_loss)        (token means of the step just done)
+      e     = clip(ratio - 1, -0.2, 0.2)
+      beta  = clip(beta * (1 + e / horizon), nca_adaptive_min, nca_beta)
+
+  In self-distillation the context view starts equal to the teacher, so ratio = 1 at the first step. While the
+  no-context view is still learning what the context teaches, pulling the context view towards it would drag the
+  context view away from the teacher (ratio < 1 then means the views have moved towards each other faster than the
+  no-context view has moved towards the teacher): the anchor relaxes. Once the no-context view has caught up with the
+  teacher and the context view has drifted away from it (ratio > 1: the context view is farther from the no-context
+  view than the teacher is), the anchor grows, up to `nca_beta`. So the anchor follows internalisation instead of
+  fighting it. `target` > 1 tolerates more drift; `horizon` > 1 makes the updates smaller.
+
+Every schedule keeps its state in `state_dict()` (saved in each checkpoint as `nca_schedule.json`) so a resumed run
+continues with exactly the weights the uninterrupted run would have used.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+
+SCHEDULES = ("constant", "warmup", "adaptive")
+ADAPTIVE_STEP_LIMIT = 0.2  # the largest relative change of one update (before dividing by the horizon)
+STATE_FILE = "nca_schedule.json"
+
+
+@dataclass
+class BetaSchedule:
+    """The anchor weight of the current optimizer step and how it evolves.
+
+    `kind` is one of `SCHEDULES`; `beta` is the constant value, the value after warm-up, or the adaptive upper bound.
+    """
+
+    kind: str = "constant"
+    beta: float = 0.5
+    warmup_steps: int = 0
+    adaptive_init: float = 0.01
+    adaptive_min: float = 1e-3
+    adaptive_target: float = 1.0
+    adaptive_horizon: float = 1.0
+    steps_done: int = 0
+    current: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"nca_beta_schedule must be one of {SCHEDULES}, got {self.kind!r}.")
+        if self.kind == "warmup" and self.warmup_steps < 1:
+            raise ValueError("nca_beta_schedule='warmup' needs nca_warmup_steps >= 1 (steps to reach nca_beta).")
+        if self.kind == "adaptive":
+            if self.beta <= 0:
+                raise ValueError("nca_beta_schedule='adaptive' needs nca_beta > 0: it is the anchor's upper bound.")
+            if not 0 < self.adaptive_min <= self.adaptive_init <= self.beta:
+                raise ValueError(
+                    "The adaptive anchor needs 0 < nca_adaptive_min <= nca_adaptive_init <= nca_beta, got "
+                    f"{self.adaptive_min}, {self.adaptive_init}, {self.beta}."
+                )
+            if self.adaptive_target <= 0 or self.adaptive_horizon <= 0:
+                raise ValueError("nca_adaptive_target and nca_adaptive_horizon must be > 0.")
+        if self.current is None:
+            self.current = self._initial()
+
+    def _initial(self) -> float:
+        if self.kind == "adaptive":
+            return float(self.adaptive_init)
+        if self.kind == "warmup":
+            return 0.0
+        return float(self.beta)
+
+    @property
+    def active(self) -> bool:
+        """Whether the NCA term can be on at some step (the trainer then computes the context view every step)."""
+        return self.beta > 0
+
+    @property
+    def needs_measurements(self) -> bool:
+        """Whether `update` reads the step's measured terms (then `view_kl` must be computed every step)."""
+        return self.kind == "adaptive"
+
+    @property
+    def value(self) -> float:
+        """The anchor weight of the optimizer step in progress."""
+        return float(self.current)
+
+    def update(self, measured: dict[str, float] | None = None) -> float:
+        """Advance by one finished optimizer step and return the weight of the next one.
+
+        `measured` holds the step's token means `opd_loss` and `view_kl` (needed by the adaptive schedule only).
+        """
+        self.steps_done += 1
+        if self.kind == "warmup":
+            self.current = self.beta * min(1.0, self.steps_done / self.warmup_steps)
+        elif self.kind == "adaptive":
+            if measured is None or "view_kl" not in measured or "opd_loss" not in measured:
+                raise ValueError("The adaptive anchor needs the step's opd_loss and view_kl.")
+            ratio = measured["view_kl"] / max(self.adaptive_target * measured["opd_loss"], 1e-12)
+            error = min(max(ratio - 1.0, -ADAPTIVE_STEP_LIMIT), ADAPTIVE_STEP_LIMIT)
+            if not math.isfinite(error):  # a non-finite measurement leaves the weight unchanged
+                error = 0.0
+            updated = self.current * (1.0 + error / self.adaptive_horizon)
+            self.current = min(max(updated, self.adaptive_min), self.beta)
+        return self.value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "steps_done": self.steps_done, "current": self.current}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind:
+            raise ValueError(
+                f"The checkpoint's anchor schedule is {state.get('kind')!r} but this run's is {self.kind!r}; resume "
+                "with the same nca_beta_schedule."
+            )
+        self.steps_done = int(state["steps_done"])
+        self.current = float(state["current"])
+
+
+def schedule_from_config(args) -> BetaSchedule:
+    """The schedule an `NCAConfig` describes."""
+    return BetaSchedule(
+        kind=args.nca_beta_schedule,
+        beta=float(args.nca_beta),
+        warmup_steps=int(args.nca_warmup_steps),
+        adaptive_init=float(args.nca_adaptive_init),
+        adaptive_min=float(args.nca_adaptive_min),
+        adaptive_target=float(args.nca_adaptive_target),
+        adaptive_horizon=float(args.nca_adaptive_horizon),
+    )
