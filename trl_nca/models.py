@@ -483,8 +483,8 @@ def _looks_like_local_path(name: str) -> bool:
 def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
     """The one resolver of model names for every command (`trl-nca train`, `trl-nca eval`, `NCATrainer`, evaluation).
 
-    "embedded" / "smollm2-embedded" (any case) map to `embedded_model_path()`, "organism" to the pretrained model
-    organism (`trl_nca.organism.organism_model_path()`). An existing local folder must hold a
+    "embedded" / "smollm2-embedded" (any case) map to `embedded_model_path()`, "organism" and "organism-quick" to the
+    pretrained model organism (`trl_nca.organism.organism_model_path()`). An existing local folder must hold a
     model (`config.json`, or `adapter_config.json` for a PEFT adapter folder). A name that can only be a local path
     (`./x`, `/x`, `~/x`, `a/b/c`) and does not exist, or a Hub id that is not in the local cache while the Hub is offline
     (`HF_HUB_OFFLINE=1`), raises `ModelNotFoundError` with the fix. Other Hub ids and model instances pass through
@@ -502,10 +502,10 @@ def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
         raise ModelNotFoundError(f"{what} name is empty; give a local model folder, a Hub id or 'embedded'.")
     if name.strip().lower() in EMBEDDED_MODEL_ALIASES:
         return embedded_model_path()
-    from .organism import ORGANISM_ALIASES, organism_model_path
+    from .organism import ORGANISM_ALIASES, organism_model_path, spec_for_alias
 
     if name.strip().lower() in ORGANISM_ALIASES:
-        return organism_model_path()
+        return organism_model_path(spec_for_alias(name))
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():

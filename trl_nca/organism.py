@@ -35,7 +35,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-ORGANISM_ALIASES = ("organism", "shift-organism")
+ORGANISM_ALIASES = ("organism", "organism-quick")  # "organism-quick": a shorter pretraining, for smoke runs and CI
 SPECIAL_TOKENS = ("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>")
 RULES = {"shift": lambda d: (d + 1) % 10, "flip": lambda d: 9 - d}
 WORDS = ("system", "user", "assistant", "rule", "map", *RULES)
@@ -207,6 +207,15 @@ def default_cache_dir() -> Path:
     from .models import default_cache_dir as models_cache
 
     return models_cache()
+
+
+def spec_for_alias(alias: str) -> OrganismSpec:
+    """The organism an alias names: `organism` (the default spec) or `organism-quick` (300 pretraining steps: it
+    follows the rules less reliably, but is ready in a fraction of the time; for smoke runs and CI)."""
+    alias = alias.strip().lower()
+    if alias not in ORGANISM_ALIASES:
+        raise ValueError(f"Unknown organism alias {alias!r}; choose one of {ORGANISM_ALIASES}.")
+    return OrganismSpec(steps=300) if alias == "organism-quick" else OrganismSpec()
 
 
 def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.PathLike | None = None) -> str:

@@ -1,0 +1,118 @@
+"""The model organism: its language, tokenizer, pretraining batches, and the cached checkpoint."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from trl_nca import organism as O
+from trl_nca.tasks import get_task
+from trl_nca.views import add_context, render_prompt_ids, split_example
+
+
+def test_rules_and_their_composition():
+    digits = [4, 0, 7, 9]
+    assert O.answer_line(digits, []) == "4 0 7 9"
+    assert O.answer_line(digits, ["shift"]) == "5 1 8 0"
+    assert O.answer_line(digits, ["shift", "shift"]) == "6 2 9 1"
+    assert O.answer_line(digits, ["flip"]) == "5 9 2 0"
+    assert O.answer_line(digits, ["shift", "flip"]) == "4 8 1 9"  # applied top to bottom: flip(shift(d))
+    assert O.answer_line(digits, ["flip", "shift"]) == "6 0 3 1"
+    with pytest.raises(ValueError, match="Unknown organism rule"):
+        O.rule_line("reverse")
+
+
+def test_tokenizer_renders_the_chat_word_by_word():
+    tok = O.make_tokenizer()
+    ids = render_prompt_ids(tok, [{"role": "user", "content": "rule shift\nmap 4 0 7"}])
+    tokens = tok.convert_ids_to_tokens(ids)
+    assert tokens == ["<|im_start|>", "user", "rule", "shift", "map", "4", "0", "7", "<|im_end|>", "<|im_start|>",
+                      "assistant"]  # fmt: skip
+    assert tok.unk_token_id not in ids
+    assert tok.decode(tok("5 1 8", add_special_tokens=False)["input_ids"]) == "5 1 8"
+    assert tok.pad_token_id != tok.eos_token_id
+
+
+def test_pretraining_batches_supervise_only_the_answer():
+    tok = O.make_tokenizer()
+    ids, mask, labels = O._encode_batch(tok, [("map 1 2", "1 2"), ("rule flip\nmap 3", "6")])
+    assert ids.shape == labels.shape == mask.shape
+    supervised = [tok.convert_ids_to_tokens(row[row != -100].tolist()) for row in labels]
+    assert supervised == [["1", "2", "<|im_end|>"], ["6", "<|im_end|>"]]
+    prompt = render_prompt_ids(tok, [{"role": "user", "content": "map 1 2"}])
+    assert mask[0].tolist() == [1] * (len(prompt) + 3)  # the prompt, two digits and the end of turn: no padding
+    assert ids[0, : len(prompt)].tolist() == prompt
+    assert mask[1].sum() == (labels[1] != -100).sum() + len(
+        render_prompt_ids(tok, [{"role": "user", "content": "rule flip\nmap 3"}])
+    )
+
+
+def test_sampled_turns_are_deterministic_and_well_formed():
+    spec = O.OrganismSpec()
+    a = [O.sample_turn(random.Random("s"), spec) for _ in range(50)]
+    b = [O.sample_turn(random.Random("s"), spec) for _ in range(50)]
+    assert a == b
+    rng = random.Random(0)
+    for _ in range(200):
+        user, answer = O.sample_turn(rng, spec)
+        *rules, query = user.split("\n")
+        assert len(rules) <= 2 and all(r.split()[1] in O.RULES for r in rules)
+        digits = [int(d) for d in query.split()[1:]]
+        assert spec.min_digits <= len(digits) <= spec.max_digits
+        assert answer == O.answer_line(digits, [r.split()[1] for r in rules])
+
+
+def test_task_rows_match_the_language():
+    task = get_task("organism_shift")
+    tok = O.make_tokenizer()
+    assert len(task.test) == 240 and len(task.train) == 512
+    assert not {r["prompt"] for r in task.train} & {r["prompt"] for r in task.test}
+    row = task.test[0]
+    digits = [int(d) for d in row["prompt"].split()[1:]]
+    assert row["answer"] == O.answer_line(digits, ["shift"]) and row["twice"] == O.answer_line(digits, ["shift"] * 2)
+    messages, _ = split_example(row)
+    with_rule = render_prompt_ids(tok, add_context(messages, task.context.context_of(row), task.context))
+    assert tok.convert_ids_to_tokens(with_rule)[2:4] == ["rule", "shift"]
+
+
+def test_organism_checkpoint_is_cached_and_loadable(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = O.OrganismSpec(steps=3, hidden_size=32, num_layers=1, num_heads=2, batch_size=4)
+    path = O.organism_model_path(spec, cache_dir=tmp_path)
+    marker = json.loads((tmp_path / f"organism-{spec.key()}" / "organism.json").read_text())
+    assert marker["spec"]["steps"] == 3 and path.endswith(spec.key())
+    stamp = (tmp_path / f"organism-{spec.key()}" / "organism.json").stat().st_mtime_ns
+    assert O.organism_model_path(spec, cache_dir=tmp_path) == path
+    assert (tmp_path / f"organism-{spec.key()}" / "organism.json").stat().st_mtime_ns == stamp  # not pretrained again
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert model.generation_config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    ids = torch.tensor([render_prompt_ids(tok, [{"role": "user", "content": "map 1 2"}])])
+    assert torch.isfinite(model(ids).logits).all()
+    assert O.spec_for_alias("organism-quick").steps < O.spec_for_alias("organism").steps
+    with pytest.raises(ValueError, match="organism-quick"):
+        O.spec_for_alias("organism-large")
+
+
+@pytest.mark.slow
+def test_the_organism_reads_its_rules():
+    """The default organism answers with every rule applied (greedy, 64 new queries); pretrains once if needed."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = O.organism_model_path()
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    rng = random.Random(99)
+    queries = [[rng.randint(0, 9) for _ in range(rng.randint(3, 8))] for _ in range(64)]
+    for rules in ([], ["shift"], ["shift", "shift"], ["flip"]):
+        prompts = [render_prompt_ids(tok, [{"role": "user", "content": "\n".join(
+            [*(O.rule_line(r) for r in rules), O.query_line(q)])}]) for q in queries]  # fmt: skip
+        width = max(map(len, prompts))
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+        mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        answers = [tok.decode(o[width:], skip_special_tokens=True).strip() for o in out]
+        correct = sum(a == O.answer_line(q, rules) for a, q in zip(answers, queries))
+        assert correct >= 62, (rules, correct)
