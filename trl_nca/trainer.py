@@ -568,8 +568,12 @@ def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
 
 
 def _check_process_count(accelerator) -> None:
-    """Every process must see the others: a process that believes it is alone trains on the whole dataset, so all
-    processes train on the same rows while DeepSpeed still averages their gradients (no error, a wrong run)."""
+    """Every process must take part in one distributed run. Two silent failures of accelerate on a machine without
+    GPUs are refused: DeepSpeed joined the processes but accelerate counts one (every process then trains on the same
+    rows), or accelerate counts them but sets up no distributed training (each process trains its own copy, FSDP on a
+    CPU)."""
+    from accelerate.utils import DistributedType
+
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return
     world = torch.distributed.get_world_size()
@@ -580,6 +584,13 @@ def _check_process_count(accelerator) -> None:
             "process-group backend. Launch with `accelerate launch --config_file examples/accelerate/zero2.yaml` (or "
             "zero3.yaml) and set `ddp_backend='gloo'` in the config; a `deepspeed=` config in the training arguments "
             "cannot name the backend there."
+        )
+    if world > 1 and accelerator.distributed_type == DistributedType.NO:
+        raise RuntimeError(
+            f"{world} processes were launched, but accelerate set up no distributed training: each would train its "
+            "own copy of the model without synchronising gradients. On a machine without GPUs accelerate applies "
+            "neither FSDP nor DDP to a non-CPU launch: use `--cpu` (DDP over gloo), or DeepSpeed "
+            "(examples/accelerate/zero2.yaml, zero3.yaml) with `ddp_backend='gloo'`."
         )
 
 
