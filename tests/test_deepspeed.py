@@ -49,11 +49,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _train(out: Path, models: Path, tuning: str, teacher: str, zero: int | None = None, *extra: str) -> Path:
+def _train(out: Path, models: Path, tuning: str, teacher: str, config: str | None = None, *extra: str) -> Path:
     args = [str(SCRIPT), str(out), "--tuning", tuning, "--teacher", teacher, "--models", str(models), *extra]
-    if zero is not None:
+    if config is not None:
         launch = [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"zero{zero}.yaml"),
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
             "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
         ]  # fmt: skip
         args = launch + args
@@ -100,25 +100,28 @@ def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    "zero, tuning, teacher, extra, teacher_kind",
+    "config, tuning, teacher, extra, teacher_kind",
     [
         # 2 processes x 1 row x 2 accumulation steps: DeepSpeed's own accumulation scaling must not apply on top
-        (2, "full", "separate", ("--per-device", "1", "--grad-accum", "2"), "LlamaForCausalLM"),
-        (2, "lora", "self", ("--per-device", "2"), "SelfTeacher"),
-        (3, "full", "separate", ("--per-device", "2"), "LlamaForCausalLM"),
-        (3, "lora", "self", ("--per-device", "2", "--sample"), "SelfTeacher"),
+        ("zero2", "full", "separate", ("--per-device", "1", "--grad-accum", "2"), "LlamaForCausalLM"),
+        ("zero2", "lora", "self", ("--per-device", "2"), "SelfTeacher"),
+        ("zero3", "full", "separate", ("--per-device", "2"), "LlamaForCausalLM"),
+        ("zero3", "lora", "self", ("--per-device", "2", "--sample"), "SelfTeacher"),
         # the frozen copies of a student that ZeRO-3 partitioned as it loaded: merged LoRA (random B), full weights
-        (3, "lora", "self-copy", ("--per-device", "2"), "LlamaForCausalLM"),
-        (3, "full", "self", ("--per-device", "2"), "LlamaForCausalLM"),
+        ("zero3", "lora", "self-copy", ("--per-device", "2"), "LlamaForCausalLM"),
+        ("zero3", "full", "self", ("--per-device", "2"), "LlamaForCausalLM"),
+        # weights and optimizer state in CPU memory (the same memory here, but DeepSpeed's offload code paths)
+        ("zero3_offload", "lora", "self", ("--per-device", "2"), "SelfTeacher"),
     ],
     ids=["zero2-full-separate-accum", "zero2-lora-self", "zero3-full-separate", "zero3-lora-self-sample",
-         "zero3-lora-merged-copy", "zero3-full-copy"],
+         "zero3-lora-merged-copy", "zero3-full-copy", "zero3-offload-lora-self"],
 )  # fmt: skip
-def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, models, zero, tuning, teacher, extra,
+def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, models, config, tuning, teacher, extra,
                                                  teacher_kind):  # fmt: skip
     single = _reference(tmp_path_factory, models, tuning, teacher)
-    out = _train(tmp_path / "zero", models, tuning, teacher, zero, *extra)
+    out = _train(tmp_path / "zero", models, tuning, teacher, config, *extra)
     info = _assert_same_step(single, out, tuning)
+    zero = int(config[4])
     assert info["zero_stage"] == zero and info["teacher"] == teacher_kind
     if zero == 3:
         assert info["loaded_partitioned"] and info["student_partitioned"]

@@ -80,8 +80,10 @@ def main():
         },
     )  # fmt: skip
     if args.deepspeed_plugin is not None:
-        # Trainer's torch SGD (one step moves the weights by the gradient itself) is not on DeepSpeed's ZeRO list.
+        # Keep Trainer's torch SGD (one step moves the weights by the gradient itself): it is not on DeepSpeed's ZeRO
+        # list, and with an offloaded optimizer DeepSpeed would swap in its own CPU Adam.
         args.deepspeed_plugin.deepspeed_config["zero_allow_untested_optimizer"] = True
+        args.deepspeed_plugin.deepspeed_config["zero_force_ds_cpu_optimizer"] = False
     peft_config = None
     if opts.tuning == "lora":
         from peft import LoraConfig
