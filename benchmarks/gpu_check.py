@@ -12,7 +12,8 @@ is timed separately, once per model: `generate` through the trainer's own path, 
 
 Per model and variant: a fresh model (same seed), one warm-up step, then `--steps` timed steps (median wall time,
 CUDA-synchronised); peak memory is the CUDA allocator's maximum over the timed steps (allocated and reserved), next to
-the memory resident before them. `--smoke` runs the same code at tiny shapes on any device (seconds on a CPU), so the
+the memory resident before them, both counted above what was allocated before the model was built (`baseline_gib`,
+about 0 unless an earlier run leaked). `--smoke` runs the same code at tiny shapes on any device (seconds on a CPU), so the
 script is known to work before a GPU session.
 """
 
@@ -158,6 +159,7 @@ def run_variant(name, shape, variant, beta, tok, data, cli, device, dtype, out_d
 
     from trl_nca import NCAConfig, NCATrainer
 
+    baseline = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")  # left by earlier runs
     model = build_model(shape, tok, device, dtype)
     meter = Meter(device, cli.warmup)
     args = NCAConfig(
@@ -175,8 +177,9 @@ def run_variant(name, shape, variant, beta, tok, data, cli, device, dtype, out_d
     trainer.train()
     row = {
         "model": name, "variant": variant, "nca_beta": beta, "teacher": type(trainer._teacher()).__name__,
-        "step_s": statistics.median(meter.times), "step_s_all": meter.times, "resident_gib": meter.resident,
-        "peak_allocated_gib": meter.peak_allocated, "peak_reserved_gib": meter.peak_reserved,
+        "step_s": statistics.median(meter.times), "step_s_all": meter.times, "baseline_gib": baseline,
+        "resident_gib": meter.resident - baseline, "peak_allocated_gib": meter.peak_allocated - baseline,
+        "peak_reserved_gib": meter.peak_reserved - baseline,
     }  # fmt: skip
     if variant == "opd":
         row.update(time_sampling(trainer, data, cli, device))
