@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -58,18 +58,17 @@ def is_peft_model(model) -> bool:
 
 def adapter_is_identity(model: nn.Module) -> bool:
     """True when every LoRA update of `model` is exactly zero, so disabling the adapter changes nothing."""
-    found = False
+    found, tensors = False, []
     for module in model.modules():
         for name in ("lora_B", "lora_embedding_B"):
             params = getattr(module, name, None)
             if params is None or len(params) == 0:
                 continue
             found = True
-            for p in params.values() if isinstance(params, nn.ModuleDict) else [params]:
-                tensor = p.weight if hasattr(p, "weight") else p
-                if torch.count_nonzero(tensor.detach()) > 0:
-                    return False
-    return found
+            for p in params.values() if isinstance(params, (nn.ModuleDict, nn.ParameterDict)) else [params]:
+                tensors.append(p.weight if hasattr(p, "weight") else p)
+    with gathered(tensors):  # partitioned by ZeRO-3, a local shard could be all zeros while the matrix is not
+        return found and not any(torch.count_nonzero(t.detach()) > 0 for t in tensors)
 
 
 def check_peft_self_teacher(peft_config) -> None:
@@ -83,9 +82,28 @@ def check_peft_self_teacher(peft_config) -> None:
         )
 
 
+def gathered(params: Iterable[torch.Tensor]):
+    """A context in which every parameter that DeepSpeed ZeRO-3 partitioned holds its full value (read-only);
+    nothing to do for other parameters."""
+    partitioned = [p for p in params if hasattr(p, "ds_id")]
+    if not partitioned:
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+
+
 def frozen_copy(model: nn.Module) -> nn.Module:
-    """A frozen, eval-mode copy of `model` as it is now; a PEFT model is merged into a plain model."""
-    teacher = copy.deepcopy(model)
+    """A frozen, eval-mode copy of `model` as it is now; a PEFT model is merged into a plain model.
+
+    Parameters partitioned by DeepSpeed ZeRO-3 (a model loaded or trained under ZeRO-3) are gathered and the copy gets
+    plain parameters holding their full values (a whole model in memory until DeepSpeed partitions the copy in turn).
+    """
+    partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    with gathered(partitioned):
+        # deepcopy takes these from its memo instead of copying the DeepSpeed parameter (and its empty local data)
+        memo = {id(p): nn.Parameter(p.detach().clone(), requires_grad=False) for p in partitioned}
+        teacher = copy.deepcopy(model, memo)
     if is_peft_model(teacher):
         teacher = teacher.merge_and_unload()
     for module in teacher.modules():

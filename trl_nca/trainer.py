@@ -15,7 +15,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl.experimental.gkd import GKDTrainer
-from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
+from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
 from trl.trainer.utils import create_model_from_path
 
@@ -196,7 +196,7 @@ class NCATrainer(GKDTrainer):
         if teacher_loaded_here:
             args.teacher_model_init_kwargs = None  # used by _load_teacher; GKD refuses them with a built teacher
         try:
-            with _gkd_vocab_check_passes(model, teacher_model):
+            with _gkd_vocab_check_passes(model, teacher_model), _self_teacher_kept_out_of_deepspeed():
                 super().__init__(
                     model,
                     teacher_model=teacher_model,
@@ -213,12 +213,17 @@ class NCATrainer(GKDTrainer):
         finally:
             gkd_logger.removeFilter(_drop_migration_hint)
             args.teacher_model_init_kwargs = teacher_init_kwargs
+        _check_process_count(self.accelerator)
         teacher = self._teacher()
         if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(self.model):
             # Disabling this adapter would not give the initial model (trained adapter, PiSSA-style init, random B):
             # keep a frozen merged copy of the student as it is now instead.
+            # Under ZeRO-3 the student may already be partitioned: frozen_copy gathers its full weights first.
             copy = frozen_copy(self.model)
-            self.teacher_model = self.accelerator.prepare_model(copy, evaluation_mode=True)
+            if self.is_deepspeed_enabled:  # as GKD prepares a teacher: sharded under ZeRO-3, whole otherwise
+                self.teacher_model = prepare_deepspeed(copy, self.accelerator)
+            else:
+                self.teacher_model = self.accelerator.prepare_model(copy, evaluation_mode=True)
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
@@ -616,6 +621,52 @@ def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
         yield
     finally:
         text.vocab_size = original
+
+
+def _check_process_count(accelerator) -> None:
+    """Every process must take part in one distributed run. Two silent failures of accelerate on a machine without
+    GPUs are refused: DeepSpeed joined the processes but accelerate counts one (every process then trains on the same
+    rows), or accelerate counts them but sets up no distributed training (each process trains its own copy, FSDP on a
+    CPU)."""
+    from accelerate.utils import DistributedType
+
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    world = torch.distributed.get_world_size()
+    if world != accelerator.num_processes:
+        raise RuntimeError(
+            f"{world} processes were launched, but accelerate counts {accelerator.num_processes}: each would train on "
+            "the same rows. This happens under DeepSpeed on a machine without GPUs, where accelerate is given no "
+            "process-group backend. Launch with `accelerate launch --config_file examples/accelerate/zero2.yaml` (or "
+            "zero3.yaml) and set `ddp_backend='gloo'` in the config; a `deepspeed=` config in the training arguments "
+            "cannot name the backend there."
+        )
+    if world > 1 and accelerator.distributed_type == DistributedType.NO:
+        raise RuntimeError(
+            f"{world} processes were launched, but accelerate set up no distributed training: each would train its "
+            "own copy of the model without synchronising gradients. On a machine without GPUs accelerate applies "
+            "neither FSDP nor DDP to a non-CPU launch: use `--cpu` (DDP over gloo), or DeepSpeed "
+            "(examples/accelerate/zero2.yaml, zero3.yaml) with `ddp_backend='gloo'`."
+        )
+
+
+@contextmanager
+def _self_teacher_kept_out_of_deepspeed():
+    """Under DeepSpeed, GKDTrainer hands its teacher to `prepare_deepspeed`, which builds an engine around it. A
+    `SelfTeacher` has no parameters (DeepSpeed fails on it: ZeRO-3 with an IndexError) and only calls the student,
+    which the training engine already wraps, so it must stay as it is; any other teacher is prepared as GKD does."""
+    from trl.experimental.gkd import gkd_trainer
+
+    original = gkd_trainer.prepare_deepspeed
+
+    def prepare(model, accelerator):
+        return model if isinstance(model, SelfTeacher) else original(model, accelerator)
+
+    gkd_trainer.prepare_deepspeed = prepare
+    try:
+        yield
+    finally:
+        gkd_trainer.prepare_deepspeed = original
 
 
 def _drop_migration_hint(record: logging.LogRecord) -> bool:

@@ -1,0 +1,134 @@
+"""Train 1 SGD step on fixed samples, alone or under DeepSpeed ZeRO (CPU, gloo); save the weights and the logs.
+
+    ds_train.py OUT --tuning {full,lora} --teacher {separate,self,self-copy} --models DIR [--per-device N]
+               [--grad-accum K] [--sample]
+
+Alone, it is the single-process reference. Under `accelerate launch --config_file examples/accelerate/zero{2,3}.yaml
+--num_processes 2 --mixed_precision no`, it trains under DeepSpeed with the shipped config. `--zero-in-args STAGE`
+passes a ZeRO config as `NCAConfig(deepspeed=...)` instead (for `torch.distributed.run`).
+
+- `--tuning lora` trains a LoRA adapter on q/v; `full` trains every weight.
+- `--teacher separate`: another tiny model. `self`: teacher_model=None; with LoRA the student with its adapter
+  disabled (no parameters of its own), with full fine-tuning a frozen copy of the initial student. `self-copy`: LoRA
+  whose B matrices start non-zero (`init_lora_weights=False`), so disabling the adapter is not the initial model and
+  the trainer keeps a frozen merged copy of the student instead.
+- `--sample`: after the step, every process samples completions for its own prompts with a fixed seed through the
+  trainer's generation path (under ZeRO-3: with gathered weights) and saves them, with the prompts, to
+  `samples_rank{R}.pt`.
+
+Student and separate teacher are loaded by path (`--models` holds `student/` and `teacher/`, written by
+`trl_nca.testing.save_tiny_model`), so under ZeRO-3 they are partitioned as they load. Saved by the main process:
+`initial.pt` and `weights.pt` (every student parameter, gathered), `logs.json` (the logged step), `info.json`.
+"""
+
+import argparse
+import json
+import os
+from contextlib import nullcontext
+
+import torch
+from datasets import Dataset
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.testing import make_tiny_tokenizer
+
+
+def gathered(params):
+    params = list(params)
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    return nullcontext()
+
+
+def full_params(model) -> dict[str, torch.Tensor]:
+    with gathered(model.parameters()):
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--tuning", choices=["full", "lora"], required=True)
+    parser.add_argument("--teacher", choices=["separate", "self", "self-copy"], required=True)
+    parser.add_argument("--per-device", type=int, default=4)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--sample", action="store_true")
+    parser.add_argument("--zero-in-args", type=int, help="pass a ZeRO config of this stage as `deepspeed=` instead")
+    parser.add_argument("--models", required=True, help="folder with `student/` and `teacher/` (save_tiny_model)")
+    opts = parser.parse_args()
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    torch.set_num_threads(1)
+    student_path, teacher_path = (os.path.join(opts.models, name) for name in ("student", "teacher"))
+
+    tok = make_tiny_tokenizer()
+    rows = [
+        [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "ok" + " yes" * (i * i)}]
+        for i in range(4)
+    ]
+    data = Dataset.from_dict({"messages": rows, "context": ["Be brief and precise."] * 4})
+    args = NCAConfig(
+        output_dir=opts.out, max_steps=1, per_device_train_batch_size=opts.per_device,
+        gradient_accumulation_steps=opts.grad_accum, lmbda=0.0, optim="sgd",
+        learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=not distributed,
+        report_to=[], save_strategy="no", max_new_tokens=6, seed=0, logging_steps=1, dataloader_drop_last=False,
+        ddp_backend="gloo" if distributed else None,  # on a CPU, accelerate needs the backend named
+        deepspeed=None if opts.zero_in_args is None else {
+            "zero_optimization": {"stage": opts.zero_in_args}, "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto", "zero_allow_untested_optimizer": True,
+        },
+    )  # fmt: skip
+    if args.deepspeed_plugin is not None:
+        # Keep Trainer's torch SGD (one step moves the weights by the gradient itself): it is not on DeepSpeed's ZeRO
+        # list, and with an offloaded optimizer DeepSpeed would swap in its own CPU Adam.
+        args.deepspeed_plugin.deepspeed_config["zero_allow_untested_optimizer"] = True
+        args.deepspeed_plugin.deepspeed_config["zero_force_ds_cpu_optimizer"] = False
+    peft_config = None
+    if opts.tuning == "lora":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+            init_lora_weights=opts.teacher != "self-copy",
+        )  # fmt: skip
+        torch.manual_seed(1234)  # the random B of `self-copy` is the same in every run
+    trainer = NCATrainer(
+        model=student_path, teacher_model=teacher_path if opts.teacher == "separate" else None, args=args,
+        train_dataset=data, processing_class=tok, peft_config=peft_config,
+    )  # fmt: skip
+    info = {
+        "teacher": type(trainer.accelerator.unwrap_model(trainer.teacher_model)).__name__,
+        "processes": trainer.accelerator.num_processes,
+        "zero_stage": args.deepspeed_plugin.zero_stage if args.deepspeed_plugin is not None else None,
+        "loaded_partitioned": any(hasattr(p, "ds_id") for p in trainer.model.parameters()),
+    }
+    before = full_params(trainer.model)
+    trainer.train()
+    after = full_params(trainer.model)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    info["student_partitioned"] = any(hasattr(p, "ds_id") for p in unwrapped.parameters())
+    teacher = trainer.accelerator.unwrap_model(trainer.teacher_model)
+    info["teacher_partitioned"] = any(hasattr(p, "ds_id") for p in teacher.parameters())
+    if opts.sample:
+        rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)][rank::world])
+        prompts = batch["prompts"].to(trainer.args.device)
+        mask = batch["prompt_attention_mask"].to(trainer.args.device)
+        torch.manual_seed(1000 + rank)
+        ids, completion_mask = trainer._generate(trainer.model_wrapped, prompts, mask)
+        torch.save(
+            {"prompts": prompts, "prompt_mask": mask, "ids": ids, "mask": completion_mask, "seed": 1000 + rank},
+            os.path.join(opts.out, f"samples_rank{rank}.pt"),
+        )
+    if trainer.accelerator.is_main_process:
+        torch.save(before, os.path.join(opts.out, "initial.pt"))
+        torch.save(after, os.path.join(opts.out, "weights.pt"))
+        with open(os.path.join(opts.out, "logs.json"), "w") as f:
+            json.dump([h for h in trainer.state.log_history if "opd_loss" in h], f)
+        with open(os.path.join(opts.out, "info.json"), "w") as f:
+            json.dump(info, f)
+
+
+if __name__ == "__main__":
+    main()

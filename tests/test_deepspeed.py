@@ -1,0 +1,183 @@
+"""DeepSpeed ZeRO-2 and ZeRO-3 on CPU (gloo, 2 processes, launched with the shipped `examples/accelerate/` configs):
+the update and the logged terms equal one process training on the whole batch, for full fine-tuning and LoRA, with a
+separate teacher, the adapter-disabled self-teacher and frozen copies of a partitioned student; sampling under ZeRO-3
+with gathered weights draws what the unsharded model draws."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+
+if importlib.util.find_spec("deepspeed") is None:
+    if os.environ.get("CI"):  # CI installs the dev extras, which include deepspeed: missing there is an error
+        raise ImportError("deepspeed is not installed; `pip install -e '.[dev]'` installs it.")
+    pytest.skip("deepspeed is not installed (`pip install -e '.[dev]'`)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).parent / "scripts" / "ds_train.py"
+CONFIGS = ROOT / "examples" / "accelerate"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from trl_nca.testing import save_tiny_model
+
+    folder = tmp_path_factory.mktemp("models")
+    save_tiny_model(folder / "student", seed=0)
+    save_tiny_model(folder / "teacher", seed=1)
+    return folder
+
+
+def _env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(out: Path, models: Path, tuning: str, teacher: str, config: str | None = None, *extra: str) -> Path:
+    args = [str(SCRIPT), str(out), "--tuning", tuning, "--teacher", teacher, "--models", str(models), *extra]
+    if config is not None:
+        launch = [
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        ]  # fmt: skip
+        args = launch + args
+    else:
+        args = [sys.executable, *args]
+    result = subprocess.run(args, cwd=out.parent, env=_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return out
+
+
+_references: dict[tuple[str, str], Path] = {}
+
+
+def _reference(tmp_path_factory, models, tuning: str, teacher: str) -> Path:
+    """One process, 4 rows per step, no DeepSpeed (trained once per module)."""
+    if (tuning, teacher) not in _references:
+        out = tmp_path_factory.mktemp("single") / f"{tuning}-{teacher}"
+        _references[tuning, teacher] = _train(out, models, tuning, teacher)
+    return _references[tuning, teacher]
+
+
+def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
+    info = json.loads((zero / "info.json").read_text())
+    assert info["processes"] == 2  # the data was split over 2 processes, not trained twice on the same rows
+    a, b = torch.load(single / "weights.pt"), torch.load(zero / "weights.pt")
+    initial = torch.load(zero / "initial.pt")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(torch.load(single / "initial.pt")[name], initial[name], rtol=0, atol=0)
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    moved = {n for n in b if not torch.equal(b[n], initial[n])}
+    if tuning == "full":
+        assert moved == set(b), f"parameters the step did not update: {sorted(set(b) - moved)}"
+    else:  # LoRA: every B moves (A too unless B starts at zero); the base weights stay
+        lora = {n for n in b if "lora_" in n}
+        assert {n for n in lora if "lora_B" in n} <= moved <= lora, sorted(moved ^ lora)
+    assert sum((b[n] - initial[n]).norm() ** 2 for n in b) ** 0.5 > 1e-2  # SGD, lr 1: the update is the gradient
+    (log_single,) = json.loads((single / "logs.json").read_text())
+    (log_zero,) = json.loads((zero / "logs.json").read_text())
+    for key in ("loss", "opd_loss", "nca_loss", "view_kl", "completions/mean_length", "grad_norm"):
+        assert log_zero[key] == pytest.approx(log_single[key], rel=1e-4, abs=1e-8), key  # float32 noise of padding
+    assert log_zero["loss"] == pytest.approx(log_zero["opd_loss"] + 0.5 * log_zero["nca_loss"], rel=1e-6)
+    return info
+
+
+@pytest.mark.parametrize(
+    "config, tuning, teacher, extra, teacher_kind",
+    [
+        # 2 processes x 1 row x 2 accumulation steps: DeepSpeed's own accumulation scaling must not apply on top
+        ("zero2", "full", "separate", ("--per-device", "1", "--grad-accum", "2"), "LlamaForCausalLM"),
+        ("zero2", "lora", "self", ("--per-device", "2"), "SelfTeacher"),
+        ("zero3", "full", "separate", ("--per-device", "2"), "LlamaForCausalLM"),
+        ("zero3", "lora", "self", ("--per-device", "2", "--sample"), "SelfTeacher"),
+        # the frozen copies of a student that ZeRO-3 partitioned as it loaded: merged LoRA (random B), full weights
+        ("zero3", "lora", "self-copy", ("--per-device", "2"), "LlamaForCausalLM"),
+        ("zero3", "full", "self", ("--per-device", "2"), "LlamaForCausalLM"),
+        # weights and optimizer state in CPU memory (the same memory here, but DeepSpeed's offload code paths)
+        ("zero3_offload", "lora", "self", ("--per-device", "2"), "SelfTeacher"),
+    ],
+    ids=["zero2-full-separate-accum", "zero2-lora-self", "zero3-full-separate", "zero3-lora-self-sample",
+         "zero3-lora-merged-copy", "zero3-full-copy", "zero3-offload-lora-self"],
+)  # fmt: skip
+def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, models, config, tuning, teacher, extra,
+                                                 teacher_kind):  # fmt: skip
+    single = _reference(tmp_path_factory, models, tuning, teacher)
+    out = _train(tmp_path / "zero", models, tuning, teacher, config, *extra)
+    info = _assert_same_step(single, out, tuning)
+    zero = int(config[4])
+    assert info["zero_stage"] == zero and info["teacher"] == teacher_kind
+    if zero == 3:
+        assert info["loaded_partitioned"] and info["student_partitioned"]
+        # a teacher with weights of its own is partitioned too; the self-teacher has none and calls the student
+        assert info["teacher_partitioned"] == (teacher_kind != "SelfTeacher")
+    if "--sample" in extra:
+        _assert_same_samples(out, models)
+
+
+def _assert_same_samples(out: Path, models: Path) -> None:
+    """Each process sampled its own prompts under ZeRO-3 (weights gathered for generation); the unsharded model with
+    the same trained weights, seed and generation settings draws the same tokens."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(models / "student")
+    model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    )  # fmt: skip
+    model.load_state_dict(torch.load(out / "weights.pt"), strict=True)
+    model.eval()
+    pad, eos = model.generation_config.pad_token_id, model.generation_config.eos_token_id
+    config = GenerationConfig(
+        max_new_tokens=6, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad, eos_token_id=eos,
+        use_cache=True,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in the launched processes
+    try:
+        for rank in range(2):
+            saved = torch.load(out / f"samples_rank{rank}.pt")
+            torch.manual_seed(saved["seed"])
+            with torch.no_grad():
+                sequences = model.generate(
+                    input_ids=saved["prompts"], attention_mask=saved["prompt_mask"], generation_config=config
+                )
+            ids = sequences[:, saved["prompts"].shape[1] :]
+            assert ids.shape[1] > 0 and saved["mask"].sum() > 0
+            torch.testing.assert_close(saved["ids"], ids, rtol=0, atol=0)
+            ends = [row.tolist().index(eos) + 1 if eos in row.tolist() else len(row) for row in ids]
+            assert saved["mask"].sum(1).tolist() == ends  # up to and including the first end-of-sequence token
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_processes_that_do_not_see_each_other_are_refused(tmp_path, models):
+    """A ZeRO config in the training arguments on a machine without GPUs: accelerate gets no process-group backend
+    and counts 1 process while DeepSpeed joins 2, so both would train on the same rows. The trainer refuses it."""
+    out = tmp_path / "zero"
+    args = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        str(SCRIPT), str(out), "--tuning", "full", "--teacher", "separate", "--models", str(models),
+        "--per-device", "2", "--zero-in-args", "2",
+    ]  # fmt: skip
+    result = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode != 0
+    assert "2 processes were launched, but accelerate counts 1" in result.stderr
+    assert "ddp_backend='gloo'" in result.stderr
+    assert not (out / "weights.pt").exists()
