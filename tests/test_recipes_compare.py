@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -94,6 +95,14 @@ disable_tqdm: true
     assert len(logged) == 2 and all("view_kl" in h for h in logged)  # nca_beta=0 runs are monitored
     assert [row["step"] for row in done["tracking"]] == [0, 1, 2]
     assert (out / "nca" / "seed1" / "adapter_model.safetensors").exists()
+    saved = json.loads((out / "comparison.json").read_text())
+    assert saved["curves"]["opd/seed0"]["step"] == [1, 2] and len(saved["curves"]["nca/seed1"]["nca_beta"]) == 2
+    assert [row["step"] for row in saved["tracking"]["nca/seed0"]] == [0, 1, 2]
+    from trl_nca.recipes.plots import write_figures
+
+    (tmp_path / "redrawn").mkdir()
+    redrawn = write_figures(saved, tmp_path / "redrawn")  # figures come from the saved summary alone
+    assert all(Path(path).stat().st_size > 0 for path in redrawn.values()) and len(redrawn) == 3
     records = (out / "nca" / "seed1" / "eval" / "records.jsonl").read_text().splitlines()
     assert len(records) == 3
     first = json.loads(records[0])

@@ -163,6 +163,19 @@ def train_run(
     return trainer
 
 
+CURVE_KEYS = ("loss", "opd_loss", "nca_loss", "view_kl", "nca_beta")
+
+
+def compact_history(log_history: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """The per-step training logs as one list per logged term (`step` plus `CURVE_KEYS`), for figures and JSON."""
+    rows = [entry for entry in log_history if "loss" in entry and "step" in entry]
+    curves = {"step": [entry["step"] for entry in rows]}
+    for key in CURVE_KEYS:
+        if any(key in entry for entry in rows):
+            curves[key] = [entry.get(key) for entry in rows]
+    return curves
+
+
 def _finite(value: Any) -> float | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
@@ -268,7 +281,7 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
     from ..eval import GenerationSettings, ModelRun, PairedEvalCallback, PairedEvaluator, write_report
     from ..eval.report import summarize_run
     from ..models import resolve_model_name_or_path
-    from .plots import plot_comparison, plot_curves, plot_tracking
+    from .plots import write_figures
 
     start = time.perf_counter()
     task = get_task(args.task, seed=args.task_seed)
@@ -347,8 +360,11 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
                 }
                 student = trainer.accelerator.unwrap_model(trainer.model)
                 done_path.write_text(json.dumps(done, indent=2, default=str) + "\n")
-            histories[name] = done["log_history"]
-            tracking[name] = done.get("tracking", [])
+            histories[name] = compact_history(done["log_history"])
+            tracking[name] = [
+                {k: row[k] for k in ("step", "acc_x", "acc_xc", "harm_count", "help_count") if k in row}
+                for row in done.get("tracking", [])
+            ]
             prov = evaluator.provenance(student, model_path, adapter=str(run_dir))
             records = evaluator.run(student, tokenizer, output_path=records_path, provenance=prov)
             runs.append(ModelRun(name, records, provenance=prov, records_path=str(records_path)))
@@ -367,12 +383,6 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
     aggregated = aggregate(per_seed, keys)
     table = render_table(aggregated, per_seed, keys)
     sentence = conclusion(task.name, aggregated)
-    figures = {
-        "comparison": plot_comparison(aggregated, per_seed, root / "comparison.png", title=task.name),
-        "curves": plot_curves(histories, root / "curves.png"),
-    }
-    if any(tracking.values()):
-        figures["tracking"] = plot_tracking(tracking, root / "tracking.png")
     summary = {
         "task": task.name,
         "family": task.family,
@@ -386,9 +396,11 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
         "conclusion": sentence,
         "versions": report["versions"],
         "wall_seconds": round(time.perf_counter() - start, 1),
-        "figures": figures,
+        "curves": histories,
+        "tracking": tracking,
         "report": str(root / "paired_eval" / "report.md"),
     }
+    summary["figures"] = write_figures(summary, root)
     (root / "comparison.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (root / "comparison.md").write_text(f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence}\n")
     summary["table"] = table

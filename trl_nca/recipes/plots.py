@@ -54,15 +54,16 @@ def plot_comparison(
     return str(path)
 
 
-def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
-    points = [(h["step"], h[key]) for h in history if key in h and "step" in h]
+def _series(history: Mapping[str, Sequence[Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one logged term from a `compact_history`-style dict of lists, skipping missing values."""
+    points = [(s, v) for s, v in zip(history.get("step", []), history.get(key, [])) if v is not None]
     if not points:
         return np.array([]), np.array([])
     steps, values = zip(*points)
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 
-def _mean_lines(ax, runs: Mapping[str, Sequence[Mapping[str, Any]]], key: str) -> None:
+def _mean_lines(ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str) -> None:
     by_method: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
     for run, history in runs.items():
         steps, values = _series(history, key)
@@ -76,10 +77,10 @@ def _mean_lines(ax, runs: Mapping[str, Sequence[Mapping[str, Any]]], key: str) -
         ax.plot(series[0][0][:common], mean, color=f"C{k}", linewidth=1.8, label=f"{method} (mean of {len(series)})")
 
 
-def plot_curves(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> str:
-    """`opd_loss`, `nca_loss` and `view_kl` per optimizer step: thin lines per seed, thick lines the mean."""
-    keys = ("opd_loss", "nca_loss", "view_kl")
-    fig = _figure(11, 3.2)
+def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str | os.PathLike) -> str:
+    """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per seed, thick the mean."""
+    keys = ("opd_loss", "nca_loss", "view_kl", "nca_beta")
+    fig = _figure(14, 3.2)
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
         _mean_lines(ax, histories, key)
@@ -98,7 +99,10 @@ def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str
     fig = _figure(8, 3.2)
     for i, (key, label) in enumerate((("acc_x", "Acc_x (without context)"), ("acc_xc", "Acc_xc (with context)"))):
         ax = fig.add_subplot(1, 2, i + 1)
-        scaled = {run: [{**row, key: 100 * row[key]} for row in rows if key in row] for run, rows in tracking.items()}
+        scaled = {
+            run: {"step": [row["step"] for row in rows], key: [100 * row[key] for row in rows]}
+            for run, rows in tracking.items()
+        }
         _mean_lines(ax, scaled, key)
         ax.set_title(label)
         ax.set_xlabel("step")
@@ -110,3 +114,21 @@ def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str
     fig.tight_layout()
     fig.savefig(path)
     return str(path)
+
+
+def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix: str = "") -> dict[str, str]:
+    """All figures of a comparison, drawn from its summary (`comparison.json`) alone, so they can be redrawn from the
+    saved JSON: `{prefix}comparison.png`, `{prefix}curves.png` and, when accuracy was tracked, `{prefix}tracking.png`."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    title = summary.get("title") or summary["task"]
+    figures = {
+        "comparison": plot_comparison(
+            summary["aggregated"], summary["per_seed"], folder / f"{prefix}comparison.png", title=title
+        ),
+        "curves": plot_curves(summary["curves"], folder / f"{prefix}curves.png"),
+    }
+    if any(summary.get("tracking", {}).values()):
+        figures["tracking"] = plot_tracking(summary["tracking"], folder / f"{prefix}tracking.png")
+    return figures
