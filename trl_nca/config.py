@@ -114,7 +114,8 @@ class NCAConfig(GKDConfig):
         nca_warmup_steps (`int`, *optional*, defaults to `0`):
             Optimizer steps of the linear warm-up of the `"warmup"` schedule.
         nca_adaptive_init (`float`, *optional*, defaults to `0.01`):
-            Anchor weight of the first step under the `"adaptive"` schedule.
+            Anchor weight of the first step under the `"adaptive"` schedule. `0` keeps the anchor off until the first
+            step whose `view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts it at `nca_adaptive_min`.
         nca_adaptive_min (`float`, *optional*, defaults to `0.001`):
             Lower bound of the adaptive anchor weight (`nca_beta` is the upper bound).
         nca_adaptive_target (`float`, *optional*, defaults to `1.0`):
@@ -202,7 +203,9 @@ class NCAConfig(GKDConfig):
                   "nca_warmup_steps) or adaptive (grows with internalisation, capped at nca_beta)."},
     )  # fmt: skip
     nca_warmup_steps: int = field(default=0, metadata={"help": "Steps of the linear warm-up of the warmup schedule."})
-    nca_adaptive_init: float = field(default=0.01, metadata={"help": "First anchor weight of the adaptive schedule."})
+    nca_adaptive_init: float = field(
+        default=0.01, metadata={"help": "First anchor weight of the adaptive schedule (0: off until the views drift)."}
+    )
     nca_adaptive_min: float = field(default=1e-3, metadata={"help": "Lower bound of the adaptive anchor weight."})
     nca_adaptive_target: float = field(
         default=1.0, metadata={"help": "Tolerated view_kl / opd_loss ratio before the adaptive anchor grows."}
@@ -285,8 +288,9 @@ class NCAConfig(GKDConfig):
             "per_device_eval_batch_size", "gradient_accumulation_steps",
         ):  # fmt: skip
             _check_integer(name, getattr(self, name), low=1)
-        for name in ("nca_adaptive_init", "nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon"):
+        for name in ("nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon"):
             _check_number(name, getattr(self, name), low=0.0, low_open=True)
+        _check_number("nca_adaptive_init", self.nca_adaptive_init, low=0.0)
         _check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")

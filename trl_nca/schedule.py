@@ -17,7 +17,10 @@
   no-context view has moved towards the teacher): the anchor relaxes. Once the no-context view has caught up with the
   teacher and the context view has drifted away from it (ratio > 1: the context view is farther from the no-context
   view than the teacher is), the anchor grows, up to `nca_beta`. So the anchor follows internalisation instead of
-  fighting it. `target` > 1 tolerates more drift; `horizon` > 1 makes the updates smaller.
+  fighting it. `target` > 1 tolerates more drift; `horizon` > 1 makes the updates smaller. With
+  `nca_adaptive_init=0` the anchor starts off and stays off until the first step with ratio > target, then starts
+  at `nca_adaptive_min`: the forward-KL anchor's gradient does not vanish when the two views disagree confidently
+  (the reverse-KL OPD gradient does), so even a small weight can move the context view early in training.
 
 Every schedule keeps its state in `state_dict()` (saved in each checkpoint as `nca_schedule.json`) so a resumed run
 continues with exactly the weights the uninterrupted run would have used.
@@ -60,10 +63,13 @@ class BetaSchedule:
         if self.kind == "adaptive":
             if self.beta <= 0:
                 raise ValueError("nca_beta_schedule='adaptive' needs nca_beta > 0: it is the anchor's upper bound.")
-            if not 0 < self.adaptive_min <= self.adaptive_init <= self.beta:
+            if not (0 < self.adaptive_min <= self.beta and 0 <= self.adaptive_init <= self.beta) or (
+                0 < self.adaptive_init < self.adaptive_min
+            ):
                 raise ValueError(
-                    "The adaptive anchor needs 0 < nca_adaptive_min <= nca_adaptive_init <= nca_beta, got "
-                    f"{self.adaptive_min}, {self.adaptive_init}, {self.beta}."
+                    "The adaptive anchor needs 0 < nca_adaptive_min <= nca_beta and nca_adaptive_init either 0 (off until "
+                    "the views drift apart) or in [nca_adaptive_min, nca_beta], got "
+                    f"min={self.adaptive_min}, init={self.adaptive_init}, nca_beta={self.beta}."
                 )
             if self.adaptive_target <= 0 or self.adaptive_horizon <= 0:
                 raise ValueError("nca_adaptive_target and nca_adaptive_horizon must be > 0.")
@@ -107,8 +113,11 @@ class BetaSchedule:
             error = min(max(ratio - 1.0, -ADAPTIVE_STEP_LIMIT), ADAPTIVE_STEP_LIMIT)
             if not math.isfinite(error):  # a non-finite measurement leaves the weight unchanged
                 error = 0.0
-            updated = self.current * (1.0 + error / self.adaptive_horizon)
-            self.current = min(max(updated, self.adaptive_min), self.beta)
+            if self.current == 0.0:  # off (nca_adaptive_init=0) until the context view drifts: then switch on
+                self.current = self.adaptive_min if error > 0 else 0.0
+            else:
+                updated = self.current * (1.0 + error / self.adaptive_horizon)
+                self.current = min(max(updated, self.adaptive_min), self.beta)
         return self.value
 
     def state_dict(self) -> dict[str, Any]:
