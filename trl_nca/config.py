@@ -168,6 +168,15 @@ class NCAConfig(GKDConfig):
             Vocabulary columns per tile in the chunked loss; lower it to save memory on huge vocabularies.
         loss_token_chunk_size (`int`, *optional*, defaults to `2048`):
             Completion tokens per tile in the chunked loss.
+        log_grad_cosine_steps (`int`, *optional*, defaults to `0`):
+            Every this many optimizer steps (at steps 0, N, 2N, ...), log `grad_cosine`, the cosine between the
+            gradients of the OPD and the NCA terms (token means of the step's first micro-batch, flattened over the
+            trainable parameters), and their norms `grad_norm_opd` and `grad_norm_nca`. `0` turns it off. The
+            gradients come from `torch.autograd.grad` on the step's own graph, so the update is bit-identical with
+            it on or off; it costs two extra backward passes on those steps (with `nca_beta=0`, also a context-view
+            forward, run on a side random stream). With several processes each measures its own micro-batch
+            (nothing is synchronised) and the mean is logged. Not available under DeepSpeed, FSDP or reentrant
+            gradient checkpointing. `trl-nca analyze` measures the same on saved checkpoints.
 
         > Parameters that control evaluation
 
@@ -254,6 +263,11 @@ class NCAConfig(GKDConfig):
     )
     loss_vocab_chunk_size: int = field(default=8192, metadata={"help": "Vocabulary columns per loss tile."})
     loss_token_chunk_size: int = field(default=2048, metadata={"help": "Completion tokens per loss tile."})
+    log_grad_cosine_steps: int = field(
+        default=0,
+        metadata={"help": "Every N optimizer steps, log the cosine between the OPD and NCA gradients on the step's "
+                  "first micro-batch (grad_cosine, grad_norm_opd, grad_norm_nca); 0 turns it off."},
+    )  # fmt: skip
     eval_completions: Literal["on_policy", "dataset"] = field(
         default="on_policy",
         metadata={
@@ -292,6 +306,7 @@ class NCAConfig(GKDConfig):
             _check_number(name, getattr(self, name), low=0.0, low_open=True)
         _check_number("nca_adaptive_init", self.nca_adaptive_init, low=0.0)
         _check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
+        _check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
         if self.bf16 is None and not self.fp16:

@@ -29,6 +29,7 @@ from .data import (
     prepare_dataset,
     tokenize_example,
 )
+from .gradients import compare_gradients, loss_gradients
 from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
 from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
@@ -239,6 +240,8 @@ class NCATrainer(GKDTrainer):
         self.add_callback(_ScheduleCheckpoint(self.nca_schedule))
         self.divergence_spec = args.divergence_spec
         self._redirect = _ForwardRedirection()
+        if args.log_grad_cosine_steps:
+            _check_grad_cosine_setting(self)
 
     @property
     def nca_beta(self) -> float:
@@ -391,11 +394,14 @@ class NCATrainer(GKDTrainer):
         return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        need_context = self._nca_active or self.args.nca_monitor
+        measure = self._grad_cosine_due()
+        need_context = self._nca_active or self.args.nca_monitor or measure
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
-        terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context)
+        terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context, measure)
+        if measure:
+            self._log_grad_cosine(unwrapped, terms)
         total = terms["opd"].sum()
         if self._nca_active:
             total = total + self.nca_beta * terms["nca"].sum()
@@ -406,7 +412,7 @@ class NCATrainer(GKDTrainer):
         self._log_terms(terms, total, inputs)
         return (loss, None) if return_outputs else loss
 
-    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool):
+    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool, measure=False):
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         view_c = build_view(
             inputs["context_prompts"], inputs["context_prompt_attention_mask"], completion_ids, completion_mask
@@ -417,11 +423,14 @@ class NCATrainer(GKDTrainer):
         else:
             view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
             h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
+            # A context view run only to measure the gradient cosine draws from a side random stream (dropout).
+            side = measure and not (self._nca_active or self.args.nca_monitor)
             if need_context:
-                with nullcontext() if self._nca_active else torch.no_grad():
-                    h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
+                with nullcontext() if self._nca_active or measure else torch.no_grad():
+                    with _side_rng(h_x) if side else nullcontext():
+                        h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
         student_head = LMHead.from_model(student)
-        h_t, teacher_head = self._teacher_states(view_c, completion_mask, h_c, student_head)
+        h_t, teacher_head = self._teacher_states(view_c, completion_mask, None if side else h_c, student_head)
         want = ("opd", "nca", "view_kl") if need_context else ("opd",)
         return token_divergences(
             h_x,
@@ -453,6 +462,28 @@ class NCATrainer(GKDTrainer):
         hidden = completion_hidden(_hidden(student, view), view, completion_mask)
         num_tokens = hidden.shape[0] // 2  # rows are ordered: all no-context tokens, then all context tokens
         return hidden[:num_tokens], hidden[num_tokens:]
+
+    def _grad_cosine_due(self) -> bool:
+        """Whether this micro-batch is the first of an optimizer step at which `log_grad_cosine_steps` measures."""
+        every = self.args.log_grad_cosine_steps
+        if not every or not self.model.training or not torch.is_grad_enabled():
+            return False
+        step = self.state.global_step
+        return step % every == 0 and getattr(self, "_grad_cosine_step", None) != step
+
+    def _log_grad_cosine(self, student: nn.Module, terms: dict[str, torch.Tensor]) -> None:
+        """Log the cosine between the gradients of the OPD and NCA token means of this micro-batch, over the trainable
+        parameters. `torch.autograd.grad` keeps the graph and leaves `.grad` alone: the step's update is unchanged."""
+        self._grad_cosine_step = self.state.global_step
+        params = [p for p in student.parameters() if p.requires_grad]
+        tokens = max(terms["opd"].numel(), 1)
+        opd = loss_gradients(terms["opd"].sum() / tokens, params)
+        result = compare_gradients(opd, loss_gradients(terms["nca"].sum() / tokens, params))
+        values = [result.cosine, result.norm_a, result.norm_b]
+        if self.accelerator.num_processes > 1:  # each process measured its own micro-batch: log their mean
+            values = self.accelerator.gather(torch.tensor([values], device=self.args.device)).mean(0).tolist()
+        for name, value in zip(("grad_cosine", "grad_norm_opd", "grad_norm_nca"), values):
+            self._metrics["train"][name].append(value)
 
     @torch.no_grad()
     def _teacher_states(self, view: View, completion_mask, h_c, student_head):
@@ -667,6 +698,31 @@ def _self_teacher_kept_out_of_deepspeed():
         yield
     finally:
         gkd_trainer.prepare_deepspeed = original
+
+
+def _check_grad_cosine_setting(trainer: NCATrainer) -> None:
+    """`log_grad_cosine_steps` differentiates the step's graph twice more with `torch.autograd.grad`, which neither
+    sharded parameters (DeepSpeed, FSDP) nor reentrant gradient checkpointing support."""
+    args = trainer.args
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+        raise ValueError(
+            "log_grad_cosine_steps is not available under DeepSpeed or FSDP (the parameters are sharded). Set it to 0, "
+            "and measure saved checkpoints with `trl-nca analyze` instead."
+        )
+    if args.gradient_checkpointing and (args.gradient_checkpointing_kwargs or {}).get("use_reentrant", False):
+        raise ValueError(
+            "log_grad_cosine_steps needs torch.autograd.grad, which reentrant gradient checkpointing does not support. "
+            "Set gradient_checkpointing_kwargs={'use_reentrant': False}, or log_grad_cosine_steps=0."
+        )
+
+
+def _side_rng(tensor: torch.Tensor):
+    """A block whose random draws (CPU, and the accelerator holding `tensor`) leave the main random streams as they
+    were."""
+    device = tensor.device
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
 def _drop_migration_hint(record: logging.LogRecord) -> bool:
