@@ -68,7 +68,8 @@ def train(tok, tmp_path, every, **kwargs):
         # plain OPD: the context view is run only on measured steps; LoRA dropout (kept on) makes it draw random
         # numbers, which must not shift the sampling of later steps
         dict(
-            nca_beta=0.0, disable_dropout=False,
+            nca_beta=0.0,
+            disable_dropout=False,
             lora=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.3, target_modules=["q_proj", "v_proj"]),
         ),  # fmt: skip
         dict(nca_beta=0.5, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}),
