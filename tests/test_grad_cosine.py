@@ -71,7 +71,7 @@ def train(tok, tmp_path, every, **kwargs):
             nca_beta=0.0,
             disable_dropout=False,
             lora=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.3, target_modules=["q_proj", "v_proj"]),
-        ),  # fmt: skip
+        ),
         dict(nca_beta=0.5, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}),
     ],
     ids=["nca-ga2", "opd-lora-dropout", "nca-checkpointing"],
