@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 
-USAGE = """usage: trl-nca {compare,train,eval,experience} [options]
+USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
 
   compare train plain OPD and NCA students on a built-in task and compare them paired with the base model
           e.g. trl-nca compare --config examples/configs/quickstart.yaml
@@ -17,6 +17,8 @@ USAGE = """usage: trl-nca {compare,train,eval,experience} [options]
           e.g. trl-nca train --config examples/configs/medmcqa.yaml
   eval    paired evaluation with and without the context
           e.g. trl-nca eval --help
+  analyze what distilling the context did inside the students (hidden-state cosine, view KL, updates, gradients)
+          e.g. trl-nca analyze --help
   experience  extract game experience from a model's own played episodes
           e.g. trl-nca experience --help
 
@@ -292,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         from .eval.cli import main as eval_main
 
         return eval_main(rest) or 0
+    if command == "analyze":
+        from .analysis.cli import main as analyze_main
+
+        return analyze_main(rest) or 0
     if command == "experience":
         from .envs.experience import main as experience_main
 
