@@ -73,8 +73,9 @@ def train(tok, tmp_path, every, **kwargs):
             lora=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.3, target_modules=["q_proj", "v_proj"]),
         ),
         dict(nca_beta=0.5, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}),
+        dict(nca_beta=0.5, nca_joint_forward=True),
     ],
-    ids=["nca-ga2", "opd-lora-dropout", "nca-checkpointing"],
+    ids=["nca-ga2", "opd-lora-dropout", "nca-checkpointing", "nca-joint-forward"],
 )
 def test_training_is_bit_identical_with_the_measurement_on(tok, tmp_path, settings):
     """On-policy training (sampling draws from the global random stream) gives the same weights and the same logged

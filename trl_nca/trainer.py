@@ -418,13 +418,13 @@ class NCATrainer(GKDTrainer):
             inputs["context_prompts"], inputs["context_prompt_attention_mask"], completion_ids, completion_mask
         )
         h_c = None
+        # A context view run only to measure the gradient cosine draws from a side random stream (dropout).
+        side = measure and not (self._nca_active or self.args.nca_monitor)
         if need_context and self._nca_active and self.args.joint_forward:
             h_x, h_c = self._joint_hidden(student, inputs)
         else:
             view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
             h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
-            # A context view run only to measure the gradient cosine draws from a side random stream (dropout).
-            side = measure and not (self._nca_active or self.args.nca_monitor)
             if need_context:
                 with nullcontext() if self._nca_active or measure else torch.no_grad():
                     with _side_rng(h_x) if side else nullcontext():
