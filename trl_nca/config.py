@@ -294,10 +294,13 @@ class NCAConfig(GKDConfig):
         _check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
-        if self.bf16 is None and not self.fp16:
-            import torch
+        import torch
 
+        if self.bf16 is None and not self.fp16:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if self.dataloader_pin_memory and not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinned memory only serves CUDA copies; torch warns on every loader
+        _adopt_activation_checkpointing(self)
         super().__post_init__()
         choices = {
             "nca_anchor": ("student", "teacher"),
@@ -354,3 +357,15 @@ class NCAConfig(GKDConfig):
             nca_divergence=self.nca_divergence,
             nca_stop_gradient=self.nca_stop_gradient,
         )
+
+
+def _adopt_activation_checkpointing(config) -> None:
+    """Move TRL's `gradient_checkpointing*` defaults to transformers' new `activation_checkpointing*` names, when this
+    transformers has them and they are unset, so TrainingArguments does not warn about names the user never wrote."""
+    for old, new in (
+        ("gradient_checkpointing", "activation_checkpointing"),
+        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+    ):
+        if hasattr(config, new) and getattr(config, new) is None and getattr(config, old) is not None:
+            setattr(config, new, getattr(config, old))
+            setattr(config, old, None)

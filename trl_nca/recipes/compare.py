@@ -391,6 +391,7 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
         "num_train": len(train_rows),
         "num_test": len(test_rows),
         "evaluation": settings.to_dict(),
+        "columns": keys,
         "aggregated": aggregated,
         "per_seed": per_seed,
         "conclusion": sentence,
