@@ -7,6 +7,7 @@ drawn into docs/results/figures/ (not committed: run this script, or build the d
 
     python docs/results/build.py            # rewrite the blocks and draw the figures
     python docs/results/build.py --check    # exit 1 if results.md is out of date with the data (used by the tests)
+    python docs/results/build.py --add org-main=outputs/org-main   # store a run's comparison.json as data/org-main.json
 """
 
 from __future__ import annotations
@@ -68,7 +69,14 @@ def draw_all() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that results.md matches the data")
+    parser.add_argument("--add", action="append", default=[], metavar="NAME=FOLDER",
+                        help="store FOLDER/comparison.json (written by trl-nca compare) as data/NAME.json")  # fmt: skip
     args = parser.parse_args(argv)
+    for item in args.add:
+        name, _, folder = item.partition("=")
+        summary = json.loads((Path(folder) / "comparison.json").read_text())
+        DATA.mkdir(exist_ok=True)
+        (DATA / f"{name}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
     text = PAGE.read_text()
     updated = render(text)
     if args.check:

@@ -79,8 +79,8 @@ def _mean_lines(ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str) -
 
 def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str | os.PathLike) -> str:
     """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per seed, thick the mean."""
-    keys = ("opd_loss", "nca_loss", "view_kl", "nca_beta")
-    fig = _figure(14, 3.2)
+    keys = [k for k in ("opd_loss", "nca_loss", "view_kl", "nca_beta") if any(h.get(k) for h in histories.values())]
+    fig = _figure(3.5 * len(keys), 3.2)
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
         _mean_lines(ax, histories, key)
