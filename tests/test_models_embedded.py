@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from trl_nca import models
+from trl_nca.inputs import sha256_file
 from trl_nca.models import (
     EMBEDDED_MODEL_NAME,
     INSTALL_COMMAND,
@@ -107,7 +108,7 @@ def test_converted_folder_loads_without_gguf_file(converted: tuple[str, float], 
     gguf = locate_embedded_gguf()
     assert marker["model"] == EMBEDDED_MODEL_NAME
     assert marker["source"]["size"] == gguf.stat().st_size
-    assert marker["source"]["sha256"] == models._sha256(gguf)
+    assert marker["source"]["sha256"] == sha256_file(gguf)
 
     loaded, info = AutoModelForCausalLM.from_pretrained(path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
@@ -338,7 +339,7 @@ def test_a_writer_that_finished_first_wins(
         result = real_fake(source, other)
         marker = {
             "format_version": models.FORMAT_VERSION,
-            "source": {"size": source.stat().st_size, "sha256": models._sha256(source)},
+            "source": {"size": source.stat().st_size, "sha256": sha256_file(source)},
             "tokens": {"by": "other"},
         }
         (other / MARKER_FILE).write_text(json.dumps(marker))

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
+
+from .inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
+
+
+__all__ = ["BUILTIN_CONTEXTS", "BUILTIN_DATASETS", "LOCAL_FORMATS", "load_dataset_any", "main", "read_context"]
 
 
 USAGE = """usage: trl-nca {compare,train,eval,experience} [options]
@@ -21,10 +25,6 @@ USAGE = """usage: trl-nca {compare,train,eval,experience} [options]
           e.g. trl-nca experience --help
 
 Run `trl-nca COMMAND --help` for every option of a command."""
-
-BUILTIN_CONTEXTS = {"medical": "medical_system_prompt.txt", "safety": "safety_system_prompt.txt"}
-BUILTIN_DATASETS = {"quickstart": "quickstart_mcq.jsonl"}
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 @dataclass
@@ -63,70 +63,6 @@ class TrainScriptArguments:
                   "you trust."},
     )  # fmt: skip
     label_column: str = field(default="answer", metadata={"help": "Label column of the paired evaluation."})
-
-
-def read_context(name_or_path: str) -> str:
-    """Text of a built-in context ('medical', 'safety') or of a UTF-8 text file."""
-    if name_or_path in BUILTIN_CONTEXTS:
-        return resources.files("trl_nca.resources").joinpath(BUILTIN_CONTEXTS[name_or_path]).read_text().strip()
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"Context file {name_or_path!r} not found; give a text file or one of {sorted(BUILTIN_CONTEXTS)}."
-        )
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise ValueError(
-            f"The context file {name_or_path!r} is not UTF-8 text: byte 0x{raw[error.start]:02x} on line {line}. "
-            "Save it as UTF-8."
-        ) from None
-    if not text.strip():
-        raise ValueError(f"The context file {name_or_path!r} is empty; write the context into it.")
-    return text.strip()
-
-
-def load_dataset_any(name: str, split: str, config: str | None = None):
-    """A built-in dataset, a local file (by extension) or a Hub dataset; an empty one is an error naming it.
-
-    Local JSON and JSONL files are read line by line (a bad byte or line is reported with the file and line number).
-    """
-    from datasets import Dataset, load_dataset
-
-    from .eval.data import read_json_rows
-
-    local = name in BUILTIN_DATASETS or Path(name).suffix.lower() in LOCAL_FORMATS
-    if local and split not in (None, "train"):
-        raise ValueError(
-            f"{name!r} is a single file, so it has one split ('train'); the split {split!r} would silently be the same "
-            "rows. Put the other split in its own file (and train or evaluate from that file), or use a Hub dataset."
-        )
-    if name in BUILTIN_DATASETS:
-        path = resources.files("trl_nca.resources").joinpath(BUILTIN_DATASETS[name])
-        dataset = load_dataset("json", data_files=str(path), split="train")
-    elif Path(name).is_file() and Path(name).suffix.lower() not in LOCAL_FORMATS:
-        raise ValueError(
-            f"Cannot read the dataset file {name!r}: unsupported file type {Path(name).suffix or '(none)'}; use one of "
-            f"{sorted(LOCAL_FORMATS)}."
-        )
-    elif Path(name).suffix.lower() in LOCAL_FORMATS:
-        suffix = Path(name).suffix.lower()
-        if not Path(name).is_file():
-            raise FileNotFoundError(f"Dataset file {name!r} not found.")
-        if LOCAL_FORMATS[suffix] == "json":
-            rows = read_json_rows(Path(name))
-            if not rows:
-                raise ValueError(f"The dataset file {name!r} holds no rows; fill it, or give another file.")
-            dataset = Dataset.from_list(rows)
-        else:
-            dataset = load_dataset(LOCAL_FORMATS[suffix], data_files=name, split="train")
-    else:
-        dataset = load_dataset(name, config, split=split)
-    if len(dataset) == 0:
-        raise ValueError(f"The dataset {name!r} (split {split!r}) has no rows; check the name, the split and the file.")
-    return dataset
 
 
 def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:

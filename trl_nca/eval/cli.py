@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..inputs import BUILTIN_CONTEXTS, load_rows, read_context
 from ..views import ContextSpec
 from .errors import EvalInputError
 from .generation import GenerationSettings, vllm_available
@@ -260,23 +261,10 @@ def _context_spec(args) -> tuple[ContextSpec, str | None]:
     layout = {"placement": args.placement, "template": args.template, "separator": args.separator}
     try:
         if args.context_file:
-            from ..cli import BUILTIN_CONTEXTS, read_context  # the built-in contexts of `trl-nca train` work here too
-
-            if args.context_file in BUILTIN_CONTEXTS:
-                return ContextSpec(column=None, text=read_context(args.context_file), **layout), (
-                    f"builtin:{args.context_file}"
-                )
-            path = Path(args.context_file)
-            try:
-                text = path.read_text(encoding="utf-8")
-            except OSError as error:
-                raise EvalInputError(
-                    f"Cannot read the context file {str(path)!r}: {error.strerror}. Give a text file or one of "
-                    f"{sorted(BUILTIN_CONTEXTS)}."
-                ) from error
-            except UnicodeDecodeError as error:
-                raise EvalInputError(f"The context file {str(path)!r} is not UTF-8 text.") from error
-            return ContextSpec(column=None, text=text, **layout), f"file:{path}"
+            # the built-in contexts of `trl-nca train` ('medical', 'safety') work here too
+            source = f"builtin:{args.context_file}" if args.context_file in BUILTIN_CONTEXTS else None
+            text = read_context(args.context_file)
+            return ContextSpec(column=None, text=text, **layout), source or f"file:{Path(args.context_file)}"
         if args.context_text is not None:
             return ContextSpec(column=None, text=args.context_text, **layout), None
         return ContextSpec(column=args.context_column, **layout), None
@@ -392,10 +380,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
             raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
         if args.game_option:
             raise EvalInputError("--game-option only applies with --game; drop it, or add --game NAME.")
-        from .data import load_eval_dataset
-
         context, source = _context_spec(args)
-        dataset = load_eval_dataset(args.dataset, split=args.split, config=args.dataset_config)
+        dataset = load_rows(args.dataset, split=args.split, config=args.dataset_config)
         companions = [] if args.no_companion_scorers else args.companion_scorer
         try:
             evaluator = PairedEvaluator(
