@@ -157,9 +157,13 @@ def test_game_extension_point(tmp_path, tiny_dir, monkeypatch, capsys):
         view = ViewOutcome("[up]", "up", True, 3, False, False)
         return [PairedRecord(str(i), view, ViewOutcome("[w]", "w", i == 0, 5, False, False)) for i in range(3)]
 
+    from trl_nca.envs import game_generation_settings
+
     module = types.ModuleType("trl_nca.envs.evaluate")
     module.run_game_eval = run_game_eval
-    monkeypatch.setitem(sys.modules, "trl_nca.envs", types.ModuleType("trl_nca.envs"))
+    envs = types.ModuleType("trl_nca.envs")
+    envs.game_generation_settings = game_generation_settings
+    monkeypatch.setitem(sys.modules, "trl_nca.envs", envs)
     monkeypatch.setitem(sys.modules, "trl_nca.envs.evaluate", module)
     argv = [
         "--model", tiny_dir, "--game", "frozenlake", "--game-option", "episodes=3", "--game-option", "size=3",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -29,6 +30,7 @@ from .data import (
 )
 from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
+from .sampling import Generated
 from .teacher import (
     SelfTeacher,
     adapter_is_identity,
@@ -38,7 +40,7 @@ from .teacher import (
     is_peft_model,
     load_teacher_tokenizer,
 )
-from .views import View, build_view, completion_hidden, left_pad, render_prompt_ids
+from .views import View, build_view, completion_hidden, left_pad
 
 
 logger = logging.getLogger(__name__)
@@ -316,15 +318,21 @@ class NCATrainer(GKDTrainer):
         width = prompts.shape[1]
         return sequences[:, width:], attention[:, width:]
 
-    def _generate_chats(self, chats: list[list[dict]]) -> list[list[int]]:
-        """Sample one completion per chat prompt with the student; token ids without padding."""
-        ids, mask = left_pad(
-            [render_prompt_ids(self.processing_class, c) for c in chats], self.processing_class.pad_token_id
-        )
+    def _generate_for_rollout(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
+        """The trainer's `trl_nca.sampling.GenerateFn`: one completion per prompt, sampled by the student with GKD's
+        generation settings. The seeds are not used: sampling draws from the process random state, which checkpoints
+        restore, so a resumed run samples what an uninterrupted run did."""
+        ids, mask = left_pad(prompts, self.processing_class.pad_token_id)
         completion, completion_mask = self._generate(
             self.model_wrapped, ids.to(self.args.device), mask.to(self.args.device)
         )
-        return [row[: int(n)].tolist() for row, n in zip(completion, completion_mask.sum(1))]
+        eos = self._ends_with_eos({"completion_ids": completion, "completion_mask": completion_mask})
+        out = []
+        for row, n, ended in zip(completion, completion_mask.sum(1).tolist(), eos.tolist()):
+            tokens = row[: int(n)].tolist()
+            text = self.processing_class.decode(tokens, skip_special_tokens=True)
+            out.append(Generated(tokens, text, truncated=not ended and len(tokens) >= self.args.max_new_tokens))
+        return out
 
     def _play(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Play the episodes of a micro-batch of seeds; every model call becomes one sample of the returned batch."""
@@ -336,7 +344,7 @@ class NCATrainer(GKDTrainer):
             make_env(rollout.game, int(s), max_calls=rollout.max_calls, **rollout.env_kwargs) for s in batch["seed"]
         ]
         result = play_episodes(
-            envs, self._generate_chats, self.processing_class, None, rollout.spec, rollout.max_calls,
+            envs, self._generate_for_rollout, self.processing_class, None, rollout.spec, rollout.max_calls,
             sample_context=rollout.experience,
         )  # fmt: skip
         rows = []

@@ -10,7 +10,18 @@ from .experience import extract_experience, load_experience
 from .frozenlake import FrozenLakeEnv
 from .prompts import build_step_messages, build_step_prompt, parse_action
 from .registry import GAMES, game_class, make_env
-from .rollout import GameRollout, RolloutResult, default_game_spec, play_episodes
+from .rollout import (
+    GAME_MAX_NEW_TOKENS,
+    GAME_TEMPERATURE,
+    GAME_TOP_K,
+    GAME_TOP_P,
+    GameRollout,
+    RolloutResult,
+    call_seed,
+    default_game_spec,
+    game_generation_settings,
+    play_episodes,
+)
 from .seeds import heldout_seed, heldout_seeds, training_seed, training_seeds
 from .sokoban import SokobanEnv
 from .solver import oracle_ceiling, shortest_solution_length, solve
@@ -26,6 +37,10 @@ def __getattr__(name: str):
 
 __all__ = [
     "DIRECTIONS",
+    "GAME_MAX_NEW_TOKENS",
+    "GAME_TEMPERATURE",
+    "GAME_TOP_K",
+    "GAME_TOP_P",
     "GAMES",
     "EpisodeOutcome",
     "FrozenLakeEnv",
@@ -36,9 +51,11 @@ __all__ = [
     "TurnRecord",
     "build_step_messages",
     "build_step_prompt",
+    "call_seed",
     "default_game_spec",
     "evaluate_game",
     "extract_experience",
+    "game_generation_settings",
     "game_class",
     "heldout_seed",
     "heldout_seeds",

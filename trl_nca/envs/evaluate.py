@@ -27,16 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..eval.generation import GenerationSettings, item_seed
 from ..eval.metrics import compute_metrics
 from ..eval.records import PairedRecord, ViewOutcome
-from ..views import ContextSpec, add_context
+from ..sampling import GenerateFn, GenerationSettings, HFBackend, check_generated, generate_fn
+from ..views import ContextSpec, add_context, render_prompt_ids
 from .base import MAX_STEPS, GameEnv
 from .experience import load_experience
-from .generation import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P, hf_seeded_generate
 from .prompts import build_step_messages, format_action, parse_action
 from .registry import game_class, make_env
-from .rollout import _check_completions, default_game_spec, run_episodes
+from .rollout import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P, call_seed, default_game_spec
 from .seeds import DEFAULT_HELDOUT, heldout_seeds
 from .solver import shortest_solution_length
 
@@ -69,34 +68,6 @@ def view_outcome(env: GameEnv, texts: Sequence[str], completion_ids: Sequence[Se
     )
 
 
-def play_view(
-    generate_seeded,
-    tokenizer,
-    game: str,
-    seeds: Sequence[int],
-    *,
-    context: str | None,
-    spec: ContextSpec,
-    max_calls: int,
-    env_kwargs: dict[str, Any],
-    sampling_seed: int,
-) -> list[ViewOutcome]:
-    """Play one view of every seed (all episodes batched) and return their outcomes in seed order."""
-    envs = [make_env(game, seed, max_calls=max_calls, **env_kwargs) for seed in seeds]
-
-    def generate(prompts, keys):
-        row_seeds = [item_seed(sampling_seed, f"{game}:{envs[i].seed}:{step}") for i, step in keys]
-        return generate_seeded(prompts, row_seeds)
-
-    result = run_episodes(envs, generate, tokenizer, context, spec, max_calls)
-    texts: list[list[str]] = [[] for _ in envs]
-    ids: list[list[list[int]]] = [[] for _ in envs]
-    for sample, text in zip(result.samples, result.texts):
-        texts[sample["episode"]].append(text)
-        ids[sample["episode"]].append(sample["completion_ids"])
-    return [view_outcome(env, texts[i], ids[i]) for i, env in enumerate(envs)]
-
-
 class _Pair:
     """Both views of one map while they are played: the two envs and each view's replies."""
 
@@ -115,7 +86,7 @@ class _Pair:
 
 
 def play_pairs(
-    generate_seeded,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     seeds: Sequence[int],
@@ -127,15 +98,17 @@ def play_pairs(
     sampling_seed: int,
     max_prompts: int | None = None,
     on_pair: Callable[[int, ViewOutcome, ViewOutcome], None],
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> None:
     """Play every map without and with `experience`, calling `on_pair(seed, x, xc)` as soon as both views of a map end.
 
-    Maps are played with continuous batching: each `generate_seeded` call holds the next prompt of every live episode
+    Maps are played with continuous batching: each `generate` call holds the next prompt of every live episode
     (both views of the maps in play, at most `max_prompts` prompts when a new map is let in; None: all maps at once),
     and a finished map's place goes to the next seed. The call `k` of a map's episode is sampled with the row seed
     `item_seed(sampling_seed, "<game>:<seed>:<k>")` in both views, so the outcome of a map depends neither on the
     batching nor on which maps were played before: a resumed evaluation gives the records of an uninterrupted one.
     """
+    template_kwargs = dict(chat_template_kwargs or {})
     pending = list(seeds)[::-1]
     active: list[_Pair] = []
     while pending or active:
@@ -148,15 +121,15 @@ def play_pairs(
             for view in pair.live:
                 env = pair.envs[view]
                 messages = build_step_messages(env)
-                prompts.append(add_context(messages, experience, spec) if view == "xc" else messages)
-                row_seeds.append(item_seed(sampling_seed, f"{game}:{env.seed}:{env.num_calls}"))
+                view_messages = add_context(messages, experience, spec) if view == "xc" else messages
+                prompts.append(render_prompt_ids(tokenizer, view_messages, **template_kwargs))
+                row_seeds.append(call_seed(sampling_seed, env, f"{game}:"))
                 owners.append((pair, view))
-        completions = _check_completions(generate_seeded(prompts, row_seeds), len(prompts))
-        for (pair, view), ids in zip(owners, completions):
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            pair.envs[view].step(parse_action(text))
-            pair.texts[view].append(text)
-            pair.ids[view].append(ids)
+        completions = check_generated(generate(prompts, row_seeds), len(prompts))
+        for (pair, view), completion in zip(owners, completions):
+            pair.envs[view].step(parse_action(completion.text))
+            pair.texts[view].append(completion.text)
+            pair.ids[view].append(list(completion.token_ids))
         still = []
         for pair in active:
             if pair.live:
@@ -172,7 +145,7 @@ def oracle_moves(game: str, seed: int, max_calls: int, env_kwargs: dict[str, Any
 
 
 def paired_game_records(
-    generate_seeded,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     seeds: Sequence[int],
@@ -185,6 +158,7 @@ def paired_game_records(
     run_key: str | None = None,
     batch_size: int | None = None,
     on_record: Callable[[PairedRecord], None] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[PairedRecord]:
     """Play every seed without and with `experience` and pair the outcomes (records in seed order).
 
@@ -220,8 +194,8 @@ def paired_game_records(
             on_record(records[seed])
 
     play_pairs(
-        generate_seeded, tokenizer, game, seeds, experience, spec=spec, max_calls=max_calls, env_kwargs=env_kwargs,
-        sampling_seed=sampling_seed, max_prompts=batch_size, on_pair=pair,
+        generate, tokenizer, game, seeds, experience, spec=spec, max_calls=max_calls, env_kwargs=env_kwargs,
+        sampling_seed=sampling_seed, max_prompts=batch_size, on_pair=pair, chat_template_kwargs=chat_template_kwargs,
     )  # fmt: skip
     return [records[seed] for seed in seeds]
 
@@ -425,9 +399,10 @@ def _play_plan(
             done[record.item_id] = record
 
         paired_game_records(
-            hf_seeded_generate(model, tokenizer, generation, plan.chat_template_kwargs), tokenizer, plan.game, todo,
+            generate_fn(HFBackend(model, tokenizer), generation), tokenizer, plan.game, todo,
             plan.experience, spec=plan.spec, max_calls=plan.max_calls, env_kwargs=plan.env_kwargs,
             sampling_seed=generation.seed, run_key=run_key, batch_size=generation.batch_size, on_record=keep,
+            chat_template_kwargs=plan.chat_template_kwargs,
         )  # fmt: skip
     return [done[f"{plan.game}-{s}"] for s in plan.seeds]
 

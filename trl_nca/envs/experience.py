@@ -18,24 +18,24 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..sampling import GenerateFn, check_generated, item_seed
+from ..views import render_prompt_ids
 from .base import GameEnv
 from .prompts import format_action, game_rules
 from .registry import GAMES, game_class, make_env, parse_game_options
-from .rollout import default_game_spec, run_episodes
+from .rollout import default_game_spec, play_episodes
 from .seeds import heldout_seeds, training_seeds
 
 
 EXTRACTION_ROUND_BASE = 10_000
 VALIDATION_START = 1_000
 TITLES = {"sokoban": "Sokoban", "frozenlake": "FrozenLake"}
-
-SeededGenerateFn = Callable[[list[list[dict[str, str]]], list[int]], list[list[int]]]
 
 
 def load_experience(game: str) -> str:
@@ -106,7 +106,7 @@ class ExperienceResult:
 
 
 def validation_win_rate(
-    generate_seeded: SeededGenerateFn,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     experience: str | None,
@@ -117,19 +117,16 @@ def validation_win_rate(
     sampling_seed: int = 0,
 ) -> float:
     """Win rate on `seeds` with `experience` as context (None: without context); calls seeded by (seed, step)."""
-    from ..eval.generation import item_seed
-
     envs = [make_env(game, s, max_calls=max_calls, **(env_kwargs or {})) for s in seeds]
-
-    def generate(prompts, keys):
-        return generate_seeded(prompts, [item_seed(sampling_seed, f"val:{envs[i].seed}:{t}") for i, t in keys])
-
-    result = run_episodes(envs, generate, tokenizer, experience, default_game_spec(), max_calls)
+    result = play_episodes(
+        envs, generate, tokenizer, experience, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+        seed_prefix="val:",
+    )  # fmt: skip
     return result.stats["win_rate"]
 
 
 def extract_experience(
-    generate_seeded: SeededGenerateFn,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     *,
@@ -145,11 +142,9 @@ def extract_experience(
 ) -> ExperienceResult:
     """Extract an experience from the model's own games; see the module docstring for the procedure.
 
-    `generate_seeded(prompts, row_seeds)` returns completion ids (e.g. `generation.hf_seeded_generate`). The returned
-    `text` is None when no lesson set beat playing without context.
+    `generate` is a `trl_nca.sampling.GenerateFn` (e.g. `generate_fn(HFBackend(model, tokenizer), settings)`). The
+    returned `text` is None when no lesson set beat playing without context.
     """
-    from ..eval.generation import item_seed
-
     game = game_class(game).name
     env_kwargs = dict(env_kwargs or {})
     val_seeds = heldout_seeds(validation_size, start=VALIDATION_START)
@@ -159,7 +154,7 @@ def extract_experience(
         return format_items(items, game) if items else None
 
     best_items = list(initial_items)[:max_items]
-    best_score = validation_win_rate(generate_seeded, tokenizer, game, text_of(best_items), val_seeds, **common)
+    best_score = validation_win_rate(generate, tokenizer, game, text_of(best_items), val_seeds, **common)
     history: list[dict[str, Any]] = [{"round": 0, "items": list(best_items), "score": best_score, "kept": True}]
     for r in range(1, rounds + 1):
         envs = [
@@ -167,13 +162,10 @@ def extract_experience(
             for s in training_seeds(episodes_per_round, round=EXTRACTION_ROUND_BASE + r)
         ]
         context = text_of(best_items)
-
-        def generate(prompts, keys, envs=envs, r=r):
-            return generate_seeded(
-                prompts, [item_seed(sampling_seed, f"extract:{r}:{envs[i].seed}:{t}") for i, t in keys]
-            )
-
-        played = run_episodes(envs, generate, tokenizer, context, default_game_spec(), max_calls)
+        played = play_episodes(
+            envs, generate, tokenizer, context, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+            seed_prefix=f"extract:{r}:",
+        )  # fmt: skip
         prompt = SUMMARY_PROMPT.format(
             n=len(envs),
             title=TITLES[game],
@@ -181,8 +173,8 @@ def extract_experience(
             games="\n\n".join(describe_episode(env, k) for k, env in enumerate(envs, start=1)),
             max_new=max_new_items,
         )
-        reply_ids = generate_seeded([[{"role": "user", "content": prompt}]], [item_seed(sampling_seed, f"summary:{r}")])
-        reply = tokenizer.decode(reply_ids[0], skip_special_tokens=True)
+        summary_ids = render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
+        reply = check_generated(generate([summary_ids], [item_seed(sampling_seed, f"summary:{r}")]), 1)[0].text
         new_items = parse_items(reply)[:max_new_items]
         seen = {" ".join(i.lower().split()) for i in best_items}
         candidate = best_items + [i for i in new_items if " ".join(i.lower().split()) not in seen]
@@ -191,7 +183,7 @@ def extract_experience(
         if candidate == best_items:
             entry.update(score=best_score, kept=False)
         else:
-            score = validation_win_rate(generate_seeded, tokenizer, game, text_of(candidate), val_seeds, **common)
+            score = validation_win_rate(generate, tokenizer, game, text_of(candidate), val_seeds, **common)
             entry.update(score=score, kept=score > best_score)
             if score > best_score:
                 best_items, best_score = candidate, score
@@ -200,7 +192,7 @@ def extract_experience(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .generation import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
+    from .rollout import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
 
     parser = argparse.ArgumentParser(
         prog="trl-nca experience",
@@ -248,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; writes the experience text and a JSON history of the rounds."""
     from ..eval.errors import EvalInputError
     from ..eval.loading import load_model, load_tokenizer
-    from .generation import game_generation_settings, hf_seeded_generate
+    from ..sampling import HFBackend, generate_fn
+    from .rollout import game_generation_settings
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -271,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
     result = extract_experience(
-        hf_seeded_generate(model, tokenizer, settings),
+        generate_fn(HFBackend(model, tokenizer), settings),
         tokenizer,
         args.game,
         rounds=args.rounds,

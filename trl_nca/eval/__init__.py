@@ -4,8 +4,8 @@ Each item is generated once without the context (view `x`) and once with it (vie
 sampling; the paired outcomes give accuracy per view, harm, help, McNemar's test and a regime (A/B/C).
 """
 
+from ..sampling import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
 from .errors import EvalInputError
-from .generation import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
 from .loading import load_model
 from .metrics import bootstrap_intervals, classify_regime, compute_metrics, flatten_metrics, mcnemar_exact
 from .paired import PairedEvaluator, evaluate_paired

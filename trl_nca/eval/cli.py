@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..inputs import BUILTIN_CONTEXTS, load_rows, read_context
+from ..sampling import GenerationSettings, vllm_available
 from ..views import ContextSpec
 from .errors import EvalInputError
-from .generation import GenerationSettings, vllm_available
 from .scorers import SCORERS
 
 
@@ -277,7 +277,7 @@ def _context_spec(args) -> tuple[ContextSpec, str | None]:
 def _settings(args) -> GenerationSettings:
     """Sampling settings: the options given, else the OPCD game defaults with --game, else the QA defaults."""
     if args.game:
-        from ..envs.generation import game_generation_settings
+        from ..envs import game_generation_settings
 
         defaults = game_generation_settings()
     else:
@@ -407,7 +407,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         records_path = output_dir / safe_name(spec.name) / "records.jsonl"
         progress = not args.no_progress
         if args.backend == "vllm":
-            from .generation import VLLMBackend
+            from ..sampling import VLLMBackend
 
             tokenizer = load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
             backend = VLLMBackend(spec.path, tokenizer, adapter=spec.adapter, dtype=args.dtype)

@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..sampling import GenerationBackend, GenerationSettings, HFBackend, VLLMBackend, item_seed
 from ..views import ContextSpec, add_context, render_prompt_ids, split_example
 from .errors import EvalInputError
-from .generation import GenerationBackend, GenerationSettings, HFBackend, VLLMBackend, item_seed
 from .loading import load_model, load_tokenizer
 from .provenance import library_versions, model_identity, sha256_text
 from .records import PairedRecord, ViewOutcome
