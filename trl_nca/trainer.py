@@ -40,7 +40,7 @@ from .teacher import (
     is_peft_model,
     load_teacher_tokenizer,
 )
-from .views import View, build_view, completion_hidden, left_pad
+from .views import View, build_view, completion_states, left_pad
 
 
 logger = logging.getLogger(__name__)
@@ -406,10 +406,10 @@ class NCATrainer(GKDTrainer):
             h_x, h_c = self._joint_hidden(student, inputs)
         else:
             view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
-            h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
+            h_x = completion_states(student, view_x, completion_mask)
             if need_context:
                 with nullcontext() if self.nca_beta > 0 else torch.no_grad():
-                    h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
+                    h_c = completion_states(student, view_c, completion_mask)
         student_head = LMHead.from_model(student)
         h_t, teacher_head = self._teacher_states(view_c, completion_mask, h_c, student_head)
         want = ("opd", "nca", "view_kl") if need_context else ("opd",)
@@ -440,7 +440,7 @@ class NCATrainer(GKDTrainer):
         completion_ids = inputs["completion_ids"].repeat(2, 1)
         completion_mask = inputs["completion_mask"].repeat(2, 1)
         view = build_view(torch.cat(prompts), torch.cat(masks), completion_ids, completion_mask)
-        hidden = completion_hidden(_hidden(student, view), view, completion_mask)
+        hidden = completion_states(student, view, completion_mask)
         num_tokens = hidden.shape[0] // 2  # rows are ordered: all no-context tokens, then all context tokens
         return hidden[:num_tokens], hidden[num_tokens:]
 
@@ -451,9 +451,9 @@ class NCATrainer(GKDTrainer):
             if teacher.mode == "live" and h_c is not None:
                 return h_c.detach(), student_head
             with teacher.active() as model:
-                return completion_hidden(_hidden(model, view), view, completion_mask), LMHead.from_model(model)
+                return completion_states(model, view, completion_mask), LMHead.from_model(model)
         teacher.eval()
-        return completion_hidden(_hidden(teacher, view), view, completion_mask), LMHead.from_model(teacher)
+        return completion_states(teacher, view, completion_mask), LMHead.from_model(teacher)
 
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
@@ -608,17 +608,6 @@ def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
 
 def _drop_migration_hint(record: logging.LogRecord) -> bool:
     return "DistillationTrainer" not in record.getMessage()
-
-
-def _hidden(model: nn.Module, view: View) -> torch.Tensor:
-    """Final hidden states of a view from the model's decoder stack (the LM head is applied by the chunked loss)."""
-    output = model.get_decoder()(
-        input_ids=view.input_ids,
-        attention_mask=view.attention_mask,
-        position_ids=view.position_ids,
-        use_cache=False,
-    )
-    return output[0]
 
 
 class SeedCollator(NCACollator):
