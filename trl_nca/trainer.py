@@ -10,6 +10,7 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
+from datasets import Dataset
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
@@ -30,6 +31,7 @@ from .data import (
 )
 from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
+from .rollouts import Rollout
 from .sampling import Generated
 from .teacher import (
     SelfTeacher,
@@ -40,7 +42,7 @@ from .teacher import (
     is_peft_model,
     load_teacher_tokenizer,
 )
-from .views import View, build_view, completion_states, left_pad
+from .views import ContextSpec, View, build_view, completion_states, left_pad
 
 
 logger = logging.getLogger(__name__)
@@ -64,10 +66,11 @@ class NCATrainer(GKDTrainer):
         args: an [`NCAConfig`].
         train_dataset, eval_dataset: datasets in GKD's `messages` format or prompt-only (`prompt` as a string or a
             list of messages), with the context in `args.context_column` unless `args.context_text` is set.
-        rollout: a `trl_nca.envs.GameRollout` to train on played text-game episodes instead of a dataset. Every
-            optimizer step plays `rollout.episodes_per_step` fresh training maps (per_device_train_batch_size x
-            gradient_accumulation_steps x processes) with the student, without the experience; every model call of
-            every episode becomes one sample, scored with the experience in the context view.
+        rollout: episodes played by the student instead of a dataset: any `trl_nca.rollouts.Rollout`, e.g.
+            `trl_nca.envs.GameRollout` for the text games. Every optimizer step plays the `rollout.episodes_per_step`
+            seeds of `rollout.seeds(step)` (per_device_train_batch_size x gradient_accumulation_steps x processes)
+            with the student, without the context; every sample it returns (one per model call) is scored with the
+            context in the context view.
         teacher_processing_class: the teacher's tokenizer, to check that it maps every token to the same id as the
             student's. By default it is loaded from the teacher's path (or the folder a teacher model was loaded
             from), when there is one.
@@ -158,7 +161,7 @@ class NCATrainer(GKDTrainer):
         self.rollout = rollout
         context_spec = args.context_spec
         if rollout is not None:
-            train_dataset, context_spec = _rollout_dataset(rollout, args, train_dataset)
+            train_dataset, context_spec = _rollout_schedule(rollout, args, train_dataset)
             data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
         self.context_spec = context_spec
 
@@ -335,26 +338,17 @@ class NCATrainer(GKDTrainer):
         return out
 
     def _play(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Play the episodes of a micro-batch of seeds; every model call becomes one sample of the returned batch."""
-        from .envs.registry import make_env
-        from .envs.rollout import play_episodes
-
-        rollout = self.rollout
-        envs = [
-            make_env(rollout.game, int(s), max_calls=rollout.max_calls, **rollout.env_kwargs) for s in batch["seed"]
-        ]
-        result = play_episodes(
-            envs, self._generate_for_rollout, self.processing_class, None, rollout.spec, rollout.max_calls,
-            sample_context=rollout.experience,
-        )  # fmt: skip
+        """Play the episodes of a micro-batch of rollout seeds; every sample the rollout returns becomes one row."""
+        seeds = [int(seed) for seed in batch["seed"]]
+        played = self.rollout.rollout(seeds, self._generate_for_rollout, self.processing_class)
         rows = []
-        for sample in result.samples:
-            row = tokenize_example(sample, None, self.processing_class, self.context_spec, self.limits)
-            row["completion_ids"] = sample["completion_ids"]
+        for sample in played.samples:
+            example = {"prompt": sample.prompt, "context": sample.context}
+            row = tokenize_example(example, None, self.processing_class, self.context_spec, self.limits)
+            row["completion_ids"] = list(sample.completion_ids)  # exactly as generated, never re-tokenised
             rows.append(row)
-        for key, value in result.metrics().items():
-            if key not in ("num_episodes", "num_calls"):
-                self._metrics["train"][f"rollout/{key}"].append(value)
+        for key, value in played.metrics.items():
+            self._metrics["train"][f"rollout/{key}"].append(float(value))
         inputs = self._prepare_inputs(self.data_collator.pad(rows))
         inputs["completions_ready"], inputs["on_policy"] = True, True
         return inputs
@@ -611,7 +605,7 @@ def _drop_migration_hint(record: logging.LogRecord) -> bool:
 
 
 class SeedCollator(NCACollator):
-    """Batches of episode seeds for rollout training; `pad` turns the played samples into a training batch."""
+    """Batches of rollout seeds; `pad` turns the samples the rollout returns into a training batch."""
 
     def __init__(self, pad_token_id: int | None = None):
         super().__init__(pad_token_id=pad_token_id if pad_token_id is not None else 0)
@@ -620,16 +614,17 @@ class SeedCollator(NCACollator):
         return {"seed": torch.tensor([e["seed"] for e in examples], dtype=torch.long)}
 
 
-def _rollout_dataset(rollout, args: NCAConfig, train_dataset):
-    """The seed schedule of a game rollout as a dataset, and the context placement of its experience."""
-    from datasets import Dataset
-
-    from .views import ContextSpec
-
+def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
+    """The rollout's seeds of every optimizer step as a dataset (played in order), and its context placement."""
+    if not isinstance(rollout, Rollout):
+        raise TypeError(
+            f"rollout must implement trl_nca.rollouts.Rollout (spec, episodes_per_step, seeds(step), rollout(seeds, "
+            f"generate, tokenizer)), e.g. trl_nca.envs.GameRollout; got a {type(rollout).__name__}."
+        )
     if train_dataset is not None:
         raise ValueError("Give either a train_dataset or a rollout, not both.")
     if args.max_steps is None or args.max_steps <= 0:
-        raise ValueError("Rollout training needs `max_steps` (each step plays fresh training maps).")
+        raise ValueError("Rollout training needs `max_steps` (each step plays fresh episodes).")
     if args.lmbda < 1.0 or args.seq_kd:
         raise ValueError("Rollout training is on-policy: set lmbda=1.0 and seq_kd=False.")
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -638,7 +633,12 @@ def _rollout_dataset(rollout, args: NCAConfig, train_dataset):
             f"The rollout plays {rollout.episodes_per_step} episodes per step, but per_device_train_batch_size x "
             f"gradient_accumulation_steps x processes = {per_step}. Make them equal (the batch size counts episodes)."
         )
-    seeds = [seed for step in range(args.max_steps) for seed in rollout.seeds(step)]
+    seeds = []
+    for step in range(args.max_steps):
+        step_seeds = [int(seed) for seed in rollout.seeds(step)]
+        if len(step_seeds) != per_step:
+            raise ValueError(f"rollout.seeds({step}) gave {len(step_seeds)} seeds; episodes_per_step is {per_step}.")
+        seeds += step_seeds
     spec = ContextSpec(
         column="context", placement=rollout.spec.placement, template=rollout.spec.template,
         separator=rollout.spec.separator,

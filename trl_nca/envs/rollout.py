@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..rollouts import RolloutBatch, RolloutSample
 from ..sampling import GenerateFn, GenerationSettings, check_generated, item_seed
 from ..views import ContextSpec, add_context, render_prompt_ids
 from .base import GameEnv
@@ -155,11 +156,13 @@ def play_episodes(
 
 @dataclass
 class GameRollout:
-    """What the trainer needs to play a game at each optimizer step.
+    """A game played by the student at each optimizer step: `NCATrainer(..., rollout=GameRollout(...))`.
 
-    `make_envs(step_index)` returns `episodes_per_step` fresh training envs whose seeds follow the OPCD training formula
-    (`training_seed(j, round=seed_round_offset + step_index)`), so every step plays new maps and no step ever plays a
-    held-out evaluation map. `experience` defaults to the game's shipped experience text.
+    Implements `trl_nca.rollouts.Rollout`. `seeds(step)` are `episodes_per_step` training maps following the OPCD
+    training formula (`training_seed(j, round=seed_round_offset + step)`), so every step plays new maps and no step ever
+    plays a held-out evaluation map; `rollout(seeds, generate, tokenizer)` plays them without the experience and
+    returns one sample per model call, whose context view puts `experience` (default: the game's shipped text) where
+    `spec` says (default: the top of the user message). Its metrics are those of `RolloutResult.stats` but the counts.
     """
 
     game: str = "sokoban"
@@ -192,9 +195,20 @@ class GameRollout:
 
     def make_envs(self, step_index: int) -> list[GameEnv]:
         """Fresh training envs for optimizer step `step_index`."""
-        return [
-            make_env(self.game, seed, max_calls=self.max_calls, **self.env_kwargs) for seed in self.seeds(step_index)
-        ]
+        return self._envs(self.seeds(step_index))
+
+    def _envs(self, seeds: Sequence[int]) -> list[GameEnv]:
+        return [make_env(self.game, int(seed), max_calls=self.max_calls, **self.env_kwargs) for seed in seeds]
+
+    def rollout(self, seeds: Sequence[int], generate: GenerateFn, tokenizer) -> RolloutBatch:
+        """The `trl_nca.rollouts.Rollout` step: play the maps of `seeds` without the experience; every model call
+        becomes a sample carrying the experience for its context view."""
+        result = play_episodes(
+            self._envs(seeds), generate, tokenizer, None, self.spec, self.max_calls, sample_context=self.experience
+        )
+        samples = [RolloutSample(s["prompt"], s["context"], list(s["completion_ids"])) for s in result.samples]
+        metrics = {k: v for k, v in result.metrics().items() if k not in ("num_episodes", "num_calls")}
+        return RolloutBatch(samples, metrics)
 
     def play(self, step_index: int, generate: GenerateFn, tokenizer, with_context: bool = False) -> RolloutResult:
         """Play the envs of `step_index`: the student without context by default; samples always carry the experience."""
