@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 from transformers.trainer_utils import get_last_checkpoint
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
@@ -33,15 +33,7 @@ from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
 from .rollouts import Rollout
 from .sampling import Generated
-from .teacher import (
-    SelfTeacher,
-    adapter_is_identity,
-    check_peft_self_teacher,
-    check_same_vocabulary,
-    frozen_copy,
-    is_peft_model,
-    load_teacher_tokenizer,
-)
+from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
 from .views import ContextSpec, View, build_view, completion_states, left_pad
 
 
@@ -133,22 +125,13 @@ class NCATrainer(GKDTrainer):
         if teacher_model is None and args.teacher_model_name_or_path is not None:
             teacher_model = args.teacher_model_name_or_path
         teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
-        teacher_tokenizer = teacher_processing_class or load_teacher_tokenizer(teacher_model)
-        if teacher_tokenizer is not None:
-            check_same_vocabulary(processing_class, teacher_tokenizer)
         teacher_loaded_here = isinstance(teacher_model, str)
-        if teacher_loaded_here:  # loaded here, so that its output layer can be checked before GKD's own check
-            teacher_model = _load_teacher(teacher_model, args)
-        uses_peft = peft_config is not None or is_peft_model(model)
-        if teacher_model is None:
-            if args.self_teacher == "live" or uses_peft:
-                if args.self_teacher == "initial":
-                    check_peft_self_teacher(peft_config or model.peft_config[model.active_adapter])
-                teacher_model = SelfTeacher(lambda: self.model, model.config, mode=args.self_teacher)
-            else:
-                teacher_model = frozen_copy(model)
-
-        self._common_rows = _check_output_rows(model, teacher_model, processing_class)
+        teacher_model = resolve_teacher(
+            teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
+            self_teacher=args.self_teacher, peft_config=peft_config, get_student=lambda: self.model,
+            init_kwargs=args.teacher_model_init_kwargs, trust_remote_code=args.trust_remote_code,
+        )  # fmt: skip
+        self._common_rows = check_output_rows(model, teacher_model, processing_class)
 
         limits = Limits(
             max_new_tokens=args.max_new_tokens,
@@ -214,12 +197,9 @@ class NCATrainer(GKDTrainer):
         finally:
             gkd_logger.removeFilter(_drop_migration_hint)
             args.teacher_model_init_kwargs = teacher_init_kwargs
-        teacher = self._teacher()
-        if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(self.model):
-            # Disabling this adapter would not give the initial model (trained adapter, PiSSA-style init, random B):
-            # keep a frozen merged copy of the student as it is now instead.
-            copy = frozen_copy(self.model)
-            self.teacher_model = self.accelerator.prepare_model(copy, evaluation_mode=True)
+        settled = settle_teacher(self._teacher(), self.model)  # the student is PEFT-wrapped only now
+        if settled is not None:
+            self.teacher_model = self.accelerator.prepare_model(settled, evaluation_mode=True)
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
@@ -547,44 +527,10 @@ class NCATrainer(GKDTrainer):
         return loss.detach(), None, None
 
 
-def _load_teacher(name: str, args: NCAConfig) -> nn.Module:
-    """A teacher given by name, loaded with `teacher_model_init_kwargs` as GKDTrainer would load it."""
-    kwargs = dict(args.teacher_model_init_kwargs or {})
-    if isinstance(kwargs.get("dtype"), str) and kwargs["dtype"] != "auto":
-        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
-
-
-def _output_rows(model: nn.Module) -> int:
-    weight = model.get_output_embeddings().weight
-    return getattr(weight, "ds_shape", weight.shape)[0]
-
-
-def _check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tuple[int, int]:
-    """(common, widest) output rows of student and teacher; the common rows must cover every token of the tokenizer.
-
-    Models sharing a tokenizer may pad their output layers differently (Qwen2.5-7B: 152064 rows, Qwen2.5-3B: 151936,
-    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.losses`).
-    """
-    student_rows = _output_rows(student)
-    teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else _output_rows(teacher)
-    common, widest = min(student_rows, teacher_rows), max(student_rows, teacher_rows)
-    if common < len(tokenizer):
-        raise ValueError(
-            f"The student's output layer has {student_rows} rows and the teacher's {teacher_rows}; the divergences "
-            f"use their first {common} rows, which do not cover the tokenizer's {len(tokenizer)} tokens (ids "
-            f"{common}..{len(tokenizer) - 1} would have no probability). Student and teacher must share the "
-            "student's tokenizer: use a teacher of the same model family, or resize the embeddings of the smaller "
-            "model to len(tokenizer)."
-        )
-    return common, widest
-
-
 @contextmanager
 def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
     """GKDTrainer refuses a teacher whose `config.vocab_size` differs from the student's; NCATrainer supports output
-    layers padded to different sizes (checked by `_check_output_rows`). Show GKD's check the student's value, only
+    layers padded to different sizes (checked by `trl_nca.teacher.check_output_rows`). Show GKD's check the student's value, only
     for the duration of its `__init__`."""
     config = getattr(teacher, "config", None)
     if isinstance(teacher, SelfTeacher) or config is None:
