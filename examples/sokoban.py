@@ -22,8 +22,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.cli import resume_checkpoint
 from trl_nca.envs import GameRollout
-from trl_nca.envs.evaluate import evaluate_game
-from trl_nca.eval import ModelRun, load_model, write_report
+from trl_nca.eval import ModelRun, evaluate_game, load_model, write_report
 from trl_nca.models import resolve_model_name_or_path
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from trl_nca.envs import FrozenLakeEnv, heldout_seeds, load_experience, solve
-from trl_nca.envs.evaluate import evaluate_game, game_summary, paired_game_records, run_game_eval
+from trl_nca.eval.games import evaluate_game, game_summary, paired_game_records, run_game_eval
 from trl_nca.eval.records import PairedRecord
 from trl_nca.sampling import GenerationSettings
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer, scripted_generate

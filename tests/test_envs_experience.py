@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from trl_nca.cli import experience as main
 from trl_nca.envs import FrozenLakeEnv, load_experience, solve
-from trl_nca.envs.experience import extract_experience, format_items, main, parse_items
+from trl_nca.envs.experience import extract_experience, format_items, parse_items
 
 
 @pytest.mark.parametrize("game", ["sokoban", "frozenlake", "FrozenLake"])

@@ -82,4 +82,3 @@ def test_an_object_that_is_not_a_rollout_is_refused(tmp_path):
     tok = make_tiny_tokenizer()
     with pytest.raises(TypeError, match=r"rollout must implement trl_nca\.rollouts\.Rollout .*got a dict"):
         NCATrainer(model=make_tiny_model(tok, 0), args=_args(tmp_path), processing_class=tok, rollout={"game": "x"})
-

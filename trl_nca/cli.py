@@ -205,6 +205,58 @@ def compare(argv: list[str] | None = None) -> dict:
     return summary
 
 
+def experience(argv: list[str] | None = None) -> int:
+    """`trl-nca experience`: extract a game experience text from a model's own games (`trl_nca.envs.experience`);
+    writes the text and a JSON history of the rounds. Every setting is checked before the model is loaded."""
+    import json
+
+    from .envs import game_generation_settings
+    from .envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
+    from .eval import loading
+    from .sampling import HFBackend, generate_fn
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        for name in ("rounds", "episodes", "validation_size", "max_items", "max_new_items", "max_calls", "batch_size"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+        env_kwargs = check_options(args.game_option, args.game, args.max_calls)
+        settings = game_generation_settings(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
+        model = loading.load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
+        tokenizer = loading.load_tokenizer(args.tokenizer or args.model)
+    except ValueError as error:  # InputError (EvalInputError) included
+        parser.error(str(error))
+    initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
+    result = extract_experience(
+        generate_fn(HFBackend(model, tokenizer), settings),
+        tokenizer,
+        args.game,
+        rounds=args.rounds,
+        episodes_per_round=args.episodes,
+        validation_size=args.validation_size,
+        max_items=args.max_items,
+        max_new_items=args.max_new_items,
+        initial_items=initial,
+        max_calls=args.max_calls,
+        env_kwargs=env_kwargs,
+        sampling_seed=args.seed,
+    )
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text((result.text or "") + "\n", encoding="utf-8")
+    output.with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -229,9 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return eval_main(rest) or 0
     if command == "experience":
-        from .envs.experience import main as experience_main
-
-        return experience_main(rest) or 0
+        return experience(rest)
     print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -6,8 +6,7 @@
 of episodes (with the best experience so far as context), shows the model its own trajectories (boards, moves, game
 replies and results; not its reasoning) and asks for short transferable lessons, one per line. New lessons are added to
 the current set, and the enlarged set is kept only if its win rate on validation maps, with the set as context, beats
-the best so far. Run it from the shell with `python -m trl_nca.envs.experience --model PATH --game sokoban --output
-FILE`.
+the best so far. Run it from the shell with `trl-nca experience --model PATH --game sokoban --output FILE`.
 
 Seeds: extraction episodes use training rounds from 10,000 on (training steps use rounds 0, 1, ...), validation uses
 held-out indices from 1,000 on (the evaluation uses 0..127), so neither touches the evaluation maps.
@@ -16,12 +15,10 @@ held-out indices from 1,000 on (the evaluation uses 0..127), so neither touches 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from ..sampling import GenerateFn, check_generated, item_seed
@@ -224,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]:
+def check_options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]:
     """The game settings of `--game-option`, checked by building one map."""
     options = parse_game_options(values)
     if "seed" in options or "max_calls" in options:
@@ -234,56 +231,3 @@ def _options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]
     except TypeError as error:
         raise ValueError(str(error)) from None
     return options
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; writes the experience text and a JSON history of the rounds."""
-    from ..eval.errors import EvalInputError
-    from ..eval.loading import load_model, load_tokenizer
-    from ..sampling import HFBackend, generate_fn
-    from .rollout import game_generation_settings
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:  # every setting is checked before the model is loaded
-        for name in ("rounds", "episodes", "validation_size", "max_items", "max_new_items", "max_calls", "batch_size"):
-            if getattr(args, name) < 1:
-                parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
-        env_kwargs = _options(args.game_option, args.game, args.max_calls)
-        settings = game_generation_settings(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            seed=args.seed,
-        )
-        model = load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
-        tokenizer = load_tokenizer(args.tokenizer or args.model)
-    except (EvalInputError, ValueError) as error:
-        parser.error(str(error))
-    initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
-    result = extract_experience(
-        generate_fn(HFBackend(model, tokenizer), settings),
-        tokenizer,
-        args.game,
-        rounds=args.rounds,
-        episodes_per_round=args.episodes,
-        validation_size=args.validation_size,
-        max_items=args.max_items,
-        max_new_items=args.max_new_items,
-        initial_items=initial,
-        max_calls=args.max_calls,
-        env_kwargs=env_kwargs,
-        sampling_seed=args.seed,
-    )
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text((result.text or "") + "\n", encoding="utf-8")
-    output.with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
