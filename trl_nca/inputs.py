@@ -1,4 +1,5 @@
-"""Reading what users hand over: dataset files and Hub datasets, context files, the built-in data; hashes and versions.
+"""Reading what users hand over: dataset files and Hub datasets, context files, the built-in data; hashes, versions
+and the cache folder.
 
 One loader serves `trl-nca train`, `trl-nca eval`, the recipes and user code, so a file is read, and a bad byte or line
 reported, the same way everywhere. Bad input raises `InputError` (a `ValueError`) whose message names the file, the
@@ -62,6 +63,19 @@ def package_version(distribution: str, module: str | None = None) -> str | None:
         except ImportError:
             return None
     return None
+
+
+CACHE_ENV_VAR = "TRL_NCA_CACHE"
+
+
+def default_cache_dir() -> Path:
+    """The cache root (embedded model, model organism): `$TRL_NCA_CACHE` if set, else `$XDG_CACHE_HOME/trl_nca`, else
+    `~/.cache/trl_nca`."""
+    env = os.environ.get(CACHE_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "trl_nca"
 
 
 # --------------------------------------------------------------------------------------------------------------------
