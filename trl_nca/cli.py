@@ -121,8 +121,9 @@ def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
     from trl import ModelConfig, TrlParser, get_peft_config
 
-    from . import NCAConfig, NCATrainer
+    from .config import NCAConfig
     from .models import EmbeddedModelUnavailableError, resolve_model_name_or_path
+    from .trainer import NCATrainer
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     try:
@@ -191,7 +192,7 @@ def compare(argv: list[str] | None = None) -> dict:
     """Parse `trl-nca compare` options (and an optional `--config` YAML), run the comparison, print its table."""
     from trl import ModelConfig, TrlParser
 
-    from . import NCAConfig
+    from .config import NCAConfig
     from .recipes import CompareArguments, run_comparison
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")

@@ -7,10 +7,10 @@ action parser, OPCD seed formulas, shipped experience texts and batched rollouts
 """
 
 from .base import DIRECTIONS, EpisodeOutcome, GameEnv, TurnRecord
-from .experience import extract_experience, load_experience
+from .experience import extract_experience
 from .frozenlake import FrozenLakeEnv
 from .prompts import build_step_messages, build_step_prompt, parse_action
-from .registry import GAMES, game_class, make_env
+from .registry import GAMES, game_class, load_experience, make_env
 from .rollout import (
     GAME_MAX_NEW_TOKENS,
     GAME_TEMPERATURE,

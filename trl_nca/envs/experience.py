@@ -18,28 +18,32 @@ import argparse
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from typing import Any
 
 from ..sampling import GenerateFn, check_generated, item_seed
 from ..views import render_prompt_ids
 from .base import GameEnv
 from .prompts import format_action, game_rules
-from .registry import GAMES, game_class, make_env, parse_game_options
+from .registry import GAMES, game_class, load_experience, make_env, parse_game_options
 from .rollout import default_game_spec, play_episodes
 from .seeds import heldout_seeds, training_seeds
 
 
+__all__ = [
+    "ExperienceResult",
+    "build_parser",
+    "check_options",
+    "describe_episode",
+    "extract_experience",
+    "format_items",
+    "load_experience",  # defined with the game registry; kept importable from here
+    "parse_items",
+    "validation_win_rate",
+]
+
 EXTRACTION_ROUND_BASE = 10_000
 VALIDATION_START = 1_000
 TITLES = {"sokoban": "Sokoban", "frozenlake": "FrozenLake"}
-
-
-def load_experience(game: str) -> str:
-    """The experience text shipped for `game` ("sokoban" or "frozenlake")."""
-    name = game_class(game).name
-    path = resources.files("trl_nca.envs").joinpath("experience").joinpath(f"{name}.txt")
-    return path.read_text(encoding="utf-8").strip()
 
 
 _ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.*\S)\s*$")

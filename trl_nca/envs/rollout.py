@@ -18,7 +18,7 @@ from ..sampling import GenerateFn, GenerationSettings, check_generated, item_see
 from ..views import ContextSpec, add_context, render_prompt_ids
 from .base import GameEnv
 from .prompts import build_step_messages, parse_action
-from .registry import game_class, make_env
+from .registry import game_class, load_experience, make_env
 from .seeds import training_seed
 
 
@@ -180,8 +180,6 @@ class GameRollout:
         if self.max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {self.max_calls}.")
         if self.experience is None:
-            from .experience import load_experience
-
             self.experience = load_experience(self.game)
         elif not self.experience.strip():
             raise ValueError("The experience text is empty; give a non-empty string or None for the shipped one.")
