@@ -30,3 +30,25 @@ def test_import_contracts_hold():
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "Contracts: 2 kept, 0 broken." in result.stdout
 
+
+def test_importing_trl_nca_changes_nothing_process_wide():
+    """No environment variable is set and no warning filter is left behind by `import trl_nca`; TRL's notice about
+    `trl.experimental` is silenced only around our own import of GKD."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, warnings\n"
+        "before, filters = dict(os.environ), list(warnings.filters)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import trl_nca, trl_nca.trainer\n"
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
+        "assert list(warnings.filters) == filters\n"
+        "print(sorted({type(w.message).__name__ for w in caught}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRL_EXPERIMENTAL_SILENCE"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "TRLExperimentalWarning" not in result.stdout

@@ -53,7 +53,10 @@ def test_cli_train_with_yaml_config(tiny_dir, tmp_path):
     )
     _run(["-m", "trl_nca.cli", "train", "--config", str(config), *CPU], cwd=tmp_path)
     assert (tmp_path / "out" / "adapter_model.safetensors").exists()
-    assert "trl-nca" in (tmp_path / "out" / "README.md").read_text()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "trl-nca" in card
+    assert "When Context Returns: Toward Robust Internalization in On-Policy Distillation" in card  # the paper
+    assert "2606.11627" in card and "@article{wang2026when" in card
     summary = json.loads((tmp_path / "out" / "paired_eval" / "summary.json").read_text())
     assert [m["name"] for m in summary["models"]] == ["base", "student"]
 

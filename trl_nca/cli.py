@@ -260,7 +260,6 @@ def experience(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from typing import Any, Literal
 
-from trl.experimental.gkd import GKDConfig
+from trl.import_utils import TRLExperimentalWarning
+
+
+with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on purpose (see docs/design.md)
+    warnings.simplefilter("ignore", TRLExperimentalWarning)
+    from trl.experimental.gkd import GKDConfig
 
 from .losses import DivergenceSpec
 from .views import ContextSpec

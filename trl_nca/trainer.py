@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import textwrap
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -71,7 +72,18 @@ class NCATrainer(GKDTrainer):
 
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
     _name = "NCA"
-    _paper = {}
+    _paper = {
+        "title": "When Context Returns: Toward Robust Internalization in On-Policy Distillation",
+        "id": "2606.11627",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{wang2026when,
+                title        = {{When Context Returns: Toward Robust Internalization in On-Policy Distillation}},
+                author       = {Xun Wang and Ruishuo Chen and Zhuoran Li and Yu Chen and Longbo Huang},
+                year         = 2026,
+                journal      = {arXiv preprint arXiv:2606.11627},
+            }"""),
+    }
     # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
