@@ -1,5 +1,7 @@
 """The example scripts and the `trl-nca train` CLI run end to end on local data and local models."""
 
+import ast
+import importlib
 import json
 import os
 import subprocess
@@ -99,6 +101,21 @@ def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
 
 
+EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_read_on_their_own(name):
+    """Like TRL's examples/scripts: an example imports no other example and nothing from the command line's module;
+    task and dataset builders come from the library (trl_nca.tasks, trl_nca.inputs, ...)."""
+    tree = ast.parse((ROOT / "examples" / f"{name}.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & set(EXAMPLES), f"{name}.py imports another example: {sorted(imported & set(EXAMPLES))}"
+    assert not any(m == "trl_nca.cli" or m.startswith("trl_nca.cli.") for m in imported), f"{name}.py uses the CLI"
+    assert EXAMPLES == ["frozenlake", "medmcqa", "safety", "sokoban"]  # no shared helper module next to them
+
+
 @pytest.mark.parametrize("name", ["quickstart", "medmcqa", "safety", "sokoban", "frozenlake"])
 def test_example_configs_parse(name):
     """Every shipped YAML parses into the dataclasses of the script that uses it (catches renamed fields)."""
@@ -109,10 +126,8 @@ def test_example_configs_parse(name):
     sys.path.insert(0, str(ROOT / "examples"))
     if name == "quickstart":
         from trl_nca.cli import TrainScriptArguments as Script
-    elif name in ("medmcqa", "safety"):
-        from _qa_common import QAArguments as Script
     else:
-        from sokoban import GameArguments as Script
+        Script = importlib.import_module(name).ScriptArguments
     parser = TrlParser((Script, NCAConfig, ModelConfig))
     config = str(ROOT / "examples" / "configs" / f"{name}.yaml")
     _, args, _ = parser.parse_args_and_config(args=["--config", config, "--bf16", "false", "--use_cpu", "true"])
@@ -124,11 +139,12 @@ def test_examples_merge_model_init_kwargs_with_model_config():
     from trl import ModelConfig, TrlParser
 
     from trl_nca import NCAConfig
+    from trl_nca.config import student_init_kwargs
 
     sys.path.insert(0, str(ROOT / "examples"))
-    from _qa_common import QAArguments, student_init_kwargs
+    from medmcqa import ScriptArguments
 
-    parser = TrlParser((QAArguments, NCAConfig, ModelConfig))
+    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
     base = ["--output_dir", "x", "--bf16", "false", "--use_cpu", "true"]
     user = ["--model_init_kwargs", '{"attn_implementation": "eager", "low_cpu_mem_usage": true, "dtype": "float16"}']
     _, args, model = parser.parse_args_and_config(args=base + user + ["--model_revision", "v2"])
@@ -175,13 +191,10 @@ def test_reference_config_carries_the_reference_hyperparameters(name):
     from trl_nca import NCAConfig
 
     sys.path.insert(0, str(ROOT / "examples"))
-    from _qa_common import QAArguments
-    from sokoban import GameArguments
-
     setting, variant = name.rsplit("-", 1)
     task, student, teacher = REFERENCE_SETTINGS[setting]
     game = task in ("sokoban", "frozenlake")
-    parser = TrlParser((GameArguments if game else QAArguments, NCAConfig, ModelConfig))
+    parser = TrlParser((importlib.import_module(task).ScriptArguments, NCAConfig, ModelConfig))
     config = str(ROOT / "examples" / "configs" / "reference" / f"{name}.yaml")
     script, args, model = parser.parse_args_and_config(
         args=["--config", config, "--bf16", "false", "--use_cpu", "true"]

@@ -7,10 +7,21 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config import resume_checkpoint, student_init_kwargs
 from .inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
 
 
-__all__ = ["BUILTIN_CONTEXTS", "BUILTIN_DATASETS", "LOCAL_FORMATS", "load_dataset_any", "main", "read_context"]
+# read_context, load_dataset_any and resume_checkpoint stay importable from here; they live in trl_nca.inputs and
+# trl_nca.config.
+__all__ = [
+    "BUILTIN_CONTEXTS",
+    "BUILTIN_DATASETS",
+    "LOCAL_FORMATS",
+    "load_dataset_any",
+    "main",
+    "read_context",
+    "resume_checkpoint",
+]
 
 
 USAGE = """usage: trl-nca {compare,train,eval,experience} [options]
@@ -65,31 +76,6 @@ class TrainScriptArguments:
     label_column: str = field(default="answer", metadata={"help": "Label column of the paired evaluation."})
 
 
-def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
-    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last checkpoint in `output_dir`), or a
-    checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does not exist, or
-    'true' when `output_dir` has no checkpoint, is an error (never a silent restart from step 0)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if value is None or value is False:
-        return None
-    if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
-        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
-            raise ValueError(
-                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to resume "
-                "from. Give the checkpoint folder itself, or leave the option out to start afresh."
-            )
-        return True
-    if str(value).strip().lower() in ("false", "none", "no", "0", ""):
-        return None
-    if not Path(value).is_dir():
-        raise ValueError(
-            f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
-            "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
-        )
-    return str(value)
-
-
 class CommandLineError(ValueError):
     """Bad input to `trl-nca train`, found before training starts; `main` prints it as one line (exit status 2)."""
 
@@ -129,12 +115,7 @@ def train(argv: list[str] | None = None):
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
         model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
-        training_args.model_init_kwargs = {
-            **(training_args.model_init_kwargs or {}),
-            "dtype": model_args.dtype or "auto",
-            "revision": model_args.model_revision,
-            "attn_implementation": model_args.attn_implementation,
-        }
+        training_args.model_init_kwargs = student_init_kwargs(training_args, model_args)
         if training_args.teacher_model_name_or_path:
             training_args.teacher_model_name_or_path = resolve_model_name_or_path(
                 training_args.teacher_model_name_or_path, "Teacher model"
