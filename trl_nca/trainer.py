@@ -190,7 +190,7 @@ class NCATrainer(GKDTrainer):
         gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
         teacher_init_kwargs = args.teacher_model_init_kwargs
         if teacher_loaded_here:
-            args.teacher_model_init_kwargs = None  # used by _load_teacher; GKD refuses them with a built teacher
+            args.teacher_model_init_kwargs = None  # used by resolve_teacher; GKD refuses them with a built teacher
         try:
             with _gkd_vocab_check_passes(model, teacher_model):
                 super().__init__(
