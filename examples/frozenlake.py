@@ -10,6 +10,7 @@ and student are then evaluated on the 128 held-out lakes, each played once witho
         --eval_seeds 8 --max_new_tokens 64 --eval_max_new_tokens 64 --max_length 4096
 """
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +19,16 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.config import resume_checkpoint, student_init_kwargs
-from trl_nca.envs import GameRollout
-from trl_nca.eval import ModelRun, evaluate_game, load_model, write_report
+from trl_nca.envs import GameRollout, game_generation_settings
+from trl_nca.eval import (
+    ModelRun,
+    check_game_options,
+    game_summary,
+    load_model,
+    run_paired,
+    run_provenance,
+    write_report,
+)
 from trl_nca.models import resolve_model_name_or_path
 
 
@@ -61,19 +70,21 @@ if __name__ == "__main__":
     # Paired evaluation: base model and student, each playing every held-out map without and with the experience
     if not script_args.skip_eval and trainer.accelerator.is_main_process:
         out = Path(args.output_dir) / "paired_eval"
+        experience = dataclasses.replace(rollout.spec, column=None, text=rollout.experience)
+        task = check_game_options(GAME, {"num_seeds": script_args.eval_seeds, **rollout.env_kwargs}, experience)
+        settings = game_generation_settings(
+            max_new_tokens=script_args.eval_max_new_tokens, batch_size=script_args.eval_batch_size
+        )
         runs, summaries = [], {}
         for name, model in (("base", load_model(model_path)), ("student", trainer.model)):
-            records, summaries[name] = evaluate_game(
-                model,
-                trainer.processing_class,
-                GAME,
-                num_seeds=script_args.eval_seeds,
-                experience=rollout.experience,
-                env_kwargs=rollout.env_kwargs,
-                max_new_tokens=script_args.eval_max_new_tokens,
-                batch_size=script_args.eval_batch_size,
-            )
-            runs.append(ModelRun(name, records, provenance={"game": GAME, "game_options": rollout.env_kwargs}))
+            records_path = out / name / "records.jsonl"  # appended map by map: a rerun resumes
+            provenance = run_provenance(task, model, trainer.processing_class, generation=settings)
+            records = run_paired(
+                task, model, trainer.processing_class, generation=settings, output_path=records_path,
+                provenance=provenance,
+            )  # fmt: skip
+            runs.append(ModelRun(name, records, provenance=provenance, records_path=str(records_path)))
+            summaries[name] = game_summary(records)
         write_report(runs, out, title=f"{Path(args.output_dir).name}: paired win rates", extra={"games": summaries})
         for name, s in summaries.items():
             print(

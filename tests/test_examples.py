@@ -99,6 +99,9 @@ def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
+    for model in summary["models"]:  # the evaluation runner's provenance record and resumable records
+        assert model["provenance"]["game"] == "frozenlake" and model["provenance"]["model"]["fingerprint"]
+        assert len((out / "paired_eval" / model["name"] / "records.jsonl").read_text().splitlines()) == 2
 
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
