@@ -214,8 +214,7 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
 
     from trl_nca.data import Limits, NCACollator, prepare_dataset
     from trl_nca.losses import LMHead
-    from trl_nca.trainer import _hidden
-    from trl_nca.views import ContextSpec, build_view, completion_hidden
+    from trl_nca.views import ContextSpec, build_view, completion_states
 
     model = copy.deepcopy(base_model)
     if lora:
@@ -240,7 +239,7 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
             meter.start()
         t0 = time.perf_counter()
         v = build_view(b[key[0]], b[key[1]], ids, mask)
-        h = completion_hidden(_hidden(model, v), v, mask)
+        h = completion_states(model, v, mask)
         logits = LMHead.from_model(model).logits(h)
         torch.nn.functional.cross_entropy(logits, ids[mask.bool()]).backward()
         model.zero_grad(set_to_none=True)

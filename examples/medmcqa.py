@@ -7,23 +7,65 @@ Anatomy, Surgery, Pediatrics (the Hub's validation split, since test labels are 
     python examples/medmcqa.py --model_name_or_path embedded --max_steps 4 --train_limit 64 --eval_limit 32
 """
 
-from _qa_common import run
-from datasets import load_dataset
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from datasets import load_dataset
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_nca import NCAConfig, NCATrainer
+from trl_nca.config import resume_checkpoint, student_init_kwargs
+from trl_nca.eval import GenerationSettings
+from trl_nca.eval.compare import compare_base_and_student
+from trl_nca.inputs import read_context
+from trl_nca.models import resolve_model_name_or_path
 from trl_nca.tasks import MEDMCQA_TEST_SUBJECTS, MEDMCQA_TRAIN_SUBJECTS, build_medmcqa
 
 
-def build_splits(qa):
-    if qa.dataset_path:
-        train_raw = test_raw = load_dataset(qa.dataset_path.rsplit(".", 1)[-1].replace("jsonl", "json"),
-                                            data_files=qa.dataset_path, split="train")  # fmt: skip
-    else:
-        train_raw = load_dataset("openlifescienceai/medmcqa", split="train")
-        test_raw = load_dataset("openlifescienceai/medmcqa", split="validation")
-    train = build_medmcqa(train_raw, MEDMCQA_TRAIN_SUBJECTS, limit=qa.train_limit)
-    test = build_medmcqa(test_raw, MEDMCQA_TEST_SUBJECTS, limit=qa.eval_limit)
-    return train, test
+@dataclass
+class ScriptArguments:
+    dataset_path: str | None = field(
+        default=None, metadata={"help": "Local .jsonl/.parquet instead of the Hub dataset (same schema)."}
+    )
+    train_limit: int | None = field(default=None, metadata={"help": "Use only the first N training items."})
+    eval_limit: int = field(default=500, metadata={"help": "Evaluate on the first N test items (paper: 500)."})
+    eval_max_new_tokens: int = field(default=512, metadata={"help": "Tokens per evaluation answer (paper: 512)."})
+    eval_batch_size: int = field(default=16, metadata={"help": "Evaluation generation batch size."})
+    skip_eval: bool = field(default=False, metadata={"help": "Train only."})
 
 
 if __name__ == "__main__":
-    run(build_splits, context_name="medical", scorer="mcq", default_output="outputs/medmcqa-nca")
+    script_args, args, model_args = TrlParser((ScriptArguments, NCAConfig, ModelConfig)).parse_args_and_config()
+    if args.output_dir in (None, "trainer_output"):
+        args.output_dir = "outputs/medmcqa-nca"
+    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
+    args.model_init_kwargs = student_init_kwargs(args, model_args)  # the user's kwargs, completed by ModelConfig
+    if args.context_text is None:
+        args.context_text = read_context("medical")  # the distilled system prompt; the student never sees it
+    resume = resume_checkpoint(args.resume_from_checkpoint, args.output_dir)  # checked before the model loads
+
+    # MedMCQA rows -> `id`, `prompt` (question and lettered options), `answer` (the letter)
+    if script_args.dataset_path:
+        file_format = script_args.dataset_path.rsplit(".", 1)[-1].replace("jsonl", "json")
+        train_raw = test_raw = load_dataset(file_format, data_files=script_args.dataset_path, split="train")
+    else:
+        train_raw = load_dataset("openlifescienceai/medmcqa", split="train")
+        test_raw = load_dataset("openlifescienceai/medmcqa", split="validation")
+    train = build_medmcqa(train_raw, MEDMCQA_TRAIN_SUBJECTS, limit=script_args.train_limit)
+    test = build_medmcqa(test_raw, MEDMCQA_TEST_SUBJECTS, limit=script_args.eval_limit)
+
+    trainer = NCATrainer(model=model_path, args=args, train_dataset=train, peft_config=get_peft_config(model_args))
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(args.output_dir)
+
+    # Paired evaluation: base model and student, each answering every test item without and with the system prompt
+    if not script_args.skip_eval and trainer.accelerator.is_main_process:
+        settings = GenerationSettings(
+            max_new_tokens=script_args.eval_max_new_tokens, temperature=1.0, top_p=0.95, top_k=20,
+            batch_size=script_args.eval_batch_size,
+        )  # fmt: skip
+        out = Path(args.output_dir) / "paired_eval"
+        compare_base_and_student(
+            trainer, test, base_model_path=model_path, scorer="mcq", generation=settings, output_dir=out
+        )
+        print((out / "report.md").read_text())

@@ -10,25 +10,33 @@ top-k 20), next to the oracle ceiling (share of rooms solvable in 5 moves).
         --eval_seeds 8 --max_new_tokens 64 --eval_max_new_tokens 64 --max_length 4096
 """
 
-from __future__ import annotations
-
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _qa_common import student_init_kwargs
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.cli import resume_checkpoint
-from trl_nca.envs import GameRollout
-from trl_nca.envs.evaluate import evaluate_game
-from trl_nca.eval import ModelRun, load_model, write_report
+from trl_nca.config import resume_checkpoint, student_init_kwargs
+from trl_nca.envs import GameRollout, game_generation_settings
+from trl_nca.eval import (
+    ModelRun,
+    check_game_options,
+    game_summary,
+    load_model,
+    run_paired,
+    run_provenance,
+    write_report,
+)
 from trl_nca.models import resolve_model_name_or_path
 
 
+GAME = "sokoban"
+
+
 @dataclass
-class GameArguments:
+class ScriptArguments:
     game_options: str = field(
         default="{}", metadata={"help": 'Game settings as JSON, e.g. \'{"dim_room": [6, 6], "num_boxes": 1}\'.'}
     )
@@ -39,18 +47,18 @@ class GameArguments:
     skip_eval: bool = field(default=False, metadata={"help": "Train only."})
 
 
-def run_game(game: str, default_output: str) -> None:
-    """Parse GameArguments + NCAConfig + ModelConfig, train on played games, evaluate base and student paired."""
-    parser = TrlParser((GameArguments, NCAConfig, ModelConfig))
-    game_args, args, model_args = parser.parse_args_and_config()
+if __name__ == "__main__":
+    script_args, args, model_args = TrlParser((ScriptArguments, NCAConfig, ModelConfig)).parse_args_and_config()
     if args.output_dir in (None, "trainer_output"):
-        args.output_dir = default_output
+        args.output_dir = "outputs/sokoban-nca"
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
-    args.model_init_kwargs = student_init_kwargs(args, model_args)
-    experience = Path(game_args.experience_file).read_text() if game_args.experience_file else None
+    args.model_init_kwargs = student_init_kwargs(args, model_args)  # the user's kwargs, completed by ModelConfig
+    experience = Path(script_args.experience_file).read_text() if script_args.experience_file else None
+
+    # The rollout plays `episodes_per_step` fresh training maps per optimizer step; the batch size counts episodes.
     rollout = GameRollout(
-        game=game,
-        env_kwargs=json.loads(game_args.game_options),
+        game=GAME,
+        env_kwargs=json.loads(script_args.game_options),
         episodes_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
         experience=experience,
     )
@@ -58,29 +66,28 @@ def run_game(game: str, default_output: str) -> None:
     trainer = NCATrainer(model=model_path, args=args, rollout=rollout, peft_config=get_peft_config(model_args))
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
-    if game_args.skip_eval or not trainer.accelerator.is_main_process:
-        return
-    out = Path(args.output_dir) / "paired_eval"
-    runs, summaries = [], {}
-    for name, model in (("base", load_model(model_path)), ("student", trainer.model)):
-        records, summaries[name] = evaluate_game(
-            model,
-            trainer.processing_class,
-            game,
-            num_seeds=game_args.eval_seeds,
-            experience=rollout.experience,
-            env_kwargs=rollout.env_kwargs,
-            max_new_tokens=game_args.eval_max_new_tokens,
-            batch_size=game_args.eval_batch_size,
-        )
-        runs.append(ModelRun(name, records, provenance={"game": game, "game_options": rollout.env_kwargs}))
-    write_report(runs, out, title=f"{Path(args.output_dir).name}: paired win rates", extra={"games": summaries})
-    for name, s in summaries.items():
-        print(
-            f"{name}: win rate {s['win_rate_x']:.3f} without / {s['win_rate_xc']:.3f} with experience, "
-            f"harm {s['harm']}, help {s['help']}, oracle ceiling {s['oracle_ceiling']:.3f}"
-        )
 
-
-if __name__ == "__main__":
-    run_game("sokoban", default_output="outputs/sokoban-nca")
+    # Paired evaluation: base model and student, each playing every held-out map without and with the experience
+    if not script_args.skip_eval and trainer.accelerator.is_main_process:
+        out = Path(args.output_dir) / "paired_eval"
+        experience = dataclasses.replace(rollout.spec, column=None, text=rollout.experience)
+        task = check_game_options(GAME, {"num_seeds": script_args.eval_seeds, **rollout.env_kwargs}, experience)
+        settings = game_generation_settings(
+            max_new_tokens=script_args.eval_max_new_tokens, batch_size=script_args.eval_batch_size
+        )
+        runs, summaries = [], {}
+        for name, model in (("base", load_model(model_path)), ("student", trainer.model)):
+            records_path = out / name / "records.jsonl"  # appended map by map: a rerun resumes
+            provenance = run_provenance(task, model, trainer.processing_class, generation=settings)
+            records = run_paired(
+                task, model, trainer.processing_class, generation=settings, output_path=records_path,
+                provenance=provenance,
+            )  # fmt: skip
+            runs.append(ModelRun(name, records, provenance=provenance, records_path=str(records_path)))
+            summaries[name] = game_summary(records)
+        write_report(runs, out, title=f"{Path(args.output_dir).name}: paired win rates", extra={"games": summaries})
+        for name, s in summaries.items():
+            print(
+                f"{name}: win rate {s['win_rate_x']:.3f} without / {s['win_rate_xc']:.3f} with experience, "
+                f"harm {s['harm']}, help {s['help']}, oracle ceiling {s['oracle_ceiling']:.3f}"
+            )

@@ -454,7 +454,7 @@ def test_game_options_are_checked_before_any_model_is_loaded(tiny_dir, tmp_path,
 
 
 def test_game_records_of_another_model_are_refused(tok, tmp_path):
-    from trl_nca.envs.evaluate import run_game_eval
+    from trl_nca.eval.games import run_game_eval
 
     settings = GenerationSettings(max_new_tokens=3, temperature=0.7, top_p=0.8, top_k=20, batch_size=4)
     path = tmp_path / "records.jsonl"

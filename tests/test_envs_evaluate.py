@@ -5,10 +5,10 @@ import json
 import pytest
 
 from trl_nca.envs import FrozenLakeEnv, heldout_seeds, load_experience, solve
-from trl_nca.envs.evaluate import evaluate_game, game_summary, paired_game_records, run_game_eval
-from trl_nca.eval.generation import GenerationSettings
+from trl_nca.eval.games import evaluate_game, game_summary, paired_game_records, run_game_eval
 from trl_nca.eval.records import PairedRecord
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.sampling import GenerationSettings
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer, scripted_generate
 
 
 @pytest.fixture(scope="module")
@@ -51,20 +51,15 @@ def test_scripted_views_give_known_paired_metrics():
     tokenizer = make_tiny_tokenizer()
     experience = load_experience("frozenlake")
 
-    def generate_seeded(prompts, seeds):
-        out = []
-        for prompt in prompts:
-            text = prompt[0]["content"]
-            if experience in text:  # the context view plays perfectly
-                rows = [line for line in text.splitlines() if line.startswith("|")][-3:]
-                layout = ["".join(c.strip() or "." for c in row.strip("|").split("|")) for row in rows]
-                reply = f"[{solve(FrozenLakeEnv.from_layout(layout))[0]}]"
-            else:  # the no-context view never gives a move
-                reply = "I am not sure."
-            out.append(tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id])
-        return out
+    def reply(text):
+        if experience in text:  # the context view plays perfectly
+            rows = [line for line in text.splitlines() if line.startswith("|")][-3:]
+            layout = ["".join(c.strip() or "." for c in row.strip("|").split("|")) for row in rows]
+            return f"[{solve(FrozenLakeEnv.from_layout(layout))[0]}]"
+        return "I am not sure."  # the no-context view never gives a move
 
-    records = paired_game_records(generate_seeded, tokenizer, "frozenlake", heldout_seeds(4), experience)
+    generate = scripted_generate(tokenizer, reply)
+    records = paired_game_records(generate, tokenizer, "frozenlake", heldout_seeds(4), experience)
     summary = game_summary(records, n_bootstrap=0)
     assert summary["win_rate_x"] == 0.0 and summary["win_rate_xc"] == 1.0 and summary["both_won"] == 0.0
     assert summary["help"] == 1.0 and summary["harm"] is None and summary["help_count"] == 4

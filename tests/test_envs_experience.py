@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from trl_nca.cli import experience as main
 from trl_nca.envs import FrozenLakeEnv, load_experience, solve
-from trl_nca.envs.experience import extract_experience, format_items, main, parse_items
+from trl_nca.envs.experience import extract_experience, format_items, parse_items
 
 
 @pytest.mark.parametrize("game", ["sokoban", "frozenlake", "FrozenLake"])
@@ -28,28 +29,22 @@ def test_parse_items():
 
 
 def test_extraction_keeps_lessons_that_win_on_validation(tmp_path):
-    from trl_nca.testing import make_tiny_tokenizer
+    from trl_nca.testing import make_tiny_tokenizer, scripted_generate
 
     tokenizer = make_tiny_tokenizer()
     summaries = iter(["- Go around the holes\n- Count your moves", "- Count your moves\n- Useless advice"])
 
-    def generate_seeded(prompts, seeds):
-        out = []
-        for prompt in prompts:
-            text = prompt[0]["content"]
-            if "Write the lessons" in text:
-                reply = next(summaries)
-            elif "Go around the holes" in text:  # with the first lesson as context, the model plays perfectly
-                rows = [line for line in text.splitlines() if line.startswith("|")][-3:]
-                layout = ["".join(c.strip() or "." for c in row.strip("|").split("|")) for row in rows]
-                reply = f"[{solve(FrozenLakeEnv.from_layout(layout))[0]}]"
-            else:
-                reply = "[up]"
-            out.append(tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id])
-        return out
+    def reply(text):
+        if "Write the lessons" in text:
+            return next(summaries)
+        if "Go around the holes" in text:  # with the first lesson as context, the model plays perfectly
+            rows = [line for line in text.splitlines() if line.startswith("|")][-3:]
+            layout = ["".join(c.strip() or "." for c in row.strip("|").split("|")) for row in rows]
+            return f"[{solve(FrozenLakeEnv.from_layout(layout))[0]}]"
+        return "[up]"
 
     result = extract_experience(
-        generate_seeded, tokenizer, "frozenlake", rounds=2, episodes_per_round=2, validation_size=3
+        scripted_generate(tokenizer, reply), tokenizer, "frozenlake", rounds=2, episodes_per_round=2, validation_size=3
     )
     assert result.items == ["Go around the holes", "Count your moves"] and result.score == 1.0
     assert result.text == "Experience for FrozenLake:\n- Go around the holes\n- Count your moves"

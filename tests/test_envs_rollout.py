@@ -6,15 +6,16 @@ from trl_nca.envs import (
     FrozenLakeEnv,
     GameRollout,
     default_game_spec,
+    game_generation_settings,
     load_experience,
     make_env,
     play_episodes,
     solve,
     training_seeds,
 )
-from trl_nca.envs.generation import game_generation_settings, hf_generate
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
-from trl_nca.views import add_context
+from trl_nca.sampling import Generated, HFBackend, generate_fn
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer, scripted_generate
+from trl_nca.views import add_context, render_prompt_ids
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +31,11 @@ class Recorder:
         self.generate = generate
         self.prompts, self.outputs = [], []
 
-    def __call__(self, prompts):
-        out = self.generate(prompts)
+    def __call__(self, prompts, seeds):
+        out = self.generate(prompts, seeds)
         self.prompts.append(prompts)
         self.outputs.append(out)
         return out
-
-
-def reply_ids(tokenizer, text):
-    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
 def lake_oracle_move(prompt_text):
@@ -53,13 +50,14 @@ def test_rollout_batch_on_tiny_model_gives_aligned_samples(tiny):
     experience = load_experience("frozenlake")
     spec = default_game_spec()
     envs = GameRollout("frozenlake", episodes_per_step=4).make_envs(0)
-    generate = Recorder(hf_generate(model, tokenizer, game_generation_settings(max_new_tokens=6, batch_size=8)))
+    settings = game_generation_settings(max_new_tokens=6, batch_size=8)
+    generate = Recorder(generate_fn(HFBackend(model, tokenizer), settings))
     result = play_episodes(envs, generate, tokenizer, experience, spec, max_calls=5)
 
     sizes = [len(batch) for batch in generate.prompts]
     assert sizes[0] == 4 and sizes == sorted(sizes, reverse=True) and len(sizes) <= 5  # one call per step
     assert len(result.samples) == sum(sizes) == result.stats["num_calls"]
-    generated = [ids for batch in generate.outputs for ids in batch]
+    generated = [g.token_ids for batch in generate.outputs for g in batch]
     assert [s["completion_ids"] for s in result.samples] == generated  # exactly as generated, in call order
     views = [p for batch in generate.prompts for p in batch]
     for sample, view in zip(result.samples, views):
@@ -67,8 +65,10 @@ def test_rollout_batch_on_tiny_model_gives_aligned_samples(tiny):
         assert len(prompt) == 1 and prompt[0]["role"] == "user"
         assert experience not in prompt[0]["content"]  # the prompt has no context
         assert sample["context"] == experience
-        assert add_context(prompt, experience, spec) == view  # the context view is what was generated from
-        assert view[0]["content"] == experience + "\n\n" + prompt[0]["content"]  # ... and differs only by it
+        # the context view is what was generated from, and differs from the prompt only by the experience
+        assert render_prompt_ids(tokenizer, add_context(prompt, experience, spec)) == view
+        joined = [{"role": "user", "content": experience + "\n\n" + prompt[0]["content"]}]
+        assert render_prompt_ids(tokenizer, joined) == view
         assert envs[sample["episode"]].seed == sample["seed"]
     steps = {}
     for sample in result.samples:
@@ -84,9 +84,9 @@ def test_rollout_batch_on_tiny_model_gives_aligned_samples(tiny):
 def test_student_plays_without_context_but_samples_carry_the_experience(tiny):
     tokenizer, _ = tiny
     rollout = GameRollout("sokoban", episodes_per_step=3)
-    generate = Recorder(lambda prompts: [reply_ids(tokenizer, "[up]") for _ in prompts])
+    generate = Recorder(scripted_generate(tokenizer, lambda prompt: "[up]"))
     result = rollout.play(0, generate, tokenizer)
-    assert all(rollout.experience not in p[0]["content"] for batch in generate.prompts for p in batch)
+    assert all(rollout.experience not in tokenizer.decode(p) for batch in generate.prompts for p in batch)
     assert all(s["context"] == rollout.experience for s in result.samples)
     assert [s["seed"] for s in result.samples[:3]] == training_seeds(3, round=0)
 
@@ -96,7 +96,7 @@ def test_scripted_policies_give_the_expected_statistics(tiny):
     lakes = [make_env("frozenlake", s) for s in training_seeds(5)]
     result = play_episodes(
         lakes,
-        lambda prompts: [reply_ids(tokenizer, f"go [{lake_oracle_move(p[0]['content'])}]") for p in prompts],
+        scripted_generate(tokenizer, lambda prompt: f"go [{lake_oracle_move(prompt)}]"),
         tokenizer,
         None,
         default_game_spec(),
@@ -106,7 +106,7 @@ def test_scripted_policies_give_the_expected_statistics(tiny):
 
     lakes = [make_env("frozenlake", s) for s in training_seeds(5)]
     result = play_episodes(
-        lakes, lambda p: [reply_ids(tokenizer, "hmm") for _ in p], tokenizer, None, default_game_spec()
+        lakes, scripted_generate(tokenizer, lambda prompt: "hmm"), tokenizer, None, default_game_spec()
     )
     assert result.stats["win_rate"] == 0.0 and result.stats["invalid_action_rate"] == 1.0
     assert result.stats["mean_steps"] == 2.0  # two invalid replies in a row end each game
@@ -114,18 +114,22 @@ def test_scripted_policies_give_the_expected_statistics(tiny):
 
     rooms = [make_env("sokoban", s) for s in training_seeds(3)]
     moves = iter(["[left]", "[right]"] * 20)
-    result = play_episodes(rooms, lambda p: [reply_ids(tokenizer, next(moves)) for _ in p], tokenizer, None, None, 3)
+    result = play_episodes(rooms, scripted_generate(tokenizer, lambda prompt: next(moves)), tokenizer, None, None, 3)
     assert all(env.num_calls <= 3 for env in rooms) and all(env.done for env in rooms)
 
 
 def test_bad_generate_output_and_reused_envs_raise():
     tokenizer = make_tiny_tokenizer()
     envs = [make_env("frozenlake", 1), make_env("frozenlake", 2)]
-    with pytest.raises(ValueError, match="one list of token ids per prompt"):
-        play_episodes(envs, lambda prompts: [[1]], tokenizer, None, default_game_spec())
+    one = Generated([1], "", False)
+    with pytest.raises(ValueError, match="one Generated per prompt: sent 2, got 1"):
+        play_episodes(envs, lambda prompts, seeds: [one], tokenizer, None, default_game_spec())
+    with pytest.raises(TypeError, match="Generated` objects, got list"):
+        play_episodes(envs, lambda prompts, seeds: [[1]] * len(prompts), tokenizer, None, default_game_spec())
+    envs = [make_env("frozenlake", 1), make_env("frozenlake", 2)]
     envs[0].step("right")
     with pytest.raises(ValueError, match="fresh environments"):
-        play_episodes(envs, lambda prompts: [[1]] * len(prompts), tokenizer, None, default_game_spec())
+        play_episodes(envs, lambda prompts, seeds: [one] * len(prompts), tokenizer, None, default_game_spec())
 
 
 def test_game_rollout_seed_schedule_and_settings():

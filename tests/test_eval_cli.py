@@ -1,14 +1,11 @@
 """`trl-nca eval` end to end on a tiny saved model and a tiny local dataset, and its error messages."""
 
 import json
-import sys
-import types
 
 import pytest
 
 from trl_nca.eval.cli import build_parser, main, parse_model_specs
 from trl_nca.eval.errors import EvalInputError
-from trl_nca.eval.records import PairedRecord, ViewOutcome
 
 
 CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
@@ -146,35 +143,6 @@ def test_model_specs():
         parse_model_specs(["a=m", "b=m"], ["ad"])
     with pytest.raises(EvalInputError, match="at least one --model"):
         parse_model_specs([], [])
-
-
-def test_game_extension_point(tmp_path, tiny_dir, monkeypatch, capsys):
-    """--game dispatches to trl_nca.envs.evaluate.run_game_eval and reports its records like any other."""
-    calls = {}
-
-    def run_game_eval(*, model, tokenizer, game, generation, context, options, output_path, progress):
-        calls.update(game=game, options=options, context=context, max_new_tokens=generation.max_new_tokens)
-        view = ViewOutcome("[up]", "up", True, 3, False, False)
-        return [PairedRecord(str(i), view, ViewOutcome("[w]", "w", i == 0, 5, False, False)) for i in range(3)]
-
-    module = types.ModuleType("trl_nca.envs.evaluate")
-    module.run_game_eval = run_game_eval
-    monkeypatch.setitem(sys.modules, "trl_nca.envs", types.ModuleType("trl_nca.envs"))
-    monkeypatch.setitem(sys.modules, "trl_nca.envs.evaluate", module)
-    argv = [
-        "--model", tiny_dir, "--game", "frozenlake", "--game-option", "episodes=3", "--game-option", "size=3",
-        "--max-new-tokens", "7", "--bootstrap", "0", "--no-plots", "--output-dir", str(tmp_path / "out"),
-    ]  # fmt: skip
-    assert main(argv) == 0
-    assert calls == {"game": "frozenlake", "options": {"episodes": 3, "size": 3}, "context": None, "max_new_tokens": 7}
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["models"][0]["metrics"]["harm"] == pytest.approx(2 / 3)
-    assert summary["models"][0]["provenance"]["game"] == "frozenlake"
-    name = summary["models"][0]["name"]
-    assert len((tmp_path / "out" / name / "records.jsonl").read_text().splitlines()) == 3
-
-    monkeypatch.setitem(sys.modules, "trl_nca.envs.evaluate", None)  # as if the module did not exist
-    assert "trl_nca.envs" in run_error(argv, capsys)
 
 
 def test_game_runs_default_to_opcd_game_sampling():

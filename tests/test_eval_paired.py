@@ -9,8 +9,8 @@ import torch
 
 from trl_nca.eval import GenerationSettings, ModelRun, PairedEvaluator, write_report
 from trl_nca.eval.errors import EvalInputError
-from trl_nca.eval.generation import HFBackend, PerRowSampler
 from trl_nca.eval.store import load_records
+from trl_nca.sampling import HFBackend, PerRowSampler
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import ContextSpec, add_context, render_prompt_ids
 

@@ -1,5 +1,7 @@
 """The example scripts and the `trl-nca train` CLI run end to end on local data and local models."""
 
+import ast
+import importlib
 import json
 import os
 import subprocess
@@ -53,7 +55,10 @@ def test_cli_train_with_yaml_config(tiny_dir, tmp_path):
     )
     _run(["-m", "trl_nca.cli", "train", "--config", str(config), *CPU], cwd=tmp_path)
     assert (tmp_path / "out" / "adapter_model.safetensors").exists()
-    assert "trl-nca" in (tmp_path / "out" / "README.md").read_text()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "trl-nca" in card
+    assert "When Context Returns: Toward Robust Internalization in On-Policy Distillation" in card  # the paper
+    assert "2606.11627" in card and "@article{wang2026when" in card
     summary = json.loads((tmp_path / "out" / "paired_eval" / "summary.json").read_text())
     assert [m["name"] for m in summary["models"]] == ["base", "student"]
 
@@ -94,6 +99,24 @@ def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
+    for model in summary["models"]:  # the evaluation runner's provenance record and resumable records
+        assert model["provenance"]["game"] == "frozenlake" and model["provenance"]["model"]["fingerprint"]
+        assert len((out / "paired_eval" / model["name"] / "records.jsonl").read_text().splitlines()) == 2
+
+
+EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_read_on_their_own(name):
+    """Like TRL's examples/scripts: an example imports no other example and nothing from the command line's module;
+    task and dataset builders come from the library (trl_nca.tasks, trl_nca.inputs, ...)."""
+    tree = ast.parse((ROOT / "examples" / f"{name}.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & set(EXAMPLES), f"{name}.py imports another example: {sorted(imported & set(EXAMPLES))}"
+    assert not any(m == "trl_nca.cli" or m.startswith("trl_nca.cli.") for m in imported), f"{name}.py uses the CLI"
+    assert EXAMPLES == ["frozenlake", "medmcqa", "safety", "sokoban"]  # no shared helper module next to them
 
 
 @pytest.mark.parametrize("name", ["quickstart", "medmcqa", "safety", "sokoban", "frozenlake"])
@@ -106,10 +129,8 @@ def test_example_configs_parse(name):
     sys.path.insert(0, str(ROOT / "examples"))
     if name == "quickstart":
         from trl_nca.cli import TrainScriptArguments as Script
-    elif name in ("medmcqa", "safety"):
-        from _qa_common import QAArguments as Script
     else:
-        from sokoban import GameArguments as Script
+        Script = importlib.import_module(name).ScriptArguments
     parser = TrlParser((Script, NCAConfig, ModelConfig))
     config = str(ROOT / "examples" / "configs" / f"{name}.yaml")
     _, args, _ = parser.parse_args_and_config(args=["--config", config, "--bf16", "false", "--use_cpu", "true"])
@@ -121,11 +142,12 @@ def test_examples_merge_model_init_kwargs_with_model_config():
     from trl import ModelConfig, TrlParser
 
     from trl_nca import NCAConfig
+    from trl_nca.config import student_init_kwargs
 
     sys.path.insert(0, str(ROOT / "examples"))
-    from _qa_common import QAArguments, student_init_kwargs
+    from medmcqa import ScriptArguments
 
-    parser = TrlParser((QAArguments, NCAConfig, ModelConfig))
+    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
     base = ["--output_dir", "x", "--bf16", "false", "--use_cpu", "true"]
     user = ["--model_init_kwargs", '{"attn_implementation": "eager", "low_cpu_mem_usage": true, "dtype": "float16"}']
     _, args, model = parser.parse_args_and_config(args=base + user + ["--model_revision", "v2"])
@@ -172,13 +194,10 @@ def test_reference_config_carries_the_reference_hyperparameters(name):
     from trl_nca import NCAConfig
 
     sys.path.insert(0, str(ROOT / "examples"))
-    from _qa_common import QAArguments
-    from sokoban import GameArguments
-
     setting, variant = name.rsplit("-", 1)
     task, student, teacher = REFERENCE_SETTINGS[setting]
     game = task in ("sokoban", "frozenlake")
-    parser = TrlParser((GameArguments if game else QAArguments, NCAConfig, ModelConfig))
+    parser = TrlParser((importlib.import_module(task).ScriptArguments, NCAConfig, ModelConfig))
     config = str(ROOT / "examples" / "configs" / "reference" / f"{name}.yaml")
     script, args, model = parser.parse_args_and_config(
         args=["--config", config, "--bf16", "false", "--use_cpu", "true"]

@@ -117,7 +117,7 @@ def test_cli_resume_mistakes_are_one_line_errors(tiny_dir, tmp_path, capsys):
 KILL_MID_GAME = """
 import os, signal, sys
 from pathlib import Path
-import trl_nca.eval.generation as generation
+import trl_nca.sampling as generation
 
 original = generation.HFBackend.generate
 def generate(self, *args, **kwargs):

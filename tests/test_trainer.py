@@ -10,8 +10,7 @@ from trl.experimental.gkd import GKDTrainer
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
-from trl_nca.trainer import _hidden
-from trl_nca.views import build_view, completion_hidden
+from trl_nca.views import build_view, completion_states
 
 
 CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
@@ -144,7 +143,7 @@ def test_views_align_with_unpadded_single_forwards(tok, tmp_path):
         ("context_prompts", "context_prompt_attention_mask", "context_prompt_ids"),
     ):
         view = build_view(batch[prompts_key], batch[mask_key], ids, mask)
-        h = completion_hidden(_hidden(model, view), view, mask)
+        h = completion_states(model, view, mask)
         logits = model.lm_head(h)
         row = 0
         for i, c in enumerate(completions):

@@ -5,8 +5,23 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
+
+from .config import resume_checkpoint, student_init_kwargs
+from .inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
+
+
+# read_context, load_dataset_any and resume_checkpoint stay importable from here; they live in trl_nca.inputs and
+# trl_nca.config.
+__all__ = [
+    "BUILTIN_CONTEXTS",
+    "BUILTIN_DATASETS",
+    "LOCAL_FORMATS",
+    "load_dataset_any",
+    "main",
+    "read_context",
+    "resume_checkpoint",
+]
 
 
 USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
@@ -23,10 +38,6 @@ USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
           e.g. trl-nca experience --help
 
 Run `trl-nca COMMAND --help` for every option of a command."""
-
-BUILTIN_CONTEXTS = {"medical": "medical_system_prompt.txt", "safety": "safety_system_prompt.txt"}
-BUILTIN_DATASETS = {"quickstart": "quickstart_mcq.jsonl"}
-LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 @dataclass
@@ -67,95 +78,6 @@ class TrainScriptArguments:
     label_column: str = field(default="answer", metadata={"help": "Label column of the paired evaluation."})
 
 
-def read_context(name_or_path: str) -> str:
-    """Text of a built-in context ('medical', 'safety') or of a UTF-8 text file."""
-    if name_or_path in BUILTIN_CONTEXTS:
-        return resources.files("trl_nca.resources").joinpath(BUILTIN_CONTEXTS[name_or_path]).read_text().strip()
-    path = Path(name_or_path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"Context file {name_or_path!r} not found; give a text file or one of {sorted(BUILTIN_CONTEXTS)}."
-        )
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise ValueError(
-            f"The context file {name_or_path!r} is not UTF-8 text: byte 0x{raw[error.start]:02x} on line {line}. "
-            "Save it as UTF-8."
-        ) from None
-    if not text.strip():
-        raise ValueError(f"The context file {name_or_path!r} is empty; write the context into it.")
-    return text.strip()
-
-
-def load_dataset_any(name: str, split: str, config: str | None = None):
-    """A built-in dataset, a local file (by extension) or a Hub dataset; an empty one is an error naming it.
-
-    Local JSON and JSONL files are read line by line (a bad byte or line is reported with the file and line number).
-    """
-    from datasets import Dataset, load_dataset
-
-    from .eval.data import read_json_rows
-
-    local = name in BUILTIN_DATASETS or Path(name).suffix.lower() in LOCAL_FORMATS
-    if local and split not in (None, "train"):
-        raise ValueError(
-            f"{name!r} is a single file, so it has one split ('train'); the split {split!r} would silently be the same "
-            "rows. Put the other split in its own file (and train or evaluate from that file), or use a Hub dataset."
-        )
-    if name in BUILTIN_DATASETS:
-        path = resources.files("trl_nca.resources").joinpath(BUILTIN_DATASETS[name])
-        dataset = load_dataset("json", data_files=str(path), split="train")
-    elif Path(name).is_file() and Path(name).suffix.lower() not in LOCAL_FORMATS:
-        raise ValueError(
-            f"Cannot read the dataset file {name!r}: unsupported file type {Path(name).suffix or '(none)'}; use one of "
-            f"{sorted(LOCAL_FORMATS)}."
-        )
-    elif Path(name).suffix.lower() in LOCAL_FORMATS:
-        suffix = Path(name).suffix.lower()
-        if not Path(name).is_file():
-            raise FileNotFoundError(f"Dataset file {name!r} not found.")
-        if LOCAL_FORMATS[suffix] == "json":
-            rows = read_json_rows(Path(name))
-            if not rows:
-                raise ValueError(f"The dataset file {name!r} holds no rows; fill it, or give another file.")
-            dataset = Dataset.from_list(rows)
-        else:
-            dataset = load_dataset(LOCAL_FORMATS[suffix], data_files=name, split="train")
-    else:
-        dataset = load_dataset(name, config, split=split)
-    if len(dataset) == 0:
-        raise ValueError(f"The dataset {name!r} (split {split!r}) has no rows; check the name, the split and the file.")
-    return dataset
-
-
-def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
-    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last checkpoint in `output_dir`), or a
-    checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does not exist, or
-    'true' when `output_dir` has no checkpoint, is an error (never a silent restart from step 0)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if value is None or value is False:
-        return None
-    if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
-        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
-            raise ValueError(
-                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to resume "
-                "from. Give the checkpoint folder itself, or leave the option out to start afresh."
-            )
-        return True
-    if str(value).strip().lower() in ("false", "none", "no", "0", ""):
-        return None
-    if not Path(value).is_dir():
-        raise ValueError(
-            f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
-            "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
-        )
-    return str(value)
-
-
 class CommandLineError(ValueError):
     """Bad input to `trl-nca train`, found before training starts; `main` prints it as one line (exit status 2)."""
 
@@ -187,19 +109,15 @@ def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
     from trl import ModelConfig, TrlParser, get_peft_config
 
-    from . import NCAConfig, NCATrainer
+    from .config import NCAConfig
     from .models import EmbeddedModelUnavailableError, resolve_model_name_or_path
+    from .trainer import NCATrainer
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
         model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
-        training_args.model_init_kwargs = {
-            **(training_args.model_init_kwargs or {}),
-            "dtype": model_args.dtype or "auto",
-            "revision": model_args.model_revision,
-            "attn_implementation": model_args.attn_implementation,
-        }
+        training_args.model_init_kwargs = student_init_kwargs(training_args, model_args)
         if training_args.teacher_model_name_or_path:
             training_args.teacher_model_name_or_path = resolve_model_name_or_path(
                 training_args.teacher_model_name_or_path, "Teacher model"
@@ -257,7 +175,7 @@ def compare(argv: list[str] | None = None) -> dict:
     """Parse `trl-nca compare` options (and an optional `--config` YAML), run the comparison, print its table."""
     from trl import ModelConfig, TrlParser
 
-    from . import NCAConfig
+    from .config import NCAConfig
     from .recipes import CompareArguments, run_comparison
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
@@ -271,9 +189,60 @@ def compare(argv: list[str] | None = None) -> dict:
     return summary
 
 
+def experience(argv: list[str] | None = None) -> int:
+    """`trl-nca experience`: extract a game experience text from a model's own games (`trl_nca.envs.experience`);
+    writes the text and a JSON history of the rounds. Every setting is checked before the model is loaded."""
+    import json
+
+    from .envs import game_generation_settings
+    from .envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
+    from .eval import loading
+    from .sampling import HFBackend, generate_fn
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        for name in ("rounds", "episodes", "validation_size", "max_items", "max_new_items", "max_calls", "batch_size"):
+            if getattr(args, name) < 1:
+                parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+        env_kwargs = check_options(args.game_option, args.game, args.max_calls)
+        settings = game_generation_settings(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
+        model = loading.load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
+        tokenizer = loading.load_tokenizer(args.tokenizer or args.model)
+    except ValueError as error:  # InputError (EvalInputError) included
+        parser.error(str(error))
+    initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
+    result = extract_experience(
+        generate_fn(HFBackend(model, tokenizer), settings),
+        tokenizer,
+        args.game,
+        rounds=args.rounds,
+        episodes_per_round=args.episodes,
+        validation_size=args.validation_size,
+        max_items=args.max_items,
+        max_new_items=args.max_new_items,
+        initial_items=initial,
+        max_calls=args.max_calls,
+        env_kwargs=env_kwargs,
+        sampling_seed=args.seed,
+    )
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text((result.text or "") + "\n", encoding="utf-8")
+    output.with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
@@ -299,9 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return analyze_main(rest) or 0
     if command == "experience":
-        from .envs.experience import main as experience_main
-
-        return experience_main(rest) or 0
+        return experience(rest)
     print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

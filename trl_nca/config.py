@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any, Literal
 
-from trl.experimental.gkd import GKDConfig
+from trl.import_utils import TRLExperimentalWarning
+
+
+with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on purpose (see docs/design.md)
+    warnings.simplefilter("ignore", TRLExperimentalWarning)
+    from trl.experimental.gkd import GKDConfig
 
 from .losses import DivergenceSpec
 from .schedule import SCHEDULES, schedule_from_config
@@ -190,17 +197,31 @@ class NCAConfig(GKDConfig):
 
     nca_beta: float = field(
         default=0.5,
-        metadata={"help": "Weight of the No-Context Anchoring term KL(sg[q_x] || q_c). 0 gives plain OPD."},
+        metadata={
+            "help": "Weight of the No-Context Anchoring term KL(sg[q_x] || q_c); 0 is plain OPD (the context view is "
+            "then not run at all)."
+        },  # fmt: skip
     )
     nca_anchor: Literal["student", "teacher"] = field(
         default="student",
-        metadata={"help": "Anchor of the context view: the no-context student (NCA) or the teacher (DualOPD)."},
+        metadata={
+            "help": "What the context view q_c is pulled towards: 'student' (sg[q_x], NCA) or 'teacher' (the "
+            "paper's DualOPD ablation)."
+        },  # fmt: skip
     )
     nca_divergence: Literal["forward_kl", "symmetric_kl"] = field(
-        default="forward_kl", metadata={"help": "Divergence of the NCA term: forward_kl or symmetric_kl."}
+        default="forward_kl",
+        metadata={
+            "help": "NCA divergence: 'forward_kl' = KL(anchor || q_c); 'symmetric_kl' adds KL(q_c || anchor) (an "
+            "ablation)."
+        },  # fmt: skip
     )
     nca_stop_gradient: bool = field(
-        default=True, metadata={"help": "Stop the NCA gradient into the no-context view (the paper's method)."}
+        default=True,
+        metadata={
+            "help": "Stop the NCA gradient into the no-context view (the paper's method); False lets NCA move "
+            "q_x too (an ablation)."
+        },  # fmt: skip
     )
     nca_monitor: bool = field(
         default=False,
@@ -223,35 +244,60 @@ class NCAConfig(GKDConfig):
         default=1.0, metadata={"help": "Divides each adaptive update (at most 0.2 / horizon per step)."}
     )
     context_column: str | None = field(
-        default="context", metadata={"help": "Dataset column holding each example's privileged context."}
+        default="context",
+        metadata={"help": "Dataset column holding each example's privileged context (a non-empty string)."},
     )
     context_text: str | None = field(
-        default=None, metadata={"help": "One fixed context for every example; overrides context_column."}
+        default=None,
+        metadata={
+            "help": "One fixed context for every example (e.g. the distilled system prompt); overrides context_column."
+        },  # fmt: skip
     )
     context_placement: Literal["system", "user"] = field(
-        default="system", metadata={"help": "Put the context in the system message or in the first user message."}
+        default="system",
+        metadata={
+            "help": "'system': the context becomes the system message (before an existing one); 'user': it "
+            "goes into the first user message through context_template."
+        },  # fmt: skip
     )
     context_template: str = field(
         default="{context}\n\n{prompt}",
-        metadata={"help": "User message with context (placement 'user'); needs {prompt} and {context}."},
+        metadata={
+            "help": "The user message with context (placement 'user'): needs {prompt} and {context} and no other "
+            "placeholder; write literal braces as {{ and }}."
+        },  # fmt: skip
     )
     context_separator: str = field(
-        default="\n\n", metadata={"help": "Joins the context and an existing system message."}
+        default="\n\n",
+        metadata={
+            "help": "Joins the context and an existing system message: context + separator + existing "
+            "(placement 'system')."
+        },  # fmt: skip
     )
     max_context_length: int | None = field(
         default=None,
-        metadata={"help": "Longest context-view sequence in tokens; default: the models' max_position_embeddings."},
+        metadata={
+            "help": "Longest context-view sequence (prompt + context + completion) in tokens; default: the smaller "
+            "max_position_embeddings of student and teacher."
+        },  # fmt: skip
     )
     truncate_context: bool = field(
         default=False,
-        metadata={"help": "Shorten an over-long context (never the prompt or completion) instead of raising."},
+        metadata={
+            "help": "Shorten an over-long context itself (never the prompt or the completion), with a warning, "
+            "instead of raising."
+        },  # fmt: skip
     )
     divergence_support: Literal["full", "top_k"] = field(
-        default="full", metadata={"help": "Divergences over the full vocabulary or the student's top-k tokens."}
+        default="full",
+        metadata={
+            "help": "'full': exact divergences over the vocabulary; 'top_k': sums over the student's top-k "
+            "no-context tokens (chosen without gradient), as in the OPCD code."
+        },  # fmt: skip
     )
     top_k: int = field(default=256, metadata={"help": "Size of the top-k support."})
     top_k_renormalize: bool = field(
-        default=False, metadata={"help": "Renormalise the distributions over the top-k support."}
+        default=False, metadata={"help": "Renormalise the three distributions over the top-k support."}
     )
     self_teacher: Literal["initial", "live"] = field(
         default="initial",
@@ -259,7 +305,10 @@ class NCAConfig(GKDConfig):
     )
     nca_joint_forward: bool | None = field(
         default=None,
-        metadata={"help": "One student forward for both views (default: only under DDP with reentrant checkpointing)."},
+        metadata={
+            "help": "Both student views in one forward of 2 x batch rows; None: only under DDP with reentrant "
+            "gradient checkpointing, which needs it."
+        },  # fmt: skip
     )
     loss_vocab_chunk_size: int = field(default=8192, metadata={"help": "Vocabulary columns per loss tile."})
     loss_token_chunk_size: int = field(default=2048, metadata={"help": "Completion tokens per loss tile."})
@@ -282,10 +331,17 @@ class NCAConfig(GKDConfig):
     )
     beta: float = field(
         default=1.0,
-        metadata={"help": "Generalized JSD interpolation of the OPD term: 0 forward KL, 1 reverse KL (OPCD default)."},
+        metadata={
+            "help": "OPD divergence, TRL's generalized JSD: 1 reverse KL(q_x || f) (the OPCD default), 0 forward "
+            "KL(f || q_x), in between the JSD."
+        },  # fmt: skip
     )
     temperature: float = field(
-        default=1.0, metadata={"help": "Sampling temperature, also applied to the logits of every view."}
+        default=1.0,
+        metadata={
+            "help": "Sampling temperature, also dividing the logits of all three distributions (student "
+            "without and with the context, teacher)."
+        },  # fmt: skip
     )
 
     def __post_init__(self):
@@ -309,10 +365,13 @@ class NCAConfig(GKDConfig):
         _check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
-        if self.bf16 is None and not self.fp16:
-            import torch
+        import torch
 
+        if self.bf16 is None and not self.fp16:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if self.dataloader_pin_memory and not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinned memory only serves CUDA copies; torch warns on every loader
+        _adopt_activation_checkpointing(self)
         super().__post_init__()
         choices = {
             "nca_anchor": ("student", "teacher"),
@@ -369,3 +428,97 @@ class NCAConfig(GKDConfig):
             nca_divergence=self.nca_divergence,
             nca_stop_gradient=self.nca_stop_gradient,
         )
+
+
+def _adopt_activation_checkpointing(config) -> None:
+    """Move TRL's `gradient_checkpointing*` defaults to transformers' new `activation_checkpointing*` names, when this
+    transformers has them and they are unset, so TrainingArguments does not warn about names the user never wrote."""
+    for old, new in (
+        ("gradient_checkpointing", "activation_checkpointing"),
+        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+    ):
+        if hasattr(config, new) and getattr(config, new) is None and getattr(config, old) is not None:
+            setattr(config, new, getattr(config, old))
+            setattr(config, old, None)
+
+
+def student_init_kwargs(args: NCAConfig, model_args) -> dict[str, Any]:
+    """`from_pretrained` kwargs of the student: `args.model_init_kwargs`, completed by `trl.ModelConfig`'s `dtype`,
+    `model_revision` and `attn_implementation`. A key set in both places to different values is an error, unless the
+    ModelConfig field still has its default (then the explicit `model_init_kwargs` entry wins): nothing the user wrote
+    is silently overridden."""
+    kwargs = dict(args.model_init_kwargs or {})
+    defaults = {f.name: f.default for f in fields(type(model_args))}
+    given = {
+        "dtype": ("dtype", model_args.dtype or "auto"),
+        "revision": ("model_revision", model_args.model_revision),
+        "attn_implementation": ("attn_implementation", model_args.attn_implementation),
+    }
+    for key, (option, value) in given.items():
+        if key not in kwargs:
+            kwargs[key] = value
+        elif kwargs[key] != value and getattr(model_args, option) != defaults[option]:
+            raise ValueError(
+                f"`{option}: {getattr(model_args, option)}` and `model_init_kwargs: {{{key}: {kwargs[key]}}}` "
+                "disagree; set it in one place only."
+            )
+    return kwargs
+
+
+def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
+    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last checkpoint in `output_dir`), or a
+    checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does not exist, or
+    'true' when `output_dir` has no checkpoint, is an error (never a silent restart from step 0)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if value is None or value is False:
+        return None
+    if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
+        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
+            raise ValueError(
+                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to resume "
+                "from. Give the checkpoint folder itself, or leave the option out to start afresh."
+            )
+        return True
+    if str(value).strip().lower() in ("false", "none", "no", "0", ""):
+        return None
+    if not Path(value).is_dir():
+        raise ValueError(
+            f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
+            "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
+        )
+    return str(value)
+
+
+def _markdown_value(value: Any) -> str:
+    text = repr(value) if isinstance(value, str) else str(value)
+    return "`" + text.replace("|", "\\|") + "`"
+
+
+def _markdown_text(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def field_reference() -> str:
+    """Markdown tables of `NCAConfig`'s own fields and of the `GKDConfig` fields whose defaults it changes, built from
+    the fields' defaults, types and `metadata["help"]` (the text `--help` shows). docs/configuration.md embeds them
+    between markers; `python scripts/config_reference.py` rewrites them there, and a test fails when the page drifts."""
+    own = NCAConfig.__annotations__
+    gkd = {f.name: f for f in fields(GKDConfig)}
+    ours = {f.name: f for f in fields(NCAConfig)}
+    rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name in own:
+        if name in gkd:
+            continue
+        f = ours[name]
+        kind = str(own[name]).replace("|", "\\|")  # as written (HfArgumentParser rewrites `field.type` in place)
+        rows.append(f"| `{name}` | `{kind}` | {_markdown_value(f.default)} | {_markdown_text(f.metadata['help'])} |")
+    changed = ["| field | GKDConfig default | NCAConfig default | meaning |", "| --- | --- | --- | --- |"]
+    for name in own:
+        if name in gkd:
+            f = ours[name]
+            changed.append(
+                f"| `{name}` | {_markdown_value(gkd[name].default)} | {_markdown_value(f.default)} | "
+                f"{_markdown_text(f.metadata['help'])} |"
+            )
+    return "\n".join(rows) + "\n\nFields of `GKDConfig` whose default differs:\n\n" + "\n".join(changed) + "\n"

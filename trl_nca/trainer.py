@@ -6,13 +6,16 @@ import json
 import logging
 import os
 import random
+import textwrap
+from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+from datasets import Dataset
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoConfig, AutoTokenizer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_model_for_generation
@@ -32,18 +35,12 @@ from .data import (
 from .gradients import compare_gradients, loss_gradients
 from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
+from .rollouts import Rollout
+from .sampling import Generated
 from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
 from .schedule import BetaSchedule, schedule_from_config
-from .teacher import (
-    SelfTeacher,
-    adapter_is_identity,
-    check_peft_self_teacher,
-    check_same_vocabulary,
-    frozen_copy,
-    is_peft_model,
-    load_teacher_tokenizer,
-)
-from .views import View, build_view, completion_hidden, left_pad, render_prompt_ids
+from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
+from .views import ContextSpec, View, build_view, completion_states, left_pad
 
 
 logger = logging.getLogger(__name__)
@@ -67,10 +64,11 @@ class NCATrainer(GKDTrainer):
         args: an [`NCAConfig`].
         train_dataset, eval_dataset: datasets in GKD's `messages` format or prompt-only (`prompt` as a string or a
             list of messages), with the context in `args.context_column` unless `args.context_text` is set.
-        rollout: a `trl_nca.envs.GameRollout` to train on played text-game episodes instead of a dataset. Every
-            optimizer step plays `rollout.episodes_per_step` fresh training maps (per_device_train_batch_size x
-            gradient_accumulation_steps x processes) with the student, without the experience; every model call of
-            every episode becomes one sample, scored with the experience in the context view.
+        rollout: episodes played by the student instead of a dataset: any `trl_nca.rollouts.Rollout`, e.g.
+            `trl_nca.envs.GameRollout` for the text games. Every optimizer step plays the `rollout.episodes_per_step`
+            seeds of `rollout.seeds(step)` (per_device_train_batch_size x gradient_accumulation_steps x processes)
+            with the student, without the context; every sample it returns (one per model call) is scored with the
+            context in the context view.
         teacher_processing_class: the teacher's tokenizer, to check that it maps every token to the same id as the
             student's. By default it is loaded from the teacher's path (or the folder a teacher model was loaded
             from), when there is one.
@@ -79,7 +77,18 @@ class NCATrainer(GKDTrainer):
 
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
     _name = "NCA"
-    _paper = {}
+    _paper = {
+        "title": "When Context Returns: Toward Robust Internalization in On-Policy Distillation",
+        "id": "2606.11627",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{wang2026when,
+                title        = {{When Context Returns: Toward Robust Internalization in On-Policy Distillation}},
+                author       = {Xun Wang and Ruishuo Chen and Zhuoran Li and Yu Chen and Longbo Huang},
+                year         = 2026,
+                journal      = {arXiv preprint arXiv:2606.11627},
+            }"""),
+    }
     # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
@@ -133,22 +142,13 @@ class NCATrainer(GKDTrainer):
         if teacher_model is None and args.teacher_model_name_or_path is not None:
             teacher_model = args.teacher_model_name_or_path
         teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
-        teacher_tokenizer = teacher_processing_class or load_teacher_tokenizer(teacher_model)
-        if teacher_tokenizer is not None:
-            check_same_vocabulary(processing_class, teacher_tokenizer)
         teacher_loaded_here = isinstance(teacher_model, str)
-        if teacher_loaded_here:  # loaded here, so that its output layer can be checked before GKD's own check
-            teacher_model = _load_teacher(teacher_model, args)
-        uses_peft = peft_config is not None or is_peft_model(model)
-        if teacher_model is None:
-            if args.self_teacher == "live" or uses_peft:
-                if args.self_teacher == "initial":
-                    check_peft_self_teacher(peft_config or model.peft_config[model.active_adapter])
-                teacher_model = SelfTeacher(lambda: self.model, model.config, mode=args.self_teacher)
-            else:
-                teacher_model = frozen_copy(model)
-
-        self._common_rows = _check_output_rows(model, teacher_model, processing_class)
+        teacher_model = resolve_teacher(
+            teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
+            self_teacher=args.self_teacher, peft_config=peft_config, get_student=lambda: self.model,
+            init_kwargs=args.teacher_model_init_kwargs, trust_remote_code=args.trust_remote_code,
+        )  # fmt: skip
+        self._common_rows = check_output_rows(model, teacher_model, processing_class)
 
         limits = Limits(
             max_new_tokens=args.max_new_tokens,
@@ -161,7 +161,7 @@ class NCATrainer(GKDTrainer):
         self.rollout = rollout
         context_spec = args.context_spec
         if rollout is not None:
-            train_dataset, context_spec = _rollout_dataset(rollout, args, train_dataset)
+            train_dataset, context_spec = _rollout_schedule(rollout, args, train_dataset)
             data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
         self.context_spec = context_spec
 
@@ -195,7 +195,7 @@ class NCATrainer(GKDTrainer):
         gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
         teacher_init_kwargs = args.teacher_model_init_kwargs
         if teacher_loaded_here:
-            args.teacher_model_init_kwargs = None  # used by _load_teacher; GKD refuses them with a built teacher
+            args.teacher_model_init_kwargs = None  # used by resolve_teacher; GKD refuses them with a built teacher
         try:
             with _gkd_vocab_check_passes(model, teacher_model), _self_teacher_kept_out_of_deepspeed():
                 super().__init__(
@@ -215,16 +215,13 @@ class NCATrainer(GKDTrainer):
             gkd_logger.removeFilter(_drop_migration_hint)
             args.teacher_model_init_kwargs = teacher_init_kwargs
         _check_process_count(self.accelerator)
-        teacher = self._teacher()
-        if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(self.model):
-            # Disabling this adapter would not give the initial model (trained adapter, PiSSA-style init, random B):
-            # keep a frozen merged copy of the student as it is now instead.
-            # Under ZeRO-3 the student may already be partitioned: frozen_copy gathers its full weights first.
-            copy = frozen_copy(self.model)
+        # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside settle_teacher) gathers it first.
+        settled = settle_teacher(self._teacher(), self.model)  # the student is PEFT-wrapped only now
+        if settled is not None:
             if self.is_deepspeed_enabled:  # as GKD prepares a teacher: sharded under ZeRO-3, whole otherwise
-                self.teacher_model = prepare_deepspeed(copy, self.accelerator)
+                self.teacher_model = prepare_deepspeed(settled, self.accelerator)
             else:
-                self.teacher_model = self.accelerator.prepare_model(copy, evaluation_mode=True)
+                self.teacher_model = self.accelerator.prepare_model(settled, evaluation_mode=True)
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
@@ -337,37 +334,34 @@ class NCATrainer(GKDTrainer):
         width = prompts.shape[1]
         return sequences[:, width:], attention[:, width:]
 
-    def _generate_chats(self, chats: list[list[dict]]) -> list[list[int]]:
-        """Sample one completion per chat prompt with the student; token ids without padding."""
-        ids, mask = left_pad(
-            [render_prompt_ids(self.processing_class, c) for c in chats], self.processing_class.pad_token_id
-        )
+    def _generate_for_rollout(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
+        """The trainer's `trl_nca.sampling.GenerateFn`: one completion per prompt, sampled by the student with GKD's
+        generation settings. The seeds are not used: sampling draws from the process random state, which checkpoints
+        restore, so a resumed run samples what an uninterrupted run did."""
+        ids, mask = left_pad(prompts, self.processing_class.pad_token_id)
         completion, completion_mask = self._generate(
             self.model_wrapped, ids.to(self.args.device), mask.to(self.args.device)
         )
-        return [row[: int(n)].tolist() for row, n in zip(completion, completion_mask.sum(1))]
+        eos = self._ends_with_eos({"completion_ids": completion, "completion_mask": completion_mask})
+        out = []
+        for row, n, ended in zip(completion, completion_mask.sum(1).tolist(), eos.tolist()):
+            tokens = row[: int(n)].tolist()
+            text = self.processing_class.decode(tokens, skip_special_tokens=True)
+            out.append(Generated(tokens, text, truncated=not ended and len(tokens) >= self.args.max_new_tokens))
+        return out
 
     def _play(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Play the episodes of a micro-batch of seeds; every model call becomes one sample of the returned batch."""
-        from .envs.registry import make_env
-        from .envs.rollout import play_episodes
-
-        rollout = self.rollout
-        envs = [
-            make_env(rollout.game, int(s), max_calls=rollout.max_calls, **rollout.env_kwargs) for s in batch["seed"]
-        ]
-        result = play_episodes(
-            envs, self._generate_chats, self.processing_class, None, rollout.spec, rollout.max_calls,
-            sample_context=rollout.experience,
-        )  # fmt: skip
+        """Play the episodes of a micro-batch of rollout seeds; every sample the rollout returns becomes one row."""
+        seeds = [int(seed) for seed in batch["seed"]]
+        played = self.rollout.rollout(seeds, self._generate_for_rollout, self.processing_class)
         rows = []
-        for sample in result.samples:
-            row = tokenize_example(sample, None, self.processing_class, self.context_spec, self.limits)
-            row["completion_ids"] = sample["completion_ids"]
+        for sample in played.samples:
+            example = {"prompt": sample.prompt, "context": sample.context}
+            row = tokenize_example(example, None, self.processing_class, self.context_spec, self.limits)
+            row["completion_ids"] = list(sample.completion_ids)  # exactly as generated, never re-tokenised
             rows.append(row)
-        for key, value in result.metrics().items():
-            if key not in ("num_episodes", "num_calls"):
-                self._metrics["train"][f"rollout/{key}"].append(value)
+        for key, value in played.metrics.items():
+            self._metrics["train"][f"rollout/{key}"].append(float(value))
         inputs = self._prepare_inputs(self.data_collator.pad(rows))
         inputs["completions_ready"], inputs["on_policy"] = True, True
         return inputs
@@ -424,11 +418,11 @@ class NCATrainer(GKDTrainer):
             h_x, h_c = self._joint_hidden(student, inputs)
         else:
             view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
-            h_x = completion_hidden(_hidden(student, view_x), view_x, completion_mask)
+            h_x = completion_states(student, view_x, completion_mask)
             if need_context:
                 with nullcontext() if self._nca_active or measure else torch.no_grad():
                     with _side_rng(h_x) if side else nullcontext():
-                        h_c = completion_hidden(_hidden(student, view_c), view_c, completion_mask)
+                        h_c = completion_states(student, view_c, completion_mask)
         student_head = LMHead.from_model(student)
         h_t, teacher_head = self._teacher_states(view_c, completion_mask, None if side else h_c, student_head)
         want = ("opd", "nca", "view_kl") if need_context else ("opd",)
@@ -459,7 +453,7 @@ class NCATrainer(GKDTrainer):
         completion_ids = inputs["completion_ids"].repeat(2, 1)
         completion_mask = inputs["completion_mask"].repeat(2, 1)
         view = build_view(torch.cat(prompts), torch.cat(masks), completion_ids, completion_mask)
-        hidden = completion_hidden(_hidden(student, view), view, completion_mask)
+        hidden = completion_states(student, view, completion_mask)
         num_tokens = hidden.shape[0] // 2  # rows are ordered: all no-context tokens, then all context tokens
         return hidden[:num_tokens], hidden[num_tokens:]
 
@@ -492,9 +486,9 @@ class NCATrainer(GKDTrainer):
             if teacher.mode == "live" and h_c is not None:
                 return h_c.detach(), student_head
             with teacher.active() as model:
-                return completion_hidden(_hidden(model, view), view, completion_mask), LMHead.from_model(model)
+                return completion_states(model, view, completion_mask), LMHead.from_model(model)
         teacher.eval()
-        return completion_hidden(_hidden(teacher, view), view, completion_mask), LMHead.from_model(teacher)
+        return completion_states(teacher, view, completion_mask), LMHead.from_model(teacher)
 
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
@@ -601,44 +595,10 @@ class NCATrainer(GKDTrainer):
         return loss.detach(), None, None
 
 
-def _load_teacher(name: str, args: NCAConfig) -> nn.Module:
-    """A teacher given by name, loaded with `teacher_model_init_kwargs` as GKDTrainer would load it."""
-    kwargs = dict(args.teacher_model_init_kwargs or {})
-    if isinstance(kwargs.get("dtype"), str) and kwargs["dtype"] != "auto":
-        kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
-
-
-def _output_rows(model: nn.Module) -> int:
-    weight = model.get_output_embeddings().weight
-    return getattr(weight, "ds_shape", weight.shape)[0]
-
-
-def _check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tuple[int, int]:
-    """(common, widest) output rows of student and teacher; the common rows must cover every token of the tokenizer.
-
-    Models sharing a tokenizer may pad their output layers differently (Qwen2.5-7B: 152064 rows, Qwen2.5-3B: 151936,
-    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.losses`).
-    """
-    student_rows = _output_rows(student)
-    teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else _output_rows(teacher)
-    common, widest = min(student_rows, teacher_rows), max(student_rows, teacher_rows)
-    if common < len(tokenizer):
-        raise ValueError(
-            f"The student's output layer has {student_rows} rows and the teacher's {teacher_rows}; the divergences "
-            f"use their first {common} rows, which do not cover the tokenizer's {len(tokenizer)} tokens (ids "
-            f"{common}..{len(tokenizer) - 1} would have no probability). Student and teacher must share the "
-            "student's tokenizer: use a teacher of the same model family, or resize the embeddings of the smaller "
-            "model to len(tokenizer)."
-        )
-    return common, widest
-
-
 @contextmanager
 def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
     """GKDTrainer refuses a teacher whose `config.vocab_size` differs from the student's; NCATrainer supports output
-    layers padded to different sizes (checked by `_check_output_rows`). Show GKD's check the student's value, only
+    layers padded to different sizes (checked by `trl_nca.teacher.check_output_rows`). Show GKD's check the student's value, only
     for the duration of its `__init__`."""
     config = getattr(teacher, "config", None)
     if isinstance(teacher, SelfTeacher) or config is None:
@@ -729,19 +689,8 @@ def _drop_migration_hint(record: logging.LogRecord) -> bool:
     return "DistillationTrainer" not in record.getMessage()
 
 
-def _hidden(model: nn.Module, view: View) -> torch.Tensor:
-    """Final hidden states of a view from the model's decoder stack (the LM head is applied by the chunked loss)."""
-    output = model.get_decoder()(
-        input_ids=view.input_ids,
-        attention_mask=view.attention_mask,
-        position_ids=view.position_ids,
-        use_cache=False,
-    )
-    return output[0]
-
-
 class SeedCollator(NCACollator):
-    """Batches of episode seeds for rollout training; `pad` turns the played samples into a training batch."""
+    """Batches of rollout seeds; `pad` turns the samples the rollout returns into a training batch."""
 
     def __init__(self, pad_token_id: int | None = None):
         super().__init__(pad_token_id=pad_token_id if pad_token_id is not None else 0)
@@ -750,16 +699,17 @@ class SeedCollator(NCACollator):
         return {"seed": torch.tensor([e["seed"] for e in examples], dtype=torch.long)}
 
 
-def _rollout_dataset(rollout, args: NCAConfig, train_dataset):
-    """The seed schedule of a game rollout as a dataset, and the context placement of its experience."""
-    from datasets import Dataset
-
-    from .views import ContextSpec
-
+def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
+    """The rollout's seeds of every optimizer step as a dataset (played in order), and its context placement."""
+    if not isinstance(rollout, Rollout):
+        raise TypeError(
+            f"rollout must implement trl_nca.rollouts.Rollout (spec, episodes_per_step, seeds(step), rollout(seeds, "
+            f"generate, tokenizer)), e.g. trl_nca.envs.GameRollout; got a {type(rollout).__name__}."
+        )
     if train_dataset is not None:
         raise ValueError("Give either a train_dataset or a rollout, not both.")
     if args.max_steps is None or args.max_steps <= 0:
-        raise ValueError("Rollout training needs `max_steps` (each step plays fresh training maps).")
+        raise ValueError("Rollout training needs `max_steps` (each step plays fresh episodes).")
     if args.lmbda < 1.0 or args.seq_kd:
         raise ValueError("Rollout training is on-policy: set lmbda=1.0 and seq_kd=False.")
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -768,7 +718,12 @@ def _rollout_dataset(rollout, args: NCAConfig, train_dataset):
             f"The rollout plays {rollout.episodes_per_step} episodes per step, but per_device_train_batch_size x "
             f"gradient_accumulation_steps x processes = {per_step}. Make them equal (the batch size counts episodes)."
         )
-    seeds = [seed for step in range(args.max_steps) for seed in rollout.seeds(step)]
+    seeds = []
+    for step in range(args.max_steps):
+        step_seeds = [int(seed) for seed in rollout.seeds(step)]
+        if len(step_seeds) != per_step:
+            raise ValueError(f"rollout.seeds({step}) gave {len(step_seeds)} seeds; episodes_per_step is {per_step}.")
+        seeds += step_seeds
     spec = ContextSpec(
         column="context", placement=rollout.spec.placement, template=rollout.spec.template,
         separator=rollout.spec.separator,

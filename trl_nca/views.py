@@ -262,3 +262,16 @@ def completion_hidden(hidden: torch.Tensor, view: View, completion_mask: torch.T
     start = view.prompt_width - 1
     width = completion_mask.shape[1]
     return hidden[:, start : start + width][completion_mask.bool()]
+
+
+def completion_states(model, view: View, completion_mask: torch.Tensor) -> torch.Tensor:
+    """The model's final hidden states that predict the valid completion tokens of `view`, as (num_valid_tokens,
+    hidden), from its decoder stack (`model.get_decoder()`); the losses apply the LM head in tiles, so no
+    (batch x sequence x vocabulary) logits are ever built."""
+    output = model.get_decoder()(
+        input_ids=view.input_ids,
+        attention_mask=view.attention_mask,
+        position_ids=view.position_ids,
+        use_cache=False,
+    )
+    return completion_hidden(output[0], view, completion_mask)

@@ -172,7 +172,7 @@ def _context(args) -> tuple[ContextSpec | None, str]:
         layout["separator"] = args.separator
     try:
         if args.context_file:
-            from ..cli import read_context
+            from ..inputs import read_context
 
             return ContextSpec(column=None, text=read_context(args.context_file), **layout), f"file:{args.context_file}"
         if args.context_text is not None:
@@ -212,12 +212,11 @@ def _rows_and_context(args):
         )
     if not args.dataset:
         raise AnalysisInputError("Give the prompts: --task NAME (built-in) or --dataset FILE with a context option.")
-    from ..eval.data import load_eval_dataset
-    from ..eval.errors import EvalInputError
+    from ..inputs import InputError, load_rows
 
     try:
-        rows = [dict(r) for r in load_eval_dataset(args.dataset, split=args.split, config=args.dataset_config)]
-    except EvalInputError as error:
+        rows = [dict(r) for r in load_rows(args.dataset, split=args.split, config=args.dataset_config)]
+    except InputError as error:
         raise AnalysisInputError(str(error)) from error
     if context is None:
         context, source = ContextSpec(column="context"), "column:context"
@@ -281,7 +280,7 @@ def _check_options(args) -> None:
 
 def run_analyze(args: argparse.Namespace) -> dict[str, Any]:
     """Run `trl-nca analyze` with parsed arguments; returns the result written to `analysis.json`."""
-    from ..eval.generation import GenerationSettings
+    from ..sampling import GenerationSettings
     from ..teacher import check_same_vocabulary
     from .report import write_analysis
 

@@ -252,7 +252,7 @@ def sample_items(
     evaluation's generator (`trl_nca.eval.generation`: per-item seeds, independent of the batch)."""
     from tqdm.auto import tqdm
 
-    from ..eval.generation import HFBackend, item_seed
+    from ..sampling import HFBackend, item_seed
 
     backend = HFBackend(model, tokenizer)
     was_training = model.training

@@ -6,8 +6,7 @@
 of episodes (with the best experience so far as context), shows the model its own trajectories (boards, moves, game
 replies and results; not its reasoning) and asks for short transferable lessons, one per line. New lessons are added to
 the current set, and the enlarged set is kept only if its win rate on validation maps, with the set as context, beats
-the best so far. Run it from the shell with `python -m trl_nca.envs.experience --model PATH --game sokoban --output
-FILE`.
+the best so far. Run it from the shell with `trl-nca experience --model PATH --game sokoban --output FILE`.
 
 Seeds: extraction episodes use training rounds from 10,000 on (training steps use rounds 0, 1, ...), validation uses
 held-out indices from 1,000 on (the evaluation uses 0..127), so neither touches the evaluation maps.
@@ -16,33 +15,35 @@ held-out indices from 1,000 on (the evaluation uses 0..127), so neither touches 
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
+from ..sampling import GenerateFn, check_generated, item_seed
+from ..views import render_prompt_ids
 from .base import GameEnv
 from .prompts import format_action, game_rules
-from .registry import GAMES, game_class, make_env, parse_game_options
-from .rollout import default_game_spec, run_episodes
+from .registry import GAMES, game_class, load_experience, make_env, parse_game_options
+from .rollout import default_game_spec, play_episodes
 from .seeds import heldout_seeds, training_seeds
 
+
+__all__ = [
+    "ExperienceResult",
+    "build_parser",
+    "check_options",
+    "describe_episode",
+    "extract_experience",
+    "format_items",
+    "load_experience",  # defined with the game registry; kept importable from here
+    "parse_items",
+    "validation_win_rate",
+]
 
 EXTRACTION_ROUND_BASE = 10_000
 VALIDATION_START = 1_000
 TITLES = {"sokoban": "Sokoban", "frozenlake": "FrozenLake"}
-
-SeededGenerateFn = Callable[[list[list[dict[str, str]]], list[int]], list[list[int]]]
-
-
-def load_experience(game: str) -> str:
-    """The experience text shipped for `game` ("sokoban" or "frozenlake")."""
-    name = game_class(game).name
-    path = resources.files("trl_nca.envs").joinpath("experience").joinpath(f"{name}.txt")
-    return path.read_text(encoding="utf-8").strip()
 
 
 _ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+(.*\S)\s*$")
@@ -106,7 +107,7 @@ class ExperienceResult:
 
 
 def validation_win_rate(
-    generate_seeded: SeededGenerateFn,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     experience: str | None,
@@ -117,19 +118,16 @@ def validation_win_rate(
     sampling_seed: int = 0,
 ) -> float:
     """Win rate on `seeds` with `experience` as context (None: without context); calls seeded by (seed, step)."""
-    from ..eval.generation import item_seed
-
     envs = [make_env(game, s, max_calls=max_calls, **(env_kwargs or {})) for s in seeds]
-
-    def generate(prompts, keys):
-        return generate_seeded(prompts, [item_seed(sampling_seed, f"val:{envs[i].seed}:{t}") for i, t in keys])
-
-    result = run_episodes(envs, generate, tokenizer, experience, default_game_spec(), max_calls)
+    result = play_episodes(
+        envs, generate, tokenizer, experience, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+        seed_prefix="val:",
+    )  # fmt: skip
     return result.stats["win_rate"]
 
 
 def extract_experience(
-    generate_seeded: SeededGenerateFn,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     *,
@@ -145,11 +143,9 @@ def extract_experience(
 ) -> ExperienceResult:
     """Extract an experience from the model's own games; see the module docstring for the procedure.
 
-    `generate_seeded(prompts, row_seeds)` returns completion ids (e.g. `generation.hf_seeded_generate`). The returned
-    `text` is None when no lesson set beat playing without context.
+    `generate` is a `trl_nca.sampling.GenerateFn` (e.g. `generate_fn(HFBackend(model, tokenizer), settings)`). The
+    returned `text` is None when no lesson set beat playing without context.
     """
-    from ..eval.generation import item_seed
-
     game = game_class(game).name
     env_kwargs = dict(env_kwargs or {})
     val_seeds = heldout_seeds(validation_size, start=VALIDATION_START)
@@ -159,7 +155,7 @@ def extract_experience(
         return format_items(items, game) if items else None
 
     best_items = list(initial_items)[:max_items]
-    best_score = validation_win_rate(generate_seeded, tokenizer, game, text_of(best_items), val_seeds, **common)
+    best_score = validation_win_rate(generate, tokenizer, game, text_of(best_items), val_seeds, **common)
     history: list[dict[str, Any]] = [{"round": 0, "items": list(best_items), "score": best_score, "kept": True}]
     for r in range(1, rounds + 1):
         envs = [
@@ -167,13 +163,10 @@ def extract_experience(
             for s in training_seeds(episodes_per_round, round=EXTRACTION_ROUND_BASE + r)
         ]
         context = text_of(best_items)
-
-        def generate(prompts, keys, envs=envs, r=r):
-            return generate_seeded(
-                prompts, [item_seed(sampling_seed, f"extract:{r}:{envs[i].seed}:{t}") for i, t in keys]
-            )
-
-        played = run_episodes(envs, generate, tokenizer, context, default_game_spec(), max_calls)
+        played = play_episodes(
+            envs, generate, tokenizer, context, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+            seed_prefix=f"extract:{r}:",
+        )  # fmt: skip
         prompt = SUMMARY_PROMPT.format(
             n=len(envs),
             title=TITLES[game],
@@ -181,8 +174,8 @@ def extract_experience(
             games="\n\n".join(describe_episode(env, k) for k, env in enumerate(envs, start=1)),
             max_new=max_new_items,
         )
-        reply_ids = generate_seeded([[{"role": "user", "content": prompt}]], [item_seed(sampling_seed, f"summary:{r}")])
-        reply = tokenizer.decode(reply_ids[0], skip_special_tokens=True)
+        summary_ids = render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
+        reply = check_generated(generate([summary_ids], [item_seed(sampling_seed, f"summary:{r}")]), 1)[0].text
         new_items = parse_items(reply)[:max_new_items]
         seen = {" ".join(i.lower().split()) for i in best_items}
         candidate = best_items + [i for i in new_items if " ".join(i.lower().split()) not in seen]
@@ -191,7 +184,7 @@ def extract_experience(
         if candidate == best_items:
             entry.update(score=best_score, kept=False)
         else:
-            score = validation_win_rate(generate_seeded, tokenizer, game, text_of(candidate), val_seeds, **common)
+            score = validation_win_rate(generate, tokenizer, game, text_of(candidate), val_seeds, **common)
             entry.update(score=score, kept=score > best_score)
             if score > best_score:
                 best_items, best_score = candidate, score
@@ -200,7 +193,7 @@ def extract_experience(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .generation import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
+    from .rollout import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
 
     parser = argparse.ArgumentParser(
         prog="trl-nca experience",
@@ -232,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]:
+def check_options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]:
     """The game settings of `--game-option`, checked by building one map."""
     options = parse_game_options(values)
     if "seed" in options or "max_calls" in options:
@@ -242,55 +235,3 @@ def _options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]
     except TypeError as error:
         raise ValueError(str(error)) from None
     return options
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; writes the experience text and a JSON history of the rounds."""
-    from ..eval.errors import EvalInputError
-    from ..eval.loading import load_model, load_tokenizer
-    from .generation import game_generation_settings, hf_seeded_generate
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:  # every setting is checked before the model is loaded
-        for name in ("rounds", "episodes", "validation_size", "max_items", "max_new_items", "max_calls", "batch_size"):
-            if getattr(args, name) < 1:
-                parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
-        env_kwargs = _options(args.game_option, args.game, args.max_calls)
-        settings = game_generation_settings(
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            seed=args.seed,
-        )
-        model = load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
-        tokenizer = load_tokenizer(args.tokenizer or args.model)
-    except (EvalInputError, ValueError) as error:
-        parser.error(str(error))
-    initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
-    result = extract_experience(
-        hf_seeded_generate(model, tokenizer, settings),
-        tokenizer,
-        args.game,
-        rounds=args.rounds,
-        episodes_per_round=args.episodes,
-        validation_size=args.validation_size,
-        max_items=args.max_items,
-        max_new_items=args.max_new_items,
-        initial_items=initial,
-        max_calls=args.max_calls,
-        env_kwargs=env_kwargs,
-        sampling_seed=args.seed,
-    )
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text((result.text or "") + "\n", encoding="utf-8")
-    output.with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
-    print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

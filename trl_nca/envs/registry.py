@@ -1,9 +1,10 @@
-"""The games by name, so configs and the command line can say `sokoban` or `frozenlake`."""
+"""The games by name, so configs and the command line can say `sokoban` or `frozenlake`, and their shipped texts."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 from .base import GameEnv
@@ -46,3 +47,10 @@ def make_env(game: str, seed: int | None, **env_kwargs) -> GameEnv:
         return cls(seed=seed, **env_kwargs)
     except TypeError as error:
         raise TypeError(f"Bad settings for {cls.name}: {error}") from error
+
+
+def load_experience(game: str) -> str:
+    """The experience text shipped for `game` ("sokoban" or "frozenlake")."""
+    name = game_class(game).name
+    path = resources.files("trl_nca.envs").joinpath("experience").joinpath(f"{name}.txt")
+    return path.read_text(encoding="utf-8").strip()

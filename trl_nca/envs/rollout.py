@@ -1,28 +1,52 @@
 """Batched game rollouts: play many episodes at once and turn every model call into a training sample.
 
-At each step all episodes still running are prompted together, in ONE `generate` call; the caller samples the
-completions (so the trainer keeps control of the policy, sampling settings and devices). Every call becomes a sample
-holding the prompt without context, the experience string for the context view, and the completion token ids exactly as
-generated, which the trainer scores under both views without re-tokenising them.
+At each step all episodes still running are prompted together, in ONE call of a `trl_nca.sampling.GenerateFn`; the
+caller's generate function samples the completions (so the trainer keeps control of the policy, sampling settings and
+devices). Every call becomes a sample holding the prompt without context, the experience string for the context view,
+and the completion token ids exactly as generated, which the trainer scores under both views without re-tokenising
+them. The prompts are rendered here, once, with the tokenizer's chat template.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..views import ContextSpec, add_context
+from ..rollouts import RolloutBatch, RolloutSample
+from ..sampling import GenerateFn, GenerationSettings, check_generated, item_seed
+from ..views import ContextSpec, add_context, render_prompt_ids
 from .base import GameEnv
 from .prompts import build_step_messages, parse_action
-from .registry import game_class, make_env
+from .registry import game_class, load_experience, make_env
 from .seeds import training_seed
 
 
-Messages = list[dict[str, str]]
-GenerateFn = Callable[[list[Messages]], list[list[int]]]
-# The evaluation's variant also receives (episode index, step) per prompt, to seed each row's sampling.
-KeyedGenerateFn = Callable[[list[Messages], list[tuple[int, int]]], list[list[int]]]
+# The OPCD game evaluation's sampling: T=0.7, top-p 0.8, top-k 20, up to 1024 tokens per call.
+GAME_TEMPERATURE = 0.7
+GAME_TOP_P = 0.8
+GAME_TOP_K = 20
+GAME_MAX_NEW_TOKENS = 1024
+
+
+def game_generation_settings(**overrides: Any) -> GenerationSettings:
+    """`GenerationSettings` with the OPCD game defaults; keyword arguments override them."""
+    values = {
+        "temperature": GAME_TEMPERATURE,
+        "top_p": GAME_TOP_P,
+        "top_k": GAME_TOP_K,
+        "max_new_tokens": GAME_MAX_NEW_TOKENS,
+    }
+    values.update(overrides)
+    return GenerationSettings(**values)
+
+
+def call_seed(sampling_seed: int, env: GameEnv, prefix: str | None = None) -> int:
+    """The row seed of an episode's next model call: `item_seed(sampling_seed, "<prefix><env seed>:<call>")`, the
+    prefix defaulting to `"<game>:"`. A call's sample then depends on the map and the call number only, not on the
+    batching or on which other episodes are played, and both views of a map share it (common random numbers)."""
+    prefix = f"{env.name}:" if prefix is None else prefix
+    return item_seed(sampling_seed, f"{prefix}{env.seed}:{env.num_calls}")
 
 
 def default_game_spec() -> ContextSpec:
@@ -49,19 +73,6 @@ class RolloutResult:
         return {f"{prefix}{k}": float(v) for k, v in self.stats.items() if isinstance(v, (int, float))}
 
 
-def _check_completions(completions: Any, expected: int) -> list[list[int]]:
-    if not isinstance(completions, Sequence) or len(completions) != expected:
-        got = len(completions) if isinstance(completions, Sequence) else type(completions).__name__
-        raise ValueError(f"`generate` must return one list of token ids per prompt: sent {expected}, got {got}.")
-    out = []
-    for ids in completions:
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        if any(not isinstance(t, int) for t in ids):
-            raise TypeError("`generate` must return token ids as integers.")
-        out.append(ids)
-    return out
-
-
 def rollout_stats(envs: Sequence[GameEnv], samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Win rate, invalid-action rate, steps, rewards and per-episode outcomes of finished episodes."""
     n = len(envs)
@@ -81,18 +92,31 @@ def rollout_stats(envs: Sequence[GameEnv], samples: Sequence[dict[str, Any]]) ->
     }
 
 
-def run_episodes(
+def play_episodes(
     envs: list[GameEnv],
-    generate: KeyedGenerateFn,
+    generate: GenerateFn,
     tokenizer,
     context: str | None,
     spec: ContextSpec | None = None,
     max_calls: int = 5,
     *,
     sample_context: str | None = None,
+    sampling_seed: int = 0,
+    seed_prefix: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> RolloutResult:
-    """`play_episodes` with a generate function that also receives the (episode index, step) of every prompt."""
+    """Play every env to the end, batching all live episodes of a step into one `generate` call.
+
+    `generate(prompt_ids, seeds)` (a `trl_nca.sampling.GenerateFn`) gets the chat prompts of the live episodes,
+    rendered with `tokenizer` (and `chat_template_kwargs`); with `context`, they are already the context view built by
+    `spec` (default: `default_game_spec()`). Each prompt's seed is `call_seed(sampling_seed, env, seed_prefix)`. The
+    replies' text is read by `parse_action`. Episodes last at most `min(env.max_calls, max_calls)` calls. Each sample
+    is `{"prompt": messages without context, "context": sample_context or context, "completion_ids", "episode",
+    "step", "seed", "action"}`; pass `sample_context=experience` when the student plays without context
+    (`context=None`) but the samples need the experience for their context view.
+    """
     spec = spec or default_game_spec()
+    template_kwargs = dict(chat_template_kwargs or {})
     if max_calls < 1:
         raise ValueError(f"max_calls must be at least 1, got {max_calls}.")
     for env in envs:
@@ -107,65 +131,38 @@ def run_episodes(
             break
         prompts = [build_step_messages(envs[i]) for i in live]
         views = [add_context(p, context, spec) for p in prompts] if context else prompts
-        completions = _check_completions(generate(views, [(i, step) for i in live]), len(live))
-        for i, prompt, ids in zip(live, prompts, completions):
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            action = parse_action(text)
+        ids = [render_prompt_ids(tokenizer, view, **template_kwargs) for view in views]
+        seeds = [call_seed(sampling_seed, envs[i], seed_prefix) for i in live]
+        completions = check_generated(generate(ids, seeds), len(live))
+        for i, prompt, completion in zip(live, prompts, completions):
+            action = parse_action(completion.text)
             envs[i].step(action)
             samples.append(
                 {
                     "prompt": prompt,
                     "context": sample_context if sample_context is not None else context,
-                    "completion_ids": ids,
+                    "completion_ids": list(completion.token_ids),
                     "episode": i,
                     "step": step,
                     "seed": envs[i].seed,
                     "action": action,
                 }
             )
-            texts.append(text)
+            texts.append(completion.text)
     for env in envs:
         env.end_at_cap()
     return RolloutResult(samples=samples, stats=rollout_stats(envs, samples), envs=list(envs), texts=texts)
 
 
-def play_episodes(
-    envs: list[GameEnv],
-    generate: GenerateFn,
-    tokenizer,
-    context: str | None,
-    spec: ContextSpec,
-    max_calls: int = 5,
-    *,
-    sample_context: str | None = None,
-) -> RolloutResult:
-    """Play every env to the end, batching all live episodes of a step into one `generate` call.
-
-    `generate(prompts)` gets chat prompts (lists of messages; with `context`, already the context view built by `spec`)
-    and returns the completion token ids of each. Replies are decoded with `skip_special_tokens=True` and read by
-    `parse_action`. Episodes last at most `min(env.max_calls, max_calls)` calls. Each sample is `{"prompt": messages
-    without context, "context": sample_context or context, "completion_ids", "episode", "step", "seed", "action"}`;
-    pass `sample_context=experience` when the student plays without context (`context=None`) but the samples need the
-    experience for their context view.
-    """
-    return run_episodes(
-        envs,
-        lambda prompts, keys: generate(prompts),
-        tokenizer,
-        context,
-        spec,
-        max_calls,
-        sample_context=sample_context,
-    )
-
-
 @dataclass
 class GameRollout:
-    """What the trainer needs to play a game at each optimizer step.
+    """A game played by the student at each optimizer step: `NCATrainer(..., rollout=GameRollout(...))`.
 
-    `make_envs(step_index)` returns `episodes_per_step` fresh training envs whose seeds follow the OPCD training formula
-    (`training_seed(j, round=seed_round_offset + step_index)`), so every step plays new maps and no step ever plays a
-    held-out evaluation map. `experience` defaults to the game's shipped experience text.
+    Implements `trl_nca.rollouts.Rollout`. `seeds(step)` are `episodes_per_step` training maps following the OPCD
+    training formula (`training_seed(j, round=seed_round_offset + step)`), so every step plays new maps and no step ever
+    plays a held-out evaluation map; `rollout(seeds, generate, tokenizer)` plays them without the experience and
+    returns one sample per model call, whose context view puts `experience` (default: the game's shipped text) where
+    `spec` says (default: the top of the user message). Its metrics are those of `RolloutResult.stats` but the counts.
     """
 
     game: str = "sokoban"
@@ -183,8 +180,6 @@ class GameRollout:
         if self.max_calls < 1:
             raise ValueError(f"max_calls must be at least 1, got {self.max_calls}.")
         if self.experience is None:
-            from .experience import load_experience
-
             self.experience = load_experience(self.game)
         elif not self.experience.strip():
             raise ValueError("The experience text is empty; give a non-empty string or None for the shipped one.")
@@ -198,9 +193,20 @@ class GameRollout:
 
     def make_envs(self, step_index: int) -> list[GameEnv]:
         """Fresh training envs for optimizer step `step_index`."""
-        return [
-            make_env(self.game, seed, max_calls=self.max_calls, **self.env_kwargs) for seed in self.seeds(step_index)
-        ]
+        return self._envs(self.seeds(step_index))
+
+    def _envs(self, seeds: Sequence[int]) -> list[GameEnv]:
+        return [make_env(self.game, int(seed), max_calls=self.max_calls, **self.env_kwargs) for seed in seeds]
+
+    def rollout(self, seeds: Sequence[int], generate: GenerateFn, tokenizer) -> RolloutBatch:
+        """The `trl_nca.rollouts.Rollout` step: play the maps of `seeds` without the experience; every model call
+        becomes a sample carrying the experience for its context view."""
+        result = play_episodes(
+            self._envs(seeds), generate, tokenizer, None, self.spec, self.max_calls, sample_context=self.experience
+        )
+        samples = [RolloutSample(s["prompt"], s["context"], list(s["completion_ids"])) for s in result.samples]
+        metrics = {k: v for k, v in result.metrics().items() if k not in ("num_episodes", "num_calls")}
+        return RolloutBatch(samples, metrics)
 
     def play(self, step_index: int, generate: GenerateFn, tokenizer, with_context: bool = False) -> RolloutResult:
         """Play the envs of `step_index`: the student without context by default; samples always carry the experience."""

@@ -1,16 +1,20 @@
 """Paired with/without-context evaluation: does the student still need the context, and does the context still help?
 
 Each item is generated once without the context (view `x`) and once with it (view `xc`), with the same seed and
-sampling; the paired outcomes give accuracy per view, harm, help, McNemar's test and a regime (A/B/C).
+sampling; the paired outcomes give accuracy per view, harm, help, McNemar's test and a regime (A/B/C). Dataset items
+(`PairedEvaluator`) and game maps (`evaluate_game`, `trl_nca.eval.games`) go through the same runner
+(`trl_nca.eval.runner`): one resume mechanism, one run key, one provenance record.
 """
 
+from ..sampling import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
 from .errors import EvalInputError
-from .generation import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
+from .games import GameEvaluation, check_game_options, evaluate_game, game_summary, run_game_eval
 from .loading import load_model
 from .metrics import bootstrap_intervals, classify_regime, compute_metrics, flatten_metrics, mcnemar_exact
 from .paired import PairedEvaluator, evaluate_paired
 from .records import PairedRecord, ViewOutcome
 from .report import ModelRun, render_markdown, write_report
+from .runner import PairedTask, run_key, run_paired, run_provenance
 from .scorers import (
     CallableScorer,
     MultipleChoiceScorer,
@@ -28,6 +32,7 @@ from .store import load_records
 __all__ = [
     "CallableScorer",
     "EvalInputError",
+    "GameEvaluation",
     "GenerationSettings",
     "HFBackend",
     "ModelRun",
@@ -35,6 +40,7 @@ __all__ = [
     "PairedEvalCallback",
     "PairedEvaluator",
     "PairedRecord",
+    "PairedTask",
     "PerRowSampler",
     "Score",
     "Scorer",
@@ -43,10 +49,13 @@ __all__ = [
     "ViewOutcome",
     "YesNoScorer",
     "bootstrap_intervals",
+    "check_game_options",
     "classify_regime",
     "compute_metrics",
+    "evaluate_game",
     "evaluate_paired",
     "flatten_metrics",
+    "game_summary",
     "get_scorer",
     "item_seed",
     "load_model",
@@ -55,6 +64,10 @@ __all__ = [
     "parse_mcq_reference",
     "parse_mcq_strict",
     "render_markdown",
+    "run_game_eval",
+    "run_key",
+    "run_paired",
+    "run_provenance",
     "write_report",
 ]
 

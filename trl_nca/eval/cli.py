@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import re
 import sys
@@ -17,9 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..envs import game_generation_settings
+from ..envs.registry import parse_game_options
+from ..inputs import BUILTIN_CONTEXTS, load_rows, read_context
+from ..sampling import GenerationSettings, VLLMBackend, vllm_available
 from ..views import ContextSpec
+from . import loading
 from .errors import EvalInputError
-from .generation import GenerationSettings, vllm_available
+from .games import check_game_options
+from .paired import PairedEvaluator
+from .report import ModelRun, safe_name, write_report
+from .runner import run_paired, run_provenance
 from .scorers import SCORERS
 
 
@@ -181,7 +188,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
     games = parser.add_argument_group("games")
     games.add_argument(
-        "--game", help="Evaluate on a text game (handled by trl_nca.envs.evaluate) instead of --dataset."
+        "--game", help="Evaluate on a text game (sokoban or frozenlake, trl_nca.eval.games) instead of --dataset."
     )
     games.add_argument(
         "--game-option", action="append", default=[], metavar="KEY=VALUE",
@@ -260,23 +267,10 @@ def _context_spec(args) -> tuple[ContextSpec, str | None]:
     layout = {"placement": args.placement, "template": args.template, "separator": args.separator}
     try:
         if args.context_file:
-            from ..cli import BUILTIN_CONTEXTS, read_context  # the built-in contexts of `trl-nca train` work here too
-
-            if args.context_file in BUILTIN_CONTEXTS:
-                return ContextSpec(column=None, text=read_context(args.context_file), **layout), (
-                    f"builtin:{args.context_file}"
-                )
-            path = Path(args.context_file)
-            try:
-                text = path.read_text(encoding="utf-8")
-            except OSError as error:
-                raise EvalInputError(
-                    f"Cannot read the context file {str(path)!r}: {error.strerror}. Give a text file or one of "
-                    f"{sorted(BUILTIN_CONTEXTS)}."
-                ) from error
-            except UnicodeDecodeError as error:
-                raise EvalInputError(f"The context file {str(path)!r} is not UTF-8 text.") from error
-            return ContextSpec(column=None, text=text, **layout), f"file:{path}"
+            # the built-in contexts of `trl-nca train` ('medical', 'safety') work here too
+            source = f"builtin:{args.context_file}" if args.context_file in BUILTIN_CONTEXTS else None
+            text = read_context(args.context_file)
+            return ContextSpec(column=None, text=text, **layout), source or f"file:{Path(args.context_file)}"
         if args.context_text is not None:
             return ContextSpec(column=None, text=args.context_text, **layout), None
         return ContextSpec(column=args.context_column, **layout), None
@@ -289,8 +283,6 @@ def _context_spec(args) -> tuple[ContextSpec, str | None]:
 def _settings(args) -> GenerationSettings:
     """Sampling settings: the options given, else the OPCD game defaults with --game, else the QA defaults."""
     if args.game:
-        from ..envs.generation import game_generation_settings
-
         defaults = game_generation_settings()
     else:
         defaults = GenerationSettings()
@@ -314,42 +306,18 @@ def _settings(args) -> GenerationSettings:
 
 
 def _game_options(values: Sequence[str]) -> dict[str, Any]:
-    from ..envs.registry import parse_game_options
-
     try:
         return parse_game_options(values)
     except ValueError as error:
         raise EvalInputError(str(error)) from error
 
 
-def _game_runner():
-    """The game evaluation entry point of the games package, imported only when --game is used.
-
-    Contract: `trl_nca.envs.evaluate.run_game_eval(*, model, tokenizer, game, generation, context, options,
-    output_path, progress) -> list[PairedRecord]`, where `context` is the `ContextSpec` from the command line (None when
-    no --context-text/--context-file is given: the game then uses its own experience text).
-    """
-    try:
-        module = importlib.import_module("trl_nca.envs.evaluate")
-    except ModuleNotFoundError as error:
-        if error.name in ("trl_nca.envs", "trl_nca.envs.evaluate"):
-            raise EvalInputError(
-                "--game needs the trl_nca.envs package, which this installation does not have."
-            ) from error
-        raise
-    runner = getattr(module, "run_game_eval", None)
-    if runner is None:
-        raise EvalInputError("trl_nca.envs.evaluate has no run_game_eval function.")
-    return runner
-
-
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
-    """Run `trl-nca eval` with parsed arguments and return the report summary; bad input raises `EvalInputError`."""
-    from .loading import load_model, load_tokenizer
-    from .paired import PairedEvaluator
-    from .provenance import library_versions, model_identity, sha256_text
-    from .report import ModelRun, safe_name, write_report
+    """Run `trl-nca eval` with parsed arguments and return the report summary; bad input raises `EvalInputError`.
 
+    Every setting, the dataset (or the game options) and the context are checked before any model is loaded; then each
+    model is evaluated by the one runner (`trl_nca.eval.runner.run_paired`), on dataset items or on game maps.
+    """
     if not args.output_dir:
         raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
     specs = parse_model_specs(args.model, args.adapter)
@@ -364,8 +332,6 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         raise EvalInputError("--backend vllm needs vllm installed (`pip install vllm`); use --backend hf.")
     output_dir = Path(args.output_dir)
 
-    evaluator = None
-    runner = None
     context, source = (None, None)
     if args.game:
         ignored = {
@@ -380,25 +346,19 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
                 f"{', '.join(given)} do(es) not apply to --game (a game is scored by winning; choose the maps with "
                 "--game-option num_seeds=N or seeds=[...]). Drop them, or evaluate a dataset without --game."
             )
-        runner = _game_runner()
         if args.context_text is not None or args.context_file:
             context, source = _context_spec(args)
-        options = _game_options(args.game_option)
-        checker = getattr(sys.modules.get("trl_nca.envs.evaluate"), "check_game_options", None)
-        if checker is not None:  # game, options and experience file are checked before any model is loaded
-            checker(args.game, options, context)
+        task = check_game_options(args.game, _game_options(args.game_option), context, source)
     else:
         if not args.dataset:
             raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
         if args.game_option:
             raise EvalInputError("--game-option only applies with --game; drop it, or add --game NAME.")
-        from .data import load_eval_dataset
-
         context, source = _context_spec(args)
-        dataset = load_eval_dataset(args.dataset, split=args.split, config=args.dataset_config)
+        dataset = load_rows(args.dataset, split=args.split, config=args.dataset_config)
         companions = [] if args.no_companion_scorers else args.companion_scorer
         try:
-            evaluator = PairedEvaluator(
+            task = PairedEvaluator(
                 dataset,
                 context=context,
                 scorer=args.scorer,
@@ -421,39 +381,24 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         records_path = output_dir / safe_name(spec.name) / "records.jsonl"
         progress = not args.no_progress
         if args.backend == "vllm":
-            from .generation import VLLMBackend
-
-            tokenizer = load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
+            tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
             backend = VLLMBackend(spec.path, tokenizer, adapter=spec.adapter, dtype=args.dtype)
             model = backend.llm
         else:
             backend = None
-            model = load_model(
+            model = loading.load_model(
                 spec.path, spec.adapter, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code
             )
-            tokenizer = load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
-        if runner is not None:
-            records = runner(
-                model=model, tokenizer=tokenizer, game=args.game, generation=settings, context=context,
-                options=options, output_path=records_path, progress=progress,
-            )  # fmt: skip
-            provenance = {
-                "model": model_identity(model, spec.path, spec.adapter),
-                "game": args.game,
-                "game_options": options,
-                "context": {"source": source, "sha256": sha256_text(context.text) if context is not None else None},
-                "generation": settings.to_dict(),
-                "versions": library_versions(),
-            }
-        else:
-            provenance = evaluator.provenance(model, spec.path, spec.adapter)
-            provenance["backend"] = args.backend
-            records = evaluator.run(
-                model, tokenizer, output_path=records_path, backend=backend, progress=progress,
-                provenance=provenance,
-            )  # fmt: skip
-        written = str(records_path) if records_path.exists() else None  # a game runner may not write the file
-        runs.append(ModelRun(spec.name, records, provenance=provenance, records_path=written))
+            tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
+        provenance = run_provenance(
+            task, model, tokenizer, generation=settings, model_path=spec.path, adapter=spec.adapter
+        )  # fmt: skip
+        provenance["backend"] = args.backend
+        records = run_paired(
+            task, model, tokenizer, generation=settings, output_path=records_path, backend=backend,
+            provenance=provenance, progress=progress, desc=spec.name,
+        )  # fmt: skip
+        runs.append(ModelRun(spec.name, records, provenance=provenance, records_path=str(records_path)))
         del model, backend
         gc.collect()
         _empty_cuda_cache()

@@ -7,7 +7,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from .generation import GenerationSettings
+from ..sampling import GenerationSettings
 from .loading import load_model
 from .paired import PairedEvaluator
 from .report import ModelRun, write_report

@@ -1,5 +1,8 @@
-"""The error type of bad evaluation input."""
+"""The error type of bad evaluation input: `trl_nca.inputs.InputError`, under the name the evaluation has always used."""
+
+from ..inputs import InputError
 
 
-class EvalInputError(ValueError):
-    """Bad evaluation input (missing column, unusable label, unreadable file, unknown model): the message names it."""
+EvalInputError = InputError  # bad evaluation input (missing column, unusable label, unreadable file, unknown model)
+
+__all__ = ["EvalInputError"]

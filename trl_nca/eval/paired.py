@@ -1,8 +1,9 @@
-"""The paired evaluator: every item generated once without and once with the context, scored, written, resumable.
+"""The paired evaluator of dataset items: every item generated once without and once with the context, then scored.
 
-Prompts are built with `trl_nca.views` (`split_example`, `add_context`, `render_prompt_ids`), the same functions the
-trainer uses, so the evaluation sees exactly the prompts of training. See `trl_nca.eval.generation` for what is
-guaranteed about the random samples.
+`PairedEvaluator` validates and prepares a dataset and is the dataset task of the evaluation runner
+(`trl_nca.eval.runner`), which writes, resumes and identifies runs the same way for game episodes. Prompts are built
+with `trl_nca.views` (`split_example`, `add_context`, `render_prompt_ids`), the same functions the trainer uses, so the
+evaluation sees exactly the prompts of training. See `trl_nca.sampling` for what is guaranteed about the samples.
 """
 
 from __future__ import annotations
@@ -10,18 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..inputs import sha256_text
+from ..sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
 from ..views import ContextSpec, add_context, render_prompt_ids, split_example
 from .errors import EvalInputError
-from .generation import GenerationBackend, GenerationSettings, HFBackend, VLLMBackend, item_seed
 from .loading import load_model, load_tokenizer
-from .provenance import library_versions, model_identity, sha256_text
 from .records import PairedRecord, ViewOutcome
+from .runner import run_paired, run_provenance
 from .scorers import COMPANION_SCORERS, Scorer, get_scorer, safe_score
-from .store import append_records, load_records
 
 
 logger = logging.getLogger(__name__)
@@ -225,19 +226,29 @@ class PairedEvaluator:
             "separator": self.context.separator if self.context.placement == "system" else None,
         }
 
-    def provenance(self, model=None, model_path: str | None = None, adapter: str | None = None) -> dict[str, Any]:
-        """What identifies a run: model/adapter, context hash, scorer, seeds and sampling settings, library versions."""
+    def describe(self) -> dict[str, Any]:
+        """The dataset task's part of the provenance record: context, scorers, columns, chat template options."""
         return {
-            "model": model_identity(model, model_path, adapter),
             "context": self.context_info(),
             "scorer": self.scorer.name,
             "companion_scorers": [s.name for s in self.companions],
             "label_column": self.label_column,
             "id_column": self.id_column,
-            "generation": self.generation.to_dict(),
             "chat_template_kwargs": self.chat_template_kwargs,
-            "versions": library_versions(),
         }
+
+    def provenance(
+        self, model=None, model_path: str | None = None, adapter: str | None = None, tokenizer=None
+    ) -> dict[str, Any]:
+        """What identifies a run (`trl_nca.eval.runner.run_provenance`): model/adapter, tokenizer, context hash,
+        scorer, seeds and sampling settings, library versions."""
+        return run_provenance(
+            self, model, tokenizer, generation=self.generation, model_path=model_path, adapter=adapter
+        )  # fmt: skip
+
+    def prepare(self, tokenizer) -> list[EvalItem]:
+        """The runner's name for `items`."""
+        return self.items(tokenizer)
 
     def run(
         self,
@@ -251,59 +262,43 @@ class PairedEvaluator:
         adapter: str | None = None,
         provenance: Mapping[str, Any] | None = None,
     ) -> list[PairedRecord]:
-        """Evaluate `model` on every item and return the records in dataset order.
+        """Evaluate `model` on every item and return the records in dataset order (`trl_nca.eval.runner.run_paired`).
 
         With `output_path`, each finished record is appended to that JSONL file right away, and on a rerun the items
         whose ids are already there are loaded instead of generated (no duplicates; a half-written last line from an
-        interruption is discarded). A file written with different settings (model, context, scorer, sampling) is
-        refused rather than mixed.
+        interruption is discarded). A file written with different settings (model, context, scorer, sampling) or for
+        items that changed is refused rather than mixed.
         """
-        items = self.items(tokenizer)
-        prov = dict(provenance) if provenance is not None else self.provenance(model, model_path, adapter)
-        run_key = _run_key(prov)
-        done: dict[str, PairedRecord] = {}
-        if output_path is not None:
-            done = load_records(output_path, expected_run_key=run_key)
-        if output_path is not None:
-            check_resumed_items(done, items, output_path)
-        todo = [item for item in items if item.item_id not in done]
-        if backend is None:
-            backend = HFBackend(model, tokenizer)
-        record_meta = {
-            "model": prov["model"].get("name_or_path"),
-            "adapter": prov["model"].get("adapter"),
-            "seed": self.generation.seed,
-            "sampling": self.generation.to_dict(),
-            "scorer": self.scorer.name,
-            "versions": prov["versions"],
-            "run_key": run_key,
-        }
-        was_training = getattr(model, "training", False)
-        if hasattr(model, "eval"):
-            model.eval()
+        if provenance is None:
+            provenance = self.provenance(model, model_path, adapter, tokenizer=tokenizer)
+        return run_paired(
+            self, model, tokenizer, generation=self.generation, output_path=output_path, backend=backend,
+            provenance=provenance, progress=progress,
+        )  # fmt: skip
+
+    def play(
+        self,
+        items: Sequence[EvalItem],
+        generate: GenerateFn,
+        tokenizer,
+        settings: GenerationSettings,
+        on_records: Callable[[list[PairedRecord]], None],
+    ) -> None:
+        """Generate both views of `items` in chunks of `settings.batch_size` (each view of a chunk is one generate
+        call, both with the items' seeds) and pass each chunk's scored records on."""
         self._scorer_errors = 0
-        try:
-            with _progress(len(todo), progress, desc=f"paired eval ({len(done)} done)") as bar:
-                for start in range(0, len(todo), self.generation.batch_size):
-                    chunk = todo[start : start + self.generation.batch_size]
-                    seeds = [item.seed for item in chunk]
-                    outs_x = backend.generate([it.prompt_ids_x for it in chunk], seeds, self.generation)
-                    outs_xc = backend.generate([it.prompt_ids_xc for it in chunk], seeds, self.generation)
-                    new = [self._record(it, gx, gxc, record_meta) for it, gx, gxc in zip(chunk, outs_x, outs_xc)]
-                    if output_path is not None:
-                        append_records(output_path, new)
-                    done.update((r.item_id, r) for r in new)
-                    bar.update(len(chunk))
-        finally:
-            if was_training and hasattr(model, "train"):
-                model.train()
+        for start in range(0, len(items), settings.batch_size):
+            chunk = items[start : start + settings.batch_size]
+            seeds = [item.seed for item in chunk]
+            outs_x = generate([it.prompt_ids_x for it in chunk], seeds)
+            outs_xc = generate([it.prompt_ids_xc for it in chunk], seeds)
+            on_records([self._record(it, gx, gxc) for it, gx, gxc in zip(chunk, outs_x, outs_xc)])
         if self._scorer_errors:
             logger.warning(
                 "%d responses could not be scored because a scorer raised; each counts as wrong and as a format "
                 "failure. The summary and report give the count per scorer and view.",
                 self._scorer_errors,
             )
-        return [done[item.item_id] for item in items]
 
     def _outcome(self, item: EvalItem, generated, view: str) -> ViewOutcome:
         row = self.rows[item.index]
@@ -325,17 +320,17 @@ class PairedEvaluator:
             extra={"scores": scores},
         )
 
-    def _record(self, item: EvalItem, gen_x, gen_xc, record_meta: Mapping[str, Any]) -> PairedRecord:
+    def _record(self, item: EvalItem, gen_x, gen_xc) -> PairedRecord:
+        """The scored record of one item; the runner adds the run's fields (fingerprint, model, sampling, run key)."""
         label = item.label if isinstance(item.label, (str, int, float, bool)) or item.label is None else str(item.label)
         meta = {
             "index": item.index,
             "label": label,
             "item_seed": item.seed,
             "context_sha256": item.context_sha256,
-            "item_sha256": item.fingerprint,
             "prompt_tokens_x": len(item.prompt_ids_x),
             "prompt_tokens_xc": len(item.prompt_ids_xc),
-            **record_meta,
+            "scorer": self.scorer.name,
         }
         return PairedRecord(item.item_id, self._outcome(item, gen_x, "x"), self._outcome(item, gen_xc, "xc"), meta)
 
@@ -360,59 +355,12 @@ def item_fingerprint(item: EvalItem) -> str:
     return sha256_text(json.dumps(payload, sort_keys=True, default=str))
 
 
-def check_resumed_items(done: Mapping[str, PairedRecord], items: Sequence[EvalItem], path) -> None:
-    """Refuse to resume records whose item has changed (another prompt, label or tokenizer under the same id)."""
-    if any("item_sha256" not in record.meta for record in done.values()):
-        raise EvalInputError(
-            f"{path} holds records without item fingerprints (written by an older trl-nca), so they cannot be checked "
-            "against the dataset. Use a new output folder, or delete the file to evaluate from scratch."
-        )
-    changed = [
-        item.item_id
-        for item in items
-        if item.item_id in done and done[item.item_id].meta.get("item_sha256") != item.fingerprint
-    ]
-    if changed:
-        raise EvalInputError(
-            f"{path} holds records of {len(changed)} item(s) whose prompt, label or tokenization differ from the "
-            f"dataset now (ids {changed[:5]}{' ...' if len(changed) > 5 else ''}): the dataset changed since they were "
-            "written. Use a new output folder, or delete the file to evaluate the new items from scratch."
-        )
-
-
 def _head(dataset, limit: int):
     if limit < 0:
         raise EvalInputError(f"limit must be non-negative, got {limit}.")
     if hasattr(dataset, "select"):
         return dataset.select(range(min(limit, len(dataset))))
     return list(dataset)[:limit]
-
-
-def _run_key(provenance: Mapping[str, Any]) -> str:
-    """A short hash of the settings that must match for records to be resumed (library versions, batch size excluded)."""
-    keyed = {k: v for k, v in provenance.items() if k != "versions"}
-    # samples do not depend on the batch size (see generation.py), so a rerun may change it
-    keyed["generation"] = {k: v for k, v in dict(keyed.get("generation") or {}).items() if k != "batch_size"}
-    return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
-
-
-class _NullBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
-
-def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return _NullBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="item")
 
 
 def evaluate_paired(

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
+    """A matplotlib figure drawn off-screen (no pyplot state), for the report figures and the recipes' figures."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -53,7 +54,7 @@ def _grouped_bars(ax, summary: Mapping[str, Any], keys: Sequence[str], labels: S
 
 def plot_accuracy(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Accuracy without (Acc_x) and with (Acc_xc) the context per model, with bootstrap intervals."""
-    fig = _figure(max(5.0, 1.6 + 1.2 * len(summary["models"])), 3.8)
+    fig = new_figure(max(5.0, 1.6 + 1.2 * len(summary["models"])), 3.8)
     ax = fig.add_subplot()
     _grouped_bars(ax, summary, ["acc_x", "acc_xc"], ["without context (Acc_x)", "with context (Acc_xc)"])
     ax.set_ylim(0, 115)
@@ -65,7 +66,7 @@ def plot_accuracy(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
 
 def plot_harm_help(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Harm P(wrong with c | correct without c) and help P(correct with c | wrong without c) per model."""
-    fig = _figure(max(5.0, 1.6 + 1.2 * len(summary["models"])), 3.8)
+    fig = new_figure(max(5.0, 1.6 + 1.2 * len(summary["models"])), 3.8)
     ax = fig.add_subplot()
     _grouped_bars(
         ax,
@@ -82,7 +83,7 @@ def plot_harm_help(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
 
 def plot_lengths(runs: Sequence[Any], path: str | os.PathLike) -> str:
     """Box plots of response length (tokens) per model and view."""
-    fig = _figure(max(5.0, 1.6 + 1.4 * len(runs)), 3.8)
+    fig = new_figure(max(5.0, 1.6 + 1.4 * len(runs)), 3.8)
     ax = fig.add_subplot()
     data, labels, positions = [], [], []
     for i, run in enumerate(runs):

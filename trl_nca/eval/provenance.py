@@ -4,52 +4,35 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-
-def sha256_text(text: str) -> str:
-    """Hex sha256 of a string's UTF-8 bytes."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+from ..inputs import package_version, sha256_file, sha256_text
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _version(distribution: str, module: str | None = None) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        pass
-    if module is not None:
-        try:
-            return getattr(__import__(module), "__version__", None)
-        except ImportError:
-            return None
-    return None
+__all__ = [
+    "attached_adapter",
+    "library_versions",
+    "model_identity",
+    "sha256_file",
+    "sha256_text",
+    "weights_fingerprint",
+]
 
 
 def library_versions() -> dict[str, str | None]:
     """Versions of the libraries that shape the generations (None for one that is not installed)."""
     versions = {
         "python": platform.python_version(),
-        "trl_nca": _version("trl-nca", "trl_nca") or "unknown",
-        "trl": _version("trl", "trl"),
-        "transformers": _version("transformers", "transformers"),
-        "torch": _version("torch", "torch"),
-        "peft": _version("peft", "peft"),
-        "datasets": _version("datasets", "datasets"),
+        "trl_nca": package_version("trl-nca", "trl_nca") or "unknown",
+        "trl": package_version("trl", "trl"),
+        "transformers": package_version("transformers", "transformers"),
+        "torch": package_version("torch", "torch"),
+        "peft": package_version("peft", "peft"),
+        "datasets": package_version("datasets", "datasets"),
     }
-    vllm = _version("vllm")
+    vllm = package_version("vllm")
     if vllm is not None:
         versions["vllm"] = vllm
     return versions

@@ -146,7 +146,7 @@ def train_run(
     task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None
 ):
     """Train one student; returns the trainer (its model holds the trained adapter)."""
-    from .. import NCATrainer
+    from ..trainer import NCATrainer
 
     model = _load_base(model_path, model_init_kwargs)
     trainer = NCATrainer(
@@ -172,7 +172,7 @@ def compact_history(log_history: Sequence[dict[str, Any]]) -> dict[str, list[flo
     curves = {"step": [entry["step"] for entry in rows]}
     for key in CURVE_KEYS:
         if any(key in entry for entry in rows):
-            curves[key] = [entry.get(key) for entry in rows]
+            curves[key] = [None if entry.get(key) is None else float(f"{entry[key]:.6g}") for entry in rows]
     return curves
 
 
@@ -323,7 +323,8 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
     runs.append(ModelRun("base", records, provenance=base_prov, records_path=str(root / "base" / "records.jsonl")))
     del base
 
-    histories: dict[str, list[dict[str, Any]]] = {}
+    histories: dict[str, dict[str, list[Any]]] = {}
+    train_seconds: dict[str, float] = {}
     tracking: dict[str, list[dict[str, Any]]] = {}
     for method in methods:
         for seed in args.seeds:
@@ -360,6 +361,7 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
                 }
                 student = trainer.accelerator.unwrap_model(trainer.model)
                 done_path.write_text(json.dumps(done, indent=2, default=str) + "\n")
+            train_seconds[name] = done["train_seconds"]
             histories[name] = compact_history(done["log_history"])
             tracking[name] = [
                 {k: row[k] for k in ("step", "acc_x", "acc_xc", "harm_count", "help_count") if k in row}
@@ -391,11 +393,13 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
         "num_train": len(train_rows),
         "num_test": len(test_rows),
         "evaluation": settings.to_dict(),
+        "columns": keys,
         "aggregated": aggregated,
         "per_seed": per_seed,
         "conclusion": sentence,
         "versions": report["versions"],
-        "wall_seconds": round(time.perf_counter() - start, 1),
+        "wall_seconds": round(time.perf_counter() - start, 1),  # this invocation (a resumed one skips finished work)
+        "train_seconds": train_seconds,  # each run's training time, measured when it ran
         "curves": histories,
         "tracking": tracking,
         "report": str(root / "paired_eval" / "report.md"),

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..eval.plots import _figure
+from ..eval.plots import new_figure
 
 
 def _method(run_name: str) -> str:
@@ -25,7 +25,7 @@ def plot_comparison(
     """Acc_x and Acc_xc per model: bars at the mean over seeds, whiskers from the lowest to the highest seed, dots
     for the seeds."""
     names = list(aggregated)
-    fig = _figure(max(4.5, 1.5 + 1.3 * len(names)), 3.6)
+    fig = new_figure(max(4.5, 1.5 + 1.3 * len(names)), 3.6)
     ax = fig.add_subplot()
     width = 0.38
     for j, (key, label) in enumerate((("acc_x", "without context (Acc_x)"), ("acc_xc", "with context (Acc_xc)"))):
@@ -79,8 +79,8 @@ def _mean_lines(ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str) -
 
 def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str | os.PathLike) -> str:
     """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per seed, thick the mean."""
-    keys = ("opd_loss", "nca_loss", "view_kl", "nca_beta")
-    fig = _figure(14, 3.2)
+    keys = [k for k in ("opd_loss", "nca_loss", "view_kl", "nca_beta") if any(h.get(k) for h in histories.values())]
+    fig = new_figure(3.5 * len(keys), 3.2)
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
         _mean_lines(ax, histories, key)
@@ -96,7 +96,7 @@ def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str 
 
 def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> str:
     """Held-out Acc_x and Acc_xc along training (the subset evaluated every `track_every` steps)."""
-    fig = _figure(8, 3.2)
+    fig = new_figure(8, 3.2)
     for i, (key, label) in enumerate((("acc_x", "Acc_x (without context)"), ("acc_xc", "Acc_xc (with context)"))):
         ax = fig.add_subplot(1, 2, i + 1)
         scaled = {

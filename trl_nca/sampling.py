@@ -1,4 +1,14 @@
-"""Batched generation for the paired evaluation, with per-item random streams.
+"""Sampling completions: the one generate-function type of trl-nca, and the backends that implement it.
+
+`GenerateFn` is what the evaluation runner, the games and the trainer's rollouts call:
+
+    generate(prompts, seeds) -> list[Generated]
+
+`prompts` are token ids of chat prompts rendered with their generation prompt (`trl_nca.views.render_prompt_ids`),
+`seeds` one random seed per prompt; each `Generated` holds the completion's token ids (through the end-of-turn token,
+if the model ended its turn), its text (decoded without special tokens) and whether it hit the token budget. The
+trainer's generate function samples with GKD's settings and the process random state (which a checkpoint restores)
+and ignores the seeds; `generate_fn(backend, settings)` builds one from a backend that honours them.
 
 Reproducibility contract. Every item gets its own seed (`item_seed(seed, item_id)`), used for both of its views. With
 the Hugging Face backend, sampling is done by `PerRowSampler`: each row of a batch owns a `torch.Generator` seeded with
@@ -17,13 +27,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
 
-from ..views import left_pad
+from .views import left_pad
 
 
 @dataclass
@@ -83,6 +93,10 @@ class Generated:
     token_ids: list[int]
     text: str
     truncated: bool
+
+
+GenerateFn = Callable[[Sequence[Sequence[int]], Sequence[int]], list[Generated]]
+"""`generate(prompt token ids, one seed per prompt) -> one Generated per prompt` (see the module docstring)."""
 
 
 class GenerationBackend(Protocol):
@@ -240,3 +254,32 @@ def vllm_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("vllm") is not None
+
+
+def check_generated(generated: Any, expected: int) -> list[Generated]:
+    """The output of a generate function, checked: one `Generated` per prompt, token ids as integers."""
+    if not isinstance(generated, Sequence) or len(generated) != expected:
+        got = len(generated) if isinstance(generated, Sequence) else type(generated).__name__
+        raise ValueError(f"`generate` must return one Generated per prompt: sent {expected}, got {got}.")
+    for item in generated:
+        if not isinstance(item, Generated):
+            raise TypeError(f"`generate` must return `trl_nca.sampling.Generated` objects, got {type(item).__name__}.")
+        if any(not isinstance(t, int) or isinstance(t, bool) for t in item.token_ids):
+            raise TypeError("`generate` must return token ids as integers.")
+    return list(generated)
+
+
+def generate_fn(backend: GenerationBackend, settings: GenerationSettings) -> GenerateFn:
+    """The `GenerateFn` of a backend with fixed sampling settings, calling it with at most `settings.batch_size`
+    prompts at a time (samples do not depend on the batching; see the module docstring)."""
+
+    def generate(prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
+        if len(prompts) != len(seeds):
+            raise ValueError(f"`generate` needs one seed per prompt: got {len(prompts)} prompts, {len(seeds)} seeds.")
+        out: list[Generated] = []
+        for start in range(0, len(prompts), settings.batch_size):
+            chunk = slice(start, start + settings.batch_size)
+            out += check_generated(backend.generate(prompts[chunk], list(seeds[chunk]), settings), len(prompts[chunk]))
+        return out
+
+    return generate

@@ -14,31 +14,48 @@ games unchanged. Per view (`ViewOutcome`):
 `meta` holds the game, seed, oracle result (`oracle_moves`: shortest solution length within the budget or None;
 `oracle_solvable`) and, per view, steps, invalid moves and whether the episode ended at the cap. Both views of a map
 sample with the same per-call seeds (common random numbers).
+
+`GameEvaluation` is the game task of the evaluation runner (`trl_nca.eval.runner`): the same resume mechanism, run
+key and provenance record as dataset evaluations. (This module was `trl_nca.envs.evaluate`; see docs/design.md.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..eval.generation import GenerationSettings, item_seed
-from ..eval.metrics import compute_metrics
-from ..eval.records import PairedRecord, ViewOutcome
-from ..views import ContextSpec, add_context
-from .base import MAX_STEPS, GameEnv
-from .experience import load_experience
-from .generation import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P, hf_seeded_generate
-from .prompts import build_step_messages, format_action, parse_action
-from .registry import game_class, make_env
-from .rollout import _check_completions, default_game_spec, run_episodes
-from .seeds import DEFAULT_HELDOUT, heldout_seeds
-from .solver import shortest_solution_length
+from ..envs import (
+    GAME_MAX_NEW_TOKENS,
+    GAME_TEMPERATURE,
+    GAME_TOP_K,
+    GAME_TOP_P,
+    GameEnv,
+    build_step_messages,
+    call_seed,
+    default_game_spec,
+    game_class,
+    heldout_seeds,
+    load_experience,
+    make_env,
+    parse_action,
+    shortest_solution_length,
+)
+from ..envs.base import MAX_STEPS
+from ..envs.prompts import format_action
+from ..envs.seeds import DEFAULT_HELDOUT
+from ..inputs import sha256_text
+from ..sampling import GenerateFn, GenerationSettings, check_generated
+from ..views import ContextSpec, add_context, render_prompt_ids
+from .errors import EvalInputError
+from .metrics import compute_metrics
+from .records import PairedRecord, ViewOutcome
+from .report import ModelRun, safe_name, write_report
+from .runner import TaskItem, run_paired, run_provenance
 
 
 logger = logging.getLogger(__name__)
@@ -69,34 +86,6 @@ def view_outcome(env: GameEnv, texts: Sequence[str], completion_ids: Sequence[Se
     )
 
 
-def play_view(
-    generate_seeded,
-    tokenizer,
-    game: str,
-    seeds: Sequence[int],
-    *,
-    context: str | None,
-    spec: ContextSpec,
-    max_calls: int,
-    env_kwargs: dict[str, Any],
-    sampling_seed: int,
-) -> list[ViewOutcome]:
-    """Play one view of every seed (all episodes batched) and return their outcomes in seed order."""
-    envs = [make_env(game, seed, max_calls=max_calls, **env_kwargs) for seed in seeds]
-
-    def generate(prompts, keys):
-        row_seeds = [item_seed(sampling_seed, f"{game}:{envs[i].seed}:{step}") for i, step in keys]
-        return generate_seeded(prompts, row_seeds)
-
-    result = run_episodes(envs, generate, tokenizer, context, spec, max_calls)
-    texts: list[list[str]] = [[] for _ in envs]
-    ids: list[list[list[int]]] = [[] for _ in envs]
-    for sample, text in zip(result.samples, result.texts):
-        texts[sample["episode"]].append(text)
-        ids[sample["episode"]].append(sample["completion_ids"])
-    return [view_outcome(env, texts[i], ids[i]) for i, env in enumerate(envs)]
-
-
 class _Pair:
     """Both views of one map while they are played: the two envs and each view's replies."""
 
@@ -115,7 +104,7 @@ class _Pair:
 
 
 def play_pairs(
-    generate_seeded,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     seeds: Sequence[int],
@@ -127,15 +116,17 @@ def play_pairs(
     sampling_seed: int,
     max_prompts: int | None = None,
     on_pair: Callable[[int, ViewOutcome, ViewOutcome], None],
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> None:
     """Play every map without and with `experience`, calling `on_pair(seed, x, xc)` as soon as both views of a map end.
 
-    Maps are played with continuous batching: each `generate_seeded` call holds the next prompt of every live episode
+    Maps are played with continuous batching: each `generate` call holds the next prompt of every live episode
     (both views of the maps in play, at most `max_prompts` prompts when a new map is let in; None: all maps at once),
     and a finished map's place goes to the next seed. The call `k` of a map's episode is sampled with the row seed
     `item_seed(sampling_seed, "<game>:<seed>:<k>")` in both views, so the outcome of a map depends neither on the
     batching nor on which maps were played before: a resumed evaluation gives the records of an uninterrupted one.
     """
+    template_kwargs = dict(chat_template_kwargs or {})
     pending = list(seeds)[::-1]
     active: list[_Pair] = []
     while pending or active:
@@ -148,15 +139,15 @@ def play_pairs(
             for view in pair.live:
                 env = pair.envs[view]
                 messages = build_step_messages(env)
-                prompts.append(add_context(messages, experience, spec) if view == "xc" else messages)
-                row_seeds.append(item_seed(sampling_seed, f"{game}:{env.seed}:{env.num_calls}"))
+                view_messages = add_context(messages, experience, spec) if view == "xc" else messages
+                prompts.append(render_prompt_ids(tokenizer, view_messages, **template_kwargs))
+                row_seeds.append(call_seed(sampling_seed, env, f"{game}:"))
                 owners.append((pair, view))
-        completions = _check_completions(generate_seeded(prompts, row_seeds), len(prompts))
-        for (pair, view), ids in zip(owners, completions):
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            pair.envs[view].step(parse_action(text))
-            pair.texts[view].append(text)
-            pair.ids[view].append(ids)
+        completions = check_generated(generate(prompts, row_seeds), len(prompts))
+        for (pair, view), completion in zip(owners, completions):
+            pair.envs[view].step(parse_action(completion.text))
+            pair.texts[view].append(completion.text)
+            pair.ids[view].append(list(completion.token_ids))
         still = []
         for pair in active:
             if pair.live:
@@ -172,7 +163,7 @@ def oracle_moves(game: str, seed: int, max_calls: int, env_kwargs: dict[str, Any
 
 
 def paired_game_records(
-    generate_seeded,
+    generate: GenerateFn,
     tokenizer,
     game: str,
     seeds: Sequence[int],
@@ -185,6 +176,7 @@ def paired_game_records(
     run_key: str | None = None,
     batch_size: int | None = None,
     on_record: Callable[[PairedRecord], None] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> list[PairedRecord]:
     """Play every seed without and with `experience` and pair the outcomes (records in seed order).
 
@@ -220,8 +212,8 @@ def paired_game_records(
             on_record(records[seed])
 
     play_pairs(
-        generate_seeded, tokenizer, game, seeds, experience, spec=spec, max_calls=max_calls, env_kwargs=env_kwargs,
-        sampling_seed=sampling_seed, max_prompts=batch_size, on_pair=pair,
+        generate, tokenizer, game, seeds, experience, spec=spec, max_calls=max_calls, env_kwargs=env_kwargs,
+        sampling_seed=sampling_seed, max_prompts=batch_size, on_pair=pair, chat_template_kwargs=chat_template_kwargs,
     )  # fmt: skip
     return [records[seed] for seed in seeds]
 
@@ -267,37 +259,21 @@ def game_summary(records: Sequence[PairedRecord], n_bootstrap: int = 1000, seed:
     return summary
 
 
-def _tokenizer_sha256(tokenizer) -> str:
-    """A hash of what shapes the prompts' tokens: the vocabulary and the chat template."""
-    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]) if hasattr(tokenizer, "get_vocab") else []
-    payload = json.dumps([vocab, getattr(tokenizer, "chat_template", None)], default=str)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-def _run_key(
-    game: str, experience: str, spec: ContextSpec, settings: GenerationSettings, model=None, tokenizer=None, **config
-) -> str:
-    """What must not change between a run and its resumption: game and settings, experience and its placement,
-    sampling (not the batch size, which does not change samples), chat template options, the model's weights and the
-    tokenizer. The seed list may grow or shrink: seeds are the item ids."""
-    from ..eval.provenance import weights_fingerprint
-
-    generation = {k: v for k, v in settings.to_dict().items() if k != "batch_size"}
-    payload = {
-        "game": game,
-        "experience_sha256": hashlib.sha256(experience.encode("utf-8")).hexdigest(),
-        "spec": [spec.placement, spec.template, spec.separator],
-        "generation": generation,
-        "model": None if model is None else [weights_fingerprint(model), str(getattr(model, "dtype", None))],
-        "tokenizer": None if tokenizer is None else _tokenizer_sha256(tokenizer),
-        **config,
+def context_info(spec: ContextSpec, text: str, source: str | None) -> dict[str, Any]:
+    """The provenance entry of a context: its hash, where it came from and where it goes."""
+    return {
+        "sha256": sha256_text(text),
+        "source": source,
+        "placement": spec.placement,
+        "template": spec.template if spec.placement == "user" else None,
+        "separator": spec.separator if spec.placement == "system" else None,
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass
-class GameEvalPlan:
-    """A validated game evaluation: which maps, which settings, which experience and where it goes."""
+class GameEvaluation:
+    """A validated game evaluation (from `check_game_options`), and the game task of the evaluation runner: which
+    maps, which settings, which experience and where it goes."""
 
     game: str
     seeds: list[int]
@@ -306,6 +282,46 @@ class GameEvalPlan:
     experience: str
     spec: ContextSpec
     chat_template_kwargs: dict[str, Any] | None = None
+    context_source: str | None = None
+    _items: dict[int, list[TaskItem]] = field(default_factory=dict, repr=False)
+
+    def item_id(self, seed: int) -> str:
+        return f"{self.game}-{seed}"
+
+    def describe(self) -> dict[str, Any]:
+        """The task's part of the provenance record; the seed list is not part of it (seeds are the item ids)."""
+        return {
+            "context": context_info(self.spec, self.experience, self.context_source),
+            "scorer": "won",
+            "game": self.game,
+            "game_settings": dict(self.env_kwargs),
+            "max_calls": self.max_calls,
+            "chat_template_kwargs": dict(self.chat_template_kwargs or {}),
+        }
+
+    def prepare(self, tokenizer) -> list[TaskItem]:
+        """One item per map; its fingerprint covers the first prompt of both views as the model reads it (tokens)."""
+        if id(tokenizer) not in self._items:
+            kwargs = dict(self.chat_template_kwargs or {})
+            items = []
+            for seed in self.seeds:
+                messages = build_step_messages(make_env(self.game, seed, max_calls=self.max_calls, **self.env_kwargs))
+                views = [messages, add_context(messages, self.experience, self.spec)]
+                ids = [render_prompt_ids(tokenizer, view, **kwargs) for view in views]
+                fingerprint = sha256_text(json.dumps([self.item_id(seed), ids], sort_keys=True))
+                items.append(TaskItem(self.item_id(seed), fingerprint))
+            self._items = {id(tokenizer): items}
+        return self._items[id(tokenizer)]
+
+    def play(self, items, generate: GenerateFn, tokenizer, settings: GenerationSettings, on_records) -> None:
+        """Play both views of every map of `items` (continuous batching, see `play_pairs`); records as maps end."""
+        by_id = {self.item_id(seed): seed for seed in self.seeds}
+        paired_game_records(
+            generate, tokenizer, self.game, [by_id[item.item_id] for item in items], self.experience,
+            spec=self.spec, max_calls=self.max_calls, env_kwargs=self.env_kwargs, sampling_seed=settings.seed,
+            batch_size=settings.batch_size, on_record=lambda record: on_records([record]),
+            chat_template_kwargs=self.chat_template_kwargs,
+        )  # fmt: skip
 
 
 RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
@@ -319,17 +335,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_game_options(game: str, options: dict[str, Any] | None, context: ContextSpec | None = None) -> GameEvalPlan:
-    """Validate `--game-option` values (and an optional context) into a `GameEvalPlan`, before any model work.
+def check_game_options(
+    game: str,
+    options: dict[str, Any] | None,
+    context: ContextSpec | None = None,
+    context_source: str | None = None,
+) -> GameEvaluation:
+    """Validate `--game-option` values (and an optional context) into a `GameEvaluation`, before any model work.
 
     Run options: `num_seeds` (a positive integer, default 128 held-out maps), `seeds` (a non-empty list of distinct
     non-negative integers, instead of `num_seeds`), `max_calls` (positive integer, default 5), `experience_file` (a
     UTF-8 text file replacing the shipped experience), `chat_template_kwargs` (an object). Any other key is a game
     setting (`size`, `num_holes`, `dim_room`, `num_boxes`), checked by building the first map. Raises `EvalInputError`
-    naming the option and the fix.
+    naming the option and the fix. `context_source` describes where a given context came from, for the provenance.
     """
-    from ..eval.errors import EvalInputError
-
     try:
         cls = game_class(game)
     except ValueError as error:
@@ -380,7 +399,7 @@ def check_game_options(game: str, options: dict[str, Any] | None, context: Conte
     if context is not None:
         if context.text is None:
             raise EvalInputError("A game needs one fixed context: use --context-text or --context-file.")
-        experience, spec = context.text, context
+        experience, spec, source = context.text, context, context_source or "text"
     elif "experience_file" in options:
         source = options["experience_file"]
         try:
@@ -389,47 +408,15 @@ def check_game_options(game: str, options: dict[str, Any] | None, context: Conte
             raise EvalInputError(f"Cannot read the experience file {source!r}: {error}") from error
         if not experience.strip():
             raise EvalInputError(f"The experience file {source!r} is empty.")
-        spec = default_game_spec()
+        spec, source = default_game_spec(), f"file:{source}"
     else:
-        experience, spec = load_experience(cls.name), default_game_spec()
+        experience, spec, source = load_experience(cls.name), default_game_spec(), f"shipped:{cls.name}"
     try:
         make_env(cls.name, seeds[0], max_calls=max_calls, **env_kwargs)
     except (TypeError, ValueError) as error:
         reason = str(error).removeprefix(f"Bad settings for {cls.name}: ")
         raise EvalInputError(f"Bad --game-option for {cls.name}: {reason}") from error
-    return GameEvalPlan(cls.name, list(seeds), max_calls, env_kwargs, experience, spec, template_kwargs)
-
-
-def _play_plan(
-    plan: GameEvalPlan, model, tokenizer, generation: GenerationSettings, output_path: str | Path | None, progress: bool
-) -> list[PairedRecord]:
-    """Play the maps of a plan not yet in `output_path`, appending each record as its map finishes; resumable."""
-    from ..eval.store import append_records, load_records
-
-    run_key = _run_key(
-        plan.game, plan.experience, plan.spec, generation, model=model, tokenizer=tokenizer,
-        env_kwargs=plan.env_kwargs, max_calls=plan.max_calls, chat_template_kwargs=plan.chat_template_kwargs,
-    )  # fmt: skip
-    done = load_records(output_path, expected_run_key=run_key) if output_path is not None else {}
-    todo = [s for s in plan.seeds if f"{plan.game}-{s}" not in done]
-    if progress:
-        logger.info(
-            "%s: %d of %d maps to play (%d already in %s).", plan.game, len(todo), len(plan.seeds),
-            len(plan.seeds) - len(todo), output_path,
-        )  # fmt: skip
-    if todo:
-
-        def keep(record: PairedRecord) -> None:
-            if output_path is not None:
-                append_records(output_path, [record])
-            done[record.item_id] = record
-
-        paired_game_records(
-            hf_seeded_generate(model, tokenizer, generation, plan.chat_template_kwargs), tokenizer, plan.game, todo,
-            plan.experience, spec=plan.spec, max_calls=plan.max_calls, env_kwargs=plan.env_kwargs,
-            sampling_seed=generation.seed, run_key=run_key, batch_size=generation.batch_size, on_record=keep,
-        )  # fmt: skip
-    return [done[f"{plan.game}-{s}"] for s in plan.seeds]
+    return GameEvaluation(cls.name, list(seeds), max_calls, env_kwargs, experience, spec, template_kwargs, source)
 
 
 def evaluate_game(
@@ -477,7 +464,7 @@ def evaluate_game(
         base = spec or default_game_spec()
         context = ContextSpec(column=None, text=experience, placement=base.placement, template=base.template,
                               separator=base.separator)  # fmt: skip
-    plan = check_game_options(game, options, context)
+    task = check_game_options(game, options, context)
     settings = GenerationSettings(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -489,21 +476,12 @@ def evaluate_game(
     )
     records_path = None
     if output_dir is not None:
-        from ..eval.report import safe_name
-
         records_path = Path(output_dir) / safe_name(name) / "records.jsonl"
-    records = _play_plan(plan, model, tokenizer, settings, records_path, progress=False)
+    provenance = run_provenance(task, model, tokenizer, generation=settings)
+    records = run_paired(task, model, tokenizer, generation=settings, output_path=records_path, provenance=provenance)
     summary = game_summary(records, n_bootstrap=n_bootstrap)
     if output_dir is not None:
-        from ..eval.report import ModelRun, write_report
-
         output_dir = Path(output_dir)
-        provenance = {
-            "game": plan.game,
-            "game_options": {"env_kwargs": plan.env_kwargs, "max_calls": plan.max_calls, "num_seeds": len(plan.seeds)},
-            "context": {"sha256": hashlib.sha256(plan.experience.encode("utf-8")).hexdigest()},
-            "generation": settings.to_dict(),
-        }
         run = ModelRun(name, records, provenance=provenance, records_path=str(records_path))
         write_report([run], output_dir, n_bootstrap=n_bootstrap)
         (output_dir / "game_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
@@ -521,7 +499,7 @@ def run_game_eval(
     output_path: str | Path | None,
     progress: bool = False,
 ) -> list[PairedRecord]:
-    """Entry point of `trl-nca eval --game NAME` (see docs/evaluation.md); resumes from `output_path`.
+    """A game evaluation as `trl-nca eval --game NAME` runs it (see docs/evaluation.md); resumes from `output_path`.
 
     `context` (from --context-text/--context-file) replaces the game's experience and sets its placement; without it
     the shipped experience goes into the user message. `options` (--game-option) are checked by `check_game_options`:
@@ -530,5 +508,7 @@ def run_game_eval(
     `output_path` as soon as both of its views end, so a killed run loses at most the maps in play. Sampling follows
     `generation` as given: pass `--temperature 0.7 --top-p 0.8 --top-k 20` for OPCD's game settings.
     """
-    plan = check_game_options(game, options, context)
-    return _play_plan(plan, model, tokenizer, generation, output_path, progress)
+    task = check_game_options(game, options, context)
+    return run_paired(
+        task, model, tokenizer, generation=generation, output_path=output_path, progress=progress, desc=task.game
+    )

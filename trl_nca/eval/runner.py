@@ -1,0 +1,201 @@
+"""The one runner of paired evaluations, for dataset items and game episodes alike.
+
+A *task* says what is evaluated (`PairedTask`): `trl_nca.eval.PairedEvaluator` for dataset items (each item generated
+once without and once with the context, then scored), `trl_nca.eval.games.GameEvaluation` for game maps (each map
+played once without and once with the experience). The runner does the rest, the same way for both:
+
+- one provenance record (`run_provenance`): the model's identity and weights fingerprint, the tokenizer, the task's
+  settings (context, scorer or game), the sampling settings, the library versions;
+- one run key (`run_key`): a hash of that record without the library versions and the batch size (which changes no
+  sample), stored in every record;
+- one resume mechanism: with an output file, records are appended as they finish (`store.append_records`); a rerun
+  loads them, refuses a file of another run (other key) or of changed items (other item fingerprint), and plays only
+  the items not yet there, so an interrupted run ends with the records of an uninterrupted one;
+- one generate-function type (`trl_nca.sampling.GenerateFn`), built from the backend with the run's sampling settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..inputs import sha256_text
+from ..sampling import GenerateFn, GenerationBackend, GenerationSettings, HFBackend, generate_fn
+from .errors import EvalInputError
+from .provenance import library_versions, model_identity
+from .records import PairedRecord
+from .store import append_records, load_records
+
+
+@dataclass
+class TaskItem:
+    """One item of a task: its id and the sha256 of what its record depends on besides the run settings."""
+
+    item_id: str
+    fingerprint: str
+
+
+class PairedTask(Protocol):
+    """What the runner evaluates (see the module docstring)."""
+
+    def describe(self) -> dict[str, Any]:
+        """The task's part of the provenance record (context, scorer or game settings, chat template options)."""
+        ...
+
+    def prepare(self, tokenizer) -> Sequence[TaskItem]:
+        """The items, in report order, with fingerprints for `tokenizer` (checked against records on resume)."""
+        ...
+
+    def play(
+        self,
+        items: Sequence[TaskItem],
+        generate: GenerateFn,
+        tokenizer,
+        settings: GenerationSettings,
+        on_records: Callable[[list[PairedRecord]], None],
+    ) -> None:
+        """Evaluate `items` with `generate` (built with `settings`, whose seed and batch size the task may use), passing
+        records to `on_records` as soon as they are finished."""
+        ...
+
+
+def tokenizer_fingerprint(tokenizer) -> str | None:
+    """sha256 of what shapes prompt tokens: the vocabulary (token -> id) and the chat template."""
+    if tokenizer is None or not hasattr(tokenizer, "get_vocab"):
+        return None
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return sha256_text(json.dumps([vocab, getattr(tokenizer, "chat_template", None)], default=str))
+
+
+def run_provenance(
+    task: PairedTask,
+    model=None,
+    tokenizer=None,
+    *,
+    generation: GenerationSettings,
+    model_path: str | None = None,
+    adapter: str | None = None,
+) -> dict[str, Any]:
+    """The provenance record of a run: model, tokenizer, the task's settings, sampling settings, library versions."""
+    return {
+        "model": model_identity(model, model_path, adapter),
+        "tokenizer_sha256": tokenizer_fingerprint(tokenizer),
+        **task.describe(),
+        "generation": generation.to_dict(),
+        "versions": library_versions(),
+    }
+
+
+def run_key(provenance: Mapping[str, Any]) -> str:
+    """A short hash of what must match for records to be resumed: the provenance without the library versions and
+    the batch size (samples do not depend on it, see `trl_nca.sampling`)."""
+    keyed = {k: v for k, v in provenance.items() if k != "versions"}
+    keyed["generation"] = {k: v for k, v in dict(keyed.get("generation") or {}).items() if k != "batch_size"}
+    return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
+
+
+def check_resumed_items(done: Mapping[str, PairedRecord], items: Sequence[TaskItem], path) -> None:
+    """Refuse to resume records whose item has changed (another prompt, label or tokenizer under the same id)."""
+    if any("item_sha256" not in record.meta for record in done.values()):
+        raise EvalInputError(
+            f"{path} holds records without item fingerprints (written by an older trl-nca), so they cannot be checked "
+            "against the dataset. Use a new output folder, or delete the file to evaluate from scratch."
+        )
+    changed = [
+        item.item_id
+        for item in items
+        if item.item_id in done and done[item.item_id].meta.get("item_sha256") != item.fingerprint
+    ]
+    if changed:
+        raise EvalInputError(
+            f"{path} holds records of {len(changed)} item(s) whose prompt, label or tokenization differ from the "
+            f"dataset now (ids {changed[:5]}{' ...' if len(changed) > 5 else ''}): the dataset changed since they were "
+            "written. Use a new output folder, or delete the file to evaluate the new items from scratch."
+        )
+
+
+def run_paired(
+    task: PairedTask,
+    model,
+    tokenizer,
+    *,
+    generation: GenerationSettings,
+    output_path: str | os.PathLike | None = None,
+    backend: GenerationBackend | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    model_path: str | None = None,
+    adapter: str | None = None,
+    progress: bool = False,
+    desc: str = "paired eval",
+) -> list[PairedRecord]:
+    """Evaluate `model` on every item of `task` and return the records in the task's order (see the module docstring).
+
+    `backend` generates (default: `HFBackend(model, tokenizer)`); `provenance` replaces the record `run_provenance`
+    would build (the run key is computed from it). The model is in eval mode meanwhile and put back as it was.
+    """
+    items = list(task.prepare(tokenizer))
+    prov = dict(provenance) if provenance is not None else run_provenance(
+        task, model, tokenizer, generation=generation, model_path=model_path, adapter=adapter
+    )  # fmt: skip
+    key = run_key(prov)
+    done: dict[str, PairedRecord] = {}
+    if output_path is not None:
+        done = load_records(output_path, expected_run_key=key)
+        check_resumed_items(done, items, output_path)
+    todo = [item for item in items if item.item_id not in done]
+    fingerprints = {item.item_id: item.fingerprint for item in items}
+    identity = prov.get("model") or {}
+    common_meta = {
+        "model": identity.get("name_or_path"),
+        "adapter": identity.get("adapter"),
+        "seed": generation.seed,
+        # what shapes the samples; the batch size does not, and records of any batch size are interchangeable
+        "sampling": {k: v for k, v in generation.to_dict().items() if k != "batch_size"},
+        "versions": prov.get("versions"),
+        "run_key": key,
+    }
+    if backend is None:
+        backend = HFBackend(model, tokenizer)
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with _progress(len(todo), progress, desc=f"{desc} ({len(done)} done)") as bar:
+
+            def keep(records: list[PairedRecord]) -> None:
+                for record in records:  # the task's own meta wins (a game's `seed` is the map's)
+                    record.meta = {**common_meta, **record.meta, "item_sha256": fingerprints[record.item_id]}
+                    record.meta["run_key"] = key
+                if output_path is not None:
+                    append_records(output_path, records)
+                done.update((r.item_id, r) for r in records)
+                bar.update(len(records))
+
+            if todo:
+                task.play(todo, generate_fn(backend, generation), tokenizer, generation, keep)
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    return [done[item.item_id] for item in items]
+
+
+class _NullBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    if not enabled:
+        return _NullBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="item")

@@ -1,0 +1,281 @@
+"""Reading what users hand over: dataset files and Hub datasets, context files, the built-in data; hashes, versions
+and the cache folder.
+
+One loader serves `trl-nca train`, `trl-nca eval`, the recipes and user code, so a file is read, and a bad byte or line
+reported, the same way everywhere. Bad input raises `InputError` (a `ValueError`) whose message names the file, the
+line or the option, and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+
+class InputError(ValueError):
+    """Bad user input (a missing column, an unreadable file, an unknown model): the message names it and the fix."""
+
+
+LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+BUILTIN_DATASETS = {"quickstart": "quickstart_mcq.jsonl"}
+BUILTIN_CONTEXTS = {"medical": "medical_system_prompt.txt", "safety": "safety_system_prompt.txt"}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Hashes and versions
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a string's UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+_SHA256_MEMO: dict[tuple[str, int, int, int], str] = {}
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes, memoised per (path, inode, size, mtime) so a repeated check costs a `stat`."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256_MEMO:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        _SHA256_MEMO[key] = digest.hexdigest()
+    return _SHA256_MEMO[key]
+
+
+def package_version(distribution: str, module: str | None = None) -> str | None:
+    """The installed version of a distribution (else the `__version__` of `module`, if given), or None."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        pass
+    if module is not None:
+        try:
+            return getattr(__import__(module), "__version__", None)
+        except ImportError:
+            return None
+    return None
+
+
+CACHE_ENV_VAR = "TRL_NCA_CACHE"
+
+
+def default_cache_dir() -> Path:
+    """The cache root (embedded model, model organism): `$TRL_NCA_CACHE` if set, else `$XDG_CACHE_HOME/trl_nca`, else
+    `~/.cache/trl_nca`."""
+    env = os.environ.get(CACHE_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "trl_nca"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Contexts
+
+
+def read_context(name_or_path: str) -> str:
+    """Text of a built-in context ('medical', 'safety': the paper's system-prompt domains) or of a UTF-8 text file."""
+    if name_or_path in BUILTIN_CONTEXTS:
+        return resources.files("trl_nca.resources").joinpath(BUILTIN_CONTEXTS[name_or_path]).read_text().strip()
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise InputError(
+            f"Context file {name_or_path!r} not found; give a text file or one of {sorted(BUILTIN_CONTEXTS)}."
+        )
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise InputError(
+            f"The context file {name_or_path!r} is not UTF-8 text: byte 0x{raw[error.start]:02x} on line {line}. "
+            "Save it as UTF-8."
+        ) from None
+    if not text.strip():
+        raise InputError(f"The context file {name_or_path!r} is empty; write the context into it.")
+    return text.strip()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Datasets
+
+
+def _decode_line(raw: bytes, path: Path, number: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(
+            f"Line {number} of {path} is not UTF-8 text: byte 0x{raw[error.start]:02x} at column {error.start + 1}. "
+            "Save the file as UTF-8 (or fix that line)."
+        ) from None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            line = _decode_line(raw, path, number)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise InputError(
+                    f"Line {number} of {path} is not valid JSON: {error.msg} (column {error.colno})."
+                ) from error
+            if not isinstance(row, dict):
+                raise InputError(f"Line {number} of {path} is a JSON {type(row).__name__}, expected an object.")
+            rows.append(row)
+    return rows
+
+
+def _read_json(path: Path) -> list[dict[str, Any]]:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise InputError(
+            f"Line {line} of {path} is not UTF-8 text: byte 0x{raw[error.start]:02x}. Save the file as UTF-8."
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"{path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})."
+        ) from error
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        lengths = {len(v) for v in data.values()}
+        if len(lengths) != 1:
+            raise InputError(f"{path} holds columns of different lengths {sorted(lengths)}.")
+        keys = list(data)
+        return [dict(zip(keys, values)) for values in zip(*data.values())]
+    if isinstance(data, list) and all(isinstance(row, dict) for row in data):
+        return data
+    raise InputError(f"{path} must hold a list of objects (one per item) or an object of equal-length columns.")
+
+
+def read_json_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Rows of a local `.jsonl` (one object per line) or `.json` file; errors name the file and the line."""
+    path = Path(path)
+    return _read_jsonl(path) if path.suffix.lower() == ".jsonl" else _read_json(path)
+
+
+def _unsupported(source: str, suffix: str) -> InputError:
+    return InputError(
+        f"Cannot read the dataset file {source!r}: unsupported file type {suffix or '(none)'}; use one of "
+        f"{sorted(LOCAL_FORMATS)}."
+    )
+
+
+def _read_local_file(source: str, path: Path):
+    """Rows of a local file: JSON files as a list of dicts (parsed here, so a bad line is reported with its number),
+    Parquet and CSV through `datasets`."""
+    if not path.exists():
+        raise InputError(f"Dataset file {source!r} does not exist.")
+    suffix = path.suffix.lower()
+    if suffix not in LOCAL_FORMATS:
+        raise _unsupported(source, suffix)
+    if LOCAL_FORMATS[suffix] == "json":
+        return read_json_rows(path)
+    import datasets
+
+    try:
+        return datasets.load_dataset(LOCAL_FORMATS[suffix], data_files=str(path), split="train")
+    except Exception as error:
+        raise InputError(f"Could not parse {source!r} as {suffix[1:]}: {type(error).__name__}: {error}") from error
+
+
+def _load_hub(source: str, split: str, config: str | None):
+    import datasets
+
+    try:
+        return datasets.load_dataset(source, config, split=split)
+    except ValueError as error:
+        if "split" in str(error).lower():
+            raise InputError(f"Dataset {source!r} has no split {split!r}: {error}") from error
+        raise InputError(f"Could not load dataset {source!r}: {error}") from error
+    except Exception as error:
+        raise InputError(
+            f"Could not load dataset {source!r} from the Hub ({type(error).__name__}: {error}). Check the name, or "
+            "give a local .jsonl/.json/.parquet/.csv file."
+        ) from error
+
+
+def _looks_local(source: str) -> bool:
+    return (
+        source.startswith(("/", "./", "../", "~"))
+        or Path(source).suffix.lower() in LOCAL_FORMATS
+        or "\\" in source
+        or Path(source).exists()
+    )
+
+
+def load_rows(source: str, split: str = "test", config: str | None = None):
+    """Evaluation items: a local `.jsonl`/`.json` file (a list of dicts, every row kept as written), a `.parquet`/
+    `.csv` file, a `save_to_disk` folder, or a Hub dataset split.
+
+    `split` and `config` only apply to Hub datasets and `DatasetDict` folders.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return _load_from_disk(path, split)
+    if _looks_local(source):
+        return _read_local_file(source, path)
+    return _load_hub(source, split, config)
+
+
+def _load_from_disk(path: Path, split: str):
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as error:
+        raise InputError(f"{path} is a folder but not a dataset saved with `save_to_disk`: {error}") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise InputError(f"The dataset in {path} has no split {split!r}; its splits are {sorted(loaded)}.")
+        return loaded[split]
+    return loaded
+
+
+def load_dataset_any(name: str, split: str, config: str | None = None):
+    """A training `datasets.Dataset`: a built-in one ('quickstart'), a local file (by extension) or a Hub dataset.
+
+    A local file has one split ('train'); asking it for another is an error, not a silent copy of the training rows.
+    An empty dataset is an error naming it.
+    """
+    from datasets import Dataset
+
+    suffix = Path(name).suffix.lower()
+    local = name in BUILTIN_DATASETS or suffix in LOCAL_FORMATS
+    if local and split not in (None, "train"):
+        raise InputError(
+            f"{name!r} is a single file, so it has one split ('train'); the split {split!r} would silently be the same "
+            "rows. Put the other split in its own file (and train or evaluate from that file), or use a Hub dataset."
+        )
+    if name in BUILTIN_DATASETS:
+        path = resources.files("trl_nca.resources").joinpath(BUILTIN_DATASETS[name])
+        dataset = Dataset.from_list(read_json_rows(str(path)))
+    elif Path(name).is_file() and suffix not in LOCAL_FORMATS:
+        raise _unsupported(name, suffix)
+    elif local:
+        dataset = _read_local_file(name, Path(name))
+        if isinstance(dataset, list):
+            if not dataset:
+                raise InputError(f"The dataset file {name!r} holds no rows; fill it, or give another file.")
+            dataset = Dataset.from_list(dataset)
+    else:
+        dataset = _load_hub(name, split, config)
+    if len(dataset) == 0:
+        raise InputError(f"The dataset {name!r} (split {split!r}) has no rows; check the name, the split and the file.")
+    return dataset
