@@ -171,6 +171,20 @@ class NCAConfig(GKDConfig):
             context prompts' width) instead of two forwards. Needed under DDP with reentrant gradient checkpointing,
             which cannot backpropagate two forwards of the same module; `None` turns it on exactly then. Otherwise two
             forwards are cheaper, since the no-context view is not padded.
+        share_prefix (`bool`, *optional*, defaults to `True`):
+            Run the tokens that every row of a micro-batch starts with (the chat template's opening, a system message,
+            a context shared by the batch) once per forward, at batch size 1, for the teacher and both student views;
+            the rows' remaining tokens attend to its keys and values with the positions and attention mask of the
+            unshared batch, and the student's prefix receives the rows' summed gradient, so values and gradients are
+            those of the unshared forward (to float rounding). A teacher whose weights do not change (a separate
+            teacher, the LoRA self-teacher with its adapter disabled) keeps the prefix's keys and values across steps
+            while the prefix stays the same. Where it would not be exact the forward runs unshared and the reason is
+            logged once: sliding-window or chunked attention layers, attention implementations other than `"eager"`
+            and `"sdpa"`, active dropout, reentrant gradient checkpointing, a model whose forward takes no cache. See
+            `trl_nca.prefix`.
+        share_prefix_min_tokens (`int`, *optional*, defaults to `32`):
+            Shortest shared prefix worth its own pass: a view whose rows share fewer prompt tokens runs unshared
+            (logged once, at info level).
         loss_vocab_chunk_size (`int`, *optional*, defaults to `8192`):
             Vocabulary columns per tile in the chunked loss; lower it to save memory on huge vocabularies.
         loss_token_chunk_size (`int`, *optional*, defaults to `2048`):
@@ -310,6 +324,18 @@ class NCAConfig(GKDConfig):
             "gradient checkpointing, which needs it."
         },  # fmt: skip
     )
+    share_prefix: bool = field(
+        default=True,
+        metadata={
+            "help": "Run the token prefix shared by every row (template opening, system message, a common context) "
+            "once per forward for the teacher and both student views, exactly; falls back to unshared forwards, "
+            "logging why once, where it cannot be exact."
+        },  # fmt: skip
+    )
+    share_prefix_min_tokens: int = field(
+        default=32,
+        metadata={"help": "Shortest shared prefix worth its own pass; shorter ones run unshared."},
+    )
     loss_vocab_chunk_size: int = field(default=8192, metadata={"help": "Vocabulary columns per loss tile."})
     loss_token_chunk_size: int = field(default=2048, metadata={"help": "Completion tokens per loss tile."})
     log_grad_cosine_steps: int = field(
@@ -363,6 +389,7 @@ class NCAConfig(GKDConfig):
         _check_number("nca_adaptive_init", self.nca_adaptive_init, low=0.0)
         _check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
         _check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
+        _check_integer("share_prefix_min_tokens", self.share_prefix_min_tokens, low=1)
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
         import torch

@@ -63,16 +63,22 @@ def make_tiny_model(
     hidden_size: int = 64,
     tie_word_embeddings: bool = False,
     vocab_size: int | None = None,
+    architecture: str = "llama",
 ):
     """A randomly initialised Llama small enough to train on one CPU core in milliseconds per step.
 
     `vocab_size` sets the rows of the embedding and output layers (default: `len(tokenizer)`); more rows than the
     tokenizer has mimic the padded output layers of real models (Qwen2.5-7B has 152064 rows for 151665 tokens).
+    `architecture="qwen2"` builds a Qwen2 of the same sizes instead (biases on q, k and v).
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    config = LlamaConfig(
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if architecture not in classes:
+        raise ValueError(f"architecture must be one of {sorted(classes)}, got {architecture!r}.")
+    config_class, model_class = classes[architecture]
+    config = config_class(
         vocab_size=len(tokenizer) if vocab_size is None else vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -86,7 +92,7 @@ def make_tiny_model(
         tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = model_class(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model

@@ -35,12 +35,13 @@ from .data import (
 from .gradients import compare_gradients, loss_gradients
 from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
+from .prefix import PrefixSharing, weights_fingerprint
 from .rollouts import Rollout
 from .sampling import Generated
 from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
 from .schedule import BetaSchedule, schedule_from_config
 from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
-from .views import ContextSpec, View, build_view, completion_states, left_pad
+from .views import ContextSpec, View, build_view, left_pad
 
 
 logger = logging.getLogger(__name__)
@@ -237,6 +238,7 @@ class NCATrainer(GKDTrainer):
         self.add_callback(_ScheduleCheckpoint(self.nca_schedule))
         self.divergence_spec = args.divergence_spec
         self._redirect = _ForwardRedirection()
+        self.prefix_sharing = PrefixSharing(args.share_prefix, args.share_prefix_min_tokens)
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
 
@@ -418,11 +420,11 @@ class NCATrainer(GKDTrainer):
             h_x, h_c = self._joint_hidden(student, inputs)
         else:
             view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
-            h_x = completion_states(student, view_x, completion_mask)
+            h_x = self._states(student, view_x, completion_mask, "student's no-context view")
             if need_context:
                 with nullcontext() if self._nca_active or measure else torch.no_grad():
                     with _side_rng(h_x) if side else nullcontext():
-                        h_c = completion_states(student, view_c, completion_mask)
+                        h_c = self._states(student, view_c, completion_mask, "student's context view")
         student_head = LMHead.from_model(student)
         h_t, teacher_head = self._teacher_states(view_c, completion_mask, None if side else h_c, student_head)
         want = ("opd", "nca", "view_kl") if need_context else ("opd",)
@@ -453,7 +455,7 @@ class NCATrainer(GKDTrainer):
         completion_ids = inputs["completion_ids"].repeat(2, 1)
         completion_mask = inputs["completion_mask"].repeat(2, 1)
         view = build_view(torch.cat(prompts), torch.cat(masks), completion_ids, completion_mask)
-        hidden = completion_states(student, view, completion_mask)
+        hidden = self._states(student, view, completion_mask, "student's joint views")
         num_tokens = hidden.shape[0] // 2  # rows are ordered: all no-context tokens, then all context tokens
         return hidden[:num_tokens], hidden[num_tokens:]
 
@@ -479,6 +481,11 @@ class NCATrainer(GKDTrainer):
         for name, value in zip(("grad_cosine", "grad_norm_opd", "grad_norm_nca"), values):
             self._metrics["train"][name].append(value)
 
+    def _states(self, model: nn.Module, view: View, completion_mask, what: str, persist=None) -> torch.Tensor:
+        """Hidden states predicting the completion tokens of `view`, its shared prefix run once where that is exact
+        (`NCAConfig.share_prefix`)."""
+        return self.prefix_sharing.completion_states(model, view, completion_mask, what, persist=persist)
+
     @torch.no_grad()
     def _teacher_states(self, view: View, completion_mask, h_c, student_head):
         teacher = self._teacher()
@@ -486,9 +493,11 @@ class NCATrainer(GKDTrainer):
             if teacher.mode == "live" and h_c is not None:
                 return h_c.detach(), student_head
             with teacher.active() as model:
-                return completion_states(model, view, completion_mask), LMHead.from_model(model)
+                key = _teacher_weights_key(teacher, model)
+                return self._states(model, view, completion_mask, "teacher", key), LMHead.from_model(model)
         teacher.eval()
-        return completion_states(teacher, view, completion_mask), LMHead.from_model(teacher)
+        key = _teacher_weights_key(teacher, teacher)
+        return self._states(teacher, view, completion_mask, "teacher", key), LMHead.from_model(teacher)
 
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
@@ -674,6 +683,20 @@ def _check_grad_cosine_setting(trainer: NCATrainer) -> None:
             "log_grad_cosine_steps needs torch.autograd.grad, which reentrant gradient checkpointing does not support. "
             "Set gradient_checkpointing_kwargs={'use_reentrant': False}, or log_grad_cosine_steps=0."
         )
+
+
+def _teacher_weights_key(teacher: nn.Module, model: nn.Module):
+    """A key that changes whenever the weights the teacher's forward uses may have changed, so a teacher's shared-prefix
+    cache is kept across steps only while they stay the same; None (never kept) for the live self-teacher. The initial
+    self-teacher is the student with its LoRA adapter disabled: every parameter but the adapter's own (and PEFT's
+    trainable copies of `modules_to_save`, unused while it is disabled) counts, trained biases included."""
+    if isinstance(teacher, SelfTeacher):
+        if teacher.mode != "initial":
+            return None
+        used = [p for n, p in model.named_parameters() if "lora_" not in n and ".modules_to_save." not in n]
+    else:
+        used = list(model.parameters())
+    return (id(model), model.training, weights_fingerprint(used), weights_fingerprint(model.buffers()))
 
 
 def _side_rng(tensor: torch.Tensor):
