@@ -3,8 +3,8 @@
 Exactness is checked in float64 to 1e-10. The stock Llama and Qwen2 RMSNorm cast to float32 inside even a float64
 model, so a gradient summed over the rows before the norm's backward (shared prefix) and one summed after it
 (unshared) differ by float32 rounding; the exactness tests swap each RMSNorm for `torch.nn.RMSNorm` with the same
-weight and epsilon (the same formula, computed in float64). `test_stock_norms_agree_to_float32_rounding` runs the
-models as they ship.
+weight and epsilon (`trl_nca.testing.float64_model`: the same formula, in float64).
+`test_stock_norms_agree_to_float32_rounding` runs the models as they ship.
 """
 
 import logging
@@ -17,7 +17,7 @@ from trl_nca import NCAConfig, NCATrainer
 from trl_nca import prefix as prefix_module
 from trl_nca.envs.rollout import GameRollout
 from trl_nca.prefix import PrefixSharing, shared_prefix_length, split_view
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import float64_model, make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import View, build_view, completion_states, left_pad, right_pad
 
 
@@ -33,19 +33,6 @@ def tok():
     return make_tiny_tokenizer()
 
 
-def float64_norms(model):
-    """The model in float64, each RMSNorm replaced by `torch.nn.RMSNorm` (same weight and epsilon) in float64."""
-    model.double()
-    for name, module in list(model.named_modules()):
-        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
-            norm = torch.nn.RMSNorm(module.weight.shape[0], eps=module.variance_epsilon, dtype=torch.float64)
-            with torch.no_grad():
-                norm.weight.copy_(module.weight)
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, norm)
-    return model
-
-
 def tiny(tok, seed=0, architecture="llama", exact=True, **config):
     """A tiny test model in float64 (`exact`: with float64 norms); `config` entries change its configuration."""
     model = make_tiny_model(tok, seed, architecture=architecture)
@@ -53,7 +40,7 @@ def tiny(tok, seed=0, architecture="llama", exact=True, **config):
         changed = type(model.config)(**{**model.config.to_dict(), **config})
         torch.manual_seed(seed)
         model = type(model)(changed)
-    return float64_norms(model) if exact else model.double()
+    return float64_model(model) if exact else model.double()
 
 
 def ragged_view(prefix_len=40, suffixes=(3, 7, 1, 12), completions=(5, 2, 6, 0), seed=0):

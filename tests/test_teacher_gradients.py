@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import float64_model, make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import build_view
 
 
@@ -75,7 +75,7 @@ def build(tok, tmp_path, kind, tuning, tied, anchor="student"):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(0)
-    base = make_tiny_model(tok, 0, tie_word_embeddings=tied).double()
+    base = float64_model(make_tiny_model(tok, 0, tie_word_embeddings=tied))
     initial = copy.deepcopy(base).eval()
     args = NCAConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, max_new_tokens=6, bf16=False, use_cpu=True,
@@ -83,7 +83,7 @@ def build(tok, tmp_path, kind, tuning, tied, anchor="student"):
         self_teacher="live" if kind == "live" else "initial",
     )  # fmt: skip
     teacher, peft_config, model = None, None, base
-    separate = make_tiny_model(tok, 1, tie_word_embeddings=tied).double() if kind == "separate" else None
+    separate = float64_model(make_tiny_model(tok, 1, tie_word_embeddings=tied)) if kind == "separate" else None
     if kind == "separate":
         teacher = separate
     if tuning == "lora":

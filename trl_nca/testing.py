@@ -98,6 +98,24 @@ def make_tiny_model(
     return model
 
 
+def float64_model(model):
+    """`model` in float64 end to end, in place: `.double()`, and every RMSNorm replaced by `torch.nn.RMSNorm` with the
+    same weight and epsilon (the same formula). Transformers' Llama and Qwen2 norms compute in float32 even inside a
+    float64 model, so a gradient summed over rows before such a norm's backward and one summed after it differ by
+    float32 rounding; exactness tests of reorganised computations (shared-prefix reuse) need float64 throughout."""
+    import torch
+
+    model.double()
+    for name, module in list(model.named_modules()):
+        if type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon"):
+            norm = torch.nn.RMSNorm(module.weight.shape[0], eps=module.variance_epsilon, dtype=torch.float64)
+            with torch.no_grad():
+                norm.weight.copy_(module.weight)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, norm)
+    return model
+
+
 def save_tiny_model(directory: str | os.PathLike, seed: int = 0, **model_kwargs) -> str:
     """Write a tiny tokenizer and model to `directory` (once) and return the path, loadable by `from_pretrained`."""
     directory = Path(directory)
