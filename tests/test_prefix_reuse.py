@@ -351,15 +351,17 @@ def test_trainer_terms_and_gradients_equal_unshared(tok, tmp_path, placement, pe
         torch.testing.assert_close(g1[name], g0[name], **EXACT)
 
 
-@pytest.mark.parametrize("teacher", ["separate", "lora_self"])
-def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher):
+@pytest.mark.parametrize("teacher, checkpointing", [("separate", False), ("lora_self", False), ("lora_self", True)])
+def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher, checkpointing):
     """Two optimizer steps of 2 micro-batches each (SGD, no clipping): the same weights with and without sharing; the
-    LoRA self-teacher keeps its prefix cache across the steps."""
+    LoRA self-teacher keeps its prefix cache across the steps. With gradient checkpointing as the trainer turns it
+    on by default (non-reentrant), the student's views share their prefix too."""
     finals = []
     for share in (False, True):
         trainer = build_trainer(
             tok, tmp_path, share, teacher, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=2,
             optim="sgd", learning_rate=0.5, max_grad_norm=0.0, lr_scheduler_type="constant",
+            gradient_checkpointing=checkpointing,
         )  # fmt: skip
         trainer.train_dataset = trainer.train_dataset.select([0, 1, 2, 3, 0, 1, 2, 3])
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -367,6 +369,7 @@ def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher):
         finals.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
         if share:
             assert trainer.prefix_sharing.last_shared["teacher"] > 0
+            assert trainer.prefix_sharing.last_shared["student's context view"] > 0
     assert any(not torch.equal(finals[0][n], before[n]) for n in before)
     for name in finals[0]:
         torch.testing.assert_close(finals[1][name], finals[0][name], **EXACT)
