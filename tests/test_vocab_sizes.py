@@ -13,7 +13,7 @@ from datasets import Dataset
 from torch import nn
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import float64_model, make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import build_view
 
 
@@ -69,8 +69,9 @@ def full_logits(model, view, mask, rows):
 def test_loss_and_gradients_over_the_common_rows(tok, tmp_path, wider, spec):
     """Values and gradients against full logits cut to the common rows and renormalised there."""
     rows = len(tok)
-    student = make_tiny_model(tok, 0, vocab_size=rows + (EXTRA if wider == "student" else 0)).double()
-    teacher = make_tiny_model(tok, 1, vocab_size=rows + (EXTRA if wider == "teacher" else 0)).double()
+    # float64 throughout (norms included): the trainer runs the prompts' shared prefix once (share_prefix)
+    student = float64_model(make_tiny_model(tok, 0, vocab_size=rows + (EXTRA if wider == "student" else 0)))
+    teacher = float64_model(make_tiny_model(tok, 1, vocab_size=rows + (EXTRA if wider == "teacher" else 0)))
     loud_padding_rows(student if wider == "student" else teacher, rows)
     trainer = NCATrainer(
         model=student, teacher_model=teacher, args=make_args(tmp_path, **spec), train_dataset=ragged_dataset(),
