@@ -93,9 +93,9 @@ class NCAConfig(GKDConfig):
         - A custom `data_collator` must produce NCA's batch keys (`trl_nca.data.BATCH_KEYS`); the trainer probes it
           on one example at init. GKD's chat collator does not.
 
-    Parameters:
-        > Parameters that control the NCA term
+    Parameters that control the NCA term:
 
+    Parameters:
         nca_beta (`float`, *optional*, defaults to `0.5`):
             Weight of the No-Context Anchoring term. `0.0` is plain on-policy context distillation (OPD): the context
             view of the student is then not computed at all (unless `nca_monitor=True`).
@@ -131,8 +131,9 @@ class NCAConfig(GKDConfig):
         nca_adaptive_horizon (`float`, *optional*, defaults to `1.0`):
             Divides every adaptive update: each step changes the weight by at most `0.2 / nca_adaptive_horizon`.
 
-        > Parameters that control the context
+    Parameters that control the context:
 
+    Parameters:
         context_column (`str` or `None`, *optional*, defaults to `"context"`):
             Dataset column holding each example's privileged context (a non-empty string).
         context_text (`str` or `None`, *optional*, defaults to `None`):
@@ -154,8 +155,9 @@ class NCAConfig(GKDConfig):
             Opt in to shortening the context itself (never the prompt or the completion) when the context view would
             exceed `max_context_length`, with a warning naming the example.
 
-        > Parameters that control the divergence
+    Parameters that control the divergence:
 
+    Parameters:
         divergence_support (`str`, *optional*, defaults to `"full"`):
             `"full"`: exact divergences over the whole vocabulary. `"top_k"`: sums restricted to the `top_k` most likely
             tokens of the student's no-context distribution (chosen without gradient), as in the OPCD reference code.
@@ -185,8 +187,9 @@ class NCAConfig(GKDConfig):
             (nothing is synchronised) and the mean is logged. Not available under DeepSpeed, FSDP or reentrant
             gradient checkpointing. `trl-nca analyze` measures the same on saved checkpoints.
 
-        > Parameters that control evaluation
+    Parameters that control evaluation:
 
+    Parameters:
         eval_completions (`str`, *optional*, defaults to `"on_policy"`):
             Which completions evaluation scores. `"on_policy"`: completions sampled from the student without the
             context (the distribution NCA trains on; `eval_loss` is then itself a sample). `"dataset"`: the eval
