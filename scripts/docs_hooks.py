@@ -40,8 +40,9 @@ SITE_PAGES = {"examples/accelerate/README.md": "launch-configs.md"}
 CLI_MARKER = re.compile(r"<!-- cli: ?([\w-]*) -->")
 ERRORS_MARKER = re.compile(r"<!-- errors: ([^>]+?) -->")
 INCLUDE_MARKER = re.compile(r"<!-- include: (\S+) -->")
-# A quoted message fragment: a definition-list term that is one code span, followed by its definition.
-FRAGMENT = re.compile(r"^`([^`\n]+)`\n(?=:   )", re.M)
+# A quoted message fragment: a definition-list term that is one code span (`...`, or ``...`` around a fragment
+# holding backticks), followed by its definition.
+FRAGMENT = re.compile(r"^(`+) ?(.+?) ?\1\n(?=:   )", re.M)
 LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 
 
@@ -218,7 +219,7 @@ def render_troubleshooting(markdown: str, sites: list[ErrorSite] | None = None) 
         if not any(_claimed(s.module, group) for s in sites):
             problems.append(f"the error group {' '.join(group)!r} claims no module that raises")
     messages = [s.message for s in sites if s.message]
-    for fragment in FRAGMENT.findall(markdown):
+    for _, fragment in FRAGMENT.findall(markdown):
         if not any(fragment in message for message in messages):
             problems.append(f"the quoted message fragment {fragment!r} occurs in no error message of the code")
     if problems:
