@@ -9,6 +9,8 @@ Generated at build time from the code, so the pages cannot drift from it:
   one marker, and every quoted message fragment on the page (a definition-list term in backticks) must occur in a
   message of the code: otherwise the build fails.
 - `docs/results.md`: its figures (git-ignored, drawn by `docs/results/build.py`) are drawn when missing.
+- `docs/quickstart.md`: `<!-- quickstart: report -->` and `<!-- quickstart: figures -->` become the main table and
+  the figures of a real quickstart report, from its `summary.json` kept in `docs/quickstart/` (figures git-ignored).
 - `<!-- include: PATH -->` inserts a repository file (e.g. `examples/accelerate/README.md`); links in every page that
   point at repository files outside `docs/` are rewritten to the site page that shows them (`SITE_PAGES`).
 
@@ -284,6 +286,44 @@ def missing_figures() -> list[str]:
     return [p for p in re.findall(r"!\[[^\]]*\]\((results/figures/[^)]+)\)", page) if not (DOCS / p).is_file()]
 
 
+# ----------------------------------------------------------------------------------------------- quickstart report
+
+QUICKSTART = DOCS / "quickstart" / "summary.json"  # the summary.json of a real quickstart run
+QUICKSTART_FIGURES = {"accuracy": "plot_accuracy", "harm_help": "plot_harm_help"}
+QUICKSTART_MARKER = re.compile(r"<!-- quickstart: (report|figures) -->")
+
+
+def draw_quickstart_figures() -> None:
+    """Draw the quickstart report's figures from its summary, with the functions `trl-nca eval` draws them with."""
+    import json
+
+    from trl_nca.eval import plots
+
+    summary = json.loads(QUICKSTART.read_text(encoding="utf-8"))
+    folder = DOCS / "quickstart" / "figures"
+    folder.mkdir(exist_ok=True)
+    for name, function in QUICKSTART_FIGURES.items():
+        if not (folder / f"{name}.png").is_file():
+            getattr(plots, function)(summary, folder / f"{name}.png")
+
+
+def render_quickstart(markdown: str) -> str:
+    """`<!-- quickstart: report -->`: the report's main table and notes, as `trl-nca eval` renders them;
+    `<!-- quickstart: figures -->`: its figures."""
+    import json
+
+    from trl_nca.eval import render_markdown
+
+    def replace(match: re.Match) -> str:
+        if match.group(1) == "figures":
+            return "\n\n".join(f"![{name}](quickstart/figures/{name}.png)" for name in QUICKSTART_FIGURES)
+        report = render_markdown(json.loads(QUICKSTART.read_text(encoding="utf-8")))
+        body = report.split("\n## ", 1)[0]  # the title line, the legend, the main table and its notes
+        return re.sub(r"\A# .*\n", "", body).strip()
+
+    return QUICKSTART_MARKER.sub(replace, markdown)
+
+
 # -------------------------------------------------------------------------------------------------------- hooks
 
 
@@ -294,6 +334,7 @@ def on_pre_build(config, **kwargs) -> None:
         _results_build().draw_all()
         if missing_figures():
             raise RuntimeError(f"docs/results/build.py did not draw {missing_figures()}")
+    draw_quickstart_figures()
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
@@ -302,6 +343,8 @@ def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:
     markdown = rewrite_links(markdown, "docs/" + path, path)
     if CLI_MARKER.search(markdown):
         markdown = render_cli(markdown)
+    if QUICKSTART_MARKER.search(markdown):
+        markdown = render_quickstart(markdown)
     if ERRORS_MARKER.search(markdown):
         markdown = render_troubleshooting(markdown)
     return markdown
