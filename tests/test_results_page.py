@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

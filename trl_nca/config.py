@@ -58,8 +58,9 @@ def _check_integer(name: str, value: Any, low: int, hint: str = "") -> None:
 
 
 NCA_PARAMETERS_DOC = r"""
-        > Parameters that control the NCA term
+    Parameters that control the NCA term:
 
+    Parameters:
         nca_beta (`float`, *optional*, defaults to `0.5`):
             Weight of the No-Context Anchoring term. `0.0` is plain on-policy context distillation (OPD): the context
             view of the student is then not computed at all (unless `nca_monitor=True`).
@@ -95,8 +96,9 @@ NCA_PARAMETERS_DOC = r"""
         nca_adaptive_horizon (`float`, *optional*, defaults to `1.0`):
             Divides every adaptive update: each step changes the weight by at most `0.2 / nca_adaptive_horizon`.
 
-        > Parameters that control the context
+    Parameters that control the context:
 
+    Parameters:
         context_column (`str` or `None`, *optional*, defaults to `"context"`):
             Dataset column holding each example's privileged context (a non-empty string).
         context_text (`str` or `None`, *optional*, defaults to `None`):
@@ -118,8 +120,9 @@ NCA_PARAMETERS_DOC = r"""
             Opt in to shortening the context itself (never the prompt or the completion) when the context view would
             exceed `max_context_length`, with a warning naming the example.
 
-        > Parameters that control the divergence
+    Parameters that control the divergence:
 
+    Parameters:
         divergence_support (`str`, *optional*, defaults to `"full"`):
             `"full"`: exact divergences over the whole vocabulary. `"top_k"`: sums restricted to the `<TOP_K>` most likely
             tokens of the student's no-context distribution (chosen without gradient), as in the OPCD reference code.
@@ -149,8 +152,9 @@ NCA_PARAMETERS_DOC = r"""
             (nothing is synchronised) and the mean is logged. Not available under DeepSpeed, FSDP or reentrant
             gradient checkpointing. `trl-nca analyze` measures the same on saved checkpoints.
 
-        > Parameters that control evaluation
+    Parameters that control evaluation:
 
+    Parameters:
         eval_completions (`str`, *optional*, defaults to `"on_policy"`):
             Which completions evaluation scores. `"on_policy"`: completions sampled from the student without the
             context (the distribution NCA trains on; `eval_loss` is then itself a sample). `"dataset"`: the eval
@@ -166,9 +170,7 @@ def _with_nca_parameters(support_size_name: str):
     """Append the NCA fields' documentation to a config class's docstring (written once, in `NCA_PARAMETERS_DOC`)."""
 
     def decorate(cls):
-        cls.__doc__ = (
-            cls.__doc__.rstrip() + "\n\n    Parameters:" + NCA_PARAMETERS_DOC.replace("<TOP_K>", support_size_name)
-        )
+        cls.__doc__ = cls.__doc__.rstrip() + "\n" + NCA_PARAMETERS_DOC.replace("<TOP_K>", support_size_name)
         return cls
 
     return decorate

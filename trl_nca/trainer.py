@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
@@ -61,14 +61,17 @@ class NCATrainer(GKDTrainer):
 
     averaged over every completion token of the optimizer step (across gradient accumulation and processes).
 
+    The arguments not listed below are those of `GKDTrainer`.
+
     Args:
         model: the student (a model, or a name/path loaded with `args.model_init_kwargs`).
         teacher_model: a separate teacher (model or name/path) sharing the student's tokenizer, or `None` for
             self-distillation from the student's initial weights (see `NCAConfig.self_teacher`): with a LoRA adapter
             the teacher is the student with its adapter disabled, otherwise a frozen copy.
         args: an [`NCAConfig`].
-        train_dataset, eval_dataset: datasets in GKD's `messages` format or prompt-only (`prompt` as a string or a
-            list of messages), with the context in `args.context_column` unless `args.context_text` is set.
+        train_dataset: a dataset in GKD's `messages` format or prompt-only (`prompt` as a string or a list of
+            messages), with the context in `args.context_column` unless `args.context_text` is set.
+        eval_dataset: the same format as `train_dataset` (or a dict of such datasets).
         rollout: episodes played by the student instead of a dataset: any `trl_nca.rollouts.Rollout`, e.g.
             `trl_nca.envs.GameRollout` for the text games. Every optimizer step plays the `rollout.episodes_per_step`
             seeds of `rollout.seeds(step)` (per_device_train_batch_size x gradient_accumulation_steps x processes)
@@ -77,7 +80,6 @@ class NCATrainer(GKDTrainer):
         teacher_processing_class: the teacher's tokenizer, to check that it maps every token to the same id as the
             student's. By default it is loaded from the teacher's path (or the folder a teacher model was loaded
             from), when there is one.
-        Other arguments are those of `GKDTrainer`.
     """
 
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
@@ -92,8 +94,8 @@ class NCATrainer(GKDTrainer):
         teacher_model: nn.Module | str | None = None,
         args: NCAConfig | None = None,
         data_collator=None,
-        train_dataset=None,
-        eval_dataset=None,
+        train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
         processing_class=None,
         compute_metrics=None,
         callbacks=None,
@@ -101,8 +103,8 @@ class NCATrainer(GKDTrainer):
         preprocess_logits_for_metrics=None,
         peft_config=None,
         formatting_func=None,
-        rollout=None,
-        teacher_processing_class=None,
+        rollout: Rollout | None = None,
+        teacher_processing_class: PreTrainedTokenizerBase | None = None,
     ):
         if args is None:
             args = NCAConfig(output_dir="nca-output")
