@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 import torch
+from datasets import Dataset
 from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from trl import DistillationTrainer
@@ -52,18 +53,20 @@ class NCADistillationTrainer(DistillationTrainer):
     `generate`, once per gradient-accumulation window; its sampling fields (`temperature`, `top_p`, `top_k`, `min_p`,
     `max_completion_length`); its logging of completion lengths and entropy. Every step is on-policy.
 
+    `callbacks`, `optimizers` and `peft_config` are those of `DistillationTrainer`. `tools` and vision-language
+    processors are not supported (the context view is rendered from the text prompt).
+
     Args:
         model: the student (a model, or a name/path loaded with `args.model_init_kwargs`).
         teacher_model: a separate teacher (model or name/path) sharing the student's tokenizer, or `None` for
             self-distillation from the student's initial weights (`args.self_teacher`): with a LoRA adapter the
             teacher is the student with its adapter disabled (no second copy), otherwise a frozen copy.
         args: an [`NCADistillationConfig`].
-        train_dataset, eval_dataset: `prompt` (a string or a list of messages) or `messages` rows, with the context in
+        train_dataset: `prompt` (a string or a list of messages) or `messages` rows, with the context in
             `args.context_column` unless `args.context_text` is set (as for `NCATrainer`).
+        eval_dataset: the same format as `train_dataset` (or a dict of such datasets).
         processing_class: the student's tokenizer, with a chat template and a pad token (text only).
         teacher_processing_class: the teacher's tokenizer, to check that it maps every token to the same id.
-        callbacks, optimizers, peft_config: as in `DistillationTrainer`. `tools` and vision-language processors are
-            not supported (the context view is rendered from the text prompt).
     """
 
     _tag_names = ["trl", "distillation", "trl-nca", "nca", "context-distillation"]
@@ -75,13 +78,13 @@ class NCADistillationTrainer(DistillationTrainer):
         model: nn.Module | str | None = None,
         teacher_model: nn.Module | str | None = None,
         args: NCADistillationConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
+        train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
         callbacks=None,
         optimizers=(None, None),
         peft_config=None,
-        teacher_processing_class=None,
+        teacher_processing_class: PreTrainedTokenizerBase | None = None,
         tools=None,
     ):
         if args is None:
