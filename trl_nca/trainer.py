@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -43,12 +44,15 @@ from .objective import (
     resolve_resume,
 )
 from .rollouts import Rollout
-from .sampling import Generated
+from .sampling import Generated, mask_through_eos
 from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
 from .views import ContextSpec, left_pad
 
 
 logger = logging.getLogger(__name__)
+
+# The deprecation warnings transformers 5 raises for the checkpointing calls inside TRL's unwrap_model_for_generation.
+_TRL_CHECKPOINTING_CALLS = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
 
 
 class NCATrainer(GKDTrainer):
@@ -311,19 +315,28 @@ class NCATrainer(GKDTrainer):
         return inputs
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher: SelfTeacher | None = None):
-        """Sample completions with GKD's generation settings; returns right-padded (ids, mask) without the prompt."""
-        with unwrap_model_for_generation(
-            model,
-            self.accelerator,
-            generation_kwargs=self.generation_kwargs,
-            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-        ) as unwrapped:
-            with teacher.active() if teacher is not None else nullcontext():
-                sequences, attention, _ = self.generate_on_policy_outputs(
-                    unwrapped, {"prompts": prompts, "prompt_attention_mask": prompt_mask}, self.generation_config
+        """Sample completions with GKD's generation settings; returns right-padded (ids, mask) without the prompt:
+        the mask keeps every token up to and including the first end-of-sequence token, as GKD's
+        `generate_on_policy_outputs` does (which is not called: it passes `return_dict_in_generate` next to a
+        generation config, which transformers deprecates with a warning at every run)."""
+        with warnings.catch_warnings():
+            # TRL's unwrapping reads and toggles the model's checkpointing through names transformers 5 deprecates
+            warnings.filterwarnings("ignore", _TRL_CHECKPOINTING_CALLS, FutureWarning)
+            with (
+                unwrap_model_for_generation(
+                    model,
+                    self.accelerator,
+                    generation_kwargs=self.generation_kwargs,
+                    gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+                ) as unwrapped,
+                teacher.active() if teacher is not None else nullcontext(),
+            ):
+                output = unwrapped.generate(
+                    input_ids=prompts, attention_mask=prompt_mask, generation_config=self.generation_config
                 )
-        width = prompts.shape[1]
-        return sequences[:, width:], attention[:, width:]
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        completion = sequences[:, prompts.shape[1] :]
+        return completion, mask_through_eos(completion, self.generation_config.eos_token_id)
 
     def _generate_for_rollout(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
         """The trainer's `trl_nca.sampling.GenerateFn`: one completion per prompt, sampled by the student with GKD's
