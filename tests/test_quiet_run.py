@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
