@@ -1,8 +1,10 @@
-"""Seconds per step and peak memory: TRL's GKDTrainer vs NCATrainer (nca_beta 0 and 0.5), side by side in one process.
+"""Seconds per step and peak memory: TRL's GKDTrainer and DistillationTrainer vs NCATrainer and
+NCADistillationTrainer (nca_beta 0 and 0.5), side by side in one process.
 
 Every configuration trains on the same prompts with the same seed; GKDTrainer gets the context inside its prompt so
-its teacher reads what NCATrainer's teacher reads. Completions are forced to exactly `--new-tokens` tokens
-(`min_new_tokens`) so every configuration scores the same number of tokens.
+its teacher reads what NCATrainer's teacher reads; TRL's DistillationTrainer gets the prompts without the context (its
+student and teacher both read the plain prompt, as it is used without trl-nca). Completions are forced to exactly
+`--new-tokens` tokens (`min_new_tokens`) so every configuration scores the same number of tokens.
 
     python benchmarks/bench_step.py --model embedded --steps 3      # SmolLM2-135M, batch 4, 32 new tokens
     python benchmarks/bench_step.py --model tiny --steps 5          # the 2-layer test model
@@ -123,6 +125,8 @@ def datasets(tok, n: int, context_tokens: int):
         f"Question {k}: which organ produces insulin? (A) Liver (B) Spleen (C) Pancreas (D) Kidney" for k in range(n)
     ]
     nca = Dataset.from_dict({"prompt": prompts, "context": [context.strip()] * n})
+    # TRL's DistillationTrainer: the same prompts without the context (conversational, so it applies the chat template).
+    plain = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts]})
     # GKD: the context inside the prompt (as a system message), plus a placeholder answer GKD's collator requires.
     gkd = Dataset.from_dict(
         {
@@ -136,7 +140,7 @@ def datasets(tok, n: int, context_tokens: int):
             ]
         }
     )
-    return nca, gkd, len(tok(context)["input_ids"])
+    return nca, gkd, plain, len(tok(context)["input_ids"])
 
 
 def common_args(out, steps, batch, new_tokens, device, checkpointing):
@@ -161,11 +165,19 @@ def common_args(out, steps, batch, new_tokens, device, checkpointing):
     )
 
 
+def distillation_args(args_kwargs):
+    """The same settings under DistillationConfig's names (its completion budget is `max_completion_length`; it has
+    no `lmbda` or `max_length`: every step is on-policy)."""
+    kwargs = {k: v for k, v in args_kwargs.items() if k not in ("max_new_tokens", "lmbda", "max_length")}
+    return dict(kwargs, max_completion_length=args_kwargs["max_new_tokens"])
+
+
 def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
     from peft import LoraConfig
+    from trl import DistillationConfig, DistillationTrainer
     from trl.experimental.gkd import GKDConfig, GKDTrainer
 
-    from trl_nca import NCAConfig, NCATrainer
+    from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
 
     torch.manual_seed(0)
     student = copy.deepcopy(base_model)
@@ -178,6 +190,28 @@ def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
             model=student,
             teacher_model=teacher,
             args=GKDConfig(**args_kwargs),
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[timer],
+            peft_config=peft,
+        )
+    elif kind == "dist":
+        teacher = copy.deepcopy(base_model)
+        trainer = DistillationTrainer(
+            model=student,
+            teacher_model=teacher,
+            args=DistillationConfig(**distillation_args(args_kwargs)),
+            train_dataset=data,
+            processing_class=tok,
+            callbacks=[timer],
+            peft_config=peft,
+        )
+    elif kind.startswith("ncad"):
+        teacher = None if lora else copy.deepcopy(base_model)
+        trainer = NCADistillationTrainer(
+            model=student,
+            teacher_model=teacher,
+            args=NCADistillationConfig(**distillation_args(args_kwargs), nca_beta=0.5 if kind == "ncad05" else 0.0),
             train_dataset=data,
             processing_class=tok,
             callbacks=[timer],
@@ -270,7 +304,7 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     base, tok = load(cli.model, device)
     n = cli.batch * (cli.steps + cli.warmup + 1)
-    nca_data, gkd_data, ctx_len = datasets(tok, n, cli.context_tokens)
+    nca_data, gkd_data, plain_data, ctx_len = datasets(tok, n, cli.context_tokens)
     print(
         f"model={cli.model} device={device} batch={cli.batch} new_tokens={cli.new_tokens} context={ctx_len} tokens "
         f"gradient_checkpointing={not cli.no_checkpointing} torch_threads={torch.get_num_threads()}"
@@ -280,10 +314,14 @@ def main():
         kw = common_args(out, cli.steps + cli.warmup + 1, cli.batch, cli.new_tokens, device, not cli.no_checkpointing)
         configs = [
             ("gkd/separate", "gkd", gkd_data, False),
+            ("dist/separate", "dist", plain_data, False),
             ("nca0/separate", "nca0", nca_data, False),
+            ("ncad0/separate", "ncad0", nca_data, False),
+            ("ncad05/separate", "ncad05", nca_data, False),
             ("nca05/separate", "nca05", nca_data, False),
             ("nca0/lora-self", "nca0", nca_data, True),
             ("nca05/lora-self", "nca05", nca_data, True),
+            ("ncad0/lora-self", "ncad0", nca_data, True),
         ]
         for name, kind, data, lora in configs:
             if cli.only and name not in cli.only:
@@ -303,6 +341,12 @@ def main():
     print("\nratios (target)")
     print(f"time  nca0/gkd                         {ratio('nca0/separate', 'gkd/separate', 0):6.2f}  (<= 1.00)")
     print(f"mem   nca0/gkd                         {ratio('nca0/separate', 'gkd/separate', 1):6.2f}  (<= 0.70)")
+    print(f"time  nca0/dist                        {ratio('nca0/separate', 'dist/separate', 0):6.2f}  (<= 1.00)")
+    print(f"mem   nca0/dist                        {ratio('nca0/separate', 'dist/separate', 1):6.2f}  (<= 1.00)")
+    print(f"time  ncad0/dist                       {ratio('ncad0/separate', 'dist/separate', 0):6.2f}  (<= 1.00)")
+    print(f"mem   ncad0/dist                       {ratio('ncad0/separate', 'dist/separate', 1):6.2f}  (<= 1.00)")
+    print(f"time  ncad0/nca0                       {ratio('ncad0/separate', 'nca0/separate', 0):6.2f}")
+    print(f"mem   ncad0/nca0                       {ratio('ncad0/separate', 'nca0/separate', 1):6.2f}")
     if all(k in rows for k in ("nca05/separate", "nca0/separate", "view-c/full")):
         extra = (rows["nca05/separate"][0] - rows["nca0/separate"][0]) / rows["view-c/full"][0]
         print(f"time  (nca05-nca0)/fwd+bwd(context view) {extra:6.2f}  (<= 1.10)")

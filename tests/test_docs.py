@@ -5,7 +5,9 @@ import importlib.util
 import re
 from pathlib import Path
 
-from trl_nca import NCAConfig
+import pytest
+
+from trl_nca import NCAConfig, NCADistillationConfig
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,15 +28,24 @@ def test_configuration_page_holds_the_generated_field_reference():
         assert f"| `{name}` |" in page
 
 
-def test_every_nca_field_has_help_and_a_docstring_entry():
-    from trl.experimental.gkd import GKDConfig
+@pytest.mark.parametrize("config_class", [NCAConfig, NCADistillationConfig])
+def test_every_nca_field_has_help_and_a_docstring_entry(config_class):
+    """Both configs document every NCA field (declared once, in NCAFields) in their docstring and their `--help`, and
+    the configuration page lists each of them."""
+    from trl_nca.config import _nca_field_names
 
-    inherited = {f.name for f in GKDConfig.__dataclass_fields__.values()}
-    for name, field in NCAConfig.__dataclass_fields__.items():
-        if name in NCAConfig.__annotations__:
-            assert field.metadata.get("help"), name
-            if name not in inherited:
-                assert re.search(rf"^\s+{name} \(`", NCAConfig.__doc__, re.M), f"NCAConfig's docstring lacks {name}"
+    names = _nca_field_names(config_class)
+    assert len(names) == len(set(names)) > 20
+    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    for name in names:
+        field = config_class.__dataclass_fields__[name]
+        assert field.metadata.get("help"), name
+        assert re.search(rf"^\s+{name} \(`", config_class.__doc__, re.M), (
+            f"{config_class.__name__}'s docstring lacks {name}"
+        )
+        assert f"| `{name}` |" in page, name
+    for name in NCAConfig.__annotations__:
+        assert NCAConfig.__dataclass_fields__[name].metadata.get("help"), name
 
 
 def test_design_page_shows_the_layer_contract():

@@ -116,3 +116,25 @@ def test_the_organism_reads_its_rules():
         answers = [tok.decode(o[width:], skip_special_tokens=True).strip() for o in out]
         correct = sum(a == O.answer_line(q, rules) for a, q in zip(answers, queries))
         assert correct >= 62, (rules, correct)
+
+
+def test_the_organism_alias_runs_on_one_thread(monkeypatch):
+    """Loading the organism by its alias moves torch to one thread, unless the user chose a number."""
+    import torch
+
+    import trl_nca.models as M
+    from trl_nca.models import resolve_model_name_or_path
+
+    before = torch.get_num_threads()
+
+    monkeypatch.setattr(M, "organism_model_path", lambda spec: "/cached/organism")
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert resolve_model_name_or_path("organism") == "/cached/organism"
+        assert torch.get_num_threads() == 2  # the user's choice stands
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert resolve_model_name_or_path("organism-quick") == "/cached/organism"
+        assert torch.get_num_threads() == (2 if torch.accelerator.is_available() else 1)
+    finally:
+        torch.set_num_threads(before)

@@ -241,8 +241,21 @@ def experience(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _name_cpu_for_deepspeed() -> None:
+    """DeepSpeed, when installed, is imported by accelerate whenever a model is unwrapped; on a machine with no
+    accelerator its detection warns at every run that it fell back to the CPU. Name the CPU for it there (a
+    `DS_ACCELERATOR` the user set is kept, and machines with any accelerator are left to DeepSpeed's detection)."""
+    if "DS_ACCELERATOR" in os.environ:
+        return
+    import torch
+
+    if not torch.accelerator.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _name_cpu_for_deepspeed()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0

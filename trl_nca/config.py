@@ -8,8 +8,9 @@ import warnings
 from dataclasses import dataclass, field, fields
 from numbers import Integral, Real
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from trl import DistillationConfig
 from trl.import_utils import TRLExperimentalWarning
 
 
@@ -56,46 +57,10 @@ def _check_integer(name: str, value: Any, low: int, hint: str = "") -> None:
         raise ValueError(f"{name} must be an integer >= {low}{extra}, got {_shown(value)}.")
 
 
-@dataclass
-class NCAConfig(GKDConfig):
-    r"""
-    Configuration class for [`NCATrainer`]: on-policy context distillation with No-Context Anchoring.
-
-    The loss per completion token of a sample y drawn from the student without the context c is
-
-        OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)
-
-    where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of [`~trl.experimental.gkd.GKDConfig`]
-    keep their meaning; the fields below are specific to NCA.
-
-    Defaults that differ from `GKDConfig`:
-        - `lmbda=1.0` (fully on-policy, as in on-policy context distillation) instead of 0.5.
-        - `beta=1.0` (reverse KL, the OPCD default) instead of 0.5.
-        - `temperature=1.0` instead of 0.9. It is both the sampling temperature and the temperature applied to the
-          logits of every view (student without context, student with context, teacher) before the divergences.
-        - `bf16=None` resolves to `True` only when a CUDA device with bfloat16 support is present, so the same config
-          runs on a CPU-only machine.
-
-    Shared fields whose effect differs from `GKDTrainer` (a config that trains under `GKDTrainer` also trains under
-    `NCATrainer`; where the effect differs, the trainer says so):
-        - `max_length`: in GKD it is only used by the data collator, which drops the oldest tokens of a dataset
-          conversation (prompt plus reference completion) longer than `max_length`; it never limits sampling.
-          NCATrainer never truncates: both views need the same whole prompt and the same whole completion, and
-          cutting the no-context prompt alone would make the views differ by more than the context. So `max_length`
-          does not limit sampling here either (`max_new_tokens` does), rows longer than `max_length` are kept whole,
-          and the trainer warns once, at init, how many there are. Every sequence is bounded by
-          `max_context_length` (an error naming the row).
-        - Evaluation: GKD scores the dataset's completions; NCATrainer scores completions it samples from the
-          student without the context, unless `eval_completions="dataset"` (see below).
-        - `compute_metrics` and `preprocess_logits_for_metrics` are refused: the loss never materialises logits, so
-          evaluation has no predictions to give them. Use the logged `eval_*` terms, or
-          `trl_nca.eval.PairedEvalCallback` for task accuracy with and without the context.
-        - A custom `data_collator` must produce NCA's batch keys (`trl_nca.data.BATCH_KEYS`); the trainer probes it
-          on one example at init. GKD's chat collator does not.
+NCA_PARAMETERS_DOC = r"""
+    Parameters that control the NCA term:
 
     Parameters:
-        > Parameters that control the NCA term
-
         nca_beta (`float`, *optional*, defaults to `0.5`):
             Weight of the No-Context Anchoring term. `0.0` is plain on-policy context distillation (OPD): the context
             view of the student is then not computed at all (unless `nca_monitor=True`).
@@ -131,8 +96,9 @@ class NCAConfig(GKDConfig):
         nca_adaptive_horizon (`float`, *optional*, defaults to `1.0`):
             Divides every adaptive update: each step changes the weight by at most `0.2 / nca_adaptive_horizon`.
 
-        > Parameters that control the context
+    Parameters that control the context:
 
+    Parameters:
         context_column (`str` or `None`, *optional*, defaults to `"context"`):
             Dataset column holding each example's privileged context (a non-empty string).
         context_text (`str` or `None`, *optional*, defaults to `None`):
@@ -154,12 +120,13 @@ class NCAConfig(GKDConfig):
             Opt in to shortening the context itself (never the prompt or the completion) when the context view would
             exceed `max_context_length`, with a warning naming the example.
 
-        > Parameters that control the divergence
+    Parameters that control the divergence:
 
+    Parameters:
         divergence_support (`str`, *optional*, defaults to `"full"`):
-            `"full"`: exact divergences over the whole vocabulary. `"top_k"`: sums restricted to the `top_k` most likely
+            `"full"`: exact divergences over the whole vocabulary. `"top_k"`: sums restricted to the `<TOP_K>` most likely
             tokens of the student's no-context distribution (chosen without gradient), as in the OPCD reference code.
-        top_k (`int`, *optional*, defaults to `256`):
+        <TOP_K> (`int`, *optional*, defaults to `256`):
             Size of the top-k support.
         top_k_renormalize (`bool`, *optional*, defaults to `False`):
             Renormalise every distribution over the top-k support instead of using full-vocabulary log-probabilities.
@@ -199,15 +166,44 @@ class NCAConfig(GKDConfig):
             (nothing is synchronised) and the mean is logged. Not available under DeepSpeed, FSDP or reentrant
             gradient checkpointing. `trl-nca analyze` measures the same on saved checkpoints.
 
-        > Parameters that control evaluation
+    Parameters that control evaluation:
 
+    Parameters:
         eval_completions (`str`, *optional*, defaults to `"on_policy"`):
             Which completions evaluation scores. `"on_policy"`: completions sampled from the student without the
             context (the distribution NCA trains on; `eval_loss` is then itself a sample). `"dataset"`: the eval
             dataset's reference completions, as `GKDTrainer` evaluates (every eval row needs one: `messages` ending
             with an assistant turn, or a `completion` column). `eval_completions/on_policy` logs the fraction of
             evaluated completions that the student sampled (1.0 or 0.0).
-    """
+"""
+"""The documentation of the fields of `NCAFields`, shared by the docstrings of both configs (`<TOP_K>` stands for the
+name of the support-size field, which differs between them)."""
+
+
+def _with_nca_parameters(support_size_name: str):
+    """Append the NCA fields' documentation to a config class's docstring (written once, in `NCA_PARAMETERS_DOC`)."""
+
+    def decorate(cls):
+        cls.__doc__ = cls.__doc__.rstrip() + "\n" + NCA_PARAMETERS_DOC.replace("<TOP_K>", support_size_name)
+        return cls
+
+    return decorate
+
+
+def _support_size_field():
+    """The size of the top-k support. `NCAConfig` calls it `top_k`; `NCADistillationConfig` calls it
+    `divergence_top_k`, because `DistillationConfig.top_k` is already the sampling top-k."""
+    return field(default=256, metadata={"help": "Size of the top-k support."})
+
+
+@dataclass
+class NCAFields:
+    """The fields of the context, the NCA term and the divergence support, declared once for both trainer configs:
+    [`NCAConfig`] (on `GKDConfig`, for `NCATrainer`) and [`NCADistillationConfig`] (on `DistillationConfig`, for
+    `NCADistillationTrainer`). Documented in `NCA_PARAMETERS_DOC` (part of both configs' docstrings) and in each
+    field's `metadata["help"]`. A subclass names its support-size field in `_support_size_name`."""
+
+    _support_size_name: ClassVar[str] = "top_k"
 
     nca_beta: float = field(
         default=0.5,
@@ -309,7 +305,6 @@ class NCAConfig(GKDConfig):
             "no-context tokens (chosen without gradient), as in the OPCD code."
         },  # fmt: skip
     )
-    top_k: int = field(default=256, metadata={"help": "Size of the top-k support."})
     top_k_renormalize: bool = field(
         default=False, metadata={"help": "Renormalise the three distributions over the top-k support."}
     )
@@ -351,37 +346,33 @@ class NCAConfig(GKDConfig):
         },
     )
 
-    # Defaults that differ from GKDConfig (documented above).
-    lmbda: float = field(
-        default=1.0, metadata={"help": "Fraction of on-policy steps (1.0: fully on-policy, the OPCD setting)."}
-    )
-    beta: float = field(
-        default=1.0,
-        metadata={
-            "help": "OPD divergence, TRL's generalized JSD: 1 reverse KL(q_x || f) (the OPCD default), 0 forward "
-            "KL(f || q_x), in between the JSD."
-        },  # fmt: skip
-    )
-    temperature: float = field(
-        default=1.0,
-        metadata={
-            "help": "Sampling temperature, also dividing the logits of all three distributions (student "
-            "without and with the context, teacher)."
-        },  # fmt: skip
-    )
+    @property
+    def support_size(self) -> int:
+        """The size of the top-k support (`top_k` in `NCAConfig`, `divergence_top_k` in `NCADistillationConfig`)."""
+        return getattr(self, self._support_size_name)
 
-    def __post_init__(self):
-        # Numbers are checked before GKDConfig's own range checks, which let NaN through and fail on strings with a
-        # bare TypeError.
+    def _nca_defaults(self) -> None:
+        """Settings resolved before the base config's `__post_init__`: `bf16=None` means bfloat16 only on a CUDA
+        device that has it (the same config then runs on a CPU); no pinned memory without CUDA."""
+        import torch
+
+        if self.bf16 is None and not self.fp16:
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if self.dataloader_pin_memory and not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinned memory only serves CUDA copies; torch warns on every loader
+        _adopt_activation_checkpointing(self)
+
+    def _check_nca_numbers(self, integers: tuple[str, ...] = ()) -> None:
+        """Type and range of the numbers, before the base config's own checks (which let NaN through and fail on
+        strings with a bare TypeError). `integers` adds fields of the base config that must be integers >= 1."""
         _check_number("nca_beta", self.nca_beta, low=0.0, hint="0 is plain OPD, 0.5 the paper's best")
         _check_number("temperature", self.temperature, low=0.0, low_open=True, hint="it divides every view's logits")
         _check_number("beta", self.beta, low=0.0, high=1.0, hint="0 forward KL, 1 reverse KL")
-        _check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
         for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
             _check_number(name, getattr(self, name))
         for name in (
-            "top_k", "loss_vocab_chunk_size", "loss_token_chunk_size", "max_new_tokens", "per_device_train_batch_size",
-            "per_device_eval_batch_size", "gradient_accumulation_steps",
+            self._support_size_name, "loss_vocab_chunk_size", "loss_token_chunk_size", *integers,
+            "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
         ):  # fmt: skip
             _check_integer(name, getattr(self, name), low=1)
         for name in ("nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon"):
@@ -392,14 +383,9 @@ class NCAConfig(GKDConfig):
         _check_integer("share_prefix_min_tokens", self.share_prefix_min_tokens, low=1)
         if self.max_context_length is not None:
             _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
-        import torch
 
-        if self.bf16 is None and not self.fp16:
-            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-        if self.dataloader_pin_memory and not torch.cuda.is_available():
-            self.dataloader_pin_memory = False  # pinned memory only serves CUDA copies; torch warns on every loader
-        _adopt_activation_checkpointing(self)
-        super().__post_init__()
+    def _check_nca_choices(self) -> None:
+        """The choices among strings, the unused-option warning, and the specs built (so validated) now."""
         choices = {
             "nca_anchor": ("student", "teacher"),
             "nca_divergence": ("forward_kl", "symmetric_kl"),
@@ -449,12 +435,127 @@ class NCAConfig(GKDConfig):
         return DivergenceSpec(
             beta=self.beta,
             temperature=self.temperature,
-            top_k=self.top_k if self.divergence_support == "top_k" else None,
+            top_k=self.support_size if self.divergence_support == "top_k" else None,
             renormalize=self.top_k_renormalize,
             nca_target=self.nca_anchor,
             nca_divergence=self.nca_divergence,
             nca_stop_gradient=self.nca_stop_gradient,
         )
+
+
+@_with_nca_parameters("top_k")
+@dataclass
+class NCAConfig(NCAFields, GKDConfig):
+    r"""
+    Configuration class for [`NCATrainer`]: on-policy context distillation with No-Context Anchoring.
+
+    The loss per completion token of a sample y drawn from the student without the context c is
+
+        OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)
+
+    where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of [`~trl.experimental.gkd.GKDConfig`]
+    keep their meaning; the fields below are specific to NCA.
+
+    Defaults that differ from `GKDConfig`:
+        - `lmbda=1.0` (fully on-policy, as in on-policy context distillation) instead of 0.5.
+        - `beta=1.0` (reverse KL, the OPCD default) instead of 0.5.
+        - `temperature=1.0` instead of 0.9. It is both the sampling temperature and the temperature applied to the
+          logits of every view (student without context, student with context, teacher) before the divergences.
+        - `bf16=None` resolves to `True` only when a CUDA device with bfloat16 support is present, so the same config
+          runs on a CPU-only machine.
+
+    Shared fields whose effect differs from `GKDTrainer` (a config that trains under `GKDTrainer` also trains under
+    `NCATrainer`; where the effect differs, the trainer says so):
+        - `max_length`: in GKD it is only used by the data collator, which drops the oldest tokens of a dataset
+          conversation (prompt plus reference completion) longer than `max_length`; it never limits sampling.
+          NCATrainer never truncates: both views need the same whole prompt and the same whole completion, and
+          cutting the no-context prompt alone would make the views differ by more than the context. So `max_length`
+          does not limit sampling here either (`max_new_tokens` does), rows longer than `max_length` are kept whole,
+          and the trainer warns once, at init, how many there are. Every sequence is bounded by
+          `max_context_length` (an error naming the row).
+        - Evaluation: GKD scores the dataset's completions; NCATrainer scores completions it samples from the
+          student without the context, unless `eval_completions="dataset"` (see below).
+        - `compute_metrics` and `preprocess_logits_for_metrics` are refused: the loss never materialises logits, so
+          evaluation has no predictions to give them. Use the logged `eval_*` terms, or
+          `trl_nca.eval.PairedEvalCallback` for task accuracy with and without the context.
+        - A custom `data_collator` must produce NCA's batch keys (`trl_nca.data.BATCH_KEYS`); the trainer probes it
+          on one example at init. GKD's chat collator does not.
+
+    The NCA fields (below) are declared once, in [`NCAFields`], and shared with [`NCADistillationConfig`].
+    """
+
+    top_k: int = _support_size_field()
+
+    # Defaults that differ from GKDConfig (documented above).
+    lmbda: float = field(
+        default=1.0, metadata={"help": "Fraction of on-policy steps (1.0: fully on-policy, the OPCD setting)."}
+    )
+    beta: float = field(
+        default=1.0,
+        metadata={
+            "help": "OPD divergence, TRL's generalized JSD: 1 reverse KL(q_x || f) (the OPCD default), 0 forward "
+            "KL(f || q_x), in between the JSD."
+        },  # fmt: skip
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Sampling temperature, also dividing the logits of all three distributions (student "
+            "without and with the context, teacher)."
+        },  # fmt: skip
+    )
+
+    def __post_init__(self):
+        self._check_nca_numbers(integers=("max_new_tokens",))
+        _check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
+        self._nca_defaults()
+        super().__post_init__()
+        self._check_nca_choices()
+
+
+@_with_nca_parameters("divergence_top_k")
+@dataclass
+class NCADistillationConfig(NCAFields, DistillationConfig):
+    r"""
+    Configuration class for [`NCADistillationTrainer`]: NCA on TRL's stable `DistillationTrainer` (vLLM sampling).
+
+    The loss is [`NCAConfig`]'s: per completion token of a sample y drawn from the student without the context c,
+    `OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)`. All fields of [`~trl.DistillationConfig`] keep
+    their meaning and defaults (sampling: `temperature`, `top_p`, `top_k`, `min_p`, `max_completion_length`,
+    `use_vllm` and the `vllm_*` fields; `beta` selects the OPD divergence as in `NCAConfig`); the NCA fields below are
+    the same as `NCAConfig`'s, declared once in [`NCAFields`], except:
+
+        - the size of the top-k divergence support is `divergence_top_k` (`NCAConfig.top_k`), since `top_k` is
+          already `DistillationConfig`'s sampling top-k;
+        - `eval_completions` must be `"on_policy"` (the trainer always samples its completions) and
+          `log_grad_cosine_steps` must be 0 (not available on this trainer; `trl-nca analyze` measures it on saved
+          checkpoints);
+        - `bf16=None` resolves to `True` only on a CUDA device with bfloat16 support, as in `NCAConfig`.
+
+    `max_completion_length` bounds the completion of every row when the context view's length is checked against
+    `max_context_length`. There is no `lmbda` or `seq_kd`: every step is on-policy.
+    """
+
+    divergence_top_k: int = _support_size_field()
+
+    _support_size_name: ClassVar[str] = "divergence_top_k"
+
+    def __post_init__(self):
+        self._check_nca_numbers(integers=("max_completion_length",))
+        self._nca_defaults()
+        super().__post_init__()
+        self._check_nca_choices()
+        if self.eval_completions != "on_policy":
+            raise ValueError(
+                f"eval_completions={self.eval_completions!r} is not available with NCADistillationTrainer, which "
+                "always scores completions it samples (as DistillationTrainer does). Set eval_completions='on_policy', "
+                "or use NCATrainer to evaluate the dataset's reference completions."
+            )
+        if self.log_grad_cosine_steps:
+            raise ValueError(
+                "log_grad_cosine_steps is not available with NCADistillationTrainer. Set it to 0, and measure the "
+                "gradient cosine with NCATrainer or on saved checkpoints with `trl-nca analyze`."
+            )
 
 
 def _adopt_activation_checkpointing(config) -> None:
@@ -526,26 +627,64 @@ def _markdown_text(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _nca_field_names(config_class) -> list[str]:
+    """The NCA fields of a config class in documentation order: those of `NCAFields`, with the class's support-size
+    field right after `divergence_support`."""
+    names = []
+    for name in NCAFields.__annotations__:
+        if name.startswith("_"):
+            continue
+        names.append(name)
+        if name == "divergence_support":
+            names.append(config_class._support_size_name)
+    return names
+
+
+def _annotation(config_class, name: str) -> str:
+    """A field's type as written (HfArgumentParser rewrites `field.type` in place)."""
+    for klass in config_class.__mro__:
+        if name in getattr(klass, "__annotations__", {}):
+            return str(klass.__annotations__[name]).replace("|", "\\|")
+    raise KeyError(name)
+
+
 def field_reference() -> str:
-    """Markdown tables of `NCAConfig`'s own fields and of the `GKDConfig` fields whose defaults it changes, built from
-    the fields' defaults, types and `metadata["help"]` (the text `--help` shows). docs/configuration.md embeds them
-    between markers; `python scripts/config_reference.py` rewrites them there, and a test fails when the page drifts."""
-    own = NCAConfig.__annotations__
+    """Markdown tables of the NCA fields (declared once, in `NCAFields`), of the `GKDConfig` fields whose defaults
+    `NCAConfig` changes, and of how `NCADistillationConfig` differs, built from the fields' defaults, types and
+    `metadata["help"]` (the text `--help` shows). docs/configuration.md embeds them between markers;
+    `python scripts/config_reference.py` rewrites them there, and a test fails when the page drifts."""
     gkd = {f.name: f for f in fields(GKDConfig)}
     ours = {f.name: f for f in fields(NCAConfig)}
     rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name in own:
-        if name in gkd:
-            continue
+    for name in _nca_field_names(NCAConfig):
         f = ours[name]
-        kind = str(own[name]).replace("|", "\\|")  # as written (HfArgumentParser rewrites `field.type` in place)
+        kind = _annotation(NCAConfig, name)
         rows.append(f"| `{name}` | `{kind}` | {_markdown_value(f.default)} | {_markdown_text(f.metadata['help'])} |")
     changed = ["| field | GKDConfig default | NCAConfig default | meaning |", "| --- | --- | --- | --- |"]
-    for name in own:
+    for name in NCAConfig.__annotations__:
         if name in gkd:
             f = ours[name]
             changed.append(
                 f"| `{name}` | {_markdown_value(gkd[name].default)} | {_markdown_value(f.default)} | "
                 f"{_markdown_text(f.metadata['help'])} |"
             )
-    return "\n".join(rows) + "\n\nFields of `GKDConfig` whose default differs:\n\n" + "\n".join(changed) + "\n"
+    distill = {f.name: f for f in fields(DistillationConfig)}
+    theirs = {f.name: f for f in fields(NCADistillationConfig)}
+    renamed = [
+        f"| `{a}` | `{b}` | {_markdown_text(ours[a].metadata['help'])} |"
+        for a, b in zip(_nca_field_names(NCAConfig), _nca_field_names(NCADistillationConfig))
+        if a != b
+    ]
+    overridden = [name for name in NCADistillationConfig.__annotations__ if name in distill]
+    differing = [f"`{name}`" for name in overridden if theirs[name].default != distill[name].default]
+    return (
+        "\n".join(rows)
+        + "\n\nFields of `GKDConfig` whose default differs:\n\n"
+        + "\n".join(changed)
+        + "\n\n`NCADistillationConfig` (on `DistillationConfig`) has the same NCA fields, with the same types, defaults "
+        + "and meaning, except:\n\n| `NCAConfig` | `NCADistillationConfig` | meaning |\n| --- | --- | --- |\n"
+        + "\n".join(renamed)
+        + "\n\nFields of `DistillationConfig` whose default differs: "
+        + (", ".join(differing) if differing else "none")
+        + ".\n"
+    )

@@ -241,6 +241,9 @@ def _chunk_terms(h_x, h_c, h_t, lse_x, lse_c, lse_t, start, width, student, teac
             out.append(total(nca))
         if "view_kl" in want:
             out.append(total(_kl(ls.detach(), lc.detach())))
+    if "entropy" in want:
+        lx = ls.detach()
+        out.append(total(-(lx.exp() * lx)))  # entropy of q_x, -sum_v q_x(v) log q_x(v), no gradient
     return tuple(out)
 
 
@@ -259,11 +262,14 @@ def token_divergences(
 
     `h_x`, `h_c` are the student's hidden states of the same completion tokens in the no-context and context views,
     `h_t` the teacher's. The teacher is a constant: neither `h_t` nor the teacher's head receives gradient, also when
-    the teacher's head is the student's own (a live self-teacher). `want` selects among "opd", "nca" and "view_kl" (KL(q_x || q_c), no gradient, for
-    monitoring); "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
+    the teacher's head is the student's own (a live self-teacher). `want` selects among "opd", "nca", "view_kl"
+    (KL(q_x || q_c), no gradient, for monitoring) and "entropy" (of q_x, no gradient; over the support with top-k);
+    "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
     """
-    want = tuple(w for w in want if w == "opd" or h_c is not None)
+    # In the order _chunk_terms appends them; the context terms only with a context view.
+    order = ("opd", "nca", "view_kl", "entropy")
+    want = tuple(w for w in order if w in want and (w in ("opd", "entropy") or h_c is not None))
     # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
     vocab = min(student.vocab_size, teacher.vocab_size)
     student = replace(student, rows=vocab)

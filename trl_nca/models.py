@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .inputs import CACHE_ENV_VAR, default_cache_dir, package_version, sha256_file
-from .organism import ORGANISM_ALIASES, organism_model_path, spec_for_alias
+from .organism import ORGANISM_ALIASES, organism_model_path, spec_for_alias, use_one_cpu_thread
 
 
 logger = logging.getLogger(__name__)
@@ -317,6 +317,7 @@ def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
     if name.strip().lower() in EMBEDDED_MODEL_ALIASES:
         return embedded_model_path()
     if name.strip().lower() in ORGANISM_ALIASES:
+        use_one_cpu_thread()
         return organism_model_path(spec_for_alias(name))
     path = Path(name).expanduser()
     if path.is_dir():

@@ -1,4 +1,4 @@
-"""A model organism for context distillation: a tiny chat model pretrained here, in about a minute, on a synthetic
+"""A model organism for context distillation: a tiny chat model pretrained here, in a few minutes, on a synthetic
 language in which the context changes the answer.
 
 The language. A user turn holds zero or more rule lines followed by a query; the assistant answers the query with
@@ -214,8 +214,24 @@ def spec_for_alias(alias: str) -> OrganismSpec:
     return OrganismSpec(steps=300) if alias == "organism-quick" else OrganismSpec()
 
 
+def use_one_cpu_thread() -> bool:
+    """Run torch on one CPU thread, unless `OMP_NUM_THREADS` is set or an accelerator is present; True if it did.
+
+    The organism's matrices are tiny, so on a CPU a second thread costs more in synchronisation than it gains: 40
+    pretraining steps took 14-16 s on one thread and 120-221 s on two, side by side on the 2-core development machine
+    while other jobs ran. Every command that loads the organism by its alias calls this.
+    """
+    import torch
+
+    if "OMP_NUM_THREADS" in os.environ or torch.accelerator.is_available() or torch.get_num_threads() == 1:
+        return False
+    torch.set_num_threads(1)
+    logger.info("The model organism runs on one CPU thread (set OMP_NUM_THREADS to choose another number).")
+    return True
+
+
 def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.PathLike | None = None) -> str:
-    """The folder of the pretrained organism, pretraining it first if this machine has not yet (about a minute)."""
+    """The folder of the pretrained organism, pretraining it first if this machine has not yet (a few minutes)."""
     spec = spec or OrganismSpec()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / f"organism-{spec.key()}"
@@ -224,7 +240,7 @@ def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.Pa
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".organism-{spec.key()}.tmp-", dir=root))
     try:
-        logger.warning("Pretraining the model organism (one time, about a minute) into %s.", target)
+        logger.warning("Pretraining the model organism (one time, a few minutes on a CPU) into %s.", target)
         start = time.perf_counter()
         model, tokenizer, loss = pretrain(spec)
         model.save_pretrained(staging)

@@ -141,6 +141,17 @@ class PerRowSampler:
         return out.scatter_(-1, chosen, 0.0)
 
 
+def mask_through_eos(completion_ids: torch.Tensor, eos_token_id: int | Sequence[int] | None) -> torch.Tensor:
+    """1 for every generated token up to and including the first end-of-sequence token of its row, 0 after it (all
+    ones when `eos_token_id` is None: nothing stops early). `eos_token_id` may be a list of stop tokens."""
+    if eos_token_id is None:
+        return torch.ones_like(completion_ids)
+    stops = torch.tensor(eos_token_id, device=completion_ids.device).reshape(-1)
+    is_eos = torch.isin(completion_ids, stops).long()
+    # tokens strictly after the first stop have at least one stop before them
+    return (is_eos.cumsum(1) - is_eos == 0).long()
+
+
 def _eos_ids(model, tokenizer) -> set[int]:
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:

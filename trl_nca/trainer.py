@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
-import textwrap
+import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import AutoConfig, AutoTokenizer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
@@ -33,18 +29,30 @@ from .data import (
     tokenize_example,
 )
 from .gradients import compare_gradients, loss_gradients
-from .losses import LMHead, token_divergences
 from .models import resolve_model_name_or_path
-from .prefix import PrefixSharing, weights_fingerprint
+from .objective import (
+    NCA_PAPER,
+    STAT_NAMES,
+    NCAObjective,
+    ScheduleCheckpoint,
+    batch_stats,
+    check_process_count,
+    load_schedule,
+    named_datasets,
+    position_limit,
+    record_means,
+    resolve_resume,
+)
 from .rollouts import Rollout
-from .sampling import Generated
-from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
-from .schedule import BetaSchedule, schedule_from_config
+from .sampling import Generated, mask_through_eos
 from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
-from .views import ContextSpec, View, build_view, left_pad
+from .views import ContextSpec, left_pad
 
 
 logger = logging.getLogger(__name__)
+
+# The deprecation warnings transformers 5 raises for the checkpointing calls inside TRL's unwrap_model_for_generation.
+_TRL_CHECKPOINTING_CALLS = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
 
 
 class NCATrainer(GKDTrainer):
@@ -57,14 +65,17 @@ class NCATrainer(GKDTrainer):
 
     averaged over every completion token of the optimizer step (across gradient accumulation and processes).
 
+    The arguments not listed below are those of `GKDTrainer`.
+
     Args:
         model: the student (a model, or a name/path loaded with `args.model_init_kwargs`).
         teacher_model: a separate teacher (model or name/path) sharing the student's tokenizer, or `None` for
             self-distillation from the student's initial weights (see `NCAConfig.self_teacher`): with a LoRA adapter
             the teacher is the student with its adapter disabled, otherwise a frozen copy.
         args: an [`NCAConfig`].
-        train_dataset, eval_dataset: datasets in GKD's `messages` format or prompt-only (`prompt` as a string or a
-            list of messages), with the context in `args.context_column` unless `args.context_text` is set.
+        train_dataset: a dataset in GKD's `messages` format or prompt-only (`prompt` as a string or a list of
+            messages), with the context in `args.context_column` unless `args.context_text` is set.
+        eval_dataset: the same format as `train_dataset` (or a dict of such datasets).
         rollout: episodes played by the student instead of a dataset: any `trl_nca.rollouts.Rollout`, e.g.
             `trl_nca.envs.GameRollout` for the text games. Every optimizer step plays the `rollout.episodes_per_step`
             seeds of `rollout.seeds(step)` (per_device_train_batch_size x gradient_accumulation_steps x processes)
@@ -73,23 +84,11 @@ class NCATrainer(GKDTrainer):
         teacher_processing_class: the teacher's tokenizer, to check that it maps every token to the same id as the
             student's. By default it is loaded from the teacher's path (or the folder a teacher model was loaded
             from), when there is one.
-        Other arguments are those of `GKDTrainer`.
     """
 
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
     _name = "NCA"
-    _paper = {
-        "title": "When Context Returns: Toward Robust Internalization in On-Policy Distillation",
-        "id": "2606.11627",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @article{wang2026when,
-                title        = {{When Context Returns: Toward Robust Internalization in On-Policy Distillation}},
-                author       = {Xun Wang and Ruishuo Chen and Zhuoran Li and Yu Chen and Longbo Huang},
-                year         = 2026,
-                journal      = {arXiv preprint arXiv:2606.11627},
-            }"""),
-    }
+    _paper = NCA_PAPER
     # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
@@ -99,8 +98,8 @@ class NCATrainer(GKDTrainer):
         teacher_model: nn.Module | str | None = None,
         args: NCAConfig | None = None,
         data_collator=None,
-        train_dataset=None,
-        eval_dataset=None,
+        train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | dict[str, Dataset] | None = None,
         processing_class=None,
         compute_metrics=None,
         callbacks=None,
@@ -108,8 +107,8 @@ class NCATrainer(GKDTrainer):
         preprocess_logits_for_metrics=None,
         peft_config=None,
         formatting_func=None,
-        rollout=None,
-        teacher_processing_class=None,
+        rollout: Rollout | None = None,
+        teacher_processing_class: PreTrainedTokenizerBase | None = None,
     ):
         if args is None:
             args = NCAConfig(output_dir="nca-output")
@@ -128,7 +127,7 @@ class NCATrainer(GKDTrainer):
                 )
         model = resolve_model_name_or_path(model, "Student model")
         if rollout is None:  # empty or malformed datasets fail here, before any model is loaded
-            for split, dataset in _named_datasets(train_dataset, eval_dataset):
+            for split, dataset in named_datasets(train_dataset, eval_dataset):
                 check_examples(dataset, args.context_spec, split)
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
@@ -154,7 +153,7 @@ class NCATrainer(GKDTrainer):
         limits = Limits(
             max_new_tokens=args.max_new_tokens,
             max_length=args.max_length,
-            max_context_length=args.max_context_length or _position_limit(model, teacher_model),
+            max_context_length=args.max_context_length or position_limit(model, teacher_model),
             truncate_context=args.truncate_context,
         )
         self.limits = limits
@@ -215,7 +214,7 @@ class NCATrainer(GKDTrainer):
         finally:
             gkd_logger.removeFilter(_drop_migration_hint)
             args.teacher_model_init_kwargs = teacher_init_kwargs
-        _check_process_count(self.accelerator)
+        check_process_count(self.accelerator)
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside settle_teacher) gathers it first.
         settled = settle_teacher(self._teacher(), self.model)  # the student is PEFT-wrapped only now
         if settled is not None:
@@ -233,12 +232,13 @@ class NCATrainer(GKDTrainer):
         if widest > common:
             self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
             self.generation_config.suppress_tokens = list(range(common, widest))
-        self.nca_schedule = schedule_from_config(args)
-        self._nca_active = self.nca_schedule.active  # the NCA term can be on: the context view carries gradient
-        self.add_callback(_ScheduleCheckpoint(self.nca_schedule))
-        self.divergence_spec = args.divergence_spec
+        # The objective (views, teacher, divergences, anchor schedule) is shared with NCADistillationTrainer.
+        self.nca = NCAObjective(args, processing_class.pad_token_id)
+        self.nca_schedule = self.nca.schedule
+        self._nca_active = self.nca.active  # the NCA term can be on: the context view carries gradient
+        self.add_callback(ScheduleCheckpoint(self.nca_schedule))
+        self.divergence_spec = self.nca.spec
         self._redirect = _ForwardRedirection()
-        self.prefix_sharing = PrefixSharing(args.share_prefix, args.share_prefix_min_tokens)
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
 
@@ -251,17 +251,10 @@ class NCATrainer(GKDTrainer):
     # Sampling
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        if resume_from_checkpoint is True:
-            last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
-            if last is None:
-                raise ValueError(
-                    f"resume_from_checkpoint=True, but output_dir {self.args.output_dir!r} holds no checkpoint-N "
-                    "folder. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
-                )
-            resume_from_checkpoint = last
+        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
         self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         if self._resume_rng_from is not None:
-            _load_schedule(self.nca_schedule, self._resume_rng_from)
+            load_schedule(self.nca_schedule, self._resume_rng_from)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _load_rng_state(self, checkpoint):
@@ -322,19 +315,28 @@ class NCATrainer(GKDTrainer):
         return inputs
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher: SelfTeacher | None = None):
-        """Sample completions with GKD's generation settings; returns right-padded (ids, mask) without the prompt."""
-        with unwrap_model_for_generation(
-            model,
-            self.accelerator,
-            generation_kwargs=self.generation_kwargs,
-            gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-        ) as unwrapped:
-            with teacher.active() if teacher is not None else nullcontext():
-                sequences, attention, _ = self.generate_on_policy_outputs(
-                    unwrapped, {"prompts": prompts, "prompt_attention_mask": prompt_mask}, self.generation_config
+        """Sample completions with GKD's generation settings; returns right-padded (ids, mask) without the prompt:
+        the mask keeps every token up to and including the first end-of-sequence token, as GKD's
+        `generate_on_policy_outputs` does (which is not called: it passes `return_dict_in_generate` next to a
+        generation config, which transformers deprecates with a warning at every run)."""
+        with warnings.catch_warnings():
+            # TRL's unwrapping reads and toggles the model's checkpointing through names transformers 5 deprecates
+            warnings.filterwarnings("ignore", _TRL_CHECKPOINTING_CALLS, FutureWarning)
+            with (
+                unwrap_model_for_generation(
+                    model,
+                    self.accelerator,
+                    generation_kwargs=self.generation_kwargs,
+                    gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+                ) as unwrapped,
+                teacher.active() if teacher is not None else nullcontext(),
+            ):
+                output = unwrapped.generate(
+                    input_ids=prompts, attention_mask=prompt_mask, generation_config=self.generation_config
                 )
-        width = prompts.shape[1]
-        return sequences[:, width:], attention[:, width:]
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        completion = sequences[:, prompts.shape[1] :]
+        return completion, mask_through_eos(completion, self.generation_config.eos_token_id)
 
     def _generate_for_rollout(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
         """The trainer's `trl_nca.sampling.GenerateFn`: one completion per prompt, sampled by the student with GKD's
@@ -391,16 +393,14 @@ class NCATrainer(GKDTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         measure = self._grad_cosine_due()
-        need_context = self._nca_active or self.args.nca_monitor or measure
+        need_context = self.nca.need_context(measure)
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
         terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context, measure)
         if measure:
             self._log_grad_cosine(unwrapped, terms)
-        total = terms["opd"].sum()
-        if self._nca_active:
-            total = total + self.nca_beta * terms["nca"].sum()
+        total = self.nca.total(terms)
         if num_items_in_batch is not None:
             loss = total / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
         else:
@@ -408,56 +408,19 @@ class NCATrainer(GKDTrainer):
         self._log_terms(terms, total, inputs)
         return (loss, None) if return_outputs else loss
 
-    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool, measure=False):
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        view_c = build_view(
-            inputs["context_prompts"], inputs["context_prompt_attention_mask"], completion_ids, completion_mask
-        )
-        h_c = None
-        # A context view run only to measure the gradient cosine draws from a side random stream (dropout).
-        side = measure and not (self._nca_active or self.args.nca_monitor)
-        if need_context and self._nca_active and self.args.joint_forward:
-            h_x, h_c = self._joint_hidden(student, inputs)
-        else:
-            view_x = build_view(inputs["prompts"], inputs["prompt_attention_mask"], completion_ids, completion_mask)
-            h_x = self._states(student, view_x, completion_mask, "student's no-context view")
-            if need_context:
-                with nullcontext() if self._nca_active or measure else torch.no_grad():
-                    with _side_rng(h_x) if side else nullcontext():
-                        h_c = self._states(student, view_c, completion_mask, "student's context view")
-        student_head = LMHead.from_model(student)
-        h_t, teacher_head = self._teacher_states(view_c, completion_mask, None if side else h_c, student_head)
-        want = ("opd", "nca", "view_kl") if need_context else ("opd",)
-        return token_divergences(
-            h_x,
-            h_t,
-            student_head,
-            teacher_head,
-            self.divergence_spec,
-            h_c=h_c,
-            want=want,
-            vocab_chunk=self.args.loss_vocab_chunk_size,
-            token_chunk=self.args.loss_token_chunk_size,
-        )
+    @property
+    def prefix_sharing(self):
+        """The shared-prefix reuse of every forward (`NCAConfig.share_prefix`; `trl_nca.prefix.PrefixSharing`)."""
+        return self.nca.prefix_sharing
 
-    def _joint_hidden(self, student: nn.Module, inputs: dict[str, Any]):
-        """Both student views in one forward: [no-context rows; context rows], prompts left-padded to one width."""
-        pad = self.processing_class.pad_token_id
-        width = max(inputs["prompts"].shape[1], inputs["context_prompts"].shape[1])
-        prompts, masks = [], []
-        for ids_key, mask_key in (
-            ("prompts", "prompt_attention_mask"),
-            ("context_prompts", "context_prompt_attention_mask"),
-        ):
-            extra = width - inputs[ids_key].shape[1]
-            prompts.append(torch.nn.functional.pad(inputs[ids_key], (extra, 0), value=pad))
-            masks.append(torch.nn.functional.pad(inputs[mask_key], (extra, 0), value=0))
-        completion_ids = inputs["completion_ids"].repeat(2, 1)
-        completion_mask = inputs["completion_mask"].repeat(2, 1)
-        view = build_view(torch.cat(prompts), torch.cat(masks), completion_ids, completion_mask)
-        hidden = self._states(student, view, completion_mask, "student's joint views")
-        num_tokens = hidden.shape[0] // 2  # rows are ordered: all no-context tokens, then all context tokens
-        return hidden[:num_tokens], hidden[num_tokens:]
+    def _teacher_states(self, view, completion_mask, h_c, student_head):
+        """The teacher's completion hidden states and LM head on `view` (`NCAObjective.teacher_states`)."""
+        return self.nca.teacher_states(self._teacher(), view, completion_mask, h_c, student_head)
+
+    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool, measure=False):
+        """Per-token terms of a batch (`trl_nca.objective.NCAObjective.token_divergences`, with this trainer's
+        teacher)."""
+        return self.nca.token_divergences(student, self._teacher(), inputs, need_context, measure)
 
     def _grad_cosine_due(self) -> bool:
         """Whether this micro-batch is the first of an optimizer step at which `log_grad_cosine_steps` measures."""
@@ -481,50 +444,15 @@ class NCATrainer(GKDTrainer):
         for name, value in zip(("grad_cosine", "grad_norm_opd", "grad_norm_nca"), values):
             self._metrics["train"][name].append(value)
 
-    def _states(self, model: nn.Module, view: View, completion_mask, what: str, persist=None) -> torch.Tensor:
-        """Hidden states predicting the completion tokens of `view`, its shared prefix run once where that is exact
-        (`NCAConfig.share_prefix`)."""
-        return self.prefix_sharing.completion_states(model, view, completion_mask, what, persist=persist)
-
-    @torch.no_grad()
-    def _teacher_states(self, view: View, completion_mask, h_c, student_head):
-        teacher = self._teacher()
-        if isinstance(teacher, SelfTeacher):
-            if teacher.mode == "live" and h_c is not None:
-                return h_c.detach(), student_head
-            with teacher.active() as model:
-                key = _teacher_weights_key(teacher, model)
-                return self._states(model, view, completion_mask, "teacher", key), LMHead.from_model(model)
-        teacher.eval()
-        key = _teacher_weights_key(teacher, teacher)
-        return self._states(teacher, view, completion_mask, "teacher", key), LMHead.from_model(teacher)
-
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
 
-    # Logged terms. `loss` is the token mean over an optimizer step (all micro-batches and processes), and over the
-    # whole set in evaluation; `opd_loss`, `nca_loss` and `view_kl` are token means over the same tokens, so that
-    # loss = opd_loss + nca_beta * nca_loss holds to float precision. Each micro-batch adds its sums to a vector
-    # (`_STAT_NAMES`); the vector is summed over processes and divided once per step or per evaluation.
-
-    _STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped", "sampled_rows")
+    # Logged terms: token means over the optimizer step (`trl_nca.objective.STAT_NAMES`, `record_means`).
 
     def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
-        # float64 keeps token counts exact and sums precise (MPS has no float64)
-        zero = total.detach().new_zeros((), dtype=torch.float32 if total.device.type == "mps" else torch.float64)
-        values = {
-            "loss": total.detach(),
-            **{k: terms[k].detach().sum() if k in terms else zero for k in ("opd", "nca", "view_kl")},
-            "tokens": lengths.sum(),
-            "rows": torch.tensor(lengths.numel(), device=lengths.device),
-            "clipped": clipped.sum(),
-            "sampled_rows": torch.tensor(
-                lengths.numel() if inputs.get("on_policy", True) else 0, device=lengths.device
-            ),
-        }
-        stats = torch.stack([values[k].to(zero.dtype) for k in self._STAT_NAMES])
+        stats = batch_stats(terms, total, lengths, clipped, inputs.get("on_policy", True))
         if not self.model.training:
             self._eval_sums = stats if getattr(self, "_eval_sums", None) is None else self._eval_sums + stats
             return
@@ -547,19 +475,7 @@ class NCATrainer(GKDTrainer):
 
     def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
         """Sum the statistics over processes, append their token means to the logged metrics and return them."""
-        if self.accelerator.num_processes > 1:
-            stats = self.accelerator.gather(stats.unsqueeze(0)).sum(0)
-        total = dict(zip(self._STAT_NAMES, stats.tolist()))
-        tokens, rows = max(total["tokens"], 1), max(total["rows"], 1)
-        names = {"opd": "opd_loss"}
-        if self._nca_active or self.args.nca_monitor:
-            names.update(nca="nca_loss", view_kl="view_kl")
-        for key, name in names.items():
-            self._metrics[mode][name].append(total[key] / tokens)
-        self._metrics[mode]["completions/mean_length"].append(total["tokens"] / rows)
-        self._metrics[mode]["completions/clipped_ratio"].append(total["clipped"] / rows)
-        self._metrics[mode]["completions/on_policy"].append(total["sampled_rows"] / rows)
-        return {"loss": total["loss"] / tokens, "opd_loss": total["opd"] / tokens, "view_kl": total["view_kl"] / tokens}
+        return record_means(stats, self.accelerator, self._metrics[mode], self._nca_active or self.args.nca_monitor)
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
@@ -577,7 +493,7 @@ class NCATrainer(GKDTrainer):
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         stats = self._eval_sums
         if stats is None:  # no batch here: still join the other processes' sum
-            stats = torch.zeros(len(self._STAT_NAMES), dtype=torch.float64, device=self.args.device)
+            stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=self.args.device)
         means = self._record_means(stats, "eval")
         self._eval_sums = None
         if f"{metric_key_prefix}_loss" in output.metrics:
@@ -623,33 +539,6 @@ def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
         text.vocab_size = original
 
 
-def _check_process_count(accelerator) -> None:
-    """Every process must take part in one distributed run. Two silent failures of accelerate on a machine without
-    GPUs are refused: DeepSpeed joined the processes but accelerate counts one (every process then trains on the same
-    rows), or accelerate counts them but sets up no distributed training (each process trains its own copy, FSDP on a
-    CPU)."""
-    from accelerate.utils import DistributedType
-
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return
-    world = torch.distributed.get_world_size()
-    if world != accelerator.num_processes:
-        raise RuntimeError(
-            f"{world} processes were launched, but accelerate counts {accelerator.num_processes}: each would train on "
-            "the same rows. This happens under DeepSpeed on a machine without GPUs, where accelerate is given no "
-            "process-group backend. Launch with `accelerate launch --config_file examples/accelerate/zero2.yaml` (or "
-            "zero3.yaml) and set `ddp_backend='gloo'` in the config; a `deepspeed=` config in the training arguments "
-            "cannot name the backend there."
-        )
-    if world > 1 and accelerator.distributed_type == DistributedType.NO:
-        raise RuntimeError(
-            f"{world} processes were launched, but accelerate set up no distributed training: each would train its "
-            "own copy of the model without synchronising gradients. On a machine without GPUs accelerate applies "
-            "neither FSDP nor DDP to a non-CPU launch: use `--cpu` (DDP over gloo), or DeepSpeed "
-            "(examples/accelerate/zero2.yaml, zero3.yaml) with `ddp_backend='gloo'`."
-        )
-
-
 @contextmanager
 def _self_teacher_kept_out_of_deepspeed():
     """Under DeepSpeed, GKDTrainer hands its teacher to `prepare_deepspeed`, which builds an engine around it. A
@@ -683,29 +572,6 @@ def _check_grad_cosine_setting(trainer: NCATrainer) -> None:
             "log_grad_cosine_steps needs torch.autograd.grad, which reentrant gradient checkpointing does not support. "
             "Set gradient_checkpointing_kwargs={'use_reentrant': False}, or log_grad_cosine_steps=0."
         )
-
-
-def _teacher_weights_key(teacher: nn.Module, model: nn.Module):
-    """A key that changes whenever the weights the teacher's forward uses may have changed, so a teacher's shared-prefix
-    cache is kept across steps only while they stay the same; None (never kept) for the live self-teacher. The initial
-    self-teacher is the student with its LoRA adapter disabled: every parameter but the adapter's own (and PEFT's
-    trainable copies of `modules_to_save`, unused while it is disabled) counts, trained biases included."""
-    if isinstance(teacher, SelfTeacher):
-        if teacher.mode != "initial":
-            return None
-        used = [p for n, p in model.named_parameters() if "lora_" not in n and ".modules_to_save." not in n]
-    else:
-        used = list(model.parameters())
-    return (id(model), model.training, weights_fingerprint(used), weights_fingerprint(model.buffers()))
-
-
-def _side_rng(tensor: torch.Tensor):
-    """A block whose random draws (CPU, and the accelerator holding `tensor`) leave the main random streams as they
-    were."""
-    device = tensor.device
-    if device.type == "cpu":
-        return torch.random.fork_rng(devices=[])
-    return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
 def _drop_migration_hint(record: logging.LogRecord) -> bool:
@@ -754,31 +620,6 @@ def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
     return Dataset.from_dict({"seed": seeds}), spec
 
 
-def _named_datasets(train_dataset, eval_dataset):
-    """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
-    pairs = [("train", train_dataset)]
-    if isinstance(eval_dataset, dict):
-        pairs += [(f"eval {name!r}", ds) for name, ds in eval_dataset.items()]
-    else:
-        pairs.append(("eval", eval_dataset))
-    return [(split, ds) for split, ds in pairs if ds is not None]
-
-
-def _position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
-    """The smaller of the student's and teacher's `max_position_embeddings`, if they declare one."""
-    configs = [model.config]
-    if isinstance(teacher, str):
-        configs.append(AutoConfig.from_pretrained(teacher))
-    elif hasattr(teacher, "config"):
-        configs.append(teacher.config)
-    limits = []
-    for config in configs:
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        if getattr(config, "max_position_embeddings", None):
-            limits.append(int(config.max_position_embeddings))
-    return min(limits) if limits else None
-
-
 def _check_references(dataset, split: str) -> None:
     """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's completions, and eval_completions='dataset'
     evaluates them, so every row needs one."""
@@ -797,28 +638,3 @@ def _check_references(dataset, split: str) -> None:
         f"eval_completions='dataset' evaluates the dataset's reference completions, but {where}. Use `messages` "
         "ending with an assistant turn (or a `completion` column), or set eval_completions='on_policy'."
     )
-
-
-class _ScheduleCheckpoint(TrainerCallback):
-    """Writes the anchor schedule's state into every checkpoint folder (read back by `NCATrainer.train` on resume)."""
-
-    def __init__(self, schedule: BetaSchedule):
-        self.schedule = schedule
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            if folder.is_dir():
-                (folder / SCHEDULE_STATE_FILE).write_text(json.dumps(self.schedule.state_dict()) + "\n")
-
-
-def _load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
-    """Restore the anchor schedule saved in a checkpoint; a checkpoint without one must come from a constant one."""
-    path = Path(checkpoint) / SCHEDULE_STATE_FILE
-    if path.is_file():
-        schedule.load_state_dict(json.loads(path.read_text()))
-    elif schedule.kind != "constant":
-        raise ValueError(
-            f"{checkpoint} holds no {SCHEDULE_STATE_FILE}, so the {schedule.kind!r} anchor schedule cannot be resumed "
-            "exactly (the checkpoint was written by a run with nca_beta_schedule='constant' or an older trl-nca)."
-        )

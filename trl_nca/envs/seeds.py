@@ -18,6 +18,7 @@ def heldout_seed(i: int) -> int:
 
 
 def heldout_seeds(n: int = DEFAULT_HELDOUT, start: int = 0) -> list[int]:
+    """Seeds of the held-out evaluation envs `start`, ..., `start + n - 1` (OPCD: the first 128)."""
     return [heldout_seed(i) for i in range(start, start + n)]
 
 
@@ -34,4 +35,5 @@ def training_seed(j: int, round: int = 0) -> int:
 
 
 def training_seeds(n: int, round: int = 0) -> list[int]:
+    """Seeds of training envs 0, ..., `n - 1` of a round (see `training_seed`)."""
     return [training_seed(j, round) for j in range(n)]

@@ -13,7 +13,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..inputs import sha256_text
 from ..sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
@@ -23,6 +23,10 @@ from .loading import load_model, load_tokenizer
 from .records import PairedRecord, ViewOutcome
 from .runner import run_paired, run_provenance
 from .scorers import COMPANION_SCORERS, Scorer, get_scorer, safe_score
+
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 logger = logging.getLogger(__name__)
@@ -83,7 +87,7 @@ class PairedEvaluator:
 
     def __init__(
         self,
-        dataset,
+        dataset: Dataset | Sequence[Mapping[str, Any]],
         *,
         context: ContextSpec,
         scorer: str | Scorer | Any = "mcq",

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Rerun every experiment of docs/results.md, then rebuild its tables and figures from the new summaries.
+#
+#   bash benchmarks/reproduce_results.sh              # all of them (organism: about an hour on 2 CPU cores;
+#                                                     # the embedded model's runs: several hours)
+#   bash benchmarks/reproduce_results.sh org-main     # only the named ones (examples/configs/results/<name>.yaml)
+#
+# Each experiment is one `trl-nca compare` run into outputs/results/<name>/. It is resumable: a killed run, started
+# again, skips the students whose training finished (their done.json) and the evaluation records already written.
+# Afterwards each comparison.json is copied to docs/results/data/<name>.json and docs/results.md is rebuilt, so
+# `git diff docs/results` shows what changed against the committed numbers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" TOKENIZERS_PARALLELISM=false
+
+if [ "$#" -gt 0 ]; then
+    names=("$@")
+else
+    # the budget runs first: they fix the training budgets the other runs use
+    names=(fr-budget isl-budget org-main org-100 org-sweep org-sweep-100 org-adaptive org-adaptive-100 org-gated fr-main)
+fi
+for name in "${names[@]}"; do
+    config="examples/configs/results/${name}.yaml"
+    [ -f "$config" ] || { echo "No experiment named $name: $config does not exist." >&2; exit 2; }
+    echo "=== ${name} ($(date -u +%H:%M:%S) UTC)"
+    SECONDS=0
+    trl-nca compare --config "$config"
+    echo "=== ${name}: ${SECONDS} s"
+    python docs/results/build.py --add "${name}=outputs/results/${name}"
+done

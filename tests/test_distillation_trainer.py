@@ -1,0 +1,348 @@
+"""NCADistillationTrainer (NCA on TRL's DistillationTrainer) on tiny offline models: the same loss as NCATrainer and
+as a full-logit reference, gradient accumulation, resume, evaluation, the LoRA self-teacher, bad input."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+
+from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
+from trl_nca.teacher import SelfTeacher
+from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.views import build_view
+
+
+CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
+QUESTIONS = ["Which answer? (A) yes (B) no", "Is this statement hateful?", "Push the box.", "Frozen lake: up"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tiny_tokenizer()
+
+
+def dataset(n=4):
+    return Dataset.from_dict({"prompt": [QUESTIONS[i % 4] for i in range(n)], "context": [CONTEXT] * n})
+
+
+def ragged(model, tok):
+    """Many end-of-turn ids, so sampled completions stop at different lengths (a ragged completion block)."""
+    model.generation_config.eos_token_id = [tok.eos_token_id, *range(40, 100)]
+    return model
+
+
+def make_args(tmp_path, **kwargs):
+    defaults = dict(
+        output_dir=str(tmp_path / "out"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        max_completion_length=8,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=0,
+        data_seed=0,
+        nca_beta=0.5,
+        optim="sgd",
+        learning_rate=1.0,
+        max_grad_norm=0.0,
+        lr_scheduler_type="constant",
+        disable_tqdm=True,
+    )
+    defaults.update(kwargs)
+    return NCADistillationConfig(**defaults)
+
+
+def record_inputs(trainer):
+    """Keep every micro-batch `compute_loss` sees in training (cloned), in order."""
+    calls = []
+    original = trainer.compute_loss
+
+    def spy(model, inputs, *args, **kwargs):
+        if trainer.model.training:
+            calls.append({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
+        return original(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = spy
+    return calls
+
+
+def params(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def full_logit_loss(student, teacher, inputs, nca_beta, dtype=torch.float32):
+    """OPD (reverse KL) + nca_beta * KL(sg[q_x] || q_c), token mean, from the models' own full logits (an independent
+    reference: the model's forward and log_softmax, no chunking). Returns (loss, per-term token means)."""
+    cmask = inputs["completion_mask"]
+
+    def logprobs(model, prompts, prompt_mask):
+        view = build_view(prompts, prompt_mask, inputs["completion_ids"], cmask)
+        out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
+        return F.log_softmax(out.logits[:, view.prompt_width - 1 :][cmask.bool()].to(dtype), -1)
+
+    lx = logprobs(student, inputs["prompt_ids"], inputs["prompt_mask"])
+    lc = logprobs(student, inputs["context_prompts"], inputs["context_prompt_attention_mask"])
+    with torch.no_grad():
+        lt = logprobs(teacher, inputs["context_prompts"], inputs["context_prompt_attention_mask"])
+    opd = (lx.exp() * (lx - lt)).sum(-1)
+    nca = (lx.detach().exp() * (lx.detach() - lc)).sum(-1)
+    entropy = -(lx.exp() * lx).sum(-1)
+    terms = {"opd": opd.mean(), "nca": nca.mean(), "entropy": entropy.mean()}
+    return opd.mean() + nca_beta * nca.mean(), terms
+
+
+def nca_batch(inputs):
+    """The same micro-batch in NCATrainer's batch keys."""
+    return {
+        "prompts": inputs["prompt_ids"],
+        "prompt_attention_mask": inputs["prompt_mask"],
+        "context_prompts": inputs["context_prompts"],
+        "context_prompt_attention_mask": inputs["context_prompt_attention_mask"],
+        "completion_ids": inputs["completion_ids"],
+        "completion_mask": inputs["completion_mask"],
+        "completions_ready": True,
+        "on_policy": True,
+    }
+
+
+def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
+    """One SGD step (lr 1, no clipping) of NCADistillationTrainer on its own on-policy samples: its logged loss and
+    terms equal NCATrainer's loss on the same completions and a full-logit reference, and its weight update equals
+    minus the gradient of both (so the gradients agree too). The context prompts it builds equal NCATrainer's."""
+    teacher = make_tiny_model(tok, 1)
+    student = ragged(make_tiny_model(tok, 0), tok)
+    initial = copy.deepcopy(student)
+    trainer = NCADistillationTrainer(
+        model=student, teacher_model=copy.deepcopy(teacher), args=make_args(tmp_path), train_dataset=dataset(),
+        processing_class=tok,
+    )  # fmt: skip
+    calls = record_inputs(trainer)
+    trainer.train()
+    (inputs,) = calls
+    lengths = inputs["completion_mask"].sum(1)
+    assert len(set(lengths.tolist())) > 1, "the test needs ragged completions"
+    update = {n: p.detach() - initial.get_parameter(n) for n, p in student.named_parameters()}
+    (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
+
+    # NCATrainer on the same completions, same initial weights and teacher.
+    nca_student = copy.deepcopy(initial)
+    nca = NCATrainer(
+        model=nca_student, teacher_model=copy.deepcopy(teacher), processing_class=tok, train_dataset=dataset(),
+        args=NCAConfig(output_dir=str(tmp_path / "nca"), use_cpu=True, report_to=[], nca_beta=0.5, max_new_tokens=8,
+                       gradient_checkpointing=False),
+    )  # fmt: skip
+    rows = [nca.train_dataset[i] for i in range(4)]
+    ours = {tuple(r["prompt_ids"]): r["context_prompt_ids"] for r in rows}
+    for ids, mask, cids, cmask in zip(
+        inputs["prompt_ids"], inputs["prompt_mask"], inputs["context_prompts"], inputs["context_prompt_attention_mask"]
+    ):
+        assert ours[tuple(ids[mask.bool()].tolist())] == cids[cmask.bool()].tolist()
+    nca_loss = nca.compute_loss(nca_student, nca_batch(inputs))
+    nca_loss.backward()
+
+    ref_student = copy.deepcopy(initial)
+    ref_loss, ref_terms = full_logit_loss(ref_student, teacher, inputs, 0.5)
+    ref_loss.backward()
+    with torch.no_grad():
+        ref64, terms64 = full_logit_loss(copy.deepcopy(initial), teacher, inputs, 0.5, dtype=torch.float64)
+
+    assert log["loss"] == pytest.approx(nca_loss.item(), rel=1e-5)
+    assert log["loss"] == pytest.approx(ref64.item(), rel=1e-5)
+    assert log["opd_loss"] == pytest.approx(terms64["opd"].item(), rel=1e-5)
+    assert log["nca_loss"] == pytest.approx(terms64["nca"].item(), rel=1e-4, abs=1e-8)
+    assert log["entropy"] == pytest.approx(terms64["entropy"].item(), rel=1e-5)
+    for name, delta in update.items():
+        torch.testing.assert_close(-delta, nca_student.get_parameter(name).grad, atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(-delta, ref_student.get_parameter(name).grad, atol=1e-6, rtol=1e-4)
+    assert any(d.abs().sum() > 0 for d in update.values())
+
+
+def test_gradient_accumulation_equals_one_large_batch(tok, tmp_path):
+    """Ragged on-policy completions: batch 4 x GA 1 and batch 2 x GA 2 sample the same completions and give the same
+    SGD update and the same logged token means."""
+    updates, logs = [], []
+    for bs, ga in ((4, 1), (2, 2)):
+        student = ragged(make_tiny_model(tok, 0), tok)
+        before = params(student)
+        args = make_args(tmp_path, per_device_train_batch_size=bs, gradient_accumulation_steps=ga, seed=1)
+        trainer = NCADistillationTrainer(
+            model=student, teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=dataset(),
+            processing_class=tok,
+        )  # fmt: skip
+        calls = record_inputs(trainer)
+        trainer.train()
+        lengths = torch.cat([c["completion_mask"].sum(1) for c in calls])
+        assert len(calls) == ga and len(set(lengths.tolist())) > 1
+        if ga == 2:
+            assert calls[0]["completion_mask"].sum() != calls[1]["completion_mask"].sum()  # unequal micro-batches
+        updates.append({n: p.detach() - before[n] for n, p in student.named_parameters()})
+        logs.append(next(h for h in trainer.state.log_history if "opd_loss" in h))
+    for name in updates[0]:
+        torch.testing.assert_close(updates[0][name], updates[1][name], atol=1e-6, rtol=1e-4)
+    for key in ("loss", "opd_loss", "nca_loss", "view_kl"):
+        assert logs[0][key] == pytest.approx(logs[1][key], rel=1e-5), key
+    assert logs[1]["loss"] == pytest.approx(logs[1]["opd_loss"] + 0.5 * logs[1]["nca_loss"], rel=1e-6)
+
+
+def test_resume_from_checkpoint_is_exact(tok, tmp_path):
+    """4 straight steps == 2 steps, checkpoint, resume for 2 more: samples, optimizer, RNG and the anchor schedule
+    (a warm-up, whose weight depends on the steps done) all restored."""
+    finals = []
+    for resume in (False, True):
+        out = tmp_path / ("resumed" if resume else "straight")
+        args = make_args(
+            tmp_path, output_dir=str(out), max_steps=4, save_strategy="steps", save_steps=2, optim="adamw_torch",
+            learning_rate=1e-2, per_device_train_batch_size=2, nca_beta_schedule="warmup", nca_warmup_steps=4,
+        )  # fmt: skip
+        trainer = NCADistillationTrainer(
+            model=ragged(make_tiny_model(tok, 0), tok), teacher_model=make_tiny_model(tok, 1), args=args,
+            train_dataset=dataset(8), processing_class=tok,
+        )  # fmt: skip
+        trainer.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2") if resume else None)
+        finals.append((params(trainer.model), [h["nca_beta"] for h in trainer.state.log_history if "nca_beta" in h]))
+    (p0, betas0), (p1, betas1) = finals
+    assert betas1 == betas0 and betas0[2] > 0  # the resumed run's history holds the checkpoint's first two steps
+    for name in p0:
+        assert torch.equal(p0[name], p1[name]), name
+
+
+def test_evaluation_reports_token_means_over_the_set(tok, tmp_path):
+    """Evaluation samples completions and scores them: eval_loss and the eval terms are token means over the whole
+    evaluation set (two ragged batches), equal to the full-logit reference on the evaluated batches."""
+    student = ragged(make_tiny_model(tok, 0), tok)
+    teacher = make_tiny_model(tok, 1)
+    args = make_args(tmp_path, per_device_eval_batch_size=2)
+    trainer = NCADistillationTrainer(
+        model=student, teacher_model=teacher, args=args, train_dataset=dataset(), eval_dataset=dataset(4),
+        processing_class=tok,
+    )  # fmt: skip
+    seen = []
+    original = trainer.compute_loss
+
+    def spy(model, inputs, *a, **k):
+        seen.append({key: v.clone() if torch.is_tensor(v) else v for key, v in inputs.items()})
+        return original(model, inputs, *a, **k)
+
+    trainer.compute_loss = spy
+    metrics = trainer.evaluate()
+    assert len(seen) == 2
+    sums, tokens = {"loss": 0.0, "opd": 0.0, "nca": 0.0}, 0
+    with torch.no_grad():
+        for inputs in seen:
+            n = int(inputs["completion_mask"].sum())
+            loss, terms = full_logit_loss(student, teacher, inputs, 0.5, dtype=torch.float64)
+            sums["loss"] += loss.item() * n
+            sums["opd"] += terms["opd"].item() * n
+            sums["nca"] += terms["nca"].item() * n
+            tokens += n
+    assert seen[0]["completion_mask"].sum() != seen[1]["completion_mask"].sum()  # a mean of means would differ
+    assert metrics["eval_loss"] == pytest.approx(sums["loss"] / tokens, rel=1e-5)
+    assert metrics["eval_opd_loss"] == pytest.approx(sums["opd"] / tokens, rel=1e-5)
+    assert metrics["eval_nca_loss"] == pytest.approx(sums["nca"] / tokens, rel=1e-4)
+
+
+def test_lora_self_teacher_is_the_adapter_disabled_student(tok, tmp_path):
+    """teacher_model=None with LoRA: the teacher is the student with its adapter disabled (no parameters of its own,
+    no second copy), and it scores exactly as the initial model does, also after training."""
+    from peft import LoraConfig
+
+    student = make_tiny_model(tok, 0)
+    initial = copy.deepcopy(student).eval()
+    args = make_args(tmp_path, max_steps=2, per_device_train_batch_size=2, learning_rate=5e-2)
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    trainer = NCADistillationTrainer(
+        model=student, args=args, train_dataset=dataset(), processing_class=tok, peft_config=peft
+    )
+    assert isinstance(trainer.teacher_model, SelfTeacher)
+    assert sum(1 for _ in trainer.teacher_model.parameters()) == 0
+    calls = record_inputs(trainer)
+    trainer.train()
+    inputs = nca_batch(calls[-1])
+    trainer.model.eval()
+    with torch.no_grad():
+        self_terms = trainer._token_divergences(trainer.model, inputs, need_context=True)
+        trainer.teacher_model, kept = initial, trainer.teacher_model
+        copy_terms = trainer._token_divergences(trainer.model, inputs, need_context=True)
+        trainer.teacher_model = kept
+    assert self_terms["opd"].abs().sum() > 0  # the adapter was trained: the student moved away from its teacher
+    torch.testing.assert_close(self_terms["opd"], copy_terms["opd"], atol=1e-6, rtol=1e-5)
+
+
+def test_nca_beta_zero_runs_no_context_view(tok, tmp_path):
+    """nca_beta=0 is plain OPD: the student runs one view per micro-batch (the context view is not computed), and
+    the loss equals the full-logit OPD."""
+    student = ragged(make_tiny_model(tok, 0), tok)
+    initial = copy.deepcopy(student)
+    teacher = make_tiny_model(tok, 1)
+    trainer = NCADistillationTrainer(
+        model=student, teacher_model=teacher, args=make_args(tmp_path, nca_beta=0.0), train_dataset=dataset(),
+        processing_class=tok,
+    )  # fmt: skip
+    calls = record_inputs(trainer)
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
+    assert "nca_loss" not in log
+    with torch.no_grad():
+        _, terms = full_logit_loss(initial, teacher, calls[0], 0.0, dtype=torch.float64)
+    assert log["loss"] == pytest.approx(terms["opd"].item(), rel=1e-5)
+    # The loss runs one student forward (the no-context view); with the NCA term on, two.
+    assert _student_forwards_in_loss(tok, tmp_path, 0.0) == 1
+    assert _student_forwards_in_loss(tok, tmp_path, 0.5) == 2
+
+
+def _student_forwards_in_loss(tok, tmp_path, nca_beta):
+    student = make_tiny_model(tok, 0)
+    trainer = NCADistillationTrainer(
+        model=student, teacher_model=make_tiny_model(tok, 1), args=make_args(tmp_path, nca_beta=nca_beta),
+        train_dataset=dataset(), processing_class=tok,
+    )  # fmt: skip
+    calls = record_inputs(trainer)
+    trainer.train()
+    forwards = []
+    handle = student.model.register_forward_hook(lambda *a: forwards.append(1))
+    trainer._token_divergences(student, nca_batch(calls[0]), need_context=trainer.nca.need_context())
+    handle.remove()
+    return len(forwards)
+
+
+def test_bad_input_gets_clear_errors(tok, tmp_path):
+    def build(args=None, data=None, **kwargs):
+        return NCADistillationTrainer(
+            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
+            args=args if args is not None else make_args(tmp_path), train_dataset=data if data is not None else dataset(),
+            **kwargs,
+        )  # fmt: skip
+
+    with pytest.raises(TypeError, match="needs an NCADistillationConfig, got NCAConfig"):
+        build(args=NCAConfig(output_dir=str(tmp_path / "x"), use_cpu=True, report_to=[]))
+    with pytest.raises(ValueError, match="no context column 'context'.*'prompt'"):
+        build(data=Dataset.from_dict({"prompt": QUESTIONS}))
+    with pytest.raises(ValueError, match="row 1.*no user turn"):
+        build(data=Dataset.from_dict({"prompt": [[{"role": "user", "content": "a"}], [{"role": "system", "content": "b"}]],
+                                      "context": [CONTEXT] * 2}))  # fmt: skip
+    with pytest.raises(ValueError, match="row 0.*context view is too long"):
+        build(args=make_args(tmp_path, max_context_length=40))
+    with pytest.raises(ValueError, match="does not take `tools`"):
+        build(tools=[len])
+    with pytest.raises(ValueError, match="nca_beta must be a finite number.*the str '0.5'"):
+        make_args(tmp_path, nca_beta="0.5")
+    with pytest.raises(ValueError, match="eval_completions='dataset' is not available"):
+        make_args(tmp_path, eval_completions="dataset")
+    with pytest.raises(ValueError, match="log_grad_cosine_steps is not available"):
+        make_args(tmp_path, log_grad_cosine_steps=2)
+    with pytest.raises(ValueError, match="divergence_top_k must be an integer >= 1"):
+        make_args(tmp_path, divergence_support="top_k", divergence_top_k=0)
+    # A prompt rendered differently by DistillationTrainer (here: chat_template_kwargs) is refused at sampling.
+    tok2 = make_tiny_tokenizer()
+    tok2.chat_template = tok2.chat_template.replace("{% for", "{% if extra %}extra{% endif %}{% for", 1)
+    trainer = NCADistillationTrainer(
+        model=make_tiny_model(tok2, 0), teacher_model=make_tiny_model(tok2, 1), processing_class=tok2,
+        args=make_args(tmp_path, chat_template_kwargs={"extra": True}), train_dataset=dataset(),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="rendered a prompt into .* tokens.*chat_template_kwargs"):
+        trainer.train()
