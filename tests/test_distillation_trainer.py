@@ -296,9 +296,11 @@ def test_nca_beta_zero_runs_no_context_view(tok, tmp_path):
 
 
 def _student_forwards_in_loss(tok, tmp_path, nca_beta):
+    """Student forwards of one loss, one per view (the shared-prefix pass, a forward of its own, is off here)."""
     student = make_tiny_model(tok, 0)
+    args = make_args(tmp_path, nca_beta=nca_beta, share_prefix=False)
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=make_tiny_model(tok, 1), args=make_args(tmp_path, nca_beta=nca_beta),
+        model=student, teacher_model=make_tiny_model(tok, 1), args=args,
         train_dataset=dataset(), processing_class=tok,
     )  # fmt: skip
     calls = record_inputs(trainer)
