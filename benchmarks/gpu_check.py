@@ -154,7 +154,7 @@ class Meter:
         return _Callback()
 
 
-def run_variant(name, shape, variant, beta, tok, data, cli, device, dtype, out_dir):
+def run_variant(name, shape, variant, beta, tok, data, cli, device, dtype, out_dir, share_prefix=True):
     from peft import LoraConfig
 
     from trl_nca import NCAConfig, NCATrainer
@@ -167,7 +167,7 @@ def run_variant(name, shape, variant, beta, tok, data, cli, device, dtype, out_d
         per_device_train_batch_size=cli.batch, lmbda=0.0, nca_beta=beta, bf16=dtype == torch.bfloat16,
         use_cpu=device == "cpu", gradient_checkpointing=True, learning_rate=1e-5, max_new_tokens=cli.completion_tokens,
         max_length=None, report_to=[], save_strategy="no", logging_steps=10_000, disable_tqdm=True, seed=0,
-        divergence_support=cli.support, dataloader_num_workers=0,
+        divergence_support=cli.support, dataloader_num_workers=0, share_prefix=share_prefix,
     )  # fmt: skip
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS)
     trainer = NCATrainer(
@@ -237,6 +237,14 @@ def targets(rows: list[dict], smoke: bool) -> list[dict]:
     checks = []
     for name in dict.fromkeys(r["model"] for r in rows):
         opd, nca = by.get((name, "opd")), by.get((name, "nca"))
+        unshared = by.get((name, "nca-unshared"))
+        if unshared is not None and nca is not None:  # issue 12: the shared prefix against the unshared forwards
+            checks += [
+                {"model": name, "check": "NCA step time, shared prefix / unshared", "value":
+                 nca["step_s"] / unshared["step_s"], "limit": 1.0},
+                {"model": name, "check": "NCA peak memory, shared prefix / unshared", "value":
+                 nca["peak_allocated_gib"] / unshared["peak_allocated_gib"], "limit": 1.0},
+            ]  # fmt: skip
         if opd is None or nca is None:
             continue
         mem = nca["peak_allocated_gib"] / opd["peak_allocated_gib"]
@@ -311,6 +319,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=3, help="timed steps per model and variant")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--support", choices=["full", "top_k"], default="full", help="divergence support")
+    parser.add_argument("--sharing", action="store_true",
+                        help="also run NCA with share_prefix=False, to measure the shared prefix against it")  # fmt: skip
     cli = parser.parse_args(argv)
     if cli.warmup < 1:
         parser.error("--warmup must be at least 1 (the first step compiles and allocates)")
@@ -344,9 +354,14 @@ def main(argv=None):
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in cli.models:
-            for variant, beta in (("opd", 0.0), ("nca", 0.5)):
+            variants = [("opd", 0.0, True), ("nca", 0.5, True)] + (
+                [("nca-unshared", 0.5, False)] if cli.sharing else []
+            )
+            for variant, beta, share in variants:
                 t0 = time.perf_counter()
-                rows.append(run_variant(name, shapes[name], variant, beta, tok, data, cli, device, dtype, Path(tmp)))
+                rows.append(
+                    run_variant(name, shapes[name], variant, beta, tok, data, cli, device, dtype, Path(tmp), share)
+                )
                 r = rows[-1]
                 print(
                     f"{name:12s} {variant}: {r['step_s']:.3f} s/step, peak {r['peak_allocated_gib']:.1f} GiB allocated "

@@ -19,7 +19,7 @@ def test_gpu_check_smoke_writes_the_table_and_json(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     result = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--smoke", "--out", str(out)],
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--smoke", "--sharing", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
@@ -28,8 +28,10 @@ def test_gpu_check_smoke_writes_the_table_and_json(tmp_path):
     assert meta["smoke"] and meta["batch"] == 2 and meta["completion_tokens"] == 8
     assert meta["versions"]["trl"] and meta["versions"]["datasets"]
     assert [(r["model"], r["variant"], r["nca_beta"]) for r in runs] == [
-        ("qwen3-1.7b", "opd", 0.0), ("qwen3-1.7b", "nca", 0.5), ("llama3.1-8b", "opd", 0.0), ("llama3.1-8b", "nca", 0.5)
-    ]  # fmt: skip
+        (model, variant, beta)
+        for model in ("qwen3-1.7b", "llama3.1-8b")
+        for variant, beta in (("opd", 0.0), ("nca", 0.5), ("nca-unshared", 0.5))
+    ]
     for run in runs:
         assert run["teacher"] == "SelfTeacher"  # LoRA: the student with its adapter disabled, no second copy
         assert len(run["step_s_all"]) == meta["steps"] and run["step_s"] > 0
@@ -37,6 +39,7 @@ def test_gpu_check_smoke_writes_the_table_and_json(tmp_path):
             assert run["sampled_tokens"] == meta["batch"] * meta["completion_tokens"] and run["sampling_s"] > 0
     checks = {(c["model"], c["check"]) for c in report["targets"]}
     assert ("llama3.1-8b", "NCA step peak (reserved) GiB") in checks
+    assert ("qwen3-1.7b", "NCA step time, shared prefix / unshared") in checks
     assert ("qwen3-1.7b", "step time NCA / OPD") in checks and ("qwen3-1.7b", "peak memory NCA / OPD") in checks
     assert all(c["pass"] is None for c in report["targets"])  # a smoke run judges nothing
     assert report["table"] in result.stdout
