@@ -242,15 +242,16 @@ def _validated_token_dataset(dataset, vocab_size: int, limits: Limits, split: st
     return dataset.map(checked, with_indices=True)
 
 
-BATCH_KEYS = (
+# The keys both views are built from (the NCA objective reads only these), then the collator's own.
+VIEW_KEYS = (
     "prompts",
     "prompt_attention_mask",
     "context_prompts",
     "context_prompt_attention_mask",
     "completion_ids",
     "completion_mask",
-    "has_reference",
 )
+BATCH_KEYS = (*VIEW_KEYS, "has_reference")
 
 
 def check_collator(collator, example: Mapping[str, Any], split: str) -> None:

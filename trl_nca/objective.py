@@ -2,8 +2,8 @@
 `DistillationTrainer`): the student's two views and the teacher on the same completion ids, the per-token terms, the
 step's total, the logged token means, the anchor schedule's checkpoint, and the checks both trainers run.
 
-A batch is a mapping with NCA's view keys (`VIEW_KEYS`): the left-padded prompts of both views with their attention
-masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the collator and
+A batch is a mapping with NCA's view keys (`trl_nca.data.VIEW_KEYS`): the left-padded prompts of both views with
+their attention masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the collator and
 `model.generate`; Distillation: TRL's generation, vLLM or `generate`, plus the context prompts rendered here); from
 the batch on, both compute exactly the same thing with the same code.
 """
@@ -29,16 +29,6 @@ from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
 from .schedule import BetaSchedule, schedule_from_config
 from .teacher import SelfTeacher
 from .views import View, build_view
-
-
-VIEW_KEYS = (
-    "prompts",
-    "prompt_attention_mask",
-    "context_prompts",
-    "context_prompt_attention_mask",
-    "completion_ids",
-    "completion_mask",
-)
 
 
 # The paper both trainers cite in their model cards (TRL reads a trainer's `_paper`).
