@@ -593,3 +593,12 @@ def test_eval_records_without_item_fingerprints_are_refused(tok, tmp_path):
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     with pytest.raises(EvalInputError, match="records without item fingerprints .* Use a new output folder"):
         qa_evaluator(qa_rows(2)).run(make_tiny_model(tok), tok, output_path=path, progress=False)
+
+
+def test_context_file_not_utf8_names_the_line(tmp_path):
+    from trl_nca.inputs import InputError, read_context
+
+    path = tmp_path / "context.txt"
+    path.write_bytes(b"Be brief.\nNo \xff here.\n")
+    with pytest.raises(InputError, match=r"Line 2 of the context file .* is not UTF-8 text: byte 0xff"):
+        read_context(str(path))

@@ -91,15 +91,7 @@ def read_context(name_or_path: str) -> str:
         raise InputError(
             f"Context file {name_or_path!r} not found; give a text file or one of {sorted(BUILTIN_CONTEXTS)}."
         )
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise InputError(
-            f"The context file {name_or_path!r} is not UTF-8 text: byte 0x{raw[error.start]:02x} on line {line}. "
-            "Save it as UTF-8."
-        ) from None
+    text = _read_utf8(path, f"the context file {name_or_path!r}")
     if not text.strip():
         raise InputError(f"The context file {name_or_path!r} is empty; write the context into it.")
     return text.strip()
@@ -107,6 +99,18 @@ def read_context(name_or_path: str) -> str:
 
 # --------------------------------------------------------------------------------------------------------------------
 # Datasets
+
+
+def _read_utf8(path: Path, what: str) -> str:
+    """The whole file as text; a byte that is not UTF-8 is an error naming `what` and the line it is on."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise InputError(
+            f"Line {line} of {what} is not UTF-8 text: byte 0x{raw[error.start]:02x}. Save the file as UTF-8."
+        ) from None
 
 
 def _decode_line(raw: bytes, path: Path, number: int) -> str:
@@ -139,14 +143,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise InputError(
-            f"Line {line} of {path} is not UTF-8 text: byte 0x{raw[error.start]:02x}. Save the file as UTF-8."
-        ) from None
+    text = _read_utf8(path, str(path))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..eval.cli import json_object_arg
 from ..views import ContextSpec
 from .items import AnalysisInputError, end_token_id, items_from_records, prepare_prompts, sample_items
 from .run import _NAME, AnalysisOptions, ModelSpec, analyze_model, load_model, parse_model_specs
@@ -32,16 +32,6 @@ examples:
 
 Outputs: analysis.json, report.md, hidden_cosine.png, view_kl.png, update_norms.png. See docs/analysis.md.
 """
-
-
-def _json_arg(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {error.msg}") from error
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"enable_thinking\": false}'")
-    return value
 
 
 def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
@@ -94,7 +84,11 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
     context.add_argument("--template", default=None, help="With --placement user; needs {context} and {prompt}.")
     context.add_argument("--separator", default=None, help="With --placement system: joins context and system message.")
     context.add_argument(
-        "--chat-template-kwargs", type=_json_arg, default={}, metavar="JSON", help="Extra chat template variables."
+        "--chat-template-kwargs",
+        type=json_object_arg,
+        default={},
+        metavar="JSON",
+        help="Extra chat template variables.",
     )
 
     completions = parser.add_argument_group("completions")

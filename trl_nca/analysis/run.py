@@ -12,21 +12,13 @@ from typing import Any
 
 import torch
 
+from ..eval.cli import ModelSpec
 from ..losses import DivergenceSpec
 from .items import AnalysisInputError
 from .measures import AnalysisItem, compare_views, opd_nca_gradient_cosine, update_norms
 
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-@dataclass
-class ModelSpec:
-    """One model of the analysis: its name in the report, weights (folder, Hub id or alias) and optional adapter."""
-
-    name: str
-    path: str
-    adapter: str | None = None
 
 
 def parse_model_specs(values: Sequence[str]) -> list[ModelSpec]:

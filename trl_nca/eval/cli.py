@@ -50,14 +50,15 @@ Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png
 
 @dataclass
 class ModelSpec:
-    """One model of the comparison: display name, weights path or Hub id, optional adapter."""
+    """One model of a comparison or an analysis: display name, weights path or Hub id, optional adapter."""
 
     name: str
     path: str
     adapter: str | None = None
 
 
-def _json_arg(text: str) -> dict[str, Any]:
+def json_object_arg(text: str) -> dict[str, Any]:
+    """argparse type of the `--chat-template-kwargs` options: a JSON object."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
@@ -134,7 +135,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--separator", default="\n\n", help="With --placement system: joins the context and an existing system message."
     )
     context.add_argument(
-        "--chat-template-kwargs", type=_json_arg, default={}, metavar="JSON",
+        "--chat-template-kwargs", type=json_object_arg, default={}, metavar="JSON",
         help="Extra chat template variables, e.g. '{\"enable_thinking\": false}'.",
     )  # fmt: skip
 
