@@ -25,7 +25,6 @@ from .data import Limits, check_examples, check_tokenizer, prepare_dataset
 from .models import resolve_model_name_or_path
 from .objective import (
     NCA_PAPER,
-    STAT_NAMES,
     NCAObjective,
     ScheduleCheckpoint,
     batch_stats,
@@ -35,6 +34,7 @@ from .objective import (
     position_limit,
     record_means,
     resolve_resume,
+    token_mean_eval_loss,
 )
 from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
 from .views import left_pad, split_example
@@ -285,14 +285,8 @@ class NCADistillationTrainer(DistillationTrainer):
         (Trainer would average per-batch means)."""
         self._eval_sums = None
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        stats = self._eval_sums
-        if stats is None:  # no batch here: still join the other processes' sum
-            stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=self.args.device)
-        means = self._record_means(stats, "eval")
-        self._eval_sums = None
-        if f"{metric_key_prefix}_loss" in output.metrics:
-            output.metrics[f"{metric_key_prefix}_loss"] = means["loss"]
-        return output
+        sums, self._eval_sums = self._eval_sums, None
+        return token_mean_eval_loss(output, sums, self._record_means, self.args.device, metric_key_prefix)
 
 
 def _with_chat_prompt(dataset):

@@ -240,6 +240,18 @@ def record_means(
 # Checkpoints: the anchor schedule's state and resuming.
 
 
+def token_mean_eval_loss(output, sums: torch.Tensor | None, record, device, metric_key_prefix: str):
+    """Finish an evaluation loop: log the summed statistics of its batches (`sums`; None when this process had no
+    batch, which still joins the other processes' sum) through `record(sums, "eval")`, and make the loop's
+    `<prefix>_loss` their token mean over the whole evaluation set instead of Trainer's mean of batch means."""
+    if sums is None:
+        sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
+    means = record(sums, "eval")
+    if f"{metric_key_prefix}_loss" in output.metrics:
+        output.metrics[f"{metric_key_prefix}_loss"] = means["loss"]
+    return output
+
+
 class ScheduleCheckpoint(TrainerCallback):
     """Writes the anchor schedule's state into every checkpoint folder (read back by `load_schedule` on resume)."""
 

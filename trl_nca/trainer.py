@@ -32,7 +32,6 @@ from .gradients import compare_gradients, loss_gradients
 from .models import resolve_model_name_or_path
 from .objective import (
     NCA_PAPER,
-    STAT_NAMES,
     NCAObjective,
     ScheduleCheckpoint,
     batch_stats,
@@ -42,6 +41,7 @@ from .objective import (
     position_limit,
     record_means,
     resolve_resume,
+    token_mean_eval_loss,
 )
 from .rollouts import Rollout
 from .sampling import Generated, mask_through_eos
@@ -491,14 +491,8 @@ class NCATrainer(GKDTrainer):
                 description,
             )
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        stats = self._eval_sums
-        if stats is None:  # no batch here: still join the other processes' sum
-            stats = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=self.args.device)
-        means = self._record_means(stats, "eval")
-        self._eval_sums = None
-        if f"{metric_key_prefix}_loss" in output.metrics:
-            output.metrics[f"{metric_key_prefix}_loss"] = means["loss"]
-        return output
+        sums, self._eval_sums = self._eval_sums, None
+        return token_mean_eval_loss(output, sums, self._record_means, self.args.device, metric_key_prefix)
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id
