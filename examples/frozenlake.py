@@ -12,6 +12,7 @@ and student are then evaluated on the 128 held-out lakes, each played once witho
 
 import dataclasses
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from trl_nca.eval import (
     ModelRun,
     check_game_options,
     game_summary,
-    load_model,
+    models_after_training,
     run_paired,
     run_provenance,
     write_report,
@@ -67,8 +68,10 @@ if __name__ == "__main__":
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
 
-    # Paired evaluation: base model and student, each playing every held-out map without and with the experience
-    if not script_args.skip_eval and trainer.accelerator.is_main_process:
+    # Paired evaluation: base model and student, each playing every held-out map without and with the experience.
+    # Every process calls models_after_training; after a distributed run the main process evaluates the saved student.
+    models = None if script_args.skip_eval else models_after_training(trainer, model_path)
+    if models is not None:
         out = Path(args.output_dir) / "paired_eval"
         experience = dataclasses.replace(rollout.spec, column=None, text=rollout.experience)
         task = check_game_options(GAME, {"num_seeds": script_args.eval_seeds, **rollout.env_kwargs}, experience)
@@ -76,13 +79,15 @@ if __name__ == "__main__":
             max_new_tokens=script_args.eval_max_new_tokens, batch_size=script_args.eval_batch_size
         )
         runs, summaries = [], {}
-        for name, model in (("base", load_model(model_path)), ("student", trainer.model)):
+        pairs = (("base", models.base, models.base_context), ("student", models.student, nullcontext))
+        for name, model, block in pairs:
             records_path = out / name / "records.jsonl"  # appended map by map: a rerun resumes
-            provenance = run_provenance(task, model, trainer.processing_class, generation=settings)
-            records = run_paired(
-                task, model, trainer.processing_class, generation=settings, output_path=records_path,
-                provenance=provenance,
-            )  # fmt: skip
+            with block():  # the base of a LoRA student is the student with its adapter disabled
+                provenance = run_provenance(task, model, trainer.processing_class, generation=settings)
+                records = run_paired(
+                    task, model, trainer.processing_class, generation=settings, output_path=records_path,
+                    provenance=provenance,
+                )  # fmt: skip
             runs.append(ModelRun(name, records, provenance=provenance, records_path=str(records_path)))
             summaries[name] = game_summary(records)
         write_report(runs, out, title=f"{Path(args.output_dir).name}: paired win rates", extra={"games": summaries})

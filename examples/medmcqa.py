@@ -58,14 +58,16 @@ if __name__ == "__main__":
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
 
-    # Paired evaluation: base model and student, each answering every test item without and with the system prompt
-    if not script_args.skip_eval and trainer.accelerator.is_main_process:
+    # Paired evaluation: base model and student, each answering every test item without and with the system prompt.
+    # Every process calls it; after a distributed run the main process evaluates the saved student alone.
+    if not script_args.skip_eval:
         settings = GenerationSettings(
             max_new_tokens=script_args.eval_max_new_tokens, temperature=1.0, top_p=0.95, top_k=20,
             batch_size=script_args.eval_batch_size,
         )  # fmt: skip
         out = Path(args.output_dir) / "paired_eval"
-        compare_base_and_student(
+        report = compare_base_and_student(
             trainer, test, base_model_path=model_path, scorer="mcq", generation=settings, output_dir=out
         )
-        print((out / "report.md").read_text())
+        if report is not None:  # the main process
+            print((out / "report.md").read_text())

@@ -157,17 +157,18 @@ def train(argv: list[str] | None = None):
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
         trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
-    if script_args.paired_eval and trainer.accelerator.is_main_process:
+    if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
         from .eval import GenerationSettings
         from .eval.compare import compare_base_and_student
 
         settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
         id_column = "id" if "id" in paired_dataset.column_names else None
-        compare_base_and_student(
+        report = compare_base_and_student(
             trainer, paired_dataset, base_model_path=model_path, scorer=script_args.scorer,
             label_column=script_args.label_column, id_column=id_column, generation=settings,
         )  # fmt: skip
-        print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
+        if report is not None:
+            print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
     return trainer
 
 

@@ -482,6 +482,15 @@ class NCAConfig(NCAFields, GKDConfig):
           on one example at init. GKD's chat collator does not.
 
     The NCA fields (below) are declared once, in [`NCAFields`], and shared with [`NCADistillationConfig`].
+
+    Parameters that `GKDConfig` lacks:
+
+    Parameters:
+        ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
+            Under DeepSpeed ZeRO-3, whether sampling gathers the whole student on every process (fast, and each
+            process holds all the weights while it samples) or runs with the weights sharded (one gather per layer
+            and generated token: slower, for students too large to hold whole on one device), as in
+            `DistillationConfig`.
     """
 
     top_k: int = _support_size_field()
@@ -502,6 +511,16 @@ class NCAConfig(NCAFields, GKDConfig):
         metadata={
             "help": "Sampling temperature, also dividing the logits of all three distributions (student "
             "without and with the context, teacher)."
+        },  # fmt: skip
+    )
+
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata={
+            "help": "Under DeepSpeed ZeRO-3, gather the whole student on every process while it samples (fast; each "
+            "process then holds a full copy of the weights for the duration). False samples with the weights "
+            "sharded, gathering each layer at every generated token: slower, for students too large to hold whole "
+            "on one device. No effect without ZeRO-3. As `DistillationConfig.ds3_gather_for_generation`."
         },  # fmt: skip
     )
 
@@ -668,6 +687,14 @@ def field_reference() -> str:
                 f"| `{name}` | {_markdown_value(gkd[name].default)} | {_markdown_value(f.default)} | "
                 f"{_markdown_text(f.metadata['help'])} |"
             )
+    added = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name in NCAConfig.__annotations__:
+        if name not in gkd and name not in _nca_field_names(NCAConfig):
+            f = ours[name]
+            added.append(
+                f"| `{name}` | `{_annotation(NCAConfig, name)}` | {_markdown_value(f.default)} | "
+                f"{_markdown_text(f.metadata['help'])} |"
+            )
     distill = {f.name: f for f in fields(DistillationConfig)}
     theirs = {f.name: f for f in fields(NCADistillationConfig)}
     renamed = [
@@ -681,6 +708,8 @@ def field_reference() -> str:
         "\n".join(rows)
         + "\n\nFields of `GKDConfig` whose default differs:\n\n"
         + "\n".join(changed)
+        + "\n\nFields `NCAConfig` adds to `GKDConfig` (as `DistillationConfig` has them):\n\n"
+        + "\n".join(added)
         + "\n\n`NCADistillationConfig` (on `DistillationConfig`) has the same NCA fields, with the same types, defaults "
         + "and meaning, except:\n\n| `NCAConfig` | `NCADistillationConfig` | meaning |\n| --- | --- | --- |\n"
         + "\n".join(renamed)

@@ -22,13 +22,14 @@ from trl.trainer.utils import create_model_from_path
 
 from .config import NCADistillationConfig
 from .data import Limits, check_examples, check_tokenizer, prepare_dataset
+from .launch import placed_init_kwargs
 from .models import resolve_model_name_or_path
 from .objective import (
     NCA_PAPER,
     NCAObjective,
     ScheduleCheckpoint,
     batch_stats,
-    check_process_count,
+    checked_launch,
     load_schedule,
     named_datasets,
     position_limit,
@@ -98,11 +99,14 @@ class NCADistillationTrainer(DistillationTrainer):
                 "use with DistillationTrainer, or drop `tools`."
             )
         model = resolve_model_name_or_path(model, "Student model")
+        state = checked_launch(args, "NCADistillationTrainer")
         for split, dataset in named_datasets(train_dataset, eval_dataset):  # before any model is loaded
             check_examples(dataset, args.context_spec, split)
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
-            model = create_model_from_path(model, **(args.model_init_kwargs or {}))
+            model = create_model_from_path(
+                model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
+            )
             args.model_init_kwargs = None  # used here; DistillationTrainer would warn that the model is already built
         if processing_class is None:
             if not model_id:
@@ -124,7 +128,8 @@ class NCADistillationTrainer(DistillationTrainer):
         teacher = resolve_teacher(
             teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
             self_teacher=args.self_teacher, peft_config=peft_config, get_student=lambda: self.model,
-            init_kwargs=init_kwargs, trust_remote_code=args.trust_remote_code,
+            init_kwargs=placed_init_kwargs(init_kwargs, "the teacher", state, args.device),
+            trust_remote_code=args.trust_remote_code,
         )  # fmt: skip
         common, widest = self._common_rows = check_output_rows(model, teacher, processing_class)
         if widest > common and args.use_vllm:
@@ -167,7 +172,6 @@ class NCADistillationTrainer(DistillationTrainer):
             optimizers=optimizers,
             peft_config=peft_config,
         )
-        check_process_count(self.accelerator)
         teacher = settle_teacher(teacher, self.model) or teacher  # the student is PEFT-wrapped only now
         if isinstance(teacher, SelfTeacher):
             self.teacher_model = teacher  # calls the student, which the accelerator already wraps

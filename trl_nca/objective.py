@@ -23,6 +23,7 @@ from torch import nn
 from transformers import AutoConfig, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
+from .launch import refuse_fsdp
 from .losses import LMHead, token_divergences
 from .prefix import PrefixSharing, weights_fingerprint
 from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
@@ -318,6 +319,19 @@ def position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
         if getattr(config, "max_position_embeddings", None):
             limits.append(int(config.max_position_embeddings))
     return min(limits) if limits else None
+
+
+def checked_launch(args, trainer: str):
+    """The launch's `accelerate.PartialState`, checked before any model loads: FSDP is refused
+    (`trl_nca.launch.refuse_fsdp`) and every launched process must take part (`check_process_count`). Reading
+    `args.device` sets up the process group, as `Trainer` would a moment later."""
+    from accelerate import PartialState
+
+    _ = args.device
+    state = args.distributed_state or PartialState()
+    refuse_fsdp(args, trainer)
+    check_process_count(state)
+    return state
 
 
 def check_process_count(accelerator) -> None:

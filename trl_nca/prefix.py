@@ -40,6 +40,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .launch import agreed_min
 from .views import View, completion_hidden, completion_states, position_ids_from_mask
 
 
@@ -307,18 +308,16 @@ class PrefixSharing:
         self.last_shared[what] = 0
         if not self.enabled:
             return completion_states(model, view, completion_mask)
-        length = shared_prefix_length(view)
-        if length == 0 and view.input_ids.shape[0] < 2:
-            return completion_states(model, view, completion_mask)
-        if length < self.min_tokens:
+        length = self._local_length(model, view, what)
+        # Under ZeRO-3 every module call is a collective: all ranks share a prefix of one agreed length, or none does.
+        agreed = agreed_min([length], view.input_ids.device)[0]
+        if agreed < length:
             self.unshared(
-                what, "short", f"its rows share only {length} prompt tokens, fewer than share_prefix_min_tokens="
-                f"{self.min_tokens}", level=logging.INFO,
+                what, "other-rank", "another process cannot share as long a prefix (its rows share fewer tokens, or "
+                "its forward cannot share), and every process must run the same forwards", level=logging.INFO,
             )  # fmt: skip
-            return completion_states(model, view, completion_mask)
-        problem = self.problem(model)
-        if problem is not None:
-            self.unshared(what, *problem)
+        length = agreed
+        if length == 0:
             return completion_states(model, view, completion_mask)
         split = split_view(view, length)
         decoder = model.get_decoder()
@@ -347,13 +346,32 @@ class PrefixSharing:
         self.last_shared[what] = split.length
         return completion_hidden(output[0], suffix, completion_mask)
 
+    def _local_length(self, model: nn.Module, view: View, what: str) -> int:
+        """The prefix length this process could share (0: none), before the processes agree."""
+        length = shared_prefix_length(view)
+        if length == 0 and view.input_ids.shape[0] < 2:
+            return 0
+        if length < self.min_tokens:
+            self.unshared(
+                what, "short", f"its rows share only {length} prompt tokens, fewer than share_prefix_min_tokens="
+                f"{self.min_tokens}", level=logging.INFO,
+            )  # fmt: skip
+            return 0
+        problem = self.problem(model)
+        if problem is not None:
+            self.unshared(what, *problem)
+            return 0
+        return length
+
     def _prefix(self, decoder, config, split: SplitView, cache_arg: str, what: str, persist) -> _Prefix | None:
-        """The prefix's keys and values: kept from an earlier call (same key, same tokens, no gradient) or recorded."""
+        """The prefix's keys and values: kept from an earlier call (same key, same tokens, no gradient) or recorded.
+        A kept prefix is reused only where every process can reuse its own, so all run the prefix pass or none does."""
         keep = persist is not None and not torch.is_grad_enabled()
-        if keep and what in self._kept:
-            key, prefix = self._kept[what]
-            if key == persist and torch.equal(prefix.ids, split.prefix_ids):
-                return prefix
+        if keep:
+            kept = self._kept.get(what)
+            reusable = kept is not None and kept[0] == persist and torch.equal(kept[1].ids, split.prefix_ids)
+            if agreed_min([reusable], split.prefix_ids.device)[0]:
+                return kept[1]
         self._kept.pop(what, None)
         layers = config.num_hidden_layers
         cache = _recording_cache(layers)

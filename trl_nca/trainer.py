@@ -13,6 +13,7 @@ import torch
 from datasets import Dataset
 from torch import nn
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
@@ -29,13 +30,14 @@ from .data import (
     tokenize_example,
 )
 from .gradients import compare_gradients, loss_gradients
+from .launch import agreed_max, placed_init_kwargs, rank0_choice
 from .models import resolve_model_name_or_path
 from .objective import (
     NCA_PAPER,
     NCAObjective,
     ScheduleCheckpoint,
     batch_stats,
-    check_process_count,
+    checked_launch,
     load_schedule,
     named_datasets,
     position_limit,
@@ -126,12 +128,15 @@ class NCATrainer(GKDTrainer):
                     "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
                 )
         model = resolve_model_name_or_path(model, "Student model")
+        state = checked_launch(args, "NCATrainer")
         if rollout is None:  # empty or malformed datasets fail here, before any model is loaded
             for split, dataset in named_datasets(train_dataset, eval_dataset):
                 check_examples(dataset, args.context_spec, split)
         model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         if isinstance(model, str):
-            model = create_model_from_path(model, **(args.model_init_kwargs or {}))
+            model = create_model_from_path(
+                model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
+            )
             args.model_init_kwargs = None  # used here; SFTTrainer would warn that the model is already built
         if processing_class is None:
             if not model_id:
@@ -146,7 +151,8 @@ class NCATrainer(GKDTrainer):
         teacher_model = resolve_teacher(
             teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
             self_teacher=args.self_teacher, peft_config=peft_config, get_student=lambda: self.model,
-            init_kwargs=args.teacher_model_init_kwargs, trust_remote_code=args.trust_remote_code,
+            init_kwargs=placed_init_kwargs(args.teacher_model_init_kwargs, "the teacher", state, args.device),
+            trust_remote_code=args.trust_remote_code,
         )  # fmt: skip
         self._common_rows = check_output_rows(model, teacher_model, processing_class)
 
@@ -214,7 +220,6 @@ class NCATrainer(GKDTrainer):
         finally:
             gkd_logger.removeFilter(_drop_migration_hint)
             args.teacher_model_init_kwargs = teacher_init_kwargs
-        check_process_count(self.accelerator)
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside settle_teacher) gathers it first.
         settled = settle_teacher(self._teacher(), self.model)  # the student is PEFT-wrapped only now
         if settled is not None:
@@ -239,6 +244,7 @@ class NCATrainer(GKDTrainer):
         self.add_callback(ScheduleCheckpoint(self.nca_schedule))
         self.divergence_spec = self.nca.spec
         self._redirect = _ForwardRedirection()
+        self._lockstep_generation = self.accelerator.num_processes > 1 and is_deepspeed_zero3_enabled()
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
 
@@ -293,8 +299,8 @@ class NCATrainer(GKDTrainer):
     def _complete(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
         """Replace the batch's completions by student samples (probability `lmbda`), teacher samples (`seq_kd`), or
         keep the dataset's reference completions, as GKD does."""
-        if on_policy is None:
-            on_policy = random.random() <= self.lmbda
+        if on_policy is None:  # every process draws; all follow rank 0, so all run the same forwards (ZeRO-3)
+            on_policy = rank0_choice(random.random() <= self.lmbda, self.args.device)
         if on_policy:
             ids, mask = self._generate(self.model_wrapped, inputs["prompts"], inputs["prompt_attention_mask"])
         elif self.seq_kd:
@@ -326,6 +332,7 @@ class NCATrainer(GKDTrainer):
                 unwrap_model_for_generation(
                     model,
                     self.accelerator,
+                    gather_deepspeed3_params=self.args.ds3_gather_for_generation,
                     generation_kwargs=self.generation_kwargs,
                     gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
                 ) as unwrapped,
@@ -342,6 +349,7 @@ class NCATrainer(GKDTrainer):
         """The trainer's `trl_nca.sampling.GenerateFn`: one completion per prompt, sampled by the student with GKD's
         generation settings. The seeds are not used: sampling draws from the process random state, which checkpoints
         restore, so a resumed run samples what an uninterrupted run did."""
+        self._generate_calls_agreed(generating=True)
         ids, mask = left_pad(prompts, self.processing_class.pad_token_id)
         completion, completion_mask = self._generate(
             self.model_wrapped, ids.to(self.args.device), mask.to(self.args.device)
@@ -354,10 +362,22 @@ class NCATrainer(GKDTrainer):
             out.append(Generated(tokens, text, truncated=not ended and len(tokens) >= self.args.max_new_tokens))
         return out
 
+    def _generate_calls_agreed(self, generating: bool) -> bool:
+        """Keep the processes' `generate` calls in step under ZeRO-3, where each call gathers the student's weights
+        with collectives: before each call of a rollout every process says whether it still generates; a process whose
+        episodes have all ended answers False in a loop, and samples one throw-away row while another process still
+        generates. Returns whether any process generates. Without ZeRO-3 nothing is exchanged."""
+        if self._lockstep_generation:
+            return bool(agreed_max([int(generating)], self.args.device)[0])
+        return generating
+
     def _play(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Play the episodes of a micro-batch of rollout seeds; every sample the rollout returns becomes one row."""
         seeds = [int(seed) for seed in batch["seed"]]
         played = self.rollout.rollout(seeds, self._generate_for_rollout, self.processing_class)
+        while self._generate_calls_agreed(generating=False):  # episodes of other processes are still running
+            pad = self.processing_class.pad_token_id
+            self._generate(self.model_wrapped, *(t.to(self.args.device) for t in left_pad([[pad]], pad)))
         rows = []
         for sample in played.samples:
             example = {"prompt": sample.prompt, "context": sample.context}

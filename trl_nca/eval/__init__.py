@@ -7,6 +7,7 @@ sampling; the paired outcomes give accuracy per view, harm, help, McNemar's test
 """
 
 from ..sampling import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
+from .compare import TrainedModels, compare_base_and_student, models_after_training
 from .errors import EvalInputError
 from .games import GameEvaluation, check_game_options, evaluate_game, game_summary, run_game_eval
 from .loading import load_model
@@ -30,6 +31,9 @@ from .store import load_records
 
 
 __all__ = [
+    "TrainedModels",
+    "compare_base_and_student",
+    "models_after_training",
     "CallableScorer",
     "EvalInputError",
     "GameEvaluation",

@@ -1,0 +1,149 @@
+"""What a launch asks of every process: where models load, which launches are refused, and agreement between ranks.
+
+Placement at load time (`placed_init_kwargs`). TRL's `create_model_from_path` picks `device_map="auto"` whenever no
+`device_map` is given and the process's device is not a CPU. Under a distributed launch that is wrong everywhere:
+transformers refuses any `device_map` under ZeRO-3, accelerate refuses to prepare a model dispatched over several
+devices under DDP and FSDP, and a single process that sees 8 GPUs would spread the model over all of them. So:
+
+    distributed launch (DDP, DeepSpeed, FSDP, or several processes)   device_map=None: the launcher places the model
+    single process on an accelerator                                  the process's own device
+    single process on a CPU                                           device_map=None (loads on the CPU)
+
+A `device_map` the user set in `model_init_kwargs`/`teacher_model_init_kwargs` is kept where the launch allows it (any
+value for a single process; under DDP only the whole model on the process's own device) and refused with an error
+that says what to do elsewhere (DeepSpeed and FSDP place the model themselves).
+
+Agreement (`agreed_min`, `agreed_max`, `rank0_choice`). Under DeepSpeed ZeRO-3 every module call gathers its
+parameters through collectives, so every rank must run the same modules in the same order. Any choice that depends on
+a rank's own data (share a prompt prefix or not and how long, sample or use the dataset's completions, how many times
+to call `generate`) is agreed with one small all-reduce before it is acted on. In a single process these return their
+input unchanged and communicate nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+_UNSET = object()
+
+
+def distributed_world() -> int:
+    """Processes of the running `torch.distributed` group (1 when there is none)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def _reduce(values: Sequence[int], op, device) -> list[int]:
+    if distributed_world() == 1:
+        return [int(v) for v in values]
+    if torch.distributed.get_backend() == "nccl" and torch.device(device).type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.tensor([int(v) for v in values], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(tensor, op=op)
+    return tensor.tolist()
+
+
+def agreed_min(values: Sequence[int], device: torch.device | str = "cpu") -> list[int]:
+    """The element-wise minimum of `values` over all ranks (each rank passes as many values)."""
+    return _reduce(values, torch.distributed.ReduceOp.MIN if distributed_world() > 1 else None, device)
+
+
+def agreed_max(values: Sequence[int], device: torch.device | str = "cpu") -> list[int]:
+    """The element-wise maximum of `values` over all ranks (each rank passes as many values)."""
+    return _reduce(values, torch.distributed.ReduceOp.MAX if distributed_world() > 1 else None, device)
+
+
+def rank0_choice(choice: bool, device: torch.device | str = "cpu") -> bool:
+    """Rank 0's `choice`, on every rank (each rank still computes its own, so random streams advance alike)."""
+    if distributed_world() == 1:
+        return bool(choice)
+    device = torch.device(device)
+    if torch.distributed.get_backend() == "nccl" and device.type != "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([int(bool(choice))], dtype=torch.long, device=device)
+    torch.distributed.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+def _launcher(state) -> str:
+    """'deepspeed', 'fsdp', 'ddp' (any other distributed type, or several processes) or 'single'."""
+    from accelerate.utils import DistributedType
+
+    kind = state.distributed_type
+    if kind == DistributedType.DEEPSPEED:
+        return "deepspeed"
+    if kind == DistributedType.FSDP:
+        return "fsdp"
+    if kind != DistributedType.NO or state.num_processes > 1:
+        return "ddp"
+    return "single"
+
+
+def _same_device(device_map: Any, device: torch.device) -> bool:
+    """Whether `device_map` puts the whole model on `device` (`"cuda:1"`, `1`, a torch.device, or `{"": ...}`)."""
+    if isinstance(device_map, dict):
+        targets = set(device_map.values())
+        return len(targets) == 1 and _same_device(next(iter(targets)), device)
+    if isinstance(device_map, int) and not isinstance(device_map, bool):
+        return device.type not in ("cpu", "mps") and device.index == device_map
+    try:
+        wanted = torch.device(device_map)
+    except (TypeError, RuntimeError):
+        return False  # "auto", "balanced", ...: dispatched over devices
+    if wanted.type != device.type:
+        return False
+    return wanted.index is None or device.index is None or wanted.index == device.index
+
+
+def placed_init_kwargs(kwargs: dict[str, Any] | None, what: str, state, device: torch.device) -> dict[str, Any]:
+    """`from_pretrained` kwargs of a model (`what`, e.g. "the student") with the `device_map` this launch needs.
+
+    `state` is the launch's `accelerate.PartialState` (`TrainingArguments.distributed_state`), `device` the process's
+    training device (`TrainingArguments.device`). See the module docstring for the rule.
+    """
+    kwargs = dict(kwargs or {})
+    given = kwargs.get("device_map", _UNSET)
+    launcher = _launcher(state)
+    device = torch.device(device)
+    if given is _UNSET or given is None:
+        own = None if launcher != "single" or device.type == "cpu" else str(device)
+        kwargs["device_map"] = own
+        return kwargs
+    if launcher == "single":
+        return kwargs
+    if launcher == "ddp" and _same_device(given, device):
+        return kwargs
+    where = {
+        "deepspeed": "DeepSpeed places (and under ZeRO-3 partitions) every model itself",
+        "fsdp": "FSDP places and shards the model itself",
+        "ddp": f"under DDP each process holds the whole model on its own device ({device})",
+    }[launcher]
+    raise ValueError(
+        f"The init kwargs of {what} set device_map={given!r}, which this {state.num_processes}-process "
+        f"{launcher.upper() if launcher != 'deepspeed' else 'DeepSpeed'} launch cannot use: {where}. Remove "
+        "`device_map` from the init kwargs (trl-nca then loads the model where the launch needs it)."
+    )
+
+
+def refuse_fsdp(args, trainer: str) -> None:
+    """FSDP is refused at init, before any model loads: the teacher and the frozen copies of the student are not
+    sharded or placed by `prepare_model(evaluation_mode=True)` under FSDP, so a launch would leave them whole on the
+    CPU. DeepSpeed ZeRO-3 shards student and teacher alike."""
+    from accelerate.utils import DistributedType, str_to_bool
+
+    state = args.distributed_state
+    launched = str_to_bool(os.environ.get("ACCELERATE_USE_FSDP", "false"))  # also where accelerate then set up none
+    configured = getattr(args, "fsdp", None) not in (None, "", [], False)
+    if launched or configured or (state is not None and state.distributed_type == DistributedType.FSDP):
+        raise ValueError(
+            f"{trainer} does not support FSDP: its teacher (a separate model or a frozen copy of the student) would "
+            "be neither sharded nor placed on the GPU. Launch with DeepSpeed ZeRO-3 instead, which shards student and "
+            "teacher alike: `accelerate launch --config_file examples/accelerate/zero3.yaml ...` (ZeRO-2 when the "
+            "model fits on one GPU)."
+        )
