@@ -67,12 +67,13 @@ def _train(out: Path, models: Path, tuning: str, teacher: str, config: str | Non
 _references: dict[tuple[str, str], Path] = {}
 
 
-def _reference(tmp_path_factory, models, tuning: str, teacher: str) -> Path:
-    """One process, 4 rows per step, no DeepSpeed (trained once per module)."""
-    if (tuning, teacher) not in _references:
-        out = tmp_path_factory.mktemp("single") / f"{tuning}-{teacher}"
-        _references[tuning, teacher] = _train(out, models, tuning, teacher)
-    return _references[tuning, teacher]
+def _reference(tmp_path_factory, models, tuning: str, teacher: str, *data: str) -> Path:
+    """One process, 4 rows per step, no DeepSpeed (trained once per module and data set)."""
+    key = (tuning, teacher, *data)
+    if key not in _references:
+        out = tmp_path_factory.mktemp("single") / "-".join(key).strip("-")
+        _references[key] = _train(out, models, tuning, teacher, None, *data)
+    return _references[key]
 
 
 def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
@@ -112,13 +113,16 @@ def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
         ("zero3", "full", "self", ("--per-device", "2"), "LlamaForCausalLM"),
         # weights and optimizer state in CPU memory (the same memory here, but DeepSpeed's offload code paths)
         ("zero3_offload", "lora", "self", ("--per-device", "2"), "SelfTeacher"),
+        # processes whose rows share prefixes of different lengths, with prompts and completions of different lengths
+        ("zero3", "full", "separate", ("--per-device", "2", "--mixed"), "LlamaForCausalLM"),
     ],
     ids=["zero2-full-separate-accum", "zero2-lora-self", "zero3-full-separate", "zero3-lora-self-sample",
-         "zero3-lora-merged-copy", "zero3-full-copy", "zero3-offload-lora-self"],
+         "zero3-lora-merged-copy", "zero3-full-copy", "zero3-offload-lora-self", "zero3-mixed-prefixes"],
 )  # fmt: skip
 def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, models, config, tuning, teacher, extra,
                                                  teacher_kind):  # fmt: skip
-    single = _reference(tmp_path_factory, models, tuning, teacher)
+    data = tuple(flag for flag in extra if flag == "--mixed")
+    single = _reference(tmp_path_factory, models, tuning, teacher, *data)
     out = _train(tmp_path / "zero", models, tuning, teacher, config, *extra)
     info = _assert_same_step(single, out, tuning)
     zero = int(config[4])
@@ -129,6 +133,11 @@ def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, mod
         assert info["teacher_partitioned"] == (teacher_kind != "SelfTeacher")
     if "--sample" in extra:
         _assert_same_samples(out, models)
+    if data:  # every forward gathers under ZeRO-3: both processes ran the prefix length they agreed on, not their own
+        shared = [json.loads((out / f"shared_rank{rank}.json").read_text()) for rank in range(2)]
+        assert shared[0] == shared[1]
+        assert shared[0]["student's no-context view"] > 0  # shared, at the shorter length of process 1
+        assert shared[0]["student's context view"] == shared[0]["teacher"] == 0  # process 1 cannot share them
 
 
 def _assert_same_samples(out: Path, models: Path) -> None:

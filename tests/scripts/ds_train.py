@@ -12,6 +12,10 @@ passes a ZeRO config as `NCAConfig(deepspeed=...)` instead (for `torch.distribut
   disabled (no parameters of its own), with full fine-tuning a frozen copy of the initial student. `self-copy`: LoRA
   whose B matrices start non-zero (`init_lora_weights=False`), so disabling the adapter is not the initial model and
   the trainer keeps a frozen merged copy of the student instead.
+- `--mixed`: rows whose processes would run different forwards unless they agree: the rows of process 0 share a
+  long context and a long question start, those of process 1 no context and a shorter question start (prefixes of
+  different lengths, one view shared on one process only), with completions of different lengths; rows are dealt to
+  the processes in order.
 - `--sample`: after the step, every process samples completions for its own prompts with a fixed seed through the
   trainer's generation path (under ZeRO-3: with gathered weights) and saves them, with the prompts, to
   `samples_rank{R}.pt`.
@@ -55,6 +59,7 @@ def main():
     parser.add_argument("--per-device", type=int, default=4)
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--sample", action="store_true")
+    parser.add_argument("--mixed", action="store_true")
     parser.add_argument("--zero-in-args", type=int, help="pass a ZeRO config of this stage as `deepspeed=` instead")
     parser.add_argument("--models", required=True, help="folder with `student/` and `teacher/` (save_tiny_model)")
     opts = parser.parse_args()
@@ -67,12 +72,25 @@ def main():
         [{"role": "user", "content": f"Question {i}?"}, {"role": "assistant", "content": "ok" + " yes" * (i * i)}]
         for i in range(4)
     ]
-    data = Dataset.from_dict({"messages": rows, "context": ["Be brief and precise."] * 4})
+    contexts = ["Be brief and precise."] * 4
+    if opts.mixed:
+        # process 0: one long context and long common question starts; process 1: contexts that share nothing and
+        # question starts that share fewer tokens, so its context view cannot share a prefix at all
+        stem = "A patient of forty-five presents with severe abdominal pain radiating to the back since two days. "
+        common = "Answer as a careful clinician who checks every dosage twice and names each source. " * 2
+        contexts = [common + "Rank zero.", common + "Rank zero.", "One.", "Two, a longer one."]
+        questions = [stem + "What now?", stem + "Which test first?", stem[:60] + "Cause?", stem[:60] + "Why so?"]
+        rows = [
+            [{"role": "user", "content": q}, {"role": "assistant", "content": "ok" + " yes" * (5 - i)}]
+            for i, q in enumerate(questions)
+        ]
+    data = Dataset.from_dict({"messages": rows, "context": contexts})
     args = NCAConfig(
         output_dir=opts.out, max_steps=1, per_device_train_batch_size=opts.per_device,
         gradient_accumulation_steps=opts.grad_accum, lmbda=0.0, optim="sgd",
         learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=not distributed,
         report_to=[], save_strategy="no", max_new_tokens=6, seed=0, logging_steps=1, dataloader_drop_last=False,
+        train_sampling_strategy="sequential" if opts.mixed else "random",
         ddp_backend="gloo" if distributed else None,  # on a CPU, accelerate needs the backend named
         deepspeed=None if opts.zero_in_args is None else {
             "zero_optimization": {"stage": opts.zero_in_args}, "train_micro_batch_size_per_gpu": "auto",
@@ -107,6 +125,9 @@ def main():
     trainer.train()
     after = full_params(trainer.model)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    shared = dict(trainer.nca.prefix_sharing.last_shared)  # prefix length of each view's last forward
+    with open(os.path.join(opts.out, f"shared_rank{trainer.accelerator.process_index}.json"), "w") as f:
+        json.dump(shared, f)
     info["student_partitioned"] = any(hasattr(p, "ds_id") for p in unwrapped.parameters())
     teacher = trainer.accelerator.unwrap_model(trainer.teacher_model)
     info["teacher_partitioned"] = any(hasattr(p, "ds_id") for p in teacher.parameters())
