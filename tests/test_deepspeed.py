@@ -190,3 +190,25 @@ def test_processes_that_do_not_see_each_other_are_refused(tmp_path, models):
     assert "2 processes were launched, but accelerate counts 1" in result.stderr
     assert "ddp_backend='gloo'" in result.stderr
     assert not (out / "weights.pt").exists()
+
+
+@pytest.mark.parametrize("gather", [True, False], ids=["gathered", "sharded"])
+def test_rollout_generate_calls_agree_across_processes(tmp_path, models, gather):
+    """Episodes of process 0 end after 1 model call, those of process 1 after 4, under ZeRO-3 with the weights gathered
+    for sampling or kept sharded (`ds3_gather_for_generation`): process 0 keeps calling `generate` on a throw-away row
+    while process 1 still plays, so both make the same calls (otherwise the collectives mismatch)."""
+    out = tmp_path / "rollout"
+    out.mkdir()
+    script = Path(__file__).parent / "scripts" / "ds_rollout.py"
+    args = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        str(script), str(out), "--models", str(models), *([] if gather else ["--no-gather"]),
+    ]  # fmt: skip
+    result = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    calls = [json.loads((out / f"calls_rank{rank}.json").read_text()) for rank in range(2)]
+    assert [c["rollout_calls"] for c in calls] == [2, 8]  # 2 steps: 1 and 4 model calls per episode
+    assert len(calls[0]["generate_rows"]) == len(calls[1]["generate_rows"]) == 8
+    assert calls[0]["generate_rows"] == [2, 1, 1, 1] * 2  # its own episodes, then throw-away rows
+    assert calls[1]["generate_rows"] == [2] * 8
