@@ -50,7 +50,7 @@ def test_dry_run_launches_the_example_and_times_every_model_and_variant(tmp_path
     assert all(shape["hidden_size"] == 64 for shape in meta["shapes"].values())
     assert [(r["model"], r["variant"], r["nca_beta"], r["share_prefix"]) for r in runs] == [
         (model, variant, beta, share)
-        for model in ("qwen3-1.7b", "qwen3-8b")
+        for model in ("qwen3-8b", "qwen3-1.7b")
         for variant, beta, share in (("opd", 0.0, True), ("nca", 0.5, True), ("nca-unshared", 0.5, False))
     ]
     for run in runs:
