@@ -342,10 +342,12 @@ def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float) -> dict:
 
 
 def dry_run_shape(shape: dict, tok) -> dict:
-    """`shape`'s architecture at the sizes of trl_nca.testing's tiny model, with the tiny tokenizer's vocabulary."""
+    """`shape`'s architecture at the sizes of trl_nca.testing's tiny model. Its output layer has more rows than the
+    tiny tokenizer has tokens, as on the GPU (151936 rows for the same tokenizer), so samples hold ids past it there
+    too."""
     from trl_nca.testing import make_tiny_model
 
-    tiny = make_tiny_model(tok).config
+    tiny = make_tiny_model(tok, vocab_size=512).config
     sizes = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
     return dict(shape, **{k: getattr(tiny, k) for k in sizes}, head_dim=tiny.hidden_size // tiny.num_attention_heads,
                 vocab_size=tiny.vocab_size)  # fmt: skip

@@ -47,7 +47,7 @@ def test_dry_run_launches_the_example_and_times_every_model_and_variant(tmp_path
     assert meta["dry_run"] and meta["batch"] == 2 and meta["completion_tokens"] == 8 and meta["lmbda"] == 1.0
     # tiny models in the published architecture (Qwen3), at the sizes of trl_nca.testing's tiny model
     assert {shape["model_type"] for shape in meta["shapes"].values()} == {"qwen3"}
-    assert all(shape["hidden_size"] == 64 for shape in meta["shapes"].values())
+    assert all(shape["hidden_size"] == 64 and shape["vocab_size"] == 512 for shape in meta["shapes"].values())
     assert [(r["model"], r["variant"], r["nca_beta"], r["share_prefix"]) for r in runs] == [
         (model, variant, beta, share)
         for model in ("qwen3-8b", "qwen3-1.7b")
