@@ -132,3 +132,16 @@ def test_inline_architectures_have_the_published_parameter_counts():
     embedding = 151936 * 2048
     assert round((counts["qwen3-1.7b"] - embedding) / 1e9, 1) == 1.4
     assert round((counts["qwen3-8b"] - 2 * 151936 * 4096) / 1e9, 2) == 6.95
+
+
+def test_the_requirement_walk_names_what_is_missing_or_at_the_wrong_version():
+    """On the GPU machine the check walks trl-nca's requirements through the installed distributions; here the same
+    walk, from roots that this environment cannot meet (directly, and one level down through a real distribution)."""
+    gpu_check = _gpu_check()
+    import transformers
+
+    problems = gpu_check.unmet_requirements(["transformers<5", "no-such-package-gpu-check>=1"])
+    assert problems == [
+        "no-such-package-gpu-check: not installed (trl-nca requires no-such-package-gpu-check>=1)",
+        f"transformers {transformers.__version__} installed, trl-nca requires transformers<5",
+    ]
