@@ -1,27 +1,47 @@
 #!/usr/bin/env bash
-# OPD vs NCA on one GPU at Qwen3-1.7B and Llama-3.1-8B shapes (random weights): a table on stdout and a JSON file.
+# The GPU check in one call (benchmarks/README.md): environment, a DDP launch of examples/medmcqa.py on one process,
+# and OPD against NCA at Qwen3-1.7B and Qwen3-8B shapes.
 #
-#   bash benchmarks/gpu_check.sh [--out FILE] [--smoke] [other options of benchmarks/gpu_check.py]
+#   bash benchmarks/gpu_check.sh [--out FILE] [--dry-run] [other options of benchmarks/gpu_check.py]
 #
-# Where trl or datasets are missing (the GPU machine), the wheels in benchmarks/wheels/ are installed into a private
-# folder first: fetch them beforehand with `bash benchmarks/download_wheels.sh` where PyPI is reachable.
-set -euo pipefail
+# The GPU machine has no trl, datasets or package index: the wheels that benchmarks/download_wheels.sh fetched into
+# benchmarks/wheels/ (git-ignored, carried along with the checkout) are installed into a private folder first, without
+# touching the machine's packages. No `set -e`: every step says what failed, and the import check in gpu_check.py
+# names whatever is still missing.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c "import trl, datasets" 2>/dev/null; then
-    shopt -s nullglob
-    wheels=(benchmarks/wheels/*.whl)
-    if [ ${#wheels[@]} -eq 0 ]; then
-        echo "gpu_check: trl or datasets is not installed and benchmarks/wheels/ has no wheels;" \
-             "run 'bash benchmarks/download_wheels.sh' where PyPI is reachable and bring that folder along." >&2
-        exit 2
-    fi
-    site=${GPU_CHECK_SITE:-/tmp/gpu_check_site}
-    echo "gpu_check: installing ${#wheels[@]} wheels from benchmarks/wheels/ into $site"
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${wheels[@]}"
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+WHEELS=${GPU_CHECK_WHEELS:-benchmarks/wheels}
+SITE=${GPU_CHECK_SITE:-/tmp/gpu_check_site}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # trl_nca from this checkout
-export TRL_EXPERIMENTAL_SILENCE=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
-export PYTHONUNBUFFERED=1
-exec "$PYTHON" benchmarks/gpu_check.py "$@"
+shopt -s nullglob
+wheels=("$WHEELS"/*.whl)
+if [ ${#wheels[@]} -gt 0 ]; then
+    echo "gpu_check: installing ${#wheels[@]} wheels into $SITE: ${wheels[*]##*/}"
+    if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+        install=("$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE")
+        if ! "${install[@]}" "${wheels[@]}"; then
+            echo "gpu_check: pip could not install the wheels together (its error is above); one by one:" >&2
+            for wheel in "${wheels[@]}"; do
+                "${install[@]}" "$wheel" || echo "gpu_check: could not install ${wheel##*/}" >&2
+            done
+        fi
+    else  # every wheel fetched is pure Python: unpacking it into the folder installs it
+        echo "gpu_check: no pip for $PYTHON; unpacking the wheels instead"
+        for wheel in "${wheels[@]}"; do
+            "$PYTHON" -m zipfile -e "$wheel" "$SITE" || echo "gpu_check: could not unpack $wheel" >&2
+        done
+    fi
+    export PYTHONPATH="$PWD:$SITE${PYTHONPATH#"$PWD"}"  # the wheels before the machine's own packages
+else
+    echo "gpu_check: no wheels in $WHEELS: using the installed packages"
+fi
+if [ -f "$WHEELS/NOT_FETCHED.txt" ]; then
+    sed 's/^/gpu_check: not fetched: /' "$WHEELS/NOT_FETCHED.txt"
+fi
+export TRL_EXPERIMENTAL_SILENCE=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+"$PYTHON" benchmarks/gpu_check.py --wheels "$WHEELS" "$@"
+status=$?
+echo "gpu_check: exit status $status"
+exit $status

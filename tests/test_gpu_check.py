@@ -1,65 +1,147 @@
-"""benchmarks/gpu_check.sh: the GPU benchmark's code path runs here at tiny shapes (`--smoke`), and its inline
-architectures are those of the published models."""
+"""benchmarks/gpu_check.sh: its `--dry-run` runs here on the CPU through the same functions as on a GPU; its inline
+architectures are those of the published models; the wheel plan of download_wheels.sh and the import check say what
+is missing."""
 
 import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
-import torch
 
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_gpu_check_smoke_writes_the_table_and_json(tmp_path):
-    out = tmp_path / "gpu_check.json"
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    result = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--smoke", "--sharing", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    report = json.loads(out.read_text())
-    meta, runs = report["meta"], report["runs"]
-    assert meta["smoke"] and meta["batch"] == 2 and meta["completion_tokens"] == 8
-    assert meta["versions"]["trl"] and meta["versions"]["datasets"]
-    assert [(r["model"], r["variant"], r["nca_beta"]) for r in runs] == [
-        (model, variant, beta)
-        for model in ("qwen3-1.7b", "llama3.1-8b")
-        for variant, beta in (("opd", 0.0), ("nca", 0.5), ("nca-unshared", 0.5))
-    ]
-    for run in runs:
-        assert run["teacher"] == "SelfTeacher"  # LoRA: the student with its adapter disabled, no second copy
-        assert len(run["step_s_all"]) == meta["steps"] and run["step_s"] > 0
-        if run["variant"] == "opd":  # sampling forced to exactly completion_tokens new tokens per row
-            assert run["sampled_tokens"] == meta["batch"] * meta["completion_tokens"] and run["sampling_s"] > 0
-    checks = {(c["model"], c["check"]) for c in report["targets"]}
-    assert ("llama3.1-8b", "NCA step peak (reserved) GiB") in checks
-    assert ("qwen3-1.7b", "NCA step time, shared prefix / unshared") in checks
-    assert ("qwen3-1.7b", "step time NCA / OPD") in checks and ("qwen3-1.7b", "peak memory NCA / OPD") in checks
-    assert all(c["pass"] is None for c in report["targets"])  # a smoke run judges nothing
-    assert report["table"] in result.stdout
-    assert "| llama3.1-8b | nca (nca_beta=0.5) |" in report["table"]
-
-
-def test_inline_architectures_have_the_published_parameter_counts():
-    """Built on the meta device (no memory): Llama-3.1-8B has 8,030,261,248 parameters; Qwen3-1.7B 1.72 billion with
-    its tied embeddings (1.41 billion besides the 151936 x 2048 embedding)."""
+def _gpu_check():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    from transformers import AutoModelForCausalLM
+    return gpu_check
 
-    counts = {}
-    for name, shape in gpu_check.SHAPES.items():
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(gpu_check.build_config(shape))
-        counts[name] = sum(p.numel() for p in model.parameters())
-    assert counts["llama3.1-8b"] == 8_030_261_248
-    assert counts["qwen3-1.7b"] == 1_720_574_976
+
+def _run_script(args, tmp_path, **env):
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"), **env)  # fmt: skip
+    return subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args], env=env, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.slow
+def test_dry_run_launches_the_example_and_times_every_model_and_variant(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    result = _run_script(["--dry-run", "--sharing", "--out", str(out)], tmp_path)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    report = json.loads(out.read_text())
+    meta, runs, env, launch = report["meta"], report["runs"], report["environment"], report["launch"]
+    assert env["missing"] == [] and all(status == "ok" for status in env["imports"].values())
+    # the DDP launch of examples/medmcqa.py ran to the end: training, saving, paired evaluation of both models
+    assert launch["ok"] and launch["rc"] == 0, launch["problems"]
+    assert "--config_file examples/accelerate/ddp.yaml --num_processes 1" in launch["command"]
+    assert launch["records"] == {"base": 8, "student": 8}
+    assert meta["dry_run"] and meta["batch"] == 2 and meta["completion_tokens"] == 8 and meta["lmbda"] == 1.0
+    # tiny models in the published architecture (Qwen3), at the sizes of trl_nca.testing's tiny model
+    assert {shape["model_type"] for shape in meta["shapes"].values()} == {"qwen3"}
+    assert all(shape["hidden_size"] == 64 and shape["vocab_size"] == 512 for shape in meta["shapes"].values())
+    assert [(r["model"], r["variant"], r["nca_beta"], r["share_prefix"]) for r in runs] == [
+        (model, variant, beta, share)
+        for model in ("qwen3-8b", "qwen3-1.7b")
+        for variant, beta, share in (("opd", 0.0, True), ("nca", 0.5, True), ("nca-unshared", 0.5, False))
+    ]
+    for run in runs:
+        assert run["teacher"] == "SelfTeacher"  # LoRA: the student with its adapter disabled, no second copy
+        assert len(run["step_s_all"]) == len(run["sampling_s_all"]) == meta["steps"]
+        # every timed step sampled on-policy, exactly completion_tokens per row, inside the timed step
+        assert run["sampled_tokens_per_step"] == meta["batch"] * meta["completion_tokens"]
+        assert 0 < run["sampling_s"] < run["step_s"] and run["train_s"] == run["step_s"] - run["sampling_s"]
+    checks = {(c["model"], c["check"]) for c in report["targets"]}
+    assert ("qwen3-8b", "NCA step peak (reserved) GiB") in checks
+    assert ("qwen3-1.7b", "NCA step time (sampling included), shared prefix / unshared") in checks
+    assert ("qwen3-1.7b", "step time NCA / OPD, sampling included") in checks
+    assert ("qwen3-1.7b", "peak memory NCA / OPD") in checks
+    assert all(c["pass"] is None for c in report["targets"])  # a dry run judges nothing
+    assert report["table"] in result.stdout and "no timing or memory claims" in result.stdout
+    assert report["skipped"] == []
+
+
+def test_a_missing_package_is_named_and_nothing_else_runs(tmp_path):
+    """A `datasets` that cannot be imported (as on the GPU machine before the wheels) is named, with everything that
+    needs it, and the script stops with its own exit status instead of a traceback halfway through."""
+    shadow = tmp_path / "shadow" / "datasets"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no module named datasets (simulated)')\n")
+    out = tmp_path / "gpu_check.json"
+    result = _run_script(["--dry-run", "--out", str(out)], tmp_path, PYTHONPATH=str(shadow.parent))
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "gpu_check: import datasets: ImportError: no module named datasets (simulated)" in result.stdout
+    assert "gpu_check: import trl_nca.trainer: ImportError: no module named datasets (simulated)" in result.stdout
+    assert (
+        "gpu_check: MISSING: datasets, trl.experimental.gkd, trl_nca, trl_nca.trainer, trl_nca.eval.compare: nothing "
+        "else can run" in result.stdout
+    )
+    assert "gpu_check: exit status 3" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["launch"] is None and report["runs"] == []
+    assert "datasets" in report["environment"]["missing"]
+
+
+def _wheel(directory: Path, filename: str, requires=(), requires_python=None):
+    name, version = filename.split("-")[:2]
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Python: {requires_python}"] * bool(requires_python)
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    with zipfile.ZipFile(directory / filename, "w") as archive:
+        archive.writestr(f"{name}-{version}.dist-info/METADATA", "\n".join(lines) + "\n\nDescription\n")
+
+
+def test_the_wheel_plan_names_every_requirement_the_machine_lacks(tmp_path):
+    """download_wheels.sh's check: each wheel's requirements against the other wheels and the GPU machine."""
+    gpu_check = _gpu_check()
+    machine = dict(gpu_check.GPU_MACHINE)
+    _wheel(tmp_path, "trl-1.16.0-py3-none-any.whl", ["transformers>=4.56.2", "datasets>=4.7.0", "psutil>=5.9.4",
+                                                     "deepspeed>=0.14; extra == 'deepspeed'"], ">=3.11")  # fmt: skip
+    _wheel(tmp_path, "datasets-5.2.0-py3-none-any.whl", ["dill<0.4.2,>=0.3.0", "multiprocess<0.70.20"])
+    _wheel(tmp_path, "dill-0.4.1-py3-none-any.whl")
+    assert gpu_check.plan_wheels(tmp_path, machine) == [
+        "datasets-5.2.0-py3-none-any.whl requires multiprocess<0.70.20, which neither the machine nor a wheel provides"
+    ]
+    _wheel(tmp_path, "multiprocess-0.70.19-py312-none-any.whl", ["dill>=0.4.1"])
+    assert gpu_check.plan_wheels(tmp_path, machine) == []
+    # an older transformers on the machine than trl needs: fetch one; a wheel for another Python
+    _wheel(tmp_path, "regex-2026.5.9-cp311-cp311-manylinux_2_17_x86_64.whl")
+    problems = gpu_check.plan_wheels(tmp_path, dict(machine, transformers="4.50.0"))
+    assert problems == [
+        "regex-2026.5.9-cp311-cp311-manylinux_2_17_x86_64.whl: not installable on CPython 3.12 x86-64 Linux (tags "
+        "cp311-cp311-manylinux_2_17_x86_64)",
+        "trl-1.16.0-py3-none-any.whl requires transformers>=4.56.2, the machine has 4.50.0: fetch a wheel of it",
+        "trl-nca requires transformers<6,>=5.0, the machine has 4.50.0: fetch a wheel of it",
+    ]
+
+
+def test_inline_architectures_have_the_published_parameter_counts():
+    """Built on the meta device (no memory). The model cards give Qwen3-1.7B 1.7B parameters, 1.4B besides the
+    embedding (tied with the output layer), and Qwen3-8B 8.2B, 6.95B besides the embedding and the output layer."""
+    gpu_check = _gpu_check()
+    counts = {name: gpu_check._parameters(shape) for name, shape in gpu_check.SHAPES.items()}
+    assert counts == {"qwen3-1.7b": 1_720_574_976, "qwen3-8b": 8_190_735_360}
+    embedding = 151936 * 2048
+    assert round((counts["qwen3-1.7b"] - embedding) / 1e9, 1) == 1.4
+    assert round((counts["qwen3-8b"] - 2 * 151936 * 4096) / 1e9, 2) == 6.95
+
+
+def test_the_requirement_walk_names_what_is_missing_or_at_the_wrong_version():
+    """On the GPU machine the check walks trl-nca's requirements through the installed distributions; here the same
+    walk, from roots that this environment cannot meet (directly, and one level down through a real distribution)."""
+    gpu_check = _gpu_check()
+    import transformers
+
+    problems = gpu_check.unmet_requirements(["transformers<5", "no-such-package-gpu-check>=1"])
+    assert problems == [
+        "no-such-package-gpu-check: not installed (trl-nca requires no-such-package-gpu-check>=1)",
+        f"transformers {transformers.__version__} installed, trl-nca requires transformers<5",
+    ]
