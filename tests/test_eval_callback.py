@@ -145,3 +145,21 @@ def test_without_trainer_metrics_go_to_log_history(tok, tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path / "o"), report_to=[], use_cpu=True)
     callback.on_step_end(args, state, None, model=make_tiny_model(tok), processing_class=tok)
     assert state.log_history[-1]["step"] == 4 and "paired/acc_x" in state.log_history[-1]
+
+
+@pytest.mark.parametrize("zero3, processes", [(True, 2), (True, 1), (False, 2)])
+def test_refused_under_multi_process_zero3(monkeypatch, zero3, processes):
+    """On the main process alone, generation under ZeRO-3 would wait for the other processes' shards forever: the
+    callback refuses at the trainer's init (on_init_end); one process, or DDP/ZeRO-2, is fine."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr("transformers.integrations.deepspeed.is_deepspeed_zero3_enabled", lambda: zero3)
+    callback = PairedEvalCallback(
+        Dataset.from_dict({"prompt": ["Q?"], "answer": ["A"], "context": ["c"]}), context=ContextSpec(column="context")
+    )
+    args = SimpleNamespace(world_size=processes)
+    if zero3 and processes > 1:
+        with pytest.raises(ValueError, match="ZeRO-3 holds one shard"):
+            callback.on_init_end(args, None, None)
+    else:
+        callback.on_init_end(args, None, None)

@@ -356,6 +356,7 @@ def check_process_count(accelerator) -> None:
         raise RuntimeError(
             f"{world} processes were launched, but accelerate set up no distributed training: each would train its "
             "own copy of the model without synchronising gradients. On a machine without GPUs accelerate applies "
-            "neither FSDP nor DDP to a non-CPU launch: use `--cpu` (DDP over gloo), or DeepSpeed "
+            "neither FSDP nor DDP to a non-CPU launch: use `examples/accelerate/ddp.yaml` with `--use_cpu true` (DDP "
+            "over gloo), or DeepSpeed "
             "(examples/accelerate/zero2.yaml, zero3.yaml) with `ddp_backend='gloo'`."
         )

@@ -58,7 +58,7 @@ class PairedEvalCallback(TrainerCallback):
 
     The evaluation does not perturb training: the python/numpy/torch/CUDA RNG states are saved and restored around it
     (sampling itself uses private per-item generators), and the model is put back in train mode. It runs on the main
-    process only; under ZeRO-3 or FSDP with sharded weights it is not supported.
+    process only, so it is refused at the trainer's init under ZeRO-3 (sharded weights).
 
     Logging needs the trainer: pass `trainer=` or call `callback.bind(trainer)`. It calls the base
     `transformers.Trainer.log`, bypassing subclass overrides (TRL's trainers flush their accumulated training metrics
@@ -176,6 +176,17 @@ class PairedEvalCallback(TrainerCallback):
             logger.warning("PairedEvalCallback has no trainer bound: metrics go to state.log_history only.")
             self._warned = True
         state.log_history.append({**logs, "step": state.global_step})
+
+    def on_init_end(self, args, state, control, **kwargs):
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+        if is_deepspeed_zero3_enabled() and args.world_size > 1:
+            raise ValueError(
+                "PairedEvalCallback evaluates on the main process alone, which under DeepSpeed ZeRO-3 holds one shard "
+                "of the student: its generation would wait for the other processes forever. Drop the callback and "
+                "evaluate after training (trl_nca.eval.compare_base_and_student, as the example scripts do), or train "
+                "under ZeRO-2 or DDP."
+            )
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self.eval_on_start and state.is_world_process_zero:
