@@ -76,7 +76,9 @@ def load_records(
                 with path.open("r+b") as f:
                     f.truncate(len(raw) - len(tail))
             else:
-                logger.warning("Leaving out the half-written last line %d of %s (interrupted run).", len(lines) + 1, path)
+                logger.warning(
+                    "Leaving out the half-written last line %d of %s (interrupted run).", len(lines) + 1, path
+                )
         else:
             records.setdefault(record.item_id, record)
             if repair:
