@@ -1,5 +1,6 @@
 """`trl-nca compare`: method parsing, aggregation over seeds, and an end-to-end run on a tiny model that resumes."""
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -297,3 +298,53 @@ def test_fewer_than_two_pairs_give_no_interval_and_say_why():
         "Note: No interval or test: they need at least 2 paired runs (same organism and training seed), and there is 1."
         in text
     )
+
+
+def test_compare_over_organisms_and_seeds(tmp_path, monkeypatch):
+    """Two organisms (each pretrained once, here a 3-step one so the test is quick) x two training seeds: one base row
+    per organism, students paired by (organism, seed), and a job shorter than logging_steps still draws its curves."""
+    from trl_nca import organism
+    from trl_nca.cli import compare
+
+    monkeypatch.setenv("TRL_NCA_CACHE", str(tmp_path / "cache"))
+    tiny = organism.OrganismSpec(steps=3, hidden_size=32, num_layers=1, num_heads=2, batch_size=4)
+    monkeypatch.setattr(organism, "spec_for_alias", lambda alias: tiny)
+    config = tmp_path / "compare.yaml"
+    config.write_text(
+        f"""
+model_name_or_path: organism-quick
+task: organism_shift
+organism_seeds: [0, 1]
+seeds: [0, 1]
+methods: ["opd:nca_beta=0", "nca:nca_beta=0.5"]
+num_train: 4
+eval_items: 3
+eval_samples_per_view: 2
+output_dir: {tmp_path / "out"}
+max_new_tokens: 4
+max_steps: 1
+logging_steps: 5
+per_device_train_batch_size: 2
+use_peft: true
+lora_r: 2
+lora_alpha: 4
+lora_target_modules: [q_proj, v_proj]
+report_to: none
+disable_tqdm: true
+"""
+    )
+    summary = compare(["--config", str(config)])
+    out = tmp_path / "out"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(
+        f"organism-{dataclasses.replace(tiny, seed=s).key()}" for s in (0, 1)
+    )
+    assert [(r["organism"], r["seed"]) for r in summary["per_seed"]["base"]] == [(0, None), (1, None)]
+    assert [(r["organism"], r["seed"]) for r in summary["per_seed"]["nca"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for name in ("org0/base/records.jsonl", "org1/nca/seed1/done.json", "org1/opd/seed0/eval/records.jsonl"):
+        assert (out / name).exists(), name
+    record = json.loads((out / "org1" / "nca" / "seed1" / "eval" / "records.jsonl").read_text().splitlines()[0])
+    assert record["meta"]["samples_per_view"] == 2 and len(record["x"]["extra"]["samples"]) == 1
+    acc = summary["statistics"]["paired"]["nca"]["acc_x"]
+    assert acc["n"] == 4 and acc["ci"] is not None and acc["sign_test_p"] is not None
+    assert summary["curves"]["opd/org0/seed0"]["step"] == [] and Path(summary["figures"]["curves"]).stat().st_size > 0
+    assert "paired runs" in (out / "comparison.md").read_text() and summary["evaluation"]["samples_per_view"] == 2

@@ -17,6 +17,7 @@ evaluation records are appended item by item and reloaded on a rerun.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import logging
@@ -652,7 +653,8 @@ def execute(plan: Plan) -> dict[str, Any]:
                 )  # fmt: skip
             t0 = time.perf_counter()
             trainer = train_run(
-                task, run.config, model_path, plan.model_init_kwargs, tokenizer, plan.peft_config, plan.train_rows,
+                task, run.config, model_path, plan.model_init_kwargs, tokenizer, copy.deepcopy(plan.peft_config),
+                plan.train_rows,
                 tracker,
             )  # fmt: skip
             trainer.save_model(str(run.folder))
