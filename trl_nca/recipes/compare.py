@@ -10,8 +10,14 @@ The recipe behind `trl-nca compare` and the README's main job:
 4. write the per-model paired report, a table of mean and spread over seeds, figures (accuracy per view as in the
    paper's Figure 1, training curves, accuracy along training) and a one-sentence reading of the table.
 
-Every step is resumable: a finished run leaves `done.json` next to its adapter and is not trained again, and the
-evaluation records are appended item by item and reloaded on a rerun.
+Before any of this, `plan_comparison` checks every setting (counts, seeds, method names and values, the task, an
+existing output folder) without loading a model or writing a file; `execute` then runs the plan.
+
+Every step is resumable: a finished run leaves `done.json` (with the settings that shaped the student) next to its
+adapter and is not trained again, and the evaluation records are appended item by item and reloaded on a rerun. A
+rerun whose settings differ from those recorded (`settings.json` for the comparison, `done.json` per student) is
+refused, naming each setting and both values; more seeds or methods may be added. Statistics over runs
+(`trl_nca.recipes.statistics`) go into `comparison.json`, `comparison.md` and `harm.png`.
 """
 
 from __future__ import annotations
