@@ -275,13 +275,18 @@ def test_paired_difference_sign_test_permutation_test_and_count():
 
 
 def test_pairs_are_organism_and_seed_and_undefined_values_are_left_out():
-    from trl_nca.recipes.statistics import paired_difference
+    from trl_nca.recipes.statistics import paired_difference, render_statistics
 
     opd = rows([0.5, 0.4], organism=0) + rows([0.3, None], organism=1)
-    nca = rows([0.1, 0.4], organism=1) + rows([0.2, 0.2], organism=0)
+    nca = rows([0.3, 0.4], organism=1) + rows([0.2, 0.2], organism=0)
     d = paired_difference(opd, nca, "harm")
     assert [(p["organism"], p["seed"]) for p in d["pairs"]] == [(0, 0), (0, 1), (1, 0)]
-    assert [p["difference"] for p in d["pairs"]] == pytest.approx([0.3, 0.2, 0.2]) and d["undefined"] == [[1, 1]]
+    assert [p["difference"] for p in d["pairs"]] == pytest.approx([0.3, 0.2, 0.0]) and d["undefined"] == [[1, 1]]
+    assert (d["below"], d["above"], d["ties"]) == (2, 0, 1) and d["sign_test_p"] == pytest.approx(0.5)  # tie left out
+    statistics = {"keys": ["harm"], "baseline": "opd", "distributions": {}, "paired": {"nca": {"harm": d}}}
+    assert "below opd's in 2 of 3 paired runs (1 equal); 1 pair(s) have an undefined harm" in render_statistics(
+        statistics
+    )
 
 
 def test_fewer_than_two_pairs_give_no_interval_and_say_why():
