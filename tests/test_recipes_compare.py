@@ -127,6 +127,9 @@ disable_tqdm: true
     def snapshot():
         return {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
+    import shutil
+
+    shutil.copytree(tiny_dir, Path(tiny_dir).parent / "copy", dirs_exist_ok=True)  # the same model in another folder
     before = snapshot()
     text = config.read_text()
     capsys.readouterr()
@@ -135,6 +138,7 @@ disable_tqdm: true
         ("max_steps: 2", "max_steps: 1", "`training.max_steps` was 2, now 1"),
         ("task: reply_in_french", "task: island_facts", "`student.task` was 'reply_in_french', now 'island_facts'"),
         ("lora_r: 2", "lora_r: 4", "`student.peft.r` was 2, now 4"),
+        (f"model_name_or_path: {tiny_dir}", f"model_name_or_path: {Path(tiny_dir).parent / 'copy'}", "`student.model` was"),
         ('"nca:nca_beta=0.5"', '"nca:nca_beta=0.25"', "student nca/seed0 made with other settings: `training.nca_beta` was 0.5, now 0.25"),
     ]:  # fmt: skip
         assert old in text
@@ -200,6 +204,7 @@ report_to: none
         ({"organism_seeds": "[1, 1]"}, "`organism_seeds` repeats [1]"),
         ({"organism_seeds": "[0, 1]"}, "`organism_seeds` pretrains one organism per seed, so it needs"),
         ({"baseline": "nope"}, "`baseline: nope` is not one of the methods ['opd', 'nca']"),
+        ({"track_every": "1", "track_items": "4"}, "`track_items: 4` is more than the 3 held-out rows evaluated"),
     ],
 )
 def test_compare_bad_config_is_one_line_before_any_model_or_file(tmp_path, capsys, change, message):

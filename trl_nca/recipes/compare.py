@@ -248,6 +248,12 @@ def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
                 f"`{name}: {value}` asks for more rows than task {task.name!r} has ({available}); give at most "
                 f"{available}, or null for all."
             )
+    evaluated = len(task.test) if args.eval_items is None else args.eval_items
+    if args.track_every > 0 and args.track_items > evaluated:
+        raise CompareInputError(
+            f"`track_items: {args.track_items}` is more than the {evaluated} held-out rows evaluated; give at most "
+            f"{evaluated}."
+        )
 
 
 def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir: Path, monitor_opd: bool):
@@ -417,9 +423,10 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def training_settings(config) -> dict[str, Any]:
-    """The `NCAConfig` fields that shape a student (every field but `NON_SHAPING_FIELDS`), as JSON values."""
-    return _jsonable({k: v for k, v in config.to_dict().items() if k not in NON_SHAPING_FIELDS})
+def training_settings(config, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The `NCAConfig` fields that shape a student (every field but `NON_SHAPING_FIELDS` and `skip`), as JSON values."""
+    skipped = {*NON_SHAPING_FIELDS, *skip}
+    return _jsonable({k: v for k, v in config.to_dict().items() if k not in skipped})
 
 
 def _peft_settings(peft_config) -> dict[str, Any]:
@@ -566,7 +573,8 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     }
     evaluation = {k: v for k, v in generation.to_dict().items() if k != "batch_size"}
     evaluation["samples_per_view"] = args.eval_samples_per_view
-    settings = {"student": student, "training": training_settings(config), "evaluation": evaluation}
+    # the shared training config; each run's seed and the task's context are the comparison's own (per run)
+    settings = {"student": student, "training": training_settings(config, RECIPE_FIELDS), "evaluation": evaluation}
     runs = []
     for method in methods:
         for organism in organisms:
@@ -579,8 +587,9 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
                 runs.append(Run(name, method, organism, seed, folder, run_args, run_settings))
 
     saved = root / "settings.json"
-    if saved.exists():
-        _refuse_mismatch("a comparison", saved, json.loads(saved.read_text()), settings)
+    if saved.exists():  # the resolved model paths are compared after resolving, below
+        old = {k: v for k, v in json.loads(saved.read_text()).items() if k != "model_paths"}
+        _refuse_mismatch("a comparison", saved, old, settings)
     for run in runs:
         done = run.folder / "done.json"
         if not done.exists():
@@ -595,6 +604,12 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     if not saved.exists() and any((run.folder / "done.json").exists() for run in runs):
         raise CompareInputError(f"{root} holds finished students but no settings.json; use a new output_dir.")
     model_paths = _model_paths(model_name, args.organism_seeds)
+    settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
+    if saved.exists():  # the model the name resolves to (e.g. the organism of another trl-nca version)
+        old = json.loads(saved.read_text()).get("model_paths", {})
+        common = sorted(set(old) & set(settings["model_paths"]))
+        _refuse_mismatch("a comparison", saved, {"model_paths": {k: old[k] for k in common}},
+                         {"model_paths": {k: settings["model_paths"][k] for k in common}})  # fmt: skip
     return Plan(args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config, list(train_rows),
                 list(test_rows), evaluator, settings, runs)  # fmt: skip
 
