@@ -358,3 +358,4 @@ disable_tqdm: true
     assert acc["n"] == 4 and acc["ci"] is not None and acc["sign_test_p"] is not None
     assert summary["curves"]["opd/org0/seed0"]["step"] == [] and Path(summary["figures"]["curves"]).stat().st_size > 0
     assert "paired runs" in (out / "comparison.md").read_text() and summary["evaluation"]["samples_per_view"] == 2
+    assert "| base | org1 |" in summary["table"] and "| nca | org1/0 |" in summary["table"]

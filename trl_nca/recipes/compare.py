@@ -381,7 +381,8 @@ COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": 
 def render_table(
     aggregated: dict[str, dict[str, Any]], per_seed: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
 ) -> str:
-    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed."""
+    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed (labelled
+    `org{o}/{seed}` when the runs span several organisms)."""
     names = [COLUMN_NAMES.get(k, k) for k in keys]
     header = "| Model | seeds | " + " | ".join(names) + " | Regime |"
     rule = "|" + "---|" * (len(keys) + 3)
@@ -393,7 +394,10 @@ def render_table(
     lines += ["", "Per seed:", "", header.replace("seeds", "seed"), rule]
     for method, rows in per_seed.items():
         for row in rows:
-            cells = [method, "-" if row.get("seed") is None else str(row["seed"])]
+            run = "-" if row.get("seed") is None else str(row["seed"])
+            if row.get("organism") is not None:  # several organisms: organism o, training seed s
+                run = f"org{row['organism']}" + ("" if row.get("seed") is None else f"/{row['seed']}")
+            cells = [method, run]
             cells += [_pct({"mean": row[k], "n": 1}) if _finite(row.get(k)) is not None else "n/a" for k in keys]
             lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
     return "\n".join(lines)
