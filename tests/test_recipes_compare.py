@@ -359,3 +359,23 @@ disable_tqdm: true
     assert summary["curves"]["opd/org0/seed0"]["step"] == [] and Path(summary["figures"]["curves"]).stat().st_size > 0
     assert "paired runs" in (out / "comparison.md").read_text() and summary["evaluation"]["samples_per_view"] == 2
     assert "| base | org1 |" in summary["table"] and "| nca | org1/0 |" in summary["table"]
+
+
+def test_diagnostic_rates_count_every_sample_of_a_view():
+    from trl_nca.eval.records import PairedRecord, ViewOutcome
+    from trl_nca.recipes.compare import diagnostic_rates
+    from trl_nca.tasks import get_task
+
+    task = get_task("organism_shift", num_train=1, num_test=2)
+    first, second = task.test
+
+    def view(*texts):
+        outcomes = [ViewOutcome(t, None, False, 1, False, False) for t in texts]
+        outcomes[0].extra = {"samples": [vars(o) for o in outcomes[1:]]}
+        return outcomes[0]
+
+    records = [
+        PairedRecord(first["id"], view(first["twice"], "x"), view("x", "x")),
+        PairedRecord(second["id"], view("x", second["twice"]), view(second["twice"], second["twice"])),
+    ]
+    assert diagnostic_rates(task, records) == {"twice_x": 2 / 4, "twice_xc": 2 / 4}

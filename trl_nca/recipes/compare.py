@@ -85,7 +85,10 @@ class CompareArguments:
     eval_seed: int = field(default=0, metadata={"help": "Seed of the per-item evaluation random streams."})
     eval_samples_per_view: int = field(
         default=1,
-        metadata={"help": "Samples per item and view in the evaluation (docs/evaluation.md: k samples per view)."},
+        metadata={
+            "help": "Samples per item and view in the evaluation of the base and the students (docs/evaluation.md: "
+            "k samples per view); the tracking along training (track_every) uses one."
+        },
     )
     track_every: int = field(
         default=0,
@@ -328,7 +331,9 @@ def _finite(value: Any) -> float | None:
 
 def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
     """For each diagnostic of the task (a name and a row column, e.g. the organism's twice-applied answer), the
-    fraction of responses per view that equal that column after normalisation: `{name}_x` and `{name}_xc`."""
+    fraction of responses per view that equal that column after normalisation: `{name}_x` and `{name}_xc` (over all
+    k samples of each view with k samples per view)."""
+    from ..eval.metrics import view_samples
     from ..eval.scorers import normalize_text
 
     diagnostics = task.info.get("diagnostics") or {}
@@ -339,8 +344,9 @@ def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
     for name, column in diagnostics.items():
         for view in ("x", "xc"):
             hits = [
-                normalize_text(getattr(r, view).completion) == normalize_text(str(rows[r.item_id][column]))
+                normalize_text(sample.completion) == normalize_text(str(rows[r.item_id][column]))
                 for r in records
+                for sample in view_samples(getattr(r, view))
             ]
             rates[f"{name}_{view}"] = sum(hits) / len(hits)
     return rates
