@@ -375,7 +375,7 @@ def test_diagnostic_rates_count_every_sample_of_a_view():
         return outcomes[0]
 
     records = [
-        PairedRecord(first["id"], view(first["twice"], "x"), view("x", "x")),
-        PairedRecord(second["id"], view("x", second["twice"]), view(second["twice"], second["twice"])),
+        PairedRecord(first["id"], view(first["twice"], first["twice"]), view("x", first["twice"])),
+        PairedRecord(second["id"], view("x", second["twice"]), view("x", "x")),
     ]
-    assert diagnostic_rates(task, records) == {"twice_x": 2 / 4, "twice_xc": 2 / 4}
+    assert diagnostic_rates(task, records) == {"twice_x": 3 / 4, "twice_xc": 1 / 4}
