@@ -317,6 +317,15 @@ def test_cli_on_the_records_of_trl_nca_eval(tiny_setup, tmp_path):
         "analyze", "--model", f"base={tiny_setup['model']}", "--records", str(eval_dir), "--dataset",
         tiny_setup["data"], "--grad-items", "0", "--output-dir", str(out), "--no-progress", "--no-plots",
     ]  # fmt: skip
+    # an interrupted evaluation's half-written last line: analyze leaves it out and does not touch the file it reads
+    records_file = eval_dir / "base" / "records.jsonl"
+    lines = records_file.read_text().splitlines()
+    records_file.write_text("\n".join(lines[:4]) + "\n" + lines[4][:40])
+    before = records_file.read_bytes()
+    assert main(argv) == 0
+    assert records_file.read_bytes() == before
+    assert json.loads((out / "analysis.json").read_text())["models"][0]["completions"]["items"] == 4
+    records_file.write_text("\n".join(lines) + "\n")
     assert main(argv) == 0
     result = json.loads((out / "analysis.json").read_text())
     (base,) = result["models"]

@@ -169,7 +169,9 @@ def test_half_written_last_line_is_repaired(tok, model, tmp_path):
     ev.run(model, tok, output_path=path, progress=False)
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])  # crash in the middle of the third line
+    before = path.read_bytes()
     assert set(load_records(path)) == {"q0", "q1"}
+    assert path.read_bytes() == before  # reading alone never changes the file; the runner repairs before appending
     assert ev.run(model, tok, output_path=path, progress=False)[2].item_id == "q2"
     assert [json.loads(line)["item_id"] for line in path.read_text().splitlines()] == ["q0", "q1", "q2"]
     # a complete last record without its newline is kept, and the next append starts on a new line

@@ -79,7 +79,8 @@ class TrainScriptArguments:
 
 
 class CommandLineError(ValueError):
-    """Bad input to `trl-nca train`, found before training starts; `main` prints it as one line (exit status 2)."""
+    """Bad input to `trl-nca train` or `trl-nca compare`, found before training starts (and, for compare, before any
+    model loads or file is written); `main` prints it as one line (exit status 2)."""
 
 
 def _paired_eval_dataset(script_args):
@@ -177,13 +178,18 @@ def compare(argv: list[str] | None = None) -> dict:
     from trl import ModelConfig, TrlParser
 
     from .config import NCAConfig
-    from .recipes import CompareArguments, run_comparison
+    from .models import EmbeddedModelUnavailableError
+    from .recipes import CompareArguments, execute, plan_comparison
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
     compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    summary = run_comparison(compare_args, training_args, model_args)
+    try:  # every check of the config (and of an existing output folder) runs here, before any model loads
+        plan = plan_comparison(compare_args, training_args, model_args)
+    except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
+        raise CommandLineError(str(error)) from error
+    summary = execute(plan)
     minutes, seconds = divmod(int(summary["wall_seconds"]), 60)
-    print(f"\n{summary['table']}\n\n{summary['conclusion']}\n")
+    print(f"\n{summary['table']}\n\n{summary['conclusion']}\n\n{summary['statistics_table']}\n")
     print(f"Figures: {', '.join(summary['figures'].values())}")
     print(f"Full paired report: {summary['report']}")
     print(f"Total time: {minutes} min {seconds} s")
@@ -261,17 +267,14 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "train":
+    if command in ("train", "compare"):
         try:
-            train(rest)
+            (train if command == "train" else compare)(rest)
         except CommandLineError as error:
             if os.environ.get("TRL_NCA_TRACEBACK"):
                 raise
-            print(f"trl-nca train: error: {error}\n(set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
+            print(f"trl-nca {command}: error: {error}\n(set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
             return 2
-        return 0
-    if command == "compare":
-        compare(rest)
         return 0
     if command == "eval":
         from .eval.cli import main as eval_main

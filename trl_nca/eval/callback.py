@@ -74,7 +74,8 @@ class PairedEvalCallback(TrainerCallback):
         generation: sampling settings (defaults: `GenerationSettings()` with `max_new_tokens=256`).
         final_report: evaluate and write the report at the end of training.
         eval_on_start: also evaluate before the first step (step 0).
-        evaluator_kwargs: passed to `PairedEvaluator` (`label_column`, `id_column`, `prompt_column`, ...).
+        evaluator_kwargs: passed to `PairedEvaluator` (`label_column`, `id_column`, `prompt_column`,
+            `samples_per_view`, ...).
     """
 
     def __init__(

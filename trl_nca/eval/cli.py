@@ -177,6 +177,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     generation.add_argument(
         "--batch-size", type=int, default=defaults.batch_size, help="Prompts per generate call (default: %(default)s)."
     )
+    generation.add_argument(
+        "--samples-per-view", type=int, default=1, metavar="K",
+        help="Answer each item K times without and K times with the context (sample j of both views shares its "
+        "seed); rates become per-item success rates and harm the expected harm (docs/evaluation.md). Default: 1.",
+    )  # fmt: skip
 
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", required=False, help="Folder for records, summary, report and figures.")
@@ -329,6 +334,10 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     if args.tokenizer:
         args.tokenizer = _resolve_model(args.tokenizer, "--tokenizer")
     settings = _settings(args)
+    if args.samples_per_view < 1:
+        raise EvalInputError(f"--samples-per-view must be at least 1, got {args.samples_per_view}.")
+    if args.game and args.samples_per_view != 1:
+        raise EvalInputError("--samples-per-view applies to dataset items; a game map is played once per view.")
     if args.backend == "vllm" and not vllm_available():
         raise EvalInputError("--backend vllm needs vllm installed (`pip install vllm`); use --backend hf.")
     output_dir = Path(args.output_dir)
@@ -371,6 +380,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
                 limit=args.limit,
                 chat_template_kwargs=args.chat_template_kwargs,
                 context_source=source,
+                samples_per_view=args.samples_per_view,
             )
         except EvalInputError:
             raise

@@ -13,6 +13,13 @@ and `alpha` (default 0.05),
 - None: no items.
 
 Because `delta = (help - harm) / n`, the sign of the accuracy difference always agrees with the direction of A or B.
+
+With k samples per view (`PairedEvaluator(samples_per_view=k)`), `x_i` and `xc_i` become the per-item success rates
+`p_x,i` and `p_xc,i` (the fraction of the k samples that are right), and every rate keeps its formula with products
+for the conjunctions: harm = sum p_x (1 - p_xc) / sum p_x, the probability that an item answered right without the
+context goes wrong with it; the counts become expected counts. McNemar's test needs one binary outcome per view, so
+there `mcnemar_p` is None and the regime uses `permutation_p`, the paired permutation test over items
+(`sign_flip_test` on p_xc,i - p_x,i). With k = 1 every number is the one-sample one.
 """
 
 from __future__ import annotations
@@ -47,7 +54,8 @@ RATE_KEYS = (
 
 @dataclass
 class PairedArrays:
-    """Per-item outcomes as arrays (one entry per record, in record order)."""
+    """Per-item outcomes as arrays (one entry per record, in record order): with k samples per view, the fraction of
+    an item's k samples that are correct, format failures or truncated, and their mean length."""
 
     correct_x: np.ndarray
     correct_xc: np.ndarray
@@ -68,20 +76,36 @@ def _view_score(view: ViewOutcome, scorer: str | None) -> tuple[bool, bool]:
     return bool(scores[scorer]["correct"]), bool(scores[scorer]["format_failure"])
 
 
+def view_samples(view: ViewOutcome) -> list[ViewOutcome]:
+    """The k samples of one view of a record: the view itself (sample 0), then `extra["samples"]` (k > 1)."""
+    extra = [ViewOutcome(**sample) for sample in view.extra.get("samples", [])]
+    return [view, *extra]
+
+
+def samples_per_view(records: Sequence[PairedRecord]) -> int:
+    """k of the records (1 for one-sample records); records of different k are refused."""
+    ks = {len(view_samples(r.x)) for r in records} | {len(view_samples(r.xc)) for r in records}
+    if len(ks) > 1:
+        raise ValueError(f"The records mix different numbers of samples per view ({sorted(ks)}).")
+    return ks.pop() if ks else 1
+
+
+def _mean(values: list) -> float:
+    return sum(float(v) for v in values) / len(values)
+
+
 def paired_arrays(records: Sequence[PairedRecord], scorer: str | None = None) -> PairedArrays:
-    """Arrays of the records' outcomes; `scorer` selects a companion scorer stored in `ViewOutcome.extra['scores']`."""
-    x = [_view_score(r.x, scorer) for r in records]
-    xc = [_view_score(r.xc, scorer) for r in records]
-    return PairedArrays(
-        correct_x=np.array([c for c, _ in x], dtype=bool),
-        correct_xc=np.array([c for c, _ in xc], dtype=bool),
-        format_failure_x=np.array([f for _, f in x], dtype=bool),
-        format_failure_xc=np.array([f for _, f in xc], dtype=bool),
-        truncated_x=np.array([r.x.truncated for r in records], dtype=bool),
-        truncated_xc=np.array([r.xc.truncated for r in records], dtype=bool),
-        length_x=np.array([r.x.num_tokens for r in records], dtype=float),
-        length_xc=np.array([r.xc.num_tokens for r in records], dtype=float),
-    )
+    """Arrays of the records' outcomes; `scorer` selects a companion scorer stored in `ViewOutcome.extra['scores']`.
+    With one sample per view the entries are 0 or 1; with k, per-item fractions over the k samples."""
+    views = {"x": [view_samples(r.x) for r in records], "xc": [view_samples(r.xc) for r in records]}
+    arrays = {}
+    for name, per_item in views.items():
+        scored = [[_view_score(v, scorer) for v in samples] for samples in per_item]
+        arrays[f"correct_{name}"] = np.array([_mean([c for c, _ in s]) for s in scored], dtype=float)
+        arrays[f"format_failure_{name}"] = np.array([_mean([f for _, f in s]) for s in scored], dtype=float)
+        arrays[f"truncated_{name}"] = np.array([_mean([v.truncated for v in s]) for s in per_item], dtype=float)
+        arrays[f"length_{name}"] = np.array([_mean([v.num_tokens for v in s]) for s in per_item], dtype=float)
+    return PairedArrays(**arrays)
 
 
 def mcnemar_exact(harm: int, help: int) -> float:
@@ -99,6 +123,36 @@ def mcnemar_exact(harm: int, help: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
+def sign_flip_test(
+    differences: Sequence[float], *, max_exact: int = 20, n_resamples: int = 100_000, seed: int = 0
+) -> dict[str, Any]:
+    """Paired permutation test of "the differences are symmetric about 0", on the statistic |sum of differences|.
+
+    Under the null each pair's two outcomes are exchangeable, so each difference keeps or flips its sign with
+    probability 1/2. The two-sided p-value is the fraction of sign assignments whose |sum| is at least the observed
+    one. Zero differences cannot flip and are left out. With at most `max_exact` non-zero differences all 2^m
+    assignments are enumerated (`exact: True`); above, `n_resamples` seeded random assignments give the Monte Carlo
+    estimate (1 + hits) / (1 + n_resamples). On differences in {-1, 0, 1} the exact p-value is McNemar's exact one.
+    Returns `{"p": ..., "n_nonzero": m, "exact": ...}`; p is 1.0 when every difference is 0.
+    """
+    d = np.asarray([float(v) for v in differences if float(v) != 0.0], dtype=float)
+    m = d.size
+    if m == 0:
+        return {"p": 1.0, "n_nonzero": 0, "exact": True}
+    observed = abs(d.sum())
+    tolerance = 1e-9 * max(1.0, float(np.abs(d).sum()))  # sums of the same floats in another order: rounding only
+    if m <= max_exact:
+        signs = 1 - 2 * ((np.arange(2**m)[:, None] >> np.arange(m)[None, :]) & 1)
+        hits = int((np.abs(signs @ d) >= observed - tolerance).sum())
+        return {"p": min(1.0, hits / 2**m), "n_nonzero": m, "exact": True}
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, n_resamples, 10_000):
+        signs = rng.choice((-1.0, 1.0), size=(min(10_000, n_resamples - start), m))
+        hits += int((np.abs(signs @ d) >= observed - tolerance).sum())
+    return {"p": (1 + hits) / (1 + n_resamples), "n_nonzero": m, "exact": False}
+
+
 def classify_regime(harm: int, help: int, n: int, alpha: float = 0.05) -> str | None:
     """Regime A (context significantly hurts), B (significantly helps) or C (no significant difference); None if n=0."""
     if n == 0:
@@ -107,6 +161,18 @@ def classify_regime(harm: int, help: int, n: int, alpha: float = 0.05) -> str | 
     if p < alpha and harm > help:
         return "A"
     if p < alpha and help > harm:
+        return "B"
+    return "C"
+
+
+def classify_direction(difference: float, p: float, n: int, alpha: float = 0.05) -> str | None:
+    """The regime rule with any paired test: A when the context lowers accuracy (`difference` = sum of xc - x < 0)
+    with `p < alpha`, B when it raises it with `p < alpha`, C otherwise; None without items."""
+    if n == 0:
+        return None
+    if p < alpha and difference < 0:
+        return "A"
+    if p < alpha and difference > 0:
         return "B"
     return "C"
 
@@ -122,10 +188,10 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def _rates(a: PairedArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
     """All rates for each row of an index matrix `idx` (shape (B, n)); the identity row gives the point estimate."""
-    cx, cxc = a.correct_x[idx], a.correct_xc[idx]
+    cx, cxc = a.correct_x[idx], a.correct_xc[idx]  # 0/1, or per-item success rates with k samples per view
     n = idx.shape[1]
-    harm = (cx & ~cxc).sum(1)
-    help_ = (~cx & cxc).sum(1)
+    harm = (cx * (1 - cxc)).sum(1)
+    help_ = ((1 - cx) * cxc).sum(1)
     n_cx = cx.sum(1)
     len_x = a.length_x[idx].mean(1)
     len_xc = a.length_xc[idx].mean(1)
@@ -137,8 +203,8 @@ def _rates(a: PairedArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
         "harm_unconditional": harm / n,
         "help": _ratio(help_, n - n_cx),
         "help_unconditional": help_ / n,
-        "both_correct": (cx & cxc).mean(1),
-        "both_wrong": (~cx & ~cxc).mean(1),
+        "both_correct": (cx * cxc).mean(1),
+        "both_wrong": ((1 - cx) * (1 - cxc)).mean(1),
         "format_failure_x": a.format_failure_x[idx].mean(1),
         "format_failure_xc": a.format_failure_xc[idx].mean(1),
         "truncated_x": a.truncated_x[idx].mean(1),
@@ -205,31 +271,43 @@ def compute_metrics(
     """
     arrays = paired_arrays(records, scorer)
     n = len(records)
+    k = samples_per_view(records)
     cx, cxc = arrays.correct_x, arrays.correct_xc
-    harm_count = int((cx & ~cxc).sum())
-    help_count = int((~cx & cxc).sum())
+
+    def count(values: np.ndarray) -> int | float:  # a count of items, or an expected count with k samples per view
+        total = float(values.sum())
+        return int(round(total)) if k == 1 else total
+
+    harm_count = count(cx * (1 - cxc))
+    help_count = count((1 - cx) * cxc)
     if n:
         point = {k: _none_if_nan(float(v[0])) for k, v in _rates(arrays, np.arange(n)[None, :]).items()}
     else:
         point = dict.fromkeys(RATE_KEYS)
     intervals = bootstrap_intervals(arrays, n_resamples=n_bootstrap, seed=seed, confidence=confidence)
-    return {
+    metrics = {
         "n": n,
-        "n_correct_x": int(cx.sum()),
-        "n_correct_xc": int(cxc.sum()),
+        "n_correct_x": count(cx),
+        "n_correct_xc": count(cxc),
         "harm_count": harm_count,
         "help_count": help_count,
-        "both_correct_count": int((cx & cxc).sum()),
-        "both_wrong_count": int((~cx & ~cxc).sum()),
+        "both_correct_count": count(cx * cxc),
+        "both_wrong_count": count((1 - cx) * (1 - cxc)),
         **point,
         "length_x": _length_stats(arrays.length_x),
         "length_xc": _length_stats(arrays.length_xc),
-        "mcnemar_p": mcnemar_exact(harm_count, help_count),
-        "regime": classify_regime(harm_count, help_count, n, alpha),
-        "alpha": alpha,
-        "confidence": confidence,
-        "ci": {k: (None if v is None else [v[0], v[1]]) for k, v in intervals.items()},
     }
+    if k == 1:
+        metrics["mcnemar_p"] = mcnemar_exact(harm_count, help_count)
+        metrics["regime"] = classify_regime(harm_count, help_count, n, alpha)
+    else:
+        test = sign_flip_test(cxc - cx, seed=seed)
+        metrics.update(samples_per_view=k, mcnemar_p=None, permutation_p=test["p"], permutation_exact=test["exact"])
+        metrics["regime"] = classify_direction(float((cxc - cx).sum()), test["p"], n, alpha)
+    metrics.update(
+        alpha=alpha, confidence=confidence, ci={k: (None if v is None else [v[0], v[1]]) for k, v in intervals.items()}
+    )
+    return metrics
 
 
 def flatten_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:

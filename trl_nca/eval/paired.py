@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..inputs import sha256_text
@@ -83,6 +83,11 @@ class PairedEvaluator:
         chat_template_kwargs: passed to `apply_chat_template` (e.g. `{"enable_thinking": False}`).
         context_source: how to describe the context's origin in the provenance (e.g. `"file:experience.txt"`);
             default `"text"` or `"column:<name>"`.
+        samples_per_view: k, the samples per item and view. Sample j of both views uses the same seed
+            (`sample_seed(item seed, j)`, the item seed itself for j = 0), so the views share their random numbers
+            per sample index. The record's `x` and `xc` hold sample 0 (exactly the one-sample record); samples 1..k-1
+            are in `extra["samples"]` of each view, and `trl_nca.eval.metrics` turns them into per-item success
+            rates (docs/evaluation.md, "k samples per view").
     """
 
     def __init__(
@@ -99,7 +104,13 @@ class PairedEvaluator:
         limit: int | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         context_source: str | None = None,
+        samples_per_view: int = 1,
     ):
+        if isinstance(samples_per_view, bool) or not isinstance(samples_per_view, int) or samples_per_view < 1:
+            raise EvalInputError(
+                f"samples_per_view must be an integer >= 1 (samples per item and view), got {samples_per_view!r}."
+            )
+        self.samples_per_view = samples_per_view
         self.context = context
         self.context_source = context_source
         self.scorer = get_scorer(scorer)
@@ -231,8 +242,9 @@ class PairedEvaluator:
         }
 
     def describe(self) -> dict[str, Any]:
-        """The dataset task's part of the provenance record: context, scorers, columns, chat template options."""
-        return {
+        """The dataset task's part of the provenance record: context, scorers, columns, chat template options, and
+        `samples_per_view` when it is above 1 (so one-sample runs keep their run key)."""
+        described = {
             "context": self.context_info(),
             "scorer": self.scorer.name,
             "companion_scorers": [s.name for s in self.companions],
@@ -240,6 +252,9 @@ class PairedEvaluator:
             "id_column": self.id_column,
             "chat_template_kwargs": self.chat_template_kwargs,
         }
+        if self.samples_per_view > 1:
+            described["samples_per_view"] = self.samples_per_view
+        return described
 
     def provenance(
         self, model=None, model_path: str | None = None, adapter: str | None = None, tokenizer=None
@@ -289,14 +304,18 @@ class PairedEvaluator:
         on_records: Callable[[list[PairedRecord]], None],
     ) -> None:
         """Generate both views of `items` in chunks of `settings.batch_size` (each view of a chunk is one generate
-        call, both with the items' seeds) and pass each chunk's scored records on."""
+        call per sample index, both with the same seeds) and pass each chunk's scored records on."""
         self._scorer_errors = 0
         for start in range(0, len(items), settings.batch_size):
             chunk = items[start : start + settings.batch_size]
-            seeds = [item.seed for item in chunk]
-            outs_x = generate([it.prompt_ids_x for it in chunk], seeds)
-            outs_xc = generate([it.prompt_ids_xc for it in chunk], seeds)
-            on_records([self._record(it, gx, gxc) for it, gx, gxc in zip(chunk, outs_x, outs_xc)])
+            samples_x, samples_xc = [], []
+            for index in range(self.samples_per_view):
+                seeds = [sample_seed(item.seed, index) for item in chunk]
+                samples_x.append(generate([it.prompt_ids_x for it in chunk], seeds))
+                samples_xc.append(generate([it.prompt_ids_xc for it in chunk], seeds))
+            on_records(
+                [self._record(it, [s[i] for s in samples_x], [s[i] for s in samples_xc]) for i, it in enumerate(chunk)]
+            )
         if self._scorer_errors:
             logger.warning(
                 "%d responses could not be scored because a scorer raised; each counts as wrong and as a format "
@@ -324,8 +343,17 @@ class PairedEvaluator:
             extra={"scores": scores},
         )
 
-    def _record(self, item: EvalItem, gen_x, gen_xc) -> PairedRecord:
-        """The scored record of one item; the runner adds the run's fields (fingerprint, model, sampling, run key)."""
+    def _view(self, item: EvalItem, generated: Sequence[Any], view: str) -> ViewOutcome:
+        """Sample 0's outcome, with samples 1..k-1 in `extra["samples"]` (k > 1 only)."""
+        outcomes = [self._outcome(item, g, view) for g in generated]
+        first = outcomes[0]
+        if len(outcomes) > 1:
+            first.extra["samples"] = [asdict(o) for o in outcomes[1:]]
+        return first
+
+    def _record(self, item: EvalItem, gen_x: Sequence[Any], gen_xc: Sequence[Any]) -> PairedRecord:
+        """The scored record of one item from its samples of each view (a list of k); the runner adds the run's
+        fields (fingerprint, model, sampling, run key)."""
         label = item.label if isinstance(item.label, (str, int, float, bool)) or item.label is None else str(item.label)
         meta = {
             "index": item.index,
@@ -336,7 +364,9 @@ class PairedEvaluator:
             "prompt_tokens_xc": len(item.prompt_ids_xc),
             "scorer": self.scorer.name,
         }
-        return PairedRecord(item.item_id, self._outcome(item, gen_x, "x"), self._outcome(item, gen_xc, "xc"), meta)
+        if self.samples_per_view > 1:
+            meta["samples_per_view"] = self.samples_per_view
+        return PairedRecord(item.item_id, self._view(item, gen_x, "x"), self._view(item, gen_xc, "xc"), meta)
 
     def _note_scorer_error(self, scorer: str, item_id: str, view: str, score) -> None:
         """Count a scorer error; the first one of a run is logged with its traceback."""
@@ -351,6 +381,12 @@ class PairedEvaluator:
                 score.error,
                 score.traceback or "(no traceback: the scorer returned an unusable value)",
             )
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of an item whose seed is `seed`: the item seed itself for sample 0 (the one-sample
+    evaluation), a seed derived from it and the index otherwise; both views of a sample use it."""
+    return seed if index == 0 else item_seed(seed, f"sample{index}")
 
 
 def item_fingerprint(item: EvalItem) -> str:

@@ -102,6 +102,18 @@ def _with_ci(metrics: Mapping[str, Any], key: str) -> str:
     return f"{text} [{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
+def _count(value: int | float) -> str:
+    """A count of items, or an expected count (k samples per view)."""
+    return str(value) if isinstance(value, int) else f"{value:.2f}"
+
+
+def _p_value(metrics: Mapping[str, Any]) -> str:
+    """McNemar's p-value, or the paired permutation test's (marked) with k samples per view."""
+    if metrics.get("mcnemar_p") is not None:
+        return f"{metrics['mcnemar_p']:.3g}"
+    return f"{metrics['permutation_p']:.3g} (perm)" if metrics.get("permutation_p") is not None else "n/a"
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -139,6 +151,14 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         "| Len_x | Len_xc | Len change | Trunc_x | Trunc_xc | McNemar p | Regime |",
         "|" + "---|" * 19,
     ]
+    sampled = sorted({m["metrics"].get("samples_per_view") for m in models} - {None})
+    if sampled:
+        lines[4:4] = [
+            f"With k = {', '.join(map(str, sampled))} samples per view, rates are means of per-item success rates, "
+            "harm and help are expected rates, their counts expected counts, and the p-value (marked `perm`) is the "
+            "paired permutation test over items (docs/evaluation.md).",
+            "",
+        ]
     for model in models:
         m = model["metrics"]
         lines.append(
@@ -150,9 +170,9 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
                     _with_ci(m, "acc_x"),
                     _with_ci(m, "acc_xc"),
                     _with_ci(m, "delta"),
-                    _with_ci(m, "harm") + f" ({m['harm_count']})",
+                    _with_ci(m, "harm") + f" ({_count(m['harm_count'])})",
                     _pct(m["harm_unconditional"]),
-                    _with_ci(m, "help") + f" ({m['help_count']})",
+                    _with_ci(m, "help") + f" ({_count(m['help_count'])})",
                     _pct(m["both_correct"]),
                     _pct(m["both_wrong"]),
                     _pct(m["format_failure_x"]),
@@ -162,7 +182,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
                     _pct(m["length_change"]),
                     _pct(m["truncated_x"]),
                     _pct(m["truncated_xc"]),
-                    f"{m['mcnemar_p']:.3g}",
+                    _p_value(m),
                     m["regime"] or "n/a",
                 ]
             )
@@ -184,7 +204,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         ]
         for name, scorer, m in companion_rows:
             cells = [name, scorer] + [_with_ci(m, k) for k in ("acc_x", "acc_xc", "delta", "harm", "help")]
-            cells += [_pct(m["format_failure_x"]), _pct(m["format_failure_xc"]), f"{m['mcnemar_p']:.3g}"]
+            cells += [_pct(m["format_failure_x"]), _pct(m["format_failure_xc"]), _p_value(m)]
             lines.append("| " + " | ".join(cells + [m["regime"] or "n/a"]) + " |")
     lines += ["", "## Scorer errors", ""]
     errors = [(model["name"], model.get("scorer_errors") or {"total": 0, "by_scorer": {}}) for model in models]

@@ -143,7 +143,7 @@ def run_paired(
     key = run_key(prov)
     done: dict[str, PairedRecord] = {}
     if output_path is not None:
-        done = load_records(output_path, expected_run_key=key)
+        done = load_records(output_path, expected_run_key=key, repair=True)
         check_resumed_items(done, items, output_path)
     todo = [item for item in items if item.item_id not in done]
     fingerprints = {item.item_id: item.fingerprint for item in items}

@@ -26,12 +26,16 @@ def append_records(path: str | os.PathLike, records: Iterable[PairedRecord]) -> 
         os.fsync(f.fileno())
 
 
-def load_records(path: str | os.PathLike, expected_run_key: str | None = None) -> dict[str, PairedRecord]:
-    """Records of a JSONL file by item id, repairing what an interruption can leave behind.
+def load_records(
+    path: str | os.PathLike, expected_run_key: str | None = None, *, repair: bool = False
+) -> dict[str, PairedRecord]:
+    """Records of a JSONL file by item id; the file is only read unless `repair=True`.
 
-    A half-written last line is cut off; a complete last record missing its newline gets one, so the next append
-    starts on a fresh line. A corrupt line elsewhere, or a record from a run with another `run_key`, raises
-    `EvalInputError`. Should an id appear twice, the first record wins.
+    A half-written last line (what an interruption leaves behind) is left out with a warning. With `repair=True` (the
+    evaluation runner, which appends to the file next) it is also cut off the file, and a complete last record missing
+    its newline gets one, so the next append starts on a fresh line. A command that was only given the file to read
+    (`trl-nca analyze`, reports) never changes it. A corrupt line elsewhere, or a record from a run with another
+    `run_key`, raises `EvalInputError`. Should an id appear twice, the first record wins.
     """
     path = Path(path)
     if not path.exists():
@@ -67,11 +71,17 @@ def load_records(path: str | os.PathLike, expected_run_key: str | None = None) -
         except EvalInputError:
             raise
         except (ValueError, KeyError, TypeError):
-            logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
-            with path.open("r+b") as f:
-                f.truncate(len(raw) - len(tail))
+            if repair:
+                logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
+                with path.open("r+b") as f:
+                    f.truncate(len(raw) - len(tail))
+            else:
+                logger.warning(
+                    "Leaving out the half-written last line %d of %s (interrupted run).", len(lines) + 1, path
+                )
         else:
             records.setdefault(record.item_id, record)
-            with path.open("ab") as f:
-                f.write(b"\n")
+            if repair:
+                with path.open("ab") as f:
+                    f.write(b"\n")
     return records

@@ -10,24 +10,34 @@ The recipe behind `trl-nca compare` and the README's main job:
 4. write the per-model paired report, a table of mean and spread over seeds, figures (accuracy per view as in the
    paper's Figure 1, training curves, accuracy along training) and a one-sentence reading of the table.
 
-Every step is resumable: a finished run leaves `done.json` next to its adapter and is not trained again, and the
-evaluation records are appended item by item and reloaded on a rerun.
+Before any of this, `plan_comparison` checks every setting (counts, seeds, method names and values, the task, an
+existing output folder) without loading a model or writing a file; `execute` then runs the plan.
+
+Every step is resumable: a finished run leaves `done.json` (with the settings that shaped the student) next to its
+adapter and is not trained again, and the evaluation records are appended item by item and reloaded on a rerun. A
+rerun whose settings differ from those recorded (`settings.json` for the comparison, `done.json` per student) is
+refused, naming each setting and both values; more seeds or methods may be added. Statistics over runs
+(`trl_nca.recipes.statistics`) go into `comparison.json`, `comparison.md` and `harm.png`.
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import dataclasses
 import json
 import logging
 import math
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..inputs import InputError, sha256_text
 from ..tasks import BuiltinTask, get_task
 
 
@@ -47,12 +57,22 @@ class CompareArguments:
     )
     task_seed: int = field(default=0, metadata={"help": "Seed that generates the task's items."})
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Training seeds; each method runs once "
-                             "per seed from the same initial weights."})  # fmt: skip
+                             "per seed (and per organism) from the same initial weights."})  # fmt: skip
+    organism_seeds: list[int] | None = field(
+        default=None,
+        metadata={"help": "With model_name_or_path: organism (or organism-quick), the seeds of independently "
+                  "pretrained organisms (each pretrained once and cached); every method and training seed runs on "
+                  "each. Default: the one organism of the alias."},
+    )  # fmt: skip
     methods: list[str] = field(
         default_factory=lambda: ["opd:nca_beta=0", "nca:nca_beta=0.5"],
         metadata={"help": "Methods as NAME:FIELD=VALUE[,FIELD=VALUE...] overrides of the training config, e.g. "
                   "'opd:nca_beta=0' 'nca:nca_beta=0.5'."},
     )  # fmt: skip
+    baseline: str | None = field(
+        default=None,
+        metadata={"help": "The method every other one is paired against in the statistics (default: the first)."},
+    )
     num_train: int | None = field(default=None, metadata={"help": "Train on the first N training rows only."})
     eval_items: int | None = field(default=None, metadata={"help": "Evaluate on the first N held-out rows only."})
     eval_batch_size: int = field(default=32, metadata={"help": "Prompts per generate call in the evaluation."})
@@ -63,6 +83,13 @@ class CompareArguments:
     eval_top_p: float = field(default=0.95, metadata={"help": "Evaluation top-p (OPCD QA: 0.95)."})
     eval_top_k: int = field(default=20, metadata={"help": "Evaluation top-k (OPCD QA: 20)."})
     eval_seed: int = field(default=0, metadata={"help": "Seed of the per-item evaluation random streams."})
+    eval_samples_per_view: int = field(
+        default=1,
+        metadata={
+            "help": "Samples per item and view in the evaluation of the base and the students (docs/evaluation.md: "
+            "k samples per view); the tracking along training (track_every) uses one."
+        },
+    )
     track_every: int = field(
         default=0,
         metadata={"help": "Every N optimizer steps, evaluate both views on `track_items` held-out rows (0: never)."},
@@ -82,11 +109,31 @@ class Method:
     overrides: dict[str, Any]
 
 
+METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# fields the comparison sets itself for every run (the task's context, the run's folder and seed)
+RECIPE_FIELDS = ("output_dir", "seed", "save_strategy", "context_text", "context_column", "context_placement",
+                 "context_template", "context_separator")  # fmt: skip
+# NCAConfig fields that cannot change a trained student (where logs and checkpoints go, how progress is shown)
+NON_SHAPING_FIELDS = ("output_dir", "logging_dir", "logging_steps", "logging_strategy", "logging_first_step",
+                      "logging_nan_inf_filter", "log_level", "log_level_replica", "log_on_each_node", "report_to",
+                      "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
+                      "disable_tqdm", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo",
+                      "hub_always_push", "hub_revision", "save_strategy", "save_steps", "save_total_limit",
+                      "save_only_model", "save_on_each_node", "resume_from_checkpoint", "skip_memory_metrics",
+                      "dataloader_num_workers", "dataloader_persistent_workers", "dataloader_prefetch_factor",
+                      "dataloader_pin_memory", "ddp_timeout", "local_rank")  # fmt: skip
+
+
+class CompareInputError(InputError):
+    """Bad input to `trl-nca compare`, found before anything is written or any model is loaded."""
+
+
 def parse_method(spec: str) -> Method:
-    """`"nca:nca_beta=0.5,top_k=64"` -> Method("nca", {"nca_beta": 0.5, "top_k": 64}); values are read as YAML."""
+    """`"nca:nca_beta=0.5,top_k=64"` -> Method("nca", {"nca_beta": 0.5, "top_k": 64}); values are read as YAML, then
+    converted to the field's type by `check_methods` as the command line converts top-level options."""
     name, sep, rest = spec.partition(":")
     if not sep or not name.strip():
-        raise ValueError(
+        raise CompareInputError(
             f"Method {spec!r} must look like NAME:FIELD=VALUE[,FIELD=VALUE...], e.g. 'opd:nca_beta=0' or "
             "'nca:nca_beta=0.5'."
         )
@@ -94,20 +141,122 @@ def parse_method(spec: str) -> Method:
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"In method {spec!r}, {item!r} is not FIELD=VALUE.")
-        overrides[key.strip()] = yaml.safe_load(value)
+            raise CompareInputError(f"In method {spec!r}, {item!r} is not FIELD=VALUE.")
+        if key.strip() in overrides:
+            raise CompareInputError(f"Method {spec!r} sets {key.strip()!r} twice; set it once.")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise CompareInputError(
+                f"In method {spec!r}, the value of {key.strip()!r} is not valid YAML: {error}"
+            ) from error
     return Method(name.strip(), overrides)
 
 
-def _check_methods(methods: Sequence[Method], config) -> None:
+def _field_converters(config_class) -> dict[str, Any]:
+    """The command line's converter and choices of each field (as `TrlParser` reads top-level options)."""
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(config_class)
+    return {action.dest: action for action in parser._actions if action.dest != "help"}
+
+
+def _convert(method: str, key: str, value: Any, action) -> Any:
+    if value is None or action is None or action.type is None or isinstance(value, (list, dict)):
+        return value
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    try:
+        converted = action.type(text)
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as error:
+        kind = getattr(action.type, "__name__", "value")
+        raise CompareInputError(
+            f"Method {method!r}: {key}={value!r} is not a valid {kind} ({error}). Write e.g. {key}={action.default!r}."
+        ) from error
+    if action.choices and converted not in action.choices:
+        raise CompareInputError(f"Method {method!r}: {key}={value!r} is not one of {list(action.choices)}.")
+    return converted
+
+
+def check_methods(methods: Sequence[Method], config) -> list[Method]:
+    """Refuse colliding or ill-formed methods and return them with their values converted to the fields' types."""
+    if not methods:
+        raise CompareInputError("Give at least one method (`methods`), e.g. ['opd:nca_beta=0', 'nca:nca_beta=0.5'].")
     names = [m.name for m in methods]
-    if len(set(names)) != len(names):
-        raise ValueError(f"Method names must be unique, got {names}.")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise CompareInputError(f"Method names must be unique; {repeated} appear more than once in {names}.")
     known = {f.name for f in dataclasses.fields(config)}
+    actions = _field_converters(type(config))
+    checked = []
     for method in methods:
+        if method.name.lower() == "base":
+            raise CompareInputError(
+                "'base' is the untrained model's row in every comparison; name the method otherwise."
+            )
+        if not METHOD_NAME.match(method.name):
+            raise CompareInputError(
+                f"Method name {method.name!r} names a folder and a table row: use letters, digits, '.', '_' and '-' "
+                "(starting with a letter or digit), e.g. 'nca-0.5'."
+            )
         unknown = sorted(set(method.overrides) - known)
         if unknown:
-            raise ValueError(f"Method {method.name!r} sets {unknown}, which are not NCAConfig fields.")
+            raise CompareInputError(f"Method {method.name!r} sets {unknown}, which are not NCAConfig fields.")
+        reserved = sorted(set(method.overrides) & set(RECIPE_FIELDS))
+        if reserved:
+            hint = " List the training seeds in `seeds`." if "seed" in reserved else ""
+            raise CompareInputError(
+                f"Method {method.name!r} sets {reserved}, which the comparison sets for every run itself (the run's "
+                f"seed, folder and the task's context).{hint}"
+            )
+        overrides = {k: _convert(method.name, k, v, actions.get(k)) for k, v in method.overrides.items()}
+        checked.append(Method(method.name, overrides))
+    return checked
+
+
+def _check_count(name: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = f"an integer >= {minimum}" + (" (or null for all)" if optional else "")
+        raise CompareInputError(f"`{name}` must be {what}, got {value!r}.")
+
+
+def _check_seed_list(name: str, seeds: Any) -> None:
+    if seeds is None or len(seeds) == 0:
+        raise CompareInputError(f"Give at least one seed in `{name}`, e.g. [0, 1, 2].")
+    repeated = sorted({s for s in seeds if list(seeds).count(s) > 1})
+    if repeated:
+        raise CompareInputError(
+            f"`{name}` repeats {repeated}: each seed names one run (a repeat would train the same student twice). List "
+            "each seed once."
+        )
+
+
+def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
+    """Every count and seed list of `args`, against the task's sizes; raises `CompareInputError`."""
+    _check_seed_list("seeds", args.seeds)
+    if args.organism_seeds is not None:
+        _check_seed_list("organism_seeds", args.organism_seeds)
+    _check_count("num_train", args.num_train, 1, optional=True)
+    _check_count("eval_items", args.eval_items, 1, optional=True)
+    _check_count("eval_batch_size", args.eval_batch_size, 1)
+    _check_count("eval_max_new_tokens", args.eval_max_new_tokens, 1, optional=True)
+    _check_count("eval_samples_per_view", args.eval_samples_per_view, 1)
+    _check_count("track_every", args.track_every, 0)
+    _check_count("track_items", args.track_items, 1)
+    for name, value, available in (("num_train", args.num_train, len(task.train)),
+                                   ("eval_items", args.eval_items, len(task.test))):  # fmt: skip
+        if value is not None and value > available:
+            raise CompareInputError(
+                f"`{name}: {value}` asks for more rows than task {task.name!r} has ({available}); give at most "
+                f"{available}, or null for all."
+            )
+    evaluated = len(task.test) if args.eval_items is None else args.eval_items
+    if args.track_every > 0 and args.track_items > evaluated:
+        raise CompareInputError(
+            f"`track_items: {args.track_items}` is more than the {evaluated} held-out rows evaluated; give at most "
+            f"{evaluated}."
+        )
 
 
 def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir: Path, monitor_opd: bool):
@@ -182,7 +331,9 @@ def _finite(value: Any) -> float | None:
 
 def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
     """For each diagnostic of the task (a name and a row column, e.g. the organism's twice-applied answer), the
-    fraction of responses per view that equal that column after normalisation: `{name}_x` and `{name}_xc`."""
+    fraction of responses per view that equal that column after normalisation: `{name}_x` and `{name}_xc` (over all
+    k samples of each view with k samples per view)."""
+    from ..eval.metrics import view_samples
     from ..eval.scorers import normalize_text
 
     diagnostics = task.info.get("diagnostics") or {}
@@ -193,8 +344,9 @@ def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
     for name, column in diagnostics.items():
         for view in ("x", "xc"):
             hits = [
-                normalize_text(getattr(r, view).completion) == normalize_text(str(rows[r.item_id][column]))
+                normalize_text(sample.completion) == normalize_text(str(rows[r.item_id][column]))
                 for r in records
+                for sample in view_samples(getattr(r, view))
             ]
             rates[f"{name}_{view}"] = sum(hits) / len(hits)
     return rates
@@ -235,7 +387,8 @@ COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": 
 def render_table(
     aggregated: dict[str, dict[str, Any]], per_seed: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
 ) -> str:
-    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed."""
+    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed (labelled
+    `org{o}/{seed}` when the runs span several organisms)."""
     names = [COLUMN_NAMES.get(k, k) for k in keys]
     header = "| Model | seeds | " + " | ".join(names) + " | Regime |"
     rule = "|" + "---|" * (len(keys) + 3)
@@ -247,7 +400,10 @@ def render_table(
     lines += ["", "Per seed:", "", header.replace("seeds", "seed"), rule]
     for method, rows in per_seed.items():
         for row in rows:
-            cells = [method, "-" if row.get("seed") is None else str(row["seed"])]
+            run = "-" if row.get("seed") is None else str(row["seed"])
+            if row.get("organism") is not None:  # several organisms: organism o, training seed s
+                run = f"org{row['organism']}" + ("" if row.get("seed") is None else f"/{row['seed']}")
+            cells = [method, run]
             cells += [_pct({"mean": row[k], "n": 1}) if _finite(row.get(k)) is not None else "n/a" for k in keys]
             lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
     return "\n".join(lines)
@@ -273,34 +429,132 @@ def conclusion(task: str, aggregated: dict[str, dict[str, Any]]) -> str:
     return "; ".join(parts) + "."
 
 
-def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]:
-    """Train, evaluate and report; see the module docstring. Returns the summary written to `comparison.json`."""
-    from transformers import AutoTokenizer
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def training_settings(config, skip: Sequence[str] = ()) -> dict[str, Any]:
+    """The `NCAConfig` fields that shape a student (every field but `NON_SHAPING_FIELDS` and `skip`), as JSON values."""
+    skipped = {*NON_SHAPING_FIELDS, *skip}
+    return _jsonable({k: v for k, v in config.to_dict().items() if k not in skipped})
+
+
+def _peft_settings(peft_config) -> dict[str, Any]:
+    data = peft_config.to_dict() if hasattr(peft_config, "to_dict") else dataclasses.asdict(peft_config)
+    return _jsonable({k: v for k, v in data.items() if k not in ("base_model_name_or_path", "revision")})
+
+
+def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(setting, old value, new value) for every setting that differs, nested dicts flattened as `a.b`."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<not set>"), new.get(key, "<not set>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((f"{prefix}{key}", a, b))
+    return out
+
+
+def _refuse_mismatch(what: str, path: Path, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+    diffs = _differences(old, new)
+    if not diffs:
+        return
+    listed = "; ".join(f"`{k}` was {a!r}, now {b!r}" for k, a, b in diffs[:5])
+    more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
+    raise CompareInputError(
+        f"{path} holds {what} made with other settings: {listed}{more}. Resuming would mix them into one table. Use a "
+        "new output_dir, or set them back."
+    )
+
+
+@dataclass
+class Run:
+    """One student of the plan: method, organism (None: the one base model), training seed, folder, settings."""
+
+    name: str
+    method: Method
+    organism: int | None
+    seed: int
+    folder: Path
+    config: Any
+    settings: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    """A checked comparison: everything `execute` needs, built without writing a file or loading a model."""
+
+    args: CompareArguments
+    task: BuiltinTask
+    methods: list[Method]
+    baseline: str
+    root: Path
+    model_paths: dict[int | None, str]
+    model_init_kwargs: dict[str, Any]
+    peft_config: Any
+    train_rows: list[dict[str, Any]]
+    test_rows: list[dict[str, Any]]
+    evaluator: Any
+    settings: dict[str, Any]
+    runs: list[Run]
+
+    def base_folder(self, organism: int | None) -> Path:
+        return self.root / "base" if organism is None else self.root / f"org{organism}" / "base"
+
+    def base_name(self, organism: int | None) -> str:
+        return "base" if organism is None else f"base/org{organism}"
+
+
+def _organism_spec(alias: str, seed: int):
+    from ..organism import spec_for_alias
+
+    return dataclasses.replace(spec_for_alias(alias), seed=seed)
+
+
+def _model_paths(model_name: str, organism_seeds: Sequence[int] | None) -> dict[int | None, str]:
+    """Resolve the model (pretraining an organism the first time it is asked for): the last step of the plan."""
+    from ..models import resolve_model_name_or_path
+    from ..organism import organism_model_path, use_one_cpu_thread
+
+    if organism_seeds is None:
+        return {None: resolve_model_name_or_path(model_name)}
+    use_one_cpu_thread()
+    return {seed: organism_model_path(_organism_spec(model_name, seed)) for seed in organism_seeds}
+
+
+def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
+    """Check every setting of a comparison, and an existing output folder against it; write and load nothing.
+
+    Raises `CompareInputError` (or the `ValueError` of an invalid config value) naming the problem. The last step
+    resolves the model, which pretrains the organism the first time it is asked for (into its cache, not the output).
+    """
     from trl import get_peft_config
 
-    from ..eval import GenerationSettings, ModelRun, PairedEvalCallback, PairedEvaluator, write_report
-    from ..eval.report import summarize_run
-    from ..models import resolve_model_name_or_path
-    from .plots import write_figures
+    from ..eval import GenerationSettings, PairedEvaluator
+    from ..organism import ORGANISM_ALIASES
 
-    start = time.perf_counter()
     task = get_task(args.task, seed=args.task_seed)
-    methods = [parse_method(m) for m in args.methods]
-    _check_methods(methods, config)
-    if not args.seeds:
-        raise ValueError("Give at least one training seed (`seeds`).")
-    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
-    model_init_kwargs = {"dtype": model_args.dtype or "float32", **(config.model_init_kwargs or {})}
+    check_arguments(args, task)
+    methods = check_methods([parse_method(m) for m in args.methods], config)
+    names = [m.name for m in methods]
+    baseline = args.baseline or names[0]
+    if baseline not in names:
+        raise CompareInputError(f"`baseline: {baseline}` is not one of the methods {names}.")
+    model_name = model_args.model_name_or_path or "embedded"
+    if args.organism_seeds is not None and model_name.strip().lower() not in ORGANISM_ALIASES:
+        raise CompareInputError(
+            f"`organism_seeds` pretrains one organism per seed, so it needs model_name_or_path: organism (or "
+            f"organism-quick), not {model_name!r}. Drop organism_seeds, or use the organism."
+        )
     peft_config = get_peft_config(model_args)
     if peft_config is None:
-        raise ValueError("The comparison trains LoRA students (self-distillation from the adapter-off model): set "
-                         "use_peft: true.")  # fmt: skip
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    root = Path(config.output_dir)
-    root.mkdir(parents=True, exist_ok=True)
+        raise CompareInputError("The comparison trains LoRA students (self-distillation from the adapter-off model): "
+                                "set use_peft: true.")  # fmt: skip
+    model_init_kwargs = {"dtype": model_args.dtype or "float32", **(config.model_init_kwargs or {})}
     train_rows = task.train if args.num_train is None else task.train[: args.num_train]
     test_rows = task.test if args.eval_items is None else task.test[: args.eval_items]
-    settings = GenerationSettings(
+    generation = GenerationSettings(
         max_new_tokens=args.eval_max_new_tokens or config.max_new_tokens,
         temperature=args.eval_temperature,
         top_p=args.eval_top_p,
@@ -309,93 +563,191 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
         batch_size=args.eval_batch_size,
     )
     evaluator = PairedEvaluator(
-        test_rows, context=task.context, scorer=task.scorer, id_column="id", generation=settings
-    )
+        test_rows, context=task.context, scorer=task.scorer, id_column="id", generation=generation,
+        samples_per_view=args.eval_samples_per_view,
+    )  # fmt: skip
+    root = Path(config.output_dir)
+    organisms: list[int | None] = list(args.organism_seeds) if args.organism_seeds is not None else [None]
+    # what shaped every student (the method's overrides and the seeds are per run) and what shaped the evaluation
+    student = {
+        "task": task.name,
+        "task_seed": args.task_seed,
+        "train_rows": len(train_rows),
+        "train_rows_sha256": sha256_text(json.dumps(train_rows, sort_keys=True, default=str)),
+        "model": model_name,
+        "model_init_kwargs": _jsonable(model_init_kwargs),
+        "peft": _peft_settings(peft_config),
+        "monitor_opd": args.monitor_opd,
+        "track_every": args.track_every,
+        "track_items": args.track_items,
+    }
+    evaluation = {k: v for k, v in generation.to_dict().items() if k != "batch_size"}
+    evaluation["samples_per_view"] = args.eval_samples_per_view
+    # the shared training config; each run's seed and the task's context are the comparison's own (per run)
+    settings = {"student": student, "training": training_settings(config, RECIPE_FIELDS), "evaluation": evaluation}
+    runs = []
+    for method in methods:
+        for organism in organisms:
+            for seed in args.seeds:
+                folder = root / method.name / f"seed{seed}" if organism is None else (
+                    root / f"org{organism}" / method.name / f"seed{seed}")  # fmt: skip
+                name = f"{method.name}/seed{seed}" if organism is None else f"{method.name}/org{organism}/seed{seed}"
+                run_args = run_config(config, task, method, seed, folder, args.monitor_opd)  # validates the values
+                run_settings = {**student, "organism_seed": organism, "training": training_settings(run_args)}
+                runs.append(Run(name, method, organism, seed, folder, run_args, run_settings))
+
+    saved = root / "settings.json"
+    if saved.exists():  # the resolved model paths are compared after resolving, below
+        old = {k: v for k, v in json.loads(saved.read_text()).items() if k != "model_paths"}
+        _refuse_mismatch("a comparison", saved, old, settings)
+    for run in runs:
+        done = run.folder / "done.json"
+        if not done.exists():
+            continue
+        old = json.loads(done.read_text()).get("settings")
+        if old is None:
+            raise CompareInputError(
+                f"{done} was written by an older trl-nca without the settings of its student, so it cannot be checked "
+                "against this comparison. Use a new output_dir."
+            )
+        _refuse_mismatch(f"the student {run.name}", done, old, run.settings)
+    if not saved.exists() and any((run.folder / "done.json").exists() for run in runs):
+        raise CompareInputError(f"{root} holds finished students but no settings.json; use a new output_dir.")
+    model_paths = _model_paths(model_name, args.organism_seeds)
+    settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
+    if saved.exists():  # the model the name resolves to (e.g. the organism of another trl-nca version)
+        old = json.loads(saved.read_text()).get("model_paths", {})
+        common = sorted(set(old) & set(settings["model_paths"]))
+        _refuse_mismatch("a comparison", saved, {"model_paths": {k: old[k] for k in common}},
+                         {"model_paths": {k: settings["model_paths"][k] for k in common}})  # fmt: skip
+    return Plan(args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config, list(train_rows),
+                list(test_rows), evaluator, settings, runs)  # fmt: skip
+
+
+def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]:
+    """Check (`plan_comparison`), then train, evaluate and report (`execute`); see the module docstring. Returns the
+    summary written to `comparison.json`."""
+    return execute(plan_comparison(args, config, model_args))
+
+
+def execute(plan: Plan) -> dict[str, Any]:
+    """Train, evaluate and report a checked comparison; returns the summary written to `comparison.json`."""
+    from transformers import AutoTokenizer
+
+    from ..eval import ModelRun, PairedEvalCallback, write_report
+    from ..eval.report import summarize_run
+    from .plots import write_figures
+    from .statistics import STAT_KEYS, compare_to_baseline, distributions, render_statistics
+
+    start = time.perf_counter()
+    args, task, root, evaluator = plan.args, plan.task, plan.root, plan.evaluator
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "settings.json").write_text(json.dumps(plan.settings, indent=2, sort_keys=True) + "\n")
     (root / "task.json").write_text(
         json.dumps({"task": task.name, "family": task.family, "description": task.description, **task.info,
-                    "num_train": len(train_rows), "num_test": len(test_rows)}, indent=2, default=str) + "\n"
+                    "num_train": len(plan.train_rows), "num_test": len(plan.test_rows)}, indent=2, default=str) + "\n"
     )  # fmt: skip
 
     runs: list[ModelRun] = []
-    base = _load_base(model_path, model_init_kwargs)
-    base_prov = evaluator.provenance(base, model_path)
-    records = evaluator.run(base, tokenizer, output_path=root / "base" / "records.jsonl", provenance=base_prov)
-    runs.append(ModelRun("base", records, provenance=base_prov, records_path=str(root / "base" / "records.jsonl")))
-    del base
+    identity: dict[str, tuple[str, int | None, int | None]] = {}  # run name -> (method, organism, seed)
+    tokenizers = {}
+    for organism, model_path in plan.model_paths.items():
+        tokenizers[organism] = tokenizer = AutoTokenizer.from_pretrained(model_path)
+        base = _load_base(model_path, plan.model_init_kwargs)
+        prov = evaluator.provenance(base, model_path)
+        path = plan.base_folder(organism) / "records.jsonl"
+        records = evaluator.run(base, tokenizer, output_path=path, provenance=prov)
+        name = plan.base_name(organism)
+        runs.append(ModelRun(name, records, provenance=prov, records_path=str(path)))
+        identity[name] = ("base", organism, None)
+        del base
 
     histories: dict[str, dict[str, list[Any]]] = {}
     train_seconds: dict[str, float] = {}
     tracking: dict[str, list[dict[str, Any]]] = {}
-    for method in methods:
-        for seed in args.seeds:
-            name = f"{method.name}/seed{seed}"
-            run_dir = root / method.name / f"seed{seed}"
-            records_path = run_dir / "eval" / "records.jsonl"
-            done_path = run_dir / "done.json"
-            if done_path.exists():
-                done = json.loads(done_path.read_text())
-                from peft import PeftModel
+    for run in plan.runs:
+        model_path, tokenizer = plan.model_paths[run.organism], tokenizers[run.organism]
+        records_path = run.folder / "eval" / "records.jsonl"
+        done_path = run.folder / "done.json"
+        if done_path.exists():
+            done = json.loads(done_path.read_text())
+            from peft import PeftModel
 
-                student = PeftModel.from_pretrained(_load_base(model_path, model_init_kwargs), str(run_dir))
-            else:
-                run_args = run_config(config, task, method, seed, run_dir, args.monitor_opd)
-                tracker = None
-                if args.track_every > 0:
-                    tracker = PairedEvalCallback(
-                        test_rows, context=task.context, scorer=task.scorer, id_column="id",
-                        eval_steps=args.track_every, num_items=args.track_items, generation=settings,
-                        eval_on_start=True, final_report=False, n_bootstrap=0,
-                    )  # fmt: skip
-                t0 = time.perf_counter()
-                trainer = train_run(
-                    task, run_args, model_path, model_init_kwargs, tokenizer, peft_config, train_rows, tracker
-                )
-                trainer.save_model(str(run_dir))
-                done = {
-                    "method": method.name,
-                    "overrides": method.overrides,
-                    "seed": seed,
-                    "train_seconds": round(time.perf_counter() - t0, 1),
-                    "log_history": trainer.state.log_history,
-                    "tracking": [] if tracker is None else tracker.summary_rows(),
-                }
-                student = trainer.accelerator.unwrap_model(trainer.model)
-                done_path.write_text(json.dumps(done, indent=2, default=str) + "\n")
-            train_seconds[name] = done["train_seconds"]
-            histories[name] = compact_history(done["log_history"])
-            tracking[name] = [
-                {k: row[k] for k in ("step", "acc_x", "acc_xc", "harm_count", "help_count") if k in row}
-                for row in done.get("tracking", [])
-            ]
-            prov = evaluator.provenance(student, model_path, adapter=str(run_dir))
-            records = evaluator.run(student, tokenizer, output_path=records_path, provenance=prov)
-            runs.append(ModelRun(name, records, provenance=prov, records_path=str(records_path)))
-            del student
+            student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
+        else:
+            tracker = None
+            if args.track_every > 0:
+                tracker = PairedEvalCallback(
+                    plan.test_rows, context=task.context, scorer=task.scorer, id_column="id",
+                    eval_steps=args.track_every, num_items=args.track_items, generation=evaluator.generation,
+                    eval_on_start=True, final_report=False, n_bootstrap=0,
+                )  # fmt: skip
+            t0 = time.perf_counter()
+            trainer = train_run(
+                task, run.config, model_path, plan.model_init_kwargs, tokenizer, copy.deepcopy(plan.peft_config),
+                plan.train_rows,
+                tracker,
+            )  # fmt: skip
+            trainer.save_model(str(run.folder))
+            done = {
+                "method": run.method.name,
+                "overrides": run.method.overrides,
+                "organism_seed": run.organism,
+                "seed": run.seed,
+                "settings": run.settings,
+                "train_seconds": round(time.perf_counter() - t0, 1),
+                "log_history": trainer.state.log_history,
+                "tracking": [] if tracker is None else tracker.summary_rows(),
+            }
+            student = trainer.accelerator.unwrap_model(trainer.model)
+            done_path.write_text(json.dumps(done, indent=2, default=str) + "\n")
+        train_seconds[run.name] = done["train_seconds"]
+        histories[run.name] = compact_history(done["log_history"])
+        tracking[run.name] = [
+            {k: row[k] for k in ("step", "acc_x", "acc_xc", "harm_count", "help_count") if k in row}
+            for row in done.get("tracking", [])
+        ]
+        prov = evaluator.provenance(student, model_path, adapter=str(run.folder))
+        records = evaluator.run(student, tokenizer, output_path=records_path, provenance=prov)
+        runs.append(ModelRun(run.name, records, provenance=prov, records_path=str(records_path)))
+        identity[run.name] = (run.method.name, run.organism, run.seed)
+        del student
 
     report = write_report(runs, root / "paired_eval", title=f"{task.name}: base vs students, paired")
     per_seed: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
-        method = run.name.split("/")[0]
+        method, organism, seed = identity[run.name]
         metrics = summarize_run(run, n_bootstrap=0)["metrics"]
         row = {k: metrics.get(k) for k in SUMMARY_KEYS}
         row.update(diagnostic_rates(task, run.records))
-        row.update(regime=metrics.get("regime"), seed=int(run.name.split("seed")[-1]) if "/" in run.name else None)
+        row.update(regime=metrics.get("regime"), organism=organism, seed=seed)
         per_seed.setdefault(method, []).append(row)
-    keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in ("regime", "seed"))]
+    extra = ("regime", "organism", "seed")
+    keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
     aggregated = aggregate(per_seed, keys)
     table = render_table(aggregated, per_seed, keys)
     sentence = conclusion(task.name, aggregated)
+    statistics = {
+        "keys": list(STAT_KEYS),
+        "baseline": plan.baseline,
+        "distributions": distributions(per_seed, STAT_KEYS),
+        "paired": compare_to_baseline(per_seed, plan.baseline, STAT_KEYS),
+    }
+    stats_text = render_statistics(statistics, COLUMN_NAMES)
     summary = {
         "task": task.name,
         "family": task.family,
-        "methods": {m.name: m.overrides for m in methods},
+        "methods": {m.name: m.overrides for m in plan.methods},
         "seeds": list(args.seeds),
-        "num_train": len(train_rows),
-        "num_test": len(test_rows),
-        "evaluation": settings.to_dict(),
+        "organism_seeds": None if args.organism_seeds is None else list(args.organism_seeds),
+        "num_train": len(plan.train_rows),
+        "num_test": len(plan.test_rows),
+        "settings": plan.settings,
+        "evaluation": {**evaluator.generation.to_dict(), "samples_per_view": args.eval_samples_per_view},
         "columns": keys,
         "aggregated": aggregated,
         "per_seed": per_seed,
+        "statistics": statistics,
         "conclusion": sentence,
         "versions": report["versions"],
         "wall_seconds": round(time.perf_counter() - start, 1),  # this invocation (a resumed one skips finished work)
@@ -406,6 +758,9 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
     }
     summary["figures"] = write_figures(summary, root)
     (root / "comparison.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (root / "comparison.md").write_text(f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence}\n")
+    (root / "comparison.md").write_text(
+        f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence}\n\n## Statistics over runs\n\n{stats_text}\n"
+    )
     summary["table"] = table
+    summary["statistics_table"] = stats_text
     return summary

@@ -80,6 +80,14 @@ def _mean_lines(ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str) -
 def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str | os.PathLike) -> str:
     """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per seed, thick the mean."""
     keys = [k for k in ("opd_loss", "nca_loss", "view_kl", "nca_beta") if any(h.get(k) for h in histories.values())]
+    if not keys:  # e.g. every job ran fewer optimizer steps than logging_steps
+        fig = new_figure(5, 2.4)
+        ax = fig.add_subplot()
+        ax.text(0.5, 0.5, "No training loss was logged\n(each job ran fewer steps than logging_steps).",
+                ha="center", va="center", fontsize=9)  # fmt: skip
+        ax.set_axis_off()
+        fig.savefig(path)
+        return str(path)
     fig = new_figure(3.5 * len(keys), 3.2)
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
@@ -116,9 +124,36 @@ def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str
     return str(path)
 
 
+def plot_harm(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike, title: str = "") -> str:
+    """Harm per run, per model: a box (quartiles, whiskers to min and max) and one dot per run (organism x seed)."""
+    names = list(per_seed)
+    fig = new_figure(max(4.0, 1.2 + 1.1 * len(names)), 3.4)
+    ax = fig.add_subplot()
+    rng = np.random.default_rng(0)  # horizontal jitter of the dots only
+    for i, name in enumerate(names):
+        values = [100 * row["harm"] for row in per_seed[name] if row.get("harm") is not None]
+        if not values:
+            ax.text(i, 2, "n/a", ha="center", fontsize=8)
+            continue
+        if len(values) > 1:
+            ax.boxplot([values], positions=[i], widths=0.5, whis=(0, 100), showfliers=False, manage_ticks=False)
+        ax.scatter(i + rng.uniform(-0.12, 0.12, len(values)), values, s=14, color=f"C{i}", zorder=3)
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylim(-3, 103)
+    ax.set_ylabel("harm (%)")
+    ax.set_title(title or "Harm per run: P(wrong with the context | right without it)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    return str(path)
+
+
 def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix: str = "") -> dict[str, str]:
     """All figures of a comparison, drawn from its summary (`comparison.json`) alone, so they can be redrawn from the
-    saved JSON: `{prefix}comparison.png`, `{prefix}curves.png` and, when accuracy was tracked, `{prefix}tracking.png`."""
+    saved JSON: `{prefix}comparison.png`, `{prefix}harm.png` (harm per run), `{prefix}curves.png` and, when accuracy
+    was tracked, `{prefix}tracking.png`."""
     from pathlib import Path
 
     folder = Path(folder)
@@ -127,6 +162,7 @@ def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix:
         "comparison": plot_comparison(
             summary["aggregated"], summary["per_seed"], folder / f"{prefix}comparison.png", title=title
         ),
+        "harm": plot_harm(summary["per_seed"], folder / f"{prefix}harm.png", title=f"{title}: harm per run"),
         "curves": plot_curves(summary["curves"], folder / f"{prefix}curves.png"),
     }
     if any(summary.get("tracking", {}).values()):

@@ -1,0 +1,215 @@
+"""Statistics of a comparison over its runs: per-method distributions, and paired differences against a baseline.
+
+A run is one student: one method trained from one organism (or base model) with one training seed. Runs of two
+methods pair up when they share the (organism, seed): same initial weights, same training seed, so their difference
+is the method's effect on that draw.
+
+- Per method, over its runs: median, interquartile range (the 25th and 75th percentiles, numpy's linear
+  interpolation) and min-max of each metric.
+- Per method against the baseline (plain OPD in the README's job): the difference baseline - method of each metric
+  per pair, its mean with a percentile bootstrap 95% interval (pairs resampled with replacement), the exact two-sided
+  sign test (`trl_nca.eval.metrics.mcnemar_exact` on the counts of positive and negative differences; ties left out)
+  and the exact paired permutation test (`trl_nca.eval.metrics.sign_flip_test` on the sum of differences), and how
+  many pairs have the method below the baseline.
+
+Pairs where a metric is undefined for either run (e.g. harm when nothing is right without the context) are left out of
+that metric and counted in `undefined`. Intervals and tests need at least `MIN_PAIRS` pairs; with fewer, only the
+values are given, with a note saying why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..eval.metrics import mcnemar_exact, sign_flip_test
+
+
+MIN_PAIRS = 2
+STAT_KEYS = ("harm", "acc_x", "acc_xc")
+
+
+def _value(row: Mapping[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def distribution(values: Sequence[float]) -> dict[str, Any] | None:
+    """Median, quartiles, interquartile range, min and max of `values` (None when empty)."""
+    if not values:
+        return None
+    v = np.asarray(values, dtype=float)
+    q1, median, q3 = (float(x) for x in np.percentile(v, [25, 50, 75]))
+    return {"n": int(v.size), "median": median, "q1": q1, "q3": q3, "iqr": q3 - q1, "min": float(v.min()),
+            "max": float(v.max())}  # fmt: skip
+
+
+def distributions(
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]], keys: Sequence[str] = STAT_KEYS
+) -> dict[str, dict[str, Any]]:
+    """`distribution` of each metric over each method's runs (undefined values left out, counted in `undefined`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for method, rows in per_seed.items():
+        stats: dict[str, Any] = {"runs": len(rows)}
+        for key in keys:
+            values = [v for v in (_value(r, key) for r in rows) if v is not None]
+            stats[key] = distribution(values)
+            stats.setdefault("undefined", {})[key] = len(rows) - len(values)
+        out[method] = stats
+    return out
+
+
+def bootstrap_mean_interval(
+    values: Sequence[float], n_resamples: int = 10_000, seed: int = 0, confidence: float = 0.95
+) -> list[float]:
+    """Percentile bootstrap interval of the mean of `values` (resampled with replacement, own seeded generator)."""
+    v = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, size=(n_resamples, v.size))].mean(axis=1)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return [float(low), float(high)]
+
+
+def paired_difference(
+    baseline: Sequence[Mapping[str, Any]],
+    method: Sequence[Mapping[str, Any]],
+    key: str,
+    *,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Baseline - method of metric `key` per (organism, seed) pair, with interval and tests (see the module docstring).
+
+    Rows carry `organism` (None for a single base model) and `seed`. `below` counts pairs where the method's value is
+    lower than the baseline's, `above` higher, `ties` equal.
+    """
+    ours = {(r.get("organism"), r.get("seed")): r for r in method}
+    pairs, undefined = [], []
+    for row in baseline:
+        pair = (row.get("organism"), row.get("seed"))
+        if pair not in ours:
+            continue
+        a, b = _value(row, key), _value(ours[pair], key)
+        if a is None or b is None:
+            undefined.append(list(pair))
+        else:
+            pairs.append((pair, a - b))
+    diffs = [d for _, d in pairs]
+    n = len(diffs)
+    out: dict[str, Any] = {
+        "metric": key,
+        "n": n,
+        "pairs": [{"organism": p[0], "seed": p[1], "difference": d} for p, d in pairs],
+        "undefined": undefined,
+        "below": sum(d > 0 for d in diffs),
+        "above": sum(d < 0 for d in diffs),
+        "ties": sum(d == 0 for d in diffs),
+        "mean": float(np.mean(diffs)) if n else None,
+        "median": float(np.median(diffs)) if n else None,
+        "ci": None,
+        "confidence": confidence,
+        "sign_test_p": None,
+        "permutation_p": None,
+        "note": None,
+    }
+    if n < MIN_PAIRS:
+        out["note"] = (
+            f"no interval or test: they need at least {MIN_PAIRS} paired runs (same organism and training seed), and "
+            f"there {'is' if n == 1 else 'are'} {n}"
+        )
+        return out
+    out["ci"] = bootstrap_mean_interval(diffs, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    out["sign_test_p"] = mcnemar_exact(out["below"], out["above"])
+    out["permutation_p"] = sign_flip_test(diffs)["p"]
+    return out
+
+
+def compare_to_baseline(
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]],
+    baseline: str,
+    keys: Sequence[str] = STAT_KEYS,
+    **options: Any,
+) -> dict[str, dict[str, Any]]:
+    """`paired_difference` of every other student method against `baseline`, per metric: `{method: {key: ...}}`."""
+    return {
+        method: {key: paired_difference(per_seed[baseline], rows, key, **options) for key in keys}
+        for method, rows in per_seed.items()
+        if method not in (baseline, "base")
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}"
+
+
+def _p(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | None = None) -> str:
+    """The Markdown of `statistics` (the `statistics` entry of `comparison.json`): distributions, then paired
+    differences against the baseline, then one sentence per method on harm."""
+    names = dict(names or {})
+    keys = statistics["keys"]
+    lines = [
+        "Per method, over its runs (rates in %): median [interquartile range] (min-max).",
+        "",
+        "| Model | runs | " + " | ".join(names.get(k, k) for k in keys) + " |",
+        "|" + "---|" * (len(keys) + 2),
+    ]
+    for method, stats in statistics["distributions"].items():
+        cells = [method, str(stats["runs"])]
+        for key in keys:
+            d = stats[key]
+            if d is None:
+                cells.append("n/a")
+            elif d["n"] == 1:
+                cells.append(_pct(d["median"]))
+            else:
+                cells.append(
+                    f"{_pct(d['median'])} [{_pct(d['q1'])}-{_pct(d['q3'])}] ({_pct(d['min'])}-{_pct(d['max'])})"
+                )
+        lines.append("| " + " | ".join(cells) + " |")
+    baseline = statistics["baseline"]
+    paired = statistics["paired"]
+    if not paired:
+        return "\n".join(lines)
+    conf = int(round(100 * next(iter(next(iter(paired.values())).values()))["confidence"]))
+    lines += [
+        "",
+        f"Paired differences {baseline} - method per (organism, training seed), in percentage points: mean with a "
+        f"{conf}% bootstrap interval, median, exact sign test and exact paired permutation test (two-sided).",
+        "",
+        "| Pair | metric | pairs | mean | bootstrap interval | median | sign test p | permutation p | method lower in |",
+        "|" + "---|" * 9,
+    ]
+    sentences, notes = [], []
+    for method, by_key in paired.items():
+        for key in keys:
+            d = by_key[key]
+            ci = "n/a" if d["ci"] is None else f"[{_pct(d['ci'][0])}, {_pct(d['ci'][1])}]"
+            lines.append(
+                f"| {baseline} - {method} | {names.get(key, key)} | {d['n']} | {_pct(d['mean'])} | {ci} | "
+                f"{_pct(d['median'])} | {_p(d['sign_test_p'])} | {_p(d['permutation_p'])} | {d['below']} of {d['n']} |"
+            )
+            if d["note"] and d["note"] not in notes:
+                notes.append(d["note"])
+        harm = by_key.get("harm")
+        if harm is not None:
+            text = f"{method}'s harm is below {baseline}'s in {harm['below']} of {harm['n']} paired runs"
+            if harm["ties"]:
+                text += f" ({harm['ties']} equal)"
+            if harm["undefined"]:
+                text += f"; {len(harm['undefined'])} pair(s) have an undefined harm and are left out"
+            sentences.append(text + ".")
+    lines += [""] + sentences
+    if notes:
+        lines += ["", *(f"Note: {note[0].upper() + note[1:]}." for note in notes)]
+    return "\n".join(lines)
