@@ -83,7 +83,7 @@ def test_gradient_paths():
     """OPD reaches only the no-context view; NCA (default) reaches only the context view."""
     h_x, h_c, h_t, w_s, w_t = _inputs()
     out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t.detach()), DivergenceSpec(), h_c=h_c, vocab_chunk=16)
-    g_x, g_c = torch.autograd.grad(out["nca"].sum(), (h_x, h_c), allow_unused=True)
+    g_x, g_c = torch.autograd.grad(out["nca"].sum(), (h_x, h_c), allow_unused=True, retain_graph=True)
     assert g_x is None or not g_x.abs().sum()
     assert g_c.abs().sum() > 0
     g_x, g_c = torch.autograd.grad(out["opd"].sum(), (h_x, h_c), allow_unused=True)
