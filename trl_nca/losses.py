@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
+from torch.autograd.function import once_differentiable
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 
@@ -315,6 +316,7 @@ class _TiledDivergences(torch.autograd.Function):
         return outputs
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, *grad_outputs):
         h_x, h_c, h_t, lse_x, lse_c, lse_t, support = ctx.saved_tensors
         tiling = ctx.tiling
