@@ -6,6 +6,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from trl.experimental.gkd import GKDTrainer
 
 from trl_nca.losses import DivergenceSpec, LMHead, token_divergences
@@ -83,7 +85,7 @@ def test_gradient_paths():
     """OPD reaches only the no-context view; NCA (default) reaches only the context view."""
     h_x, h_c, h_t, w_s, w_t = _inputs()
     out = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t.detach()), DivergenceSpec(), h_c=h_c, vocab_chunk=16)
-    g_x, g_c = torch.autograd.grad(out["nca"].sum(), (h_x, h_c), allow_unused=True)
+    g_x, g_c = torch.autograd.grad(out["nca"].sum(), (h_x, h_c), allow_unused=True, retain_graph=True)
     assert g_x is None or not g_x.abs().sum()
     assert g_c.abs().sum() > 0
     g_x, g_c = torch.autograd.grad(out["opd"].sum(), (h_x, h_c), allow_unused=True)
@@ -159,6 +161,69 @@ def test_zero3_partitioned_head_gets_full_gradients(monkeypatch, n, bias):
     got = torch.autograd.grad((out["opd"] + out["nca"]).sum(), [h_x, *params])
     for g, e in zip(got, expected):
         assert g.shape == e.shape
+        torch.testing.assert_close(g, e)
+
+
+class _FullSizeAllocations(TorchDispatchMode):
+    """Counts the tensors of the given shapes that an operation allocates (views of their inputs are not counted)."""
+
+    def __init__(self, *shapes):
+        super().__init__()
+        self.counts = {tuple(s): 0 for s in shapes}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs)) if torch.is_tensor(t)}
+        for t in pytree.tree_leaves(out):
+            if torch.is_tensor(t) and tuple(t.shape) in self.counts and t.untyped_storage().data_ptr() not in inputs:
+                self.counts[tuple(t.shape)] += 1
+        return out
+
+
+@pytest.mark.parametrize(
+    "spec", [DivergenceSpec(), DivergenceSpec(beta=0.5, temperature=0.7, nca_stop_gradient=False),
+             DivergenceSpec(top_k=5, renormalize=True, nca_divergence="symmetric_kl")],
+    ids=["default", "jsd-no-stop-gradient", "top-k-renormalised"],
+)  # fmt: skip
+def test_zero3_head_is_gathered_once_per_pass(monkeypatch, spec):
+    """3 token chunks x 7 vocabulary slices: the partitioned heads are gathered once for the forward and once for the
+    backward, the weight and bias gradients are one buffer each (no full-size gradient per tile), and the gradients
+    equal the full-logit reference."""
+    entries = []
+
+    def counting_gather(*params):
+        entries.append(any(getattr(p, "ds_status", None) == "NOT_AVAILABLE" for p in params if p is not None))
+        return _fake_gather(*params)
+
+    monkeypatch.setattr("trl_nca.losses.maybe_gather_lm_head_ctx", counting_gather)
+    h_x, h_c, h_t, w_s, w_t = _inputs()
+    w_t = w_t.detach()
+    b_s = torch.randn(w_s.shape[0], dtype=torch.float64, requires_grad=True)
+    # The bias as one more weight column against a constant 1 in the hidden states: the reference has no bias.
+    ones = torch.ones(h_x.shape[0], 1, dtype=torch.float64)
+    wb = torch.cat([w_s, b_s[:, None]], 1)
+    ref = reference(torch.cat([h_x, ones], 1), torch.cat([h_c, ones], 1), torch.cat([h_t, ones], 1), wb,
+                    torch.cat([w_t, torch.zeros_like(ones[:1].expand(w_t.shape[0], 1))], 1), spec)  # fmt: skip
+    weights = torch.linspace(0.5, 2.0, h_x.shape[0], dtype=torch.float64)
+    expected = torch.autograd.grad(((ref["opd"] + 0.5 * ref["nca"]) * weights).sum(), (h_x, h_c, w_s, b_s))
+
+    weight, bias = torch.nn.Parameter(w_s.detach().clone()), torch.nn.Parameter(b_s.detach().clone())
+    teacher = torch.nn.Parameter(w_t.clone(), requires_grad=False)
+    for p in (weight, bias, teacher):
+        _partition(p)
+    with _FullSizeAllocations(w_s.shape, b_s.shape) as forward:
+        out = token_divergences(h_x, h_t, LMHead(weight, bias), LMHead(teacher), spec, h_c=h_c, vocab_chunk=8,
+                                token_chunk=3)  # fmt: skip
+    assert entries == [True]
+    loss = ((out["opd"] + 0.5 * out["nca"]) * weights).sum()
+    with _FullSizeAllocations(w_s.shape, b_s.shape) as backward:
+        got = torch.autograd.grad(loss, (h_x, h_c, weight, bias))
+    assert entries == [True, True]
+    assert forward.counts == {tuple(w_s.shape): 0, tuple(b_s.shape): 0}
+    assert backward.counts == {tuple(w_s.shape): 1, tuple(b_s.shape): 1}
+    for name in ("opd", "nca", "view_kl"):
+        torch.testing.assert_close(out[name].double(), ref[name])
+    for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
 
 

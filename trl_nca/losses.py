@@ -19,8 +19,9 @@ logsumexp over them only); rows past V get no probability and no gradient. The c
 tokenizer.
 
 Logits never exist for the whole (batch x sequence x vocab): callers pass only the hidden states of valid completion
-tokens, and each (tokens x vocab-chunk) tile is rebuilt from the hidden states when the backward pass needs it. The
-log-normalisers come from a two-pass logsumexp whose backward also walks the vocabulary chunk by chunk.
+tokens, and each (tokens x vocab-chunk) tile is built from the hidden states when it is needed, in the forward and
+again in the backward pass (`_TiledDivergences`). Under DeepSpeed ZeRO-3 the output layers are gathered once for the
+forward of a call and once for its backward.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
-from torch.utils.checkpoint import checkpoint
+from torch.autograd.function import once_differentiable
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
 
@@ -86,22 +87,45 @@ class LMHead:
         """Rows the distribution is defined over: `rows` when set, else every row of the weight."""
         return self.full_rows if self.rows is None else min(self.rows, self.full_rows)
 
+    def gathered(self, *others: LMHead):
+        """Under DeepSpeed ZeRO-3, a block in which this head's (and `others`') weight and bias are whole (each
+        parameter is a shard outside its module's forward); a null context otherwise or when they already are."""
+        params = [p for head in (self, *others) for p in (head.weight, head.bias)]
+        return maybe_gather_lm_head_ctx(*params)
+
     def logits(self, hidden: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Logits (at least float32) of the vocabulary slice [start, stop), before the temperature."""
+        with self.gathered():
+            return self._logits(hidden, start, stop)
+
+    def _logits(self, hidden: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """`logits` for a caller that already holds the head gathered (`gathered`)."""
         stop = self.vocab_size if stop is None else min(stop, self.vocab_size)
-        # Under DeepSpeed ZeRO-3 the head's weight is sharded outside its module's forward: gather it for each tile.
-        with maybe_gather_lm_head_ctx(self.weight, self.bias):
-            weight = self.weight[start:stop]
-            bias = None if self.bias is None else self.bias[start:stop]
-            if self.constant:
-                weight, bias = weight.detach(), None if bias is None else bias.detach()
-            out = torch.nn.functional.linear(hidden, weight, bias)
+        weight = self.weight[start:stop]
+        bias = None if self.bias is None else self.bias[start:stop]
+        if self.constant:
+            weight, bias = weight.detach(), None if bias is None else bias.detach()
+        out = torch.nn.functional.linear(hidden, weight, bias)
         out = out.to(torch.promote_types(out.dtype, torch.float32))
         if self.scale != 1.0:
             out = out * self.scale
         if self.softcap is not None:
             out = torch.tanh(out / self.softcap) * self.softcap
         return out
+
+    def _backward(self, hidden, logits, grad_logits, start, grad_h, grad_w, grad_b) -> None:
+        """Add the gradient that `grad_logits` (of `_logits(hidden, start, ...)`, whose value is `logits`) sends to
+        the hidden states and to the weight and bias rows of the slice into the given buffers (each may be None)."""
+        grad_raw = grad_logits * self.scale
+        if self.softcap is not None:
+            grad_raw = grad_raw * (1 - (logits / self.softcap) ** 2)
+        stop = start + logits.shape[1]
+        if grad_h is not None:
+            grad_h += grad_raw @ self.weight[start:stop].to(grad_raw.dtype)
+        if grad_w is not None:
+            grad_w[start:stop] += (grad_raw.T @ hidden.to(grad_raw.dtype)).to(grad_w.dtype)
+        if grad_b is not None:
+            grad_b[start:stop] += grad_raw.sum(0).to(grad_b.dtype)
 
 
 def _logit_multiplier(config) -> float:
@@ -113,62 +137,6 @@ def _logit_multiplier(config) -> float:
         scaling = float(config.logits_scaling)
         return scaling if getattr(config, "model_type", None) == "hyperclovax" else 1.0 / scaling
     return 1.0
-
-
-class _ChunkedLogSumExp(torch.autograd.Function):
-    """logsumexp over the vocabulary of `head(hidden) / T`, restricted to `support` when given, chunk by chunk."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, head, inv_t, support, chunk):
-        lse = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device, dtype=_acc(hidden))
-        for start in range(0, head.vocab_size, chunk):
-            logits = head.logits(hidden, start, start + chunk) * inv_t
-            if support is not None:
-                logits = logits.masked_fill(~_support_mask(support, start, logits.shape[1]), float("-inf"))
-            lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=-1))
-        ctx.save_for_backward(hidden, lse)
-        ctx.head, ctx.inv_t, ctx.support, ctx.chunk = head, inv_t, support, chunk
-        return lse
-
-    @staticmethod
-    def backward(ctx, grad_lse):
-        # d lse / d z_v = softmax(z)_v with z = head(h) / T; the chain rule through the head is written out so each
-        # vocabulary slice costs two matmuls and writes its own rows of the weight gradient (no full-size zero fill).
-        hidden, lse = ctx.saved_tensors
-        head, inv_t, support, chunk = ctx.head, ctx.inv_t, ctx.support, ctx.chunk
-        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        grad_h = torch.zeros_like(hidden, dtype=_acc(hidden)) if need_h else None
-        with maybe_gather_lm_head_ctx(head.weight, head.bias):
-            # Allocated inside the gather: under ZeRO-3 the parameter is an empty shard outside it, while the gradient
-            # must have the full shape that autograd recorded in the (gathered) forward.
-            grad_w = torch.empty_like(head.weight) if need_w else None
-            grad_b = torch.empty_like(head.bias) if need_b else None
-            for grad in (grad_w, grad_b):
-                if grad is not None:
-                    grad[head.vocab_size :] = 0  # rows past the common vocabulary take no part
-            _lse_backward_slices(hidden, lse, grad_lse, head, inv_t, support, chunk, grad_h, grad_w, grad_b)
-        if grad_h is not None:
-            grad_h = grad_h.to(hidden.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None
-
-
-def _lse_backward_slices(hidden, lse, grad_lse, head, inv_t, support, chunk, grad_h, grad_w, grad_b):
-    """Accumulate the gradients of `_ChunkedLogSumExp` slice by slice into the given buffers."""
-    for start in range(0, head.vocab_size, chunk):
-        z = head.logits(hidden, start, start + chunk)
-        grad_z = torch.exp(z * inv_t - lse[:, None]) * (grad_lse[:, None] * inv_t)
-        if support is not None:
-            grad_z = grad_z * _support_mask(support, start, z.shape[1])
-        grad_raw = grad_z * head.scale
-        if head.softcap is not None:
-            grad_raw = grad_raw * (1 - (z / head.softcap) ** 2)
-        stop = start + z.shape[1]
-        if grad_h is not None:
-            grad_h += grad_raw @ head.weight[start:stop].to(grad_raw.dtype)
-        if grad_w is not None:
-            grad_w[start:stop] = (grad_raw.T @ hidden.to(grad_raw.dtype)).to(grad_w.dtype)
-        if grad_b is not None:
-            grad_b[start:stop] = grad_raw.sum(0).to(grad_b.dtype)
 
 
 def _acc(t: torch.Tensor) -> torch.dtype:
@@ -186,17 +154,29 @@ def _support_mask(support: torch.Tensor, start: int, width: int) -> torch.Tensor
     return mask
 
 
-def _lse(hidden, head: LMHead, inv_t: float, support, chunk: int) -> torch.Tensor:
-    return _ChunkedLogSumExp.apply(hidden, head.weight, head.bias, head, inv_t, support, chunk)
+def _logsumexp(hidden, head: LMHead, inv_t: float, support, chunk: int) -> torch.Tensor:
+    """logsumexp over the vocabulary of `head(hidden) / T`, restricted to `support` when given, chunk by chunk."""
+    lse = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device, dtype=_acc(hidden))
+    for start in range(0, head.vocab_size, chunk):
+        logits = head._logits(hidden, start, start + chunk) * inv_t
+        if support is not None:
+            logits = logits.masked_fill(~_support_mask(support, start, logits.shape[1]), float("-inf"))
+        lse = torch.logaddexp(lse, torch.logsumexp(logits, dim=-1))
+    return lse
 
 
 @torch.no_grad()
 def top_k_support(hidden: torch.Tensor, head: LMHead, k: int, chunk: int) -> torch.Tensor:
     """Ids of the k largest logits per token, found chunk by chunk without building the full row."""
+    with head.gathered():
+        return _top_k_support(hidden, head, k, chunk)
+
+
+def _top_k_support(hidden: torch.Tensor, head: LMHead, k: int, chunk: int) -> torch.Tensor:
     best_val = hidden.new_full((hidden.shape[0], 0), float("-inf"), dtype=_acc(hidden))
     best_idx = torch.zeros((hidden.shape[0], 0), dtype=torch.long, device=hidden.device)
     for start in range(0, head.vocab_size, chunk):
-        logits = head.logits(hidden, start, start + chunk)
+        logits = head._logits(hidden, start, start + chunk)
         idx = torch.arange(start, start + logits.shape[1], device=hidden.device).expand_as(logits)
         vals, pos = torch.cat([best_val, logits], 1).topk(min(k, best_val.shape[1] + logits.shape[1]), dim=-1)
         best_val, best_idx = vals, torch.cat([best_idx, idx], 1).gather(1, pos)
@@ -217,13 +197,9 @@ def _opd_terms(ls: torch.Tensor, lt: torch.Tensor, beta: float) -> torch.Tensor:
     return beta * _kl(lt, lm) + (1.0 - beta) * _kl(ls, lm)
 
 
-def _chunk_terms(h_x, h_c, h_t, lse_x, lse_c, lse_t, start, width, student, teacher, spec, support, want):
-    """Per-token partial sums over the vocabulary slice [start, start + width) of the requested divergences."""
-    inv_t = 1.0 / spec.temperature
-    stop = start + width
-    ls = student.logits(h_x, start, stop) * inv_t - lse_x[:, None]
-    lt = teacher.logits(h_t, start, stop) * inv_t - lse_t[:, None]
-    mask = None if support is None else _support_mask(support, start, ls.shape[1])
+def _tile_terms(ls, lt, lc, mask, spec: DivergenceSpec, want) -> list[torch.Tensor]:
+    """Per-token partial sums over one vocabulary slice of the requested divergences, from the slice's
+    log-probabilities `ls` (q_x), `lt` (f) and `lc` (q_c, or None); `mask` is the top-k support in the slice."""
 
     def total(terms):
         return (terms if mask is None else terms * mask).sum(-1)
@@ -231,20 +207,162 @@ def _chunk_terms(h_x, h_c, h_t, lse_x, lse_c, lse_t, start, width, student, teac
     out = []
     if "opd" in want:
         out.append(total(_opd_terms(ls, lt, spec.beta)))
-    if h_c is not None:
-        lc = student.logits(h_c, start, stop) * inv_t - lse_c[:, None]
-        if "nca" in want:
-            anchor = lt if spec.nca_target == "teacher" else (ls.detach() if spec.nca_stop_gradient else ls)
-            nca = _kl(anchor, lc)
-            if spec.nca_divergence == "symmetric_kl":
-                nca = nca + _kl(lc, anchor)
-            out.append(total(nca))
-        if "view_kl" in want:
-            out.append(total(_kl(ls.detach(), lc.detach())))
+    if "nca" in want:
+        anchor = lt if spec.nca_target == "teacher" else (ls.detach() if spec.nca_stop_gradient else ls)
+        nca = _kl(anchor, lc)
+        if spec.nca_divergence == "symmetric_kl":
+            nca = nca + _kl(lc, anchor)
+        out.append(total(nca))
+    if "view_kl" in want:
+        out.append(total(_kl(ls.detach(), lc.detach())))
     if "entropy" in want:
         lx = ls.detach()
         out.append(total(-(lx.exp() * lx)))  # entropy of q_x, -sum_v q_x(v) log q_x(v), no gradient
-    return tuple(out)
+    return out
+
+
+# The terms that carry gradient; "view_kl" and "entropy" are for monitoring only.
+_DIFFERENTIABLE = ("opd", "nca")
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """The fixed arguments of one `token_divergences` call: heads (already limited to the common rows), spec, terms
+    and tile sizes."""
+
+    student: LMHead
+    teacher: LMHead
+    spec: DivergenceSpec
+    want: tuple[str, ...]
+    vocab_chunk: int
+    token_chunk: int
+
+    @property
+    def inv_t(self) -> float:
+        return 1.0 / self.spec.temperature
+
+    def slices(self, num_tokens: int):
+        return [slice(t0, t0 + self.token_chunk) for t0 in range(0, num_tokens, self.token_chunk)]
+
+    def starts(self):
+        return range(0, self.student.vocab_size, self.vocab_chunk)
+
+    def log_probs(self, head: LMHead, hidden, lse, start):
+        """(logits, log-probabilities) of the vocabulary slice at `start`."""
+        z = head._logits(hidden, start, start + self.vocab_chunk)
+        return z, z * self.inv_t - lse[:, None]
+
+    def slice_gradients(self, start, views, h_t, lse_t, support, coefficients):
+        """Logits and log-probabilities of the student's `views` ((name, hidden, lse, _) each) in the vocabulary slice
+        at `start`, and the gradient of sum_term coefficient * term with respect to each view's log-probabilities
+        (None where a view gets none)."""
+        logits, log_probs = {}, {}
+        for view, hidden, lse, _ in views:
+            logits[view], log_probs[view] = self.log_probs(self.student, hidden, lse, start)
+        _, lt = self.log_probs(self.teacher, h_t, lse_t, start)
+        mask = None if support is None else _support_mask(support, start, lt.shape[1])
+        with torch.enable_grad():
+            leaves = {view: lp.requires_grad_() for view, lp in log_probs.items()}
+            parts = _tile_terms(leaves["x"], lt, leaves.get("c"), mask, self.spec, tuple(coefficients))
+            total = sum((coefficients[name] * part).sum() for name, part in zip(coefficients, parts))
+            grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
+        return logits, log_probs, dict(zip(leaves, grads))
+
+
+class _TiledDivergences(torch.autograd.Function):
+    """Every (tokens x vocabulary) tile of `token_divergences` as one autograd node, with the heads gathered by the
+    caller for the forward and once by the backward for all tiles.
+
+    Forward (no graph): per token chunk, the top-k support, the log-normalisers, then the per-token sums of the terms
+    over the vocabulary slices. Backward: with l = z / T - lse per view, the terms' gradient G = d loss / d l of a
+    slice is elementwise (autograd on the slice's log-probabilities only), and d lse / d z = softmax / T (on the support
+    when the normaliser is restricted to it), so d loss / d z = (G - softmax * sum_v G) / T. A first walk over the
+    vocabulary sums G per token; a second rebuilds each slice and writes its gradient through the head into one
+    weight-gradient buffer (`LMHead._backward`): no full-size gradient per tile, no second gather.
+    """
+
+    @staticmethod
+    def forward(ctx, h_x, h_c, h_t, weight, bias, tiling: _Tiling):
+        student, teacher, spec, want = tiling.student, tiling.teacher, tiling.spec, tiling.want
+        inv_t, vocab_chunk = tiling.inv_t, tiling.vocab_chunk
+        sums = {name: h_x.new_zeros(h_x.shape[0], dtype=_acc(h_x)) for name in want}
+        lses = {view: h_x.new_empty(h_x.shape[0], dtype=_acc(h_x)) for view in ("x", "c", "t")}
+        support = None
+        if spec.top_k:
+            support = torch.zeros(h_x.shape[0], min(spec.top_k, student.vocab_size), dtype=torch.long)
+            support = support.to(h_x.device)
+        for rows in tiling.slices(h_x.shape[0]):
+            hx, ht = h_x[rows], h_t[rows]
+            hc = None if h_c is None else h_c[rows]
+            sup = None
+            if support is not None:
+                sup = support[rows] = _top_k_support(hx, student, spec.top_k, vocab_chunk)
+            lse_support = sup if spec.renormalize else None
+            for view, head, hidden in (("x", student, hx), ("c", student, hc), ("t", teacher, ht)):
+                if hidden is not None:
+                    lses[view][rows] = _logsumexp(hidden, head, inv_t, lse_support, vocab_chunk)
+            for start in tiling.starts():
+                _, ls = tiling.log_probs(student, hx, lses["x"][rows], start)
+                _, lt = tiling.log_probs(teacher, ht, lses["t"][rows], start)
+                lc = None if hc is None else tiling.log_probs(student, hc, lses["c"][rows], start)[1]
+                mask = None if sup is None else _support_mask(sup, start, ls.shape[1])
+                for name, part in zip(want, _tile_terms(ls, lt, lc, mask, spec, want)):
+                    sums[name][rows] += part
+        ctx.save_for_backward(h_x, h_c, h_t, lses["x"], lses["c"], lses["t"], support)
+        ctx.tiling = tiling
+        ctx.set_materialize_grads(False)
+        outputs = tuple(sums[name] for name in want)
+        ctx.mark_non_differentiable(*(out for name, out in zip(want, outputs) if name not in _DIFFERENTIABLE))
+        return outputs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        h_x, h_c, h_t, lse_x, lse_c, lse_t, support = ctx.saved_tensors
+        tiling = ctx.tiling
+        student, teacher, spec = tiling.student, tiling.teacher, tiling.spec
+        need_x, need_c, need_w, need_b = (ctx.needs_input_grad[i] for i in (0, 1, 3, 4))
+        coefficients = {
+            name: grad for name, grad in zip(tiling.want, grad_outputs) if name in _DIFFERENTIABLE and grad is not None
+        }
+        grad_x = torch.zeros_like(h_x, dtype=_acc(h_x)) if need_x else None
+        grad_c = torch.zeros_like(h_c, dtype=_acc(h_c)) if need_c else None
+        with student.gathered(teacher):
+            # Allocated inside the gather: under ZeRO-3 the parameter is an empty shard outside it, while the gradient
+            # must have the full shape that autograd recorded in the (gathered) forward. One buffer for every tile.
+            grad_w = torch.zeros_like(student.weight) if need_w else None
+            grad_b = torch.zeros_like(student.bias) if need_b else None
+            for rows in tiling.slices(h_x.shape[0]) if coefficients else ():
+                coeff = {name: grad[rows].to(lse_x.dtype) for name, grad in coefficients.items()}
+                views = [("x", h_x[rows], lse_x[rows], None if grad_x is None else grad_x[rows])]
+                if h_c is not None:
+                    views.append(("c", h_c[rows], lse_c[rows], None if grad_c is None else grad_c[rows]))
+                ht, lt_norm = h_t[rows], lse_t[rows]
+                sup = None if support is None else support[rows]
+                lse_mask = sup if spec.renormalize else None
+
+                # Walk 1: sum_v G per token and view (the gradient of the view's log-normaliser, negated).
+                totals = dict.fromkeys(view for view, *_ in views)
+                for start in tiling.starts():
+                    for view, grad in tiling.slice_gradients(start, views, ht, lt_norm, sup, coeff)[2].items():
+                        if grad is not None:
+                            totals[view] = grad.sum(-1) if totals[view] is None else totals[view] + grad.sum(-1)
+                # Walk 2: d loss / d z per slice, through the head into the buffers.
+                if all(total is None for total in totals.values()):
+                    continue
+                for start in tiling.starts():
+                    logits, log_probs, grads = tiling.slice_gradients(start, views, ht, lt_norm, sup, coeff)
+                    for view, hidden, _, grad_h in views:
+                        if grads[view] is None or (grad_h is None and grad_w is None and grad_b is None):
+                            continue
+                        softmax = log_probs[view].detach().exp()
+                        if lse_mask is not None:
+                            softmax = softmax * _support_mask(lse_mask, start, softmax.shape[1])
+                        grad_z = (grads[view] - softmax * totals[view][:, None]) * tiling.inv_t
+                        student._backward(hidden, logits[view], grad_z, start, grad_h, grad_w, grad_b)
+        grad_x = None if grad_x is None else grad_x.to(h_x.dtype)
+        grad_c = None if grad_c is None else grad_c.to(h_c.dtype)
+        return grad_x, grad_c, None, grad_w, grad_b, None
 
 
 def token_divergences(
@@ -266,8 +384,11 @@ def token_divergences(
     (KL(q_x || q_c), no gradient, for monitoring) and "entropy" (of q_x, no gradient; over the support with top-k);
     "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
+
+    Under DeepSpeed ZeRO-3 the heads are gathered once for the forward and once for the backward, whatever the number
+    of tiles; the head's weight gradient is one buffer that every tile adds its rows to.
     """
-    # In the order _chunk_terms appends them; the context terms only with a context view.
+    # In the order _tile_terms appends them; the context terms only with a context view.
     order = ("opd", "nca", "view_kl", "entropy")
     want = tuple(w for w in order if w in want and (w in ("opd", "entropy") or h_c is not None))
     # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
@@ -275,34 +396,9 @@ def token_divergences(
     student = replace(student, rows=vocab)
     # The teacher is a constant in every parameter, also when its head is the student's (live self-teacher).
     teacher = replace(teacher, constant=True, rows=vocab)
-    results: dict[str, list[torch.Tensor]] = {w: [] for w in want}
-    inv_t = 1.0 / spec.temperature
-    h_t = h_t.detach()
-    # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes; the tiles
-    # that the backward pass rebuilds gather them again (see LMHead.logits).
-    with maybe_gather_lm_head_ctx(student.weight, student.bias, teacher.weight, teacher.bias):
-        for t0 in range(0, h_x.shape[0], token_chunk):
-            hx, ht = h_x[t0 : t0 + token_chunk], h_t[t0 : t0 + token_chunk]
-            hc = None if h_c is None else h_c[t0 : t0 + token_chunk]
-            support = top_k_support(hx, student, spec.top_k, vocab_chunk) if spec.top_k else None
-            lse_support = support if spec.renormalize else None
-            lse_x = _lse(hx, student, inv_t, lse_support, vocab_chunk)
-            lse_c = None if hc is None else _lse(hc, student, inv_t, lse_support, vocab_chunk)
-            with torch.no_grad():
-                lse_t = _lse(ht, teacher, inv_t, lse_support, vocab_chunk)
-            sums = [hx.new_zeros(hx.shape[0], dtype=_acc(hx)) for _ in want]
-            for start in range(0, vocab, vocab_chunk):
-                width = min(vocab_chunk, vocab - start)
-                parts = checkpoint(
-                    _chunk_terms,
-                    hx, hc, ht, lse_x, lse_c, lse_t, start, width, student, teacher, spec, support, want,
-                    use_reentrant=False,
-                )  # fmt: skip
-                sums = [s + p for s, p in zip(sums, parts)]
-            for name, value in zip(want, sums):
-                results[name].append(value)
-        # An empty completion block still returns tensors wired to the student, so a backward pass (and DDP's
-        # reducer) sees every parameter; built while the head is gathered, so its gradient has the full shape.
-        wired = student.weight.sum() + (0 if student.bias is None else student.bias.sum())
-        empty = (h_x.sum(-1) + wired).to(_acc(h_x)) * 0
-    return {name: torch.cat(chunks) if chunks else empty for name, chunks in results.items()}
+    tiling = _Tiling(student, teacher, spec, want, vocab_chunk, token_chunk)
+    weight, bias = (None, None) if student.constant else (student.weight, student.bias)
+    # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes.
+    with student.gathered(teacher):
+        outputs = _TiledDivergences.apply(h_x, h_c, h_t.detach(), weight, bias, tiling)
+    return dict(zip(want, outputs))
