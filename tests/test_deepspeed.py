@@ -6,13 +6,14 @@ with gathered weights draws what the unsharded model draws."""
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from trl_nca.testing import FLOAT32, KL32, STORED32, free_port
 
 
 if importlib.util.find_spec("deepspeed") is None:
@@ -43,18 +44,12 @@ def _env():
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(out: Path, models: Path, tuning: str, teacher: str, config: str | None = None, *extra: str) -> Path:
     args = [str(SCRIPT), str(out), "--tuning", tuning, "--teacher", teacher, "--models", str(models), *extra]
     if config is not None:
         launch = [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
         ]  # fmt: skip
         args = launch + args
     else:
@@ -84,7 +79,7 @@ def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(torch.load(single / "initial.pt")[name], initial[name], rtol=0, atol=0)
-        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+        FLOAT32.close(a[name], b[name], msg=lambda m, n=name: f"{n}: {m}")  # float32 sums in another order
     moved = {n for n in b if not torch.equal(b[n], initial[n])}
     if tuning == "full":
         assert moved == set(b), f"parameters the step did not update: {sorted(set(b) - moved)}"
@@ -94,9 +89,11 @@ def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
     assert sum((b[n] - initial[n]).norm() ** 2 for n in b) ** 0.5 > 1e-2  # SGD, lr 1: the update is the gradient
     (log_single,) = json.loads((single / "logs.json").read_text())
     (log_zero,) = json.loads((zero / "logs.json").read_text())
-    for key in ("loss", "opd_loss", "nca_loss", "view_kl", "completions/mean_length", "grad_norm"):
-        assert log_zero[key] == pytest.approx(log_single[key], rel=1e-4, abs=1e-8), key  # float32 noise of padding
-    assert log_zero["loss"] == pytest.approx(log_zero["opd_loss"] + 0.5 * log_zero["nca_loss"], rel=1e-6)
+    for key in ("loss", "opd_loss", "nca_loss", "view_kl"):
+        assert log_zero[key] == KL32.approx(log_single[key]), key  # float32 KLs, rows split over processes
+    assert log_zero["grad_norm"] == FLOAT32.approx(log_single["grad_norm"])  # a norm of float32 gradients
+    assert log_zero["completions/mean_length"] == log_single["completions/mean_length"]  # a ratio of token counts
+    assert log_zero["loss"] == STORED32.approx(log_zero["opd_loss"] + 0.5 * log_zero["nca_loss"])  # float32 loss
     return info
 
 
@@ -181,7 +178,7 @@ def test_processes_that_do_not_see_each_other_are_refused(tmp_path, models):
     and counts 1 process while DeepSpeed joins 2, so both would train on the same rows. The trainer refuses it."""
     out = tmp_path / "zero"
     args = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         str(SCRIPT), str(out), "--tuning", "full", "--teacher", "separate", "--models", str(models),
         "--per-device", "2", "--zero-in-args", "2",
     ]  # fmt: skip
@@ -202,7 +199,7 @@ def test_rollout_generate_calls_agree_across_processes(tmp_path, models, gather)
     script = Path(__file__).parent / "scripts" / "ds_rollout.py"
     args = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
         str(script), str(out), "--models", str(models), *([] if gather else ["--no-gather"]),
     ]  # fmt: skip
     result = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from trl_nca.testing import FLOAT32, KL32, STORED32, free_port
+
 
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
 
@@ -19,27 +21,27 @@ def _run(cmd, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
 
 
-@pytest.mark.parametrize("mode", ["accumulation", "reentrant"])
+@pytest.mark.parametrize("mode", [pytest.param("accumulation", marks=pytest.mark.numerics), "reentrant"])
 def test_two_process_ddp_matches_single_process(tmp_path, mode):
     """2 processes x (1 row x 2 accumulation steps), or 2 x 2 rows under reentrant checkpointing (where the two views
     must share one forward, or DDP's reducer fails), against 1 process x 4 rows: same update, same logged token means.
     """
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     extra = ["1", "2"] if mode == "accumulation" else ["2", "1", "reentrant"]
-    port = "29517" if mode == "accumulation" else "29518"
     _run([sys.executable, str(SCRIPT), str(single), "4", *extra[2:]], tmp_path)
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
           str(SCRIPT), str(ddp), *extra], tmp_path)  # fmt: skip
     a, b = torch.load(single / "weights.pt"), torch.load(ddp / "weights.pt")
     for name in a:
-        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-4)
+        FLOAT32.close(a[name], b[name])  # float32 gradients summed in another order (rows split over processes)
     initial = torch.load(ddp / "initial.pt")
     still = [name for name in b if torch.equal(b[name], initial[name])]
     assert not still, f"parameters the step did not update: {still}"
     assert sum((b[n] - initial[n]).norm() ** 2 for n in b) ** 0.5 > 1e-2  # SGD, lr 1: the update is the gradient
     (log_single,) = json.loads((single / "logs.json").read_text())
     (log_ddp,) = json.loads((ddp / "logs.json").read_text())
-    for key in ("loss", "opd_loss", "nca_loss", "view_kl", "completions/mean_length"):
-        assert log_ddp[key] == pytest.approx(log_single[key], rel=1e-5, abs=1e-7), key  # float32 noise of padding
+    for key in ("loss", "opd_loss", "nca_loss", "view_kl"):
+        assert log_ddp[key] == KL32.approx(log_single[key]), key  # float32 KLs, rows split over processes
+    assert log_ddp["completions/mean_length"] == log_single["completions/mean_length"]  # a ratio of token counts
     for log in (log_single, log_ddp):
-        assert log["loss"] == pytest.approx(log["opd_loss"] + 0.5 * log["nca_loss"], rel=1e-6)
+        assert log["loss"] == STORED32.approx(log["opd_loss"] + 0.5 * log["nca_loss"])  # Trainer's loss: float32

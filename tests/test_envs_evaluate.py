@@ -11,6 +11,10 @@ from trl_nca.sampling import GenerationSettings
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer, scripted_generate
 
 
+# Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
+# fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
+
+
 @pytest.fixture(scope="module")
 def tiny():
     tokenizer = make_tiny_tokenizer()

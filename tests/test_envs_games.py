@@ -8,6 +8,10 @@ from trl_nca.envs import FrozenLakeEnv, SokobanEnv, heldout_seed, make_env, trai
 from trl_nca.envs.seeds import heldout_seeds
 
 
+# Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
+# fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
+
+
 FROZENLAKE_0 = """\
 +-----+-----+-----+
 |  P  |     |  H  |

@@ -13,6 +13,10 @@ import pytest
 from trl_nca.envs import FrozenLakeEnv, SokobanEnv, heldout_seeds, solve, training_seeds
 
 
+# Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
+# fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
+
+
 try:
     from textarena.envs.FrozenLake.env import FrozenLakeEnv as TAFrozenLake
     from textarena.envs.Sokoban.env import SokobanEnv as TASokoban

@@ -16,6 +16,10 @@ from trl_nca.eval.metrics import (
 from trl_nca.eval.records import PairedRecord, ViewOutcome
 
 
+# Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
+# fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
+
+
 def view(correct, tokens=10, truncated=False, format_failure=False, strict=None):
     extra = {}
     if strict is not None:

@@ -17,6 +17,10 @@ from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import ContextSpec
 
 
+# Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
+# fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
+
+
 CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
 GOLDEN = Path(__file__).parent / "data" / "paired_k1_golden.json"
 

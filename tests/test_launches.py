@@ -4,12 +4,13 @@ default settings, through to the paired evaluation at the end (examples/accelera
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from trl_nca.testing import free_port
 
 
 pytestmark = pytest.mark.slow
@@ -20,12 +21,6 @@ SMALL = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_new_to
          "--report_to", "none", "--ddp_backend", "gloo", "--eval_batch_size", "4"]  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(config: str, script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file examples/accelerate/<config>.yaml --num_processes 2 --mixed_precision no ...`
     as examples/accelerate/README.md says for a machine without GPUs: DeepSpeed with `--ddp_backend gloo`, DDP with
@@ -34,7 +29,7 @@ def launch(config: str, script: str, *args: str, cwd: Path) -> subprocess.Comple
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
         str(ROOT / "examples" / script), *args, *(["--use_cpu", "true"] if config == "ddp" else []),
     ]  # fmt: skip
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -98,7 +93,7 @@ def test_distillation_trainer_under_zero3(tiny_dir, tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(_free_port()),
+        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
         str(Path(__file__).parent / "scripts" / "ds_distill.py"), str(tmp_path / "out"), str(tiny_dir),
     ]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

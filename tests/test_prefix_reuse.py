@@ -17,11 +17,13 @@ from trl_nca import NCAConfig, NCATrainer
 from trl_nca import prefix as prefix_module
 from trl_nca.envs.rollout import GameRollout
 from trl_nca.prefix import PrefixSharing, shared_prefix_length, split_view
-from trl_nca.testing import float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import View, build_view, completion_states, left_pad, right_pad
 
 
-EXACT = dict(atol=1e-10, rtol=1e-10)
+pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
+
+
 CONTEXT = (
     "You are a careful medical expert. Answer with the letter inside <answer></answer> tags. "
     "The player moves up, down, left or right on the frozen lake and must avoid the holes."
@@ -65,12 +67,12 @@ def states_and_grads(fn, model, seed=1):
 
 
 def assert_same(a, b, relative=None):
-    """Equal to 1e-10, or (`relative`) to `relative` times the largest magnitude of each tensor."""
+    """Equal within FLOAT64, or (`relative`) to `relative` times the largest magnitude of each tensor."""
     (ha, ga), (hb, gb) = a, b
     assert len(ga) == len(gb)
     for x, y in [(ha, hb), *zip(ga, gb)]:
         if relative is None:
-            torch.testing.assert_close(x, y, **EXACT)
+            FLOAT64.close(x, y)
         else:
             assert (x - y).abs().max() <= relative * y.abs().max(), ((x - y).abs().max(), y.abs().max())
 
@@ -181,7 +183,7 @@ def test_stock_norms_agree_to_float32_rounding(tok):
         shared = states_and_grads(
             lambda m=model: PrefixSharing(min_tokens=1).completion_states(m, view, mask, "v"), model
         )
-        torch.testing.assert_close(shared[0], unshared[0], **EXACT)
+        FLOAT64.close(shared[0], unshared[0])
         assert_same(shared, unshared, relative=1e-6)
 
 
@@ -345,10 +347,10 @@ def test_trainer_terms_and_gradients_equal_unshared(tok, tmp_path, placement, pe
             assert shared1["student's context view"] == shared1["teacher"]
     assert shared1["student's joint views" if joint else "student's no-context view"] > 0
     for key in ("opd", "nca", "view_kl"):
-        torch.testing.assert_close(t1[key], t0[key], **EXACT)
+        FLOAT64.close(t1[key], t0[key])
     assert g0.keys() == g1.keys() and g0
     for name in g0:
-        torch.testing.assert_close(g1[name], g0[name], **EXACT)
+        FLOAT64.close(g1[name], g0[name])
 
 
 @pytest.mark.parametrize("teacher, checkpointing", [("separate", False), ("lora_self", False), ("lora_self", True)])
@@ -372,7 +374,7 @@ def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher, chec
             assert trainer.prefix_sharing.last_shared["student's context view"] > 0
     assert any(not torch.equal(finals[0][n], before[n]) for n in before)
     for name in finals[0]:
-        torch.testing.assert_close(finals[1][name], finals[0][name], **EXACT)
+        FLOAT64.close(finals[1][name], finals[0][name])
 
 
 def _prefix_passes(model):
@@ -408,7 +410,7 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
     calls, handle = _prefix_passes(model)
     try:
         first, _ = trainer._teacher_states(view, mask, None, head)
-        torch.testing.assert_close(first, unshared(), **EXACT)
+        FLOAT64.close(first, unshared())
         # the student's (trainable) weights change: a step of the optimizer, in place
         with torch.no_grad():
             for p in trainer.model.parameters():
@@ -416,14 +418,14 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
                     p.add_(0.01)
         again, _ = trainer._teacher_states(view, mask, None, head)
         assert calls.count(1) == 1  # the prefix ran once for both calls
-        torch.testing.assert_close(again, unshared(), **EXACT)
+        FLOAT64.close(again, unshared())
         # the teacher's own weights change: the prefix is recorded again
         with torch.no_grad():
             frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
             frozen[3].mul_(1.5)
         changed, _ = trainer._teacher_states(view, mask, None, head)
         assert calls.count(1) == 2
-        torch.testing.assert_close(changed, unshared(), **EXACT)
+        FLOAT64.close(changed, unshared())
         assert (changed - first).abs().max() > 1e-6
         # another context (another prefix): recorded again
         plain = build_view(batch["prompts"], batch["prompt_attention_mask"], batch["completion_ids"], mask)
@@ -467,7 +469,7 @@ def test_game_rollout_training_equals_unshared(tmp_path):
         if share:
             assert trainer.prefix_sharing.last_shared["student's context view"] > 50
     for name in finals[0]:
-        torch.testing.assert_close(finals[1][name], finals[0][name], **EXACT)
+        FLOAT64.close(finals[1][name], finals[0][name])
 
 
 def test_config_switch(tok, tmp_path):

@@ -10,6 +10,10 @@ import pytest
 from trl_nca.recipes.compare import aggregate, conclusion, parse_method, render_table
 
 
+# Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
+# fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
+
+
 def test_parse_method_reads_yaml_values():
     method = parse_method("nca:nca_beta=0.5,top_k=64,divergence_support=top_k")
     assert method.name == "nca"

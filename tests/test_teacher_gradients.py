@@ -14,8 +14,11 @@ import torch.nn.functional as F
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.testing import float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import build_view
+
+
+pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
 
 
 CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
@@ -142,8 +145,7 @@ def _check_against_reference(trainer, teacher_logits, anchor):
     expected = grads(student)
     student.zero_grad()
 
-    torch.testing.assert_close(loss.double(), ref, rtol=1e-9, atol=1e-12)
+    FLOAT64.close(loss.double(), ref)  # float64 models and reference
     assert set(got) == set(expected) and expected
     for name, g in expected.items():
-        scale = g.abs().max().clamp_min(1e-12)
-        torch.testing.assert_close(got[name] / scale, g / scale, rtol=0, atol=1e-9, msg=name)
+        FLOAT64.close(got[name], g, msg=name, scale=g.abs().max())

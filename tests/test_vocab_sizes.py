@@ -13,8 +13,11 @@ from datasets import Dataset
 from torch import nn
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.testing import float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import build_view
+
+
+pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
 
 
 CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
@@ -103,10 +106,9 @@ def test_loss_and_gradients_over_the_common_rows(tok, tmp_path, wider, spec):
         opd, nca = opd * support, nca * support
     ref = (opd.sum(-1) + 0.5 * nca.sum(-1)).mean()
     ref.backward()
-    torch.testing.assert_close(loss.double(), ref, rtol=1e-9, atol=1e-12)
+    FLOAT64.close(loss.double(), ref)  # float64 models and reference
     for name, p in student.named_parameters():
-        scale = p.grad.abs().max().clamp_min(1e-12)
-        torch.testing.assert_close(got[name] / scale, p.grad / scale, rtol=0, atol=1e-9, msg=name)
+        FLOAT64.close(got[name], p.grad, msg=name, scale=p.grad.abs().max())
     if wider == "student":  # the padding rows take no part in the loss
         assert not got["lm_head.weight"][rows:].abs().sum() and not got["lm_head.bias"][rows:].abs().sum()
 

@@ -128,6 +128,16 @@ def save_tiny_model(directory: str | os.PathLike, seed: int = 0, **model_kwargs)
     return str(directory)
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now, for the rendezvous of a multi-process test launch (a fixed port collides
+    when two test runs launch at once)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def scripted_generate(tokenizer, reply):
     """A `trl_nca.sampling.GenerateFn` that answers every prompt with `reply(prompt_text)`: a scripted policy for
     tests of rollouts and evaluations. `prompt_text` is the whole rendered prompt (chat markers included); each
@@ -143,3 +153,61 @@ def scripted_generate(tokenizer, reply):
         return out
 
     return generate
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tolerances. Float results differ between CPUs in their last bits (the vectorised kernels that ATEN_CPU_CAPABILITY
+# selects round differently), so every tolerance of the test suite comes from an error model, never from the
+# difference one machine happened to show. u32 = 2**-24 (about 6.0e-8) and u64 = 2**-53 (about 1.1e-16) are the unit
+# roundoffs of float32 and float64.
+
+
+class Tolerance:
+    """A named tolerance and the error model it comes from (`why`), for `torch.testing.assert_close` (`close`) and
+    `pytest.approx` (`approx`). `close(..., scale=s)` compares `actual / s` with `expected / s`: the rounding error of
+    a sum is relative to the size of its terms, for which a tensor's largest entry stands in."""
+
+    def __init__(self, name: str, rtol: float, atol: float, why: str):
+        self.name, self.rtol, self.atol, self.why = name, rtol, atol, why
+
+    def __repr__(self) -> str:
+        return f"Tolerance({self.name}: rtol={self.rtol}, atol={self.atol})"
+
+    def close(self, actual, expected, msg=None, scale=None) -> None:
+        import torch
+
+        if scale is not None:
+            scale = torch.as_tensor(scale).clamp_min(1e-30)
+            actual, expected = actual / scale, expected / scale
+        torch.testing.assert_close(actual, expected, rtol=self.rtol, atol=self.atol, msg=msg)
+
+    def approx(self, expected):
+        import pytest
+
+        return pytest.approx(expected, rel=self.rtol, abs=self.atol)
+
+
+FLOAT64 = Tolerance(
+    "FLOAT64", rtol=1e-10, atol=1e-10,
+    why="Both sides computed in float64 (`float64_model`): two orders of summing n terms of size O(1) differ by about "
+    "n * u64 (1e-11 for n = 10^5), inside 1e-10, while a real error (a token too many, a missing term, a wrong "
+    "position) moves values by 1e-3 or more. Gradients are compared with `scale=` their largest entry.",
+)  # fmt: skip
+FLOAT32 = Tolerance(
+    "FLOAT32", rtol=1e-4, atol=1e-6,
+    why="float32 tensors of the tiny test models (weights, gradients, hidden states, logits) computed in two orders or "
+    "batch shapes: each carries about sqrt(n) * u32 relative to its terms, at most 6e-6 for the n <= 10^4 terms of "
+    "these models, so 1e-4 leaves a margin of 15; atol covers entries near zero whose terms are O(1e-2).",
+)  # fmt: skip
+STORED32 = Tolerance(
+    "STORED32", rtol=1e-6, atol=1e-12,
+    why="A float64 value that passed through a float32 number a few times (Trainer keeps the running `loss` it logs in "
+    "a float32 tensor): each rounding changes it by at most u32 = 6e-8 relative.",
+)  # fmt: skip
+KL32 = Tolerance(
+    "KL32", rtol=1e-5, atol=2e-6,
+    why="A KL divergence (or a token mean of them) computed in float32: every log-probability carries a few "
+    "u32 * |log p|, about 4e-7 for the 320-token vocabulary (|log p| near log 320), and the KL is a p-weighted sum of "
+    "their differences, so its error is absolute, near 1e-6, whatever the KL's value: the KL of two nearby views "
+    "(1e-3) has no relative precision to test, an OPD loss of O(1) keeps rtol 1e-5.",
+)  # fmt: skip

@@ -213,10 +213,10 @@ def compare_views(
                 last_x, states_x = _decoder(model, batch.view_x, hidden_states=True)
                 last_c, states_c = _decoder(model, batch.view_c, hidden_states=True)
                 mask = batch.completion_mask
-                per_layer = [
+                per_layer = [  # in float32 at least (bfloat16 states), float64 for a float64 model
                     F.cosine_similarity(
-                        completion_hidden(hx, batch.view_x, mask).float(),
-                        completion_hidden(hc, batch.view_c, mask).float(),
+                        completion_hidden(hx, batch.view_x, mask).to(torch.promote_types(hx.dtype, torch.float32)),
+                        completion_hidden(hc, batch.view_c, mask).to(torch.promote_types(hc.dtype, torch.float32)),
                         dim=-1,
                     )
                     for hx, hc in zip(states_x[1:], states_c[1:])  # [0] is the embedding output: the same tokens
