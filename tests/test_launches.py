@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,13 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "examples" / "accelerate"
+EXAMPLES = ROOT / "examples"
+SCRIPTS = Path(__file__).parent / "scripts"
 SMALL = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_new_tokens", "8", "--bf16", "false",
          "--report_to", "none", "--ddp_backend", "gloo", "--eval_batch_size", "4"]  # fmt: skip
 
 
-def launch(config: str, script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def launch(config: str, script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file examples/accelerate/<config>.yaml --num_processes 2 --mixed_precision no ...`
     as examples/accelerate/README.md says for a machine without GPUs: DeepSpeed with `--ddp_backend gloo`, DDP with
     `--use_cpu true` too (accelerate's own `--cpu` starts one process)."""
@@ -30,7 +33,7 @@ def launch(config: str, script: str, *args: str, cwd: Path) -> subprocess.Comple
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
         "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-        str(ROOT / "examples" / script), *args, *(["--use_cpu", "true"] if config == "ddp" else []),
+        str(script), *args, *(["--use_cpu", "true"] if config == "ddp" else []),
     ]  # fmt: skip
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
@@ -65,8 +68,9 @@ def test_medmcqa_example_under_each_launcher(tiny_dir, tmp_path, config):
     data = _medmcqa_rows(tmp_path / "medmcqa.jsonl")
     out = tmp_path / "out"
     result = launch(
-        config, "medmcqa.py", "--model_name_or_path", str(tiny_dir), "--dataset_path", str(data), "--train_limit",
-        "16", "--eval_limit", "8", "--eval_max_new_tokens", "8", "--output_dir", str(out), *SMALL, cwd=tmp_path,
+        config, EXAMPLES / "medmcqa.py", "--model_name_or_path", str(tiny_dir), "--dataset_path", str(data),
+        "--train_limit", "16", "--eval_limit", "8", "--eval_max_new_tokens", "8", "--output_dir", str(out), *SMALL,
+        cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert (out / "model.safetensors").is_file()
@@ -80,8 +84,8 @@ def test_sokoban_example_under_zero3(tiny_dir, tmp_path):
     calls; then the paired evaluation on held-out maps."""
     out = tmp_path / "out"
     result = launch(
-        "zero3", "sokoban.py", "--model_name_or_path", str(tiny_dir), "--eval_seeds", "2", "--eval_max_new_tokens",
-        "6", "--max_length", "4096", "--output_dir", str(out), *SMALL, cwd=tmp_path,
+        "zero3", EXAMPLES / "sokoban.py", "--model_name_or_path", str(tiny_dir), "--eval_seeds", "2",
+        "--eval_max_new_tokens", "6", "--max_length", "4096", "--output_dir", str(out), *SMALL, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     _assert_paired_report(out, 2)
@@ -89,15 +93,18 @@ def test_sokoban_example_under_zero3(tiny_dir, tmp_path):
 
 def test_distillation_trainer_under_zero3(tiny_dir, tmp_path):
     """`NCADistillationTrainer` (TRL's DistillationTrainer sampling) under ZeRO-3, full fine-tuning, 2 steps."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-        str(Path(__file__).parent / "scripts" / "ds_distill.py"), str(tmp_path / "out"), str(tiny_dir),
-    ]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    result = launch("zero3", SCRIPTS / "ds_distill.py", str(tmp_path / "out"), str(tiny_dir), cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     logs = json.loads((tmp_path / "out" / "logs.json").read_text())
     assert len(logs) == 2 and all(log["loss"] == log["loss"] for log in logs)  # two finite steps
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_a_failing_process_stops_the_launch_with_its_error(tiny_dir, tmp_path):
+    """Process 1 raises at the start of step 2 while process 0 enters the step's ZeRO-3 gathers: the launch ends
+    within a minute or two (not after the collective timeout), failed, with process 1's error in its output."""
+    started = time.monotonic()
+    result = launch("zero3", SCRIPTS / "rank_failure.py", str(tmp_path / "out"), str(tiny_dir), cwd=tmp_path)
+    assert result.returncode != 0
+    assert "process 1 stops here on purpose" in result.stderr, result.stderr[-3000:]
+    assert time.monotonic() - started < 300  # gloo's collective timeout is 30 minutes
