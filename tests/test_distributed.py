@@ -23,9 +23,9 @@ def _run(cmd, tmp_path):
 
 @pytest.mark.parametrize("mode", [pytest.param("accumulation", marks=pytest.mark.numerics), "reentrant"])
 def test_two_process_ddp_matches_single_process(tmp_path, mode):
-    """2 processes x (1 row x 2 accumulation steps), or 2 x 2 rows under reentrant checkpointing (where the two views
-    must share one forward, or DDP's reducer fails), against 1 process x 4 rows: same update, same logged token means.
-    """
+    """2 processes x (1 row x 2 accumulation steps, the views in sequence), or 2 x 2 rows under reentrant
+    checkpointing (where the two views must share one forward, or DDP's reducer fails), against 1 process x 4 rows:
+    same update, same logged token means, and every gradient bucket all-reduced once in the step."""
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     extra = ["1", "2"] if mode == "accumulation" else ["2", "1", "reentrant"]
     _run([sys.executable, str(SCRIPT), str(single), "4", *extra[2:]], tmp_path)
@@ -38,6 +38,9 @@ def test_two_process_ddp_matches_single_process(tmp_path, mode):
     still = [name for name in b if torch.equal(b[name], initial[name])]
     assert not still, f"parameters the step did not update: {still}"
     assert sum((b[n] - initial[n]).norm() ** 2 for n in b) ** 0.5 > 1e-2  # SGD, lr 1: the update is the gradient
+    reductions = json.loads((ddp / "allreduce.json").read_text())
+    assert reductions["sequential"] == (mode == "accumulation")  # reentrant checkpointing: one joint forward
+    assert reductions["counts"] and set(reductions["counts"].values()) == {1}  # one all-reduce per bucket per step
     (log_single,) = json.loads((single / "logs.json").read_text())
     (log_ddp,) = json.loads((ddp / "logs.json").read_text())
     for key in ("loss", "opd_loss", "nca_loss", "view_kl"):

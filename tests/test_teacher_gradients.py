@@ -129,15 +129,36 @@ def test_teacher_anchor_gradients_match_full_logit_reference(tok, tmp_path, kind
     _check_against_reference(trainer, teacher_logits, anchor="teacher")
 
 
-def _check_against_reference(trainer, teacher_logits, anchor):
+SEQUENTIAL = [kt for kt in TEACHERS if kt[0] != "live"]  # the live self-teacher scores with the context view
+
+
+@pytest.mark.parametrize("anchor", ["student", "teacher"])
+@pytest.mark.parametrize("kind,tuning", SEQUENTIAL, ids=[f"{k}-{t}" for k, t in SEQUENTIAL])
+def test_views_in_sequence_match_full_logit_reference(tok, tmp_path, kind, tuning, anchor):
+    """A training step with the views in sequence (the no-context view, teacher and OPD backpropagated before the
+    context view runs): the same loss and gradient as the full-logit reference, for every teacher but the live one."""
+    trainer, teacher_logits = build(tok, tmp_path, kind, tuning, tied=False, anchor=anchor)
+    assert trainer.nca.sequential
+    _check_against_reference(trainer, teacher_logits, anchor=anchor, training_step=True)
+
+
+def test_live_self_teacher_keeps_both_views(tok, tmp_path):
+    trainer, _ = build(tok, tmp_path, "live", "full", tied=False)
+    assert not trainer.nca.sequential  # the teacher is the student's own context view, needed by OPD
+
+
+def _check_against_reference(trainer, teacher_logits, anchor, training_step=False):
     student = trainer.model
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
     batch = trainer._complete(batch, on_policy=False)
     assert batch["completion_mask"].sum(1).unique().numel() == 3  # ragged completions
 
     student.zero_grad()
-    loss = trainer.compute_loss(student, batch)
-    loss.backward()
+    if training_step:  # Trainer's step: the loss and its backward (two, with the views in sequence)
+        loss = trainer.training_step(student, {**batch, "completions_ready": True, "on_policy": False})
+    else:
+        loss = trainer.compute_loss(student, batch)
+        loss.backward()
     got = grads(student)
     student.zero_grad()
     ref = reference_loss(student, teacher_logits, batch, nca_beta=0.5, anchor=anchor)

@@ -138,6 +138,15 @@ NCA_PARAMETERS_DOC = r"""
             context prompts' width) instead of two forwards. Needed under DDP with reentrant gradient checkpointing,
             which cannot backpropagate two forwards of the same module; `None` turns it on exactly then. Otherwise two
             forwards are cheaper, since the no-context view is not padded.
+        nca_sequential_views (`bool` or `None`, *optional*, defaults to `None`):
+            Run a training micro-batch's no-context view, teacher and OPD term with their backward first (without the
+            gradient all-reduce), then the context view and the NCA term with theirs, so only one view's activations
+            are alive at a time: the step's peak is the larger view's, not the sum of both. The terms are separable
+            (OPD reads only the no-context view, NCA only the context view against a detached anchor), so the
+            gradient and every logged term are the same (to float rounding). `None` turns it on wherever that holds:
+            not with `nca_stop_gradient=False`, the live self-teacher, `nca_joint_forward`, DeepSpeed (its engine
+            runs one backward per micro-batch) or LOMO optimizers. `True` requires it (an error at init where it
+            cannot apply); `False` keeps both views' graphs until one backward.
         share_prefix (`bool`, *optional*, defaults to `True`):
             Run the tokens that every row of a micro-batch starts with (the chat template's opening, a system message,
             a context shared by the batch) once per forward, at batch size 1, for the teacher and both student views;
@@ -317,6 +326,13 @@ class NCAFields:
         metadata={
             "help": "Both student views in one forward of 2 x batch rows; None: only under DDP with reentrant "
             "gradient checkpointing, which needs it."
+        },  # fmt: skip
+    )
+    nca_sequential_views: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Backpropagate the no-context view before the context view runs, so one view's activations are "
+            "alive at a time (same gradient); None: wherever that is exact and supported (not under DeepSpeed)."
         },  # fmt: skip
     )
     share_prefix: bool = field(

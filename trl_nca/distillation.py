@@ -183,12 +183,16 @@ class NCADistillationTrainer(DistillationTrainer):
             self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
             self.generation_config.suppress_tokens = list(range(common, widest))
 
-        self.nca = NCAObjective(args, processing_class.pad_token_id)
+        self.nca = NCAObjective(
+            args, processing_class.pad_token_id, live_teacher=isinstance(teacher, SelfTeacher) and teacher.mode == "live",
+            deepspeed=self.is_deepspeed_enabled, lomo=args.optim in ("lomo", "adalomo"),
+        )  # fmt: skip
         self.nca_schedule = self.nca.schedule
         self.add_callback(ScheduleCheckpoint(self.nca_schedule))
         self._step_sums = None
         self._eval_sums = None
         self._last_terms = None
+        self._sequence = None  # the no-context half's results while a micro-batch runs its views in sequence
 
     @property
     def nca_beta(self) -> float:
@@ -234,28 +238,64 @@ class NCADistillationTrainer(DistillationTrainer):
     # Loss: the shared NCA objective inside DistillationTrainer's forward redirection; logged outside it.
 
     def _compute_loss(self, unwrapped_student, inputs, num_items_in_batch):
-        """Replaces DistillationTrainer's loss method (same contract: loss, entropy sum, valid-token count)."""
-        batch = {
-            "prompts": inputs["prompt_ids"],
-            "prompt_attention_mask": inputs["prompt_mask"],
-            "context_prompts": inputs["context_prompts"],
-            "context_prompt_attention_mask": inputs["context_prompt_attention_mask"],
-            "completion_ids": inputs["completion_ids"],
-            "completion_mask": inputs["completion_mask"],
-        }
+        """Replaces DistillationTrainer's loss method (same contract: loss, entropy sum, valid-token count). With the
+        views in sequence (`_views_in_sequence`) it computes the no-context half only."""
+        batch = _nca_batch(inputs)
+        num_valid = inputs["completion_mask"].sum()
+        # evaluation: the micro-batch's token mean; training: the window's tokens over all processes, divided by the
+        # process count (DistillationTrainer)
+        divisor = num_valid.clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        if self._sequence is not None:
+            terms, self._sequence["carry"] = self.nca.no_context_terms(unwrapped_student, self._teacher(), batch, True)
+            self._sequence.update(terms=terms, divisor=divisor)
+            return terms["opd"].sum() / divisor, terms["entropy"].detach().sum(), num_valid
         need_context = self.nca.need_context()
         terms = self.nca.token_divergences(unwrapped_student, self._teacher(), batch, need_context, entropy=True)
         total = self.nca.total(terms)
-        num_valid = inputs["completion_mask"].sum()
-        if num_items_in_batch is None:  # evaluation: the micro-batch's token mean
-            loss = total / num_valid.clamp(min=1)
-        else:  # training: the window's tokens over all processes, divided by the process count (DistillationTrainer)
-            loss = total / num_items_in_batch
         self._last_terms = (terms, total.detach(), inputs["completion_mask"])
-        return loss, terms["entropy"].detach().sum(), num_valid
+        return total / divisor, terms["entropy"].detach().sum(), num_valid
+
+    def _views_in_sequence(self, model, inputs, num_items_in_batch):
+        """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
+        (`nca_sequential_views`; `NCAObjective.backward_in_sequence`): DistillationTrainer's own loss call computes
+        the no-context half, then the context half runs in a redirected forward of its own."""
+        self._sequence = {}
+        unwrapped = self.accelerator.unwrap_model(model)
+        batch = _nca_batch(inputs)
+
+        def no_context_loss():
+            return super(NCADistillationTrainer, self).compute_loss(
+                model, inputs, num_items_in_batch=num_items_in_batch
+            )
+
+        def context_loss():
+            half = self._sequence
+            context = self._forward_redirection(
+                model, unwrapped, self.nca.context_terms, unwrapped, batch, half["carry"]
+            )
+            half["terms"].update(context)
+            return self.nca.beta * context["nca"].sum() / half["divisor"]
+
+        try:
+            loss = self.nca.backward_in_sequence(self.accelerator, model, no_context_loss, context_loss)
+            terms = self._sequence["terms"]
+        finally:
+            self._sequence = None
+        self._last_terms = (terms, self.nca.total(terms).detach(), inputs["completion_mask"])
+        return loss
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        with self.nca.training_step():
+            return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        out = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if self.nca.in_sequence():
+            loss = self._views_in_sequence(model, inputs, num_items_in_batch)
+            out = (loss, None) if return_outputs else loss
+        else:
+            out = super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
         terms, total, completion_mask = self._last_terms
         self._last_terms = None
         lengths = completion_mask.sum(1)
@@ -291,6 +331,18 @@ class NCADistillationTrainer(DistillationTrainer):
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         sums, self._eval_sums = self._eval_sums, None
         return token_mean_eval_loss(output, sums, self._record_means, self.args.device, metric_key_prefix)
+
+
+def _nca_batch(inputs: dict[str, Any]) -> dict[str, Any]:
+    """DistillationTrainer's micro-batch in NCA's view keys (`trl_nca.data.VIEW_KEYS`)."""
+    return {
+        "prompts": inputs["prompt_ids"],
+        "prompt_attention_mask": inputs["prompt_mask"],
+        "context_prompts": inputs["context_prompts"],
+        "context_prompt_attention_mask": inputs["context_prompt_attention_mask"],
+        "completion_ids": inputs["completion_ids"],
+        "completion_mask": inputs["completion_mask"],
+    }
 
 
 def _with_chat_prompt(dataset):

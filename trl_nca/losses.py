@@ -259,8 +259,8 @@ class _Tiling:
         logits, log_probs = {}, {}
         for view, hidden, lse, _ in views:
             logits[view], log_probs[view] = self.log_probs(self.student, hidden, lse, start)
-        _, lt = self.log_probs(self.teacher, h_t, lse_t, start)
-        mask = None if support is None else _support_mask(support, start, lt.shape[1])
+        lt = None if h_t is None else self.log_probs(self.teacher, h_t, lse_t, start)[1]
+        mask = None if support is None else _support_mask(support, start, log_probs["x"].shape[1])
         with torch.enable_grad():
             leaves = {view: lp.requires_grad_() for view, lp in log_probs.items()}
             parts = _tile_terms(leaves["x"], lt, leaves.get("c"), mask, self.spec, tuple(coefficients))
@@ -292,7 +292,8 @@ class _TiledDivergences(torch.autograd.Function):
             support = torch.zeros(h_x.shape[0], min(spec.top_k, student.vocab_size), dtype=torch.long)
             support = support.to(h_x.device)
         for rows in tiling.slices(h_x.shape[0]):
-            hx, ht = h_x[rows], h_t[rows]
+            hx = h_x[rows]
+            ht = None if h_t is None else h_t[rows]
             hc = None if h_c is None else h_c[rows]
             sup = None
             if support is not None:
@@ -303,7 +304,7 @@ class _TiledDivergences(torch.autograd.Function):
                     lses[view][rows] = _logsumexp(hidden, head, inv_t, lse_support, vocab_chunk)
             for start in tiling.starts():
                 _, ls = tiling.log_probs(student, hx, lses["x"][rows], start)
-                _, lt = tiling.log_probs(teacher, ht, lses["t"][rows], start)
+                lt = None if ht is None else tiling.log_probs(teacher, ht, lses["t"][rows], start)[1]
                 lc = None if hc is None else tiling.log_probs(student, hc, lses["c"][rows], start)[1]
                 mask = None if sup is None else _support_mask(sup, start, ls.shape[1])
                 for name, part in zip(want, _tile_terms(ls, lt, lc, mask, spec, want)):
@@ -337,7 +338,8 @@ class _TiledDivergences(torch.autograd.Function):
                 views = [("x", h_x[rows], lse_x[rows], None if grad_x is None else grad_x[rows])]
                 if h_c is not None:
                     views.append(("c", h_c[rows], lse_c[rows], None if grad_c is None else grad_c[rows]))
-                ht, lt_norm = h_t[rows], lse_t[rows]
+                ht = None if h_t is None else h_t[rows]
+                lt_norm = None if h_t is None else lse_t[rows]
                 sup = None if support is None else support[rows]
                 lse_mask = sup if spec.renormalize else None
 
@@ -385,12 +387,17 @@ def token_divergences(
     "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
 
+    `h_t` may be None when no requested term reads the teacher ("nca" with the student anchor, "view_kl", "entropy"):
+    the context-view half of views run in sequence (`trl_nca.objective`). The teacher's head still sets the common rows.
+
     Under DeepSpeed ZeRO-3 the heads are gathered once for the forward and once for the backward, whatever the number
     of tiles; the head's weight gradient is one buffer that every tile adds its rows to.
     """
     # In the order _tile_terms appends them; the context terms only with a context view.
     order = ("opd", "nca", "view_kl", "entropy")
     want = tuple(w for w in order if w in want and (w in ("opd", "entropy") or h_c is not None))
+    if h_t is None and ("opd" in want or ("nca" in want and spec.nca_target == "teacher")):
+        raise ValueError(f"token_divergences needs the teacher's states (h_t) for {want} with {spec}.")
     # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
     vocab = min(student.vocab_size, teacher.vocab_size)
     student = replace(student, rows=vocab)
@@ -400,5 +407,5 @@ def token_divergences(
     weight, bias = (None, None) if student.constant else (student.weight, student.bias)
     # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes.
     with student.gathered(teacher):
-        outputs = _TiledDivergences.apply(h_x, h_c, h_t.detach(), weight, bias, tiling)
+        outputs = _TiledDivergences.apply(h_x, h_c, None if h_t is None else h_t.detach(), weight, bias, tiling)
     return dict(zip(want, outputs))

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from collections.abc import Mapping
-from contextlib import nullcontext
+from collections.abc import Callable, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +48,27 @@ NCA_PAPER = {
 }
 
 
+@dataclass
+class NoContextHalf:
+    """What the context view's half of a micro-batch run in sequence needs from the no-context half: the student's
+    no-context states (detached: NCA's anchor is sg[q_x]), the teacher's states where the anchor is the teacher
+    (DualOPD; else None) and the teacher's head (it sets the rows both distributions live on)."""
+
+    h_x: torch.Tensor
+    h_t: torch.Tensor | None
+    teacher_head: LMHead
+
+
 class NCAObjective:
     """OPD + nca_beta * NCA on a batch of both views, from hidden states (no (batch x sequence x vocabulary) logits).
 
     `args` is a config with the NCA fields (`trl_nca.config.NCAFields`: `NCAConfig` or `NCADistillationConfig`);
-    `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from `args`).
+    `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from `args`). `live_teacher`
+    (the teacher is the student's own context view), `deepspeed` and `lomo` (the engine or the optimizer owns the
+    backward) keep `nca_sequential_views` off.
     """
 
-    def __init__(self, args, pad_token_id: int):
+    def __init__(self, args, pad_token_id: int, live_teacher=False, deepspeed=False, lomo=False):
         self.args = args
         self.pad_token_id = pad_token_id
         self.schedule: BetaSchedule = schedule_from_config(args)
@@ -63,6 +77,9 @@ class NCAObjective:
         self.active = self.schedule.active
         # Every forward of a view runs the token prefix its rows share once, where that is exact (`share_prefix`).
         self.prefix_sharing = PrefixSharing(args.share_prefix, args.share_prefix_min_tokens)
+        # Training micro-batches run the two views' forward and backward one after the other, where that is exact.
+        self.sequential = resolve_sequential_views(args, self.active, live_teacher, deepspeed, lomo)
+        self._in_training_step = False
 
     @property
     def beta(self) -> float:
@@ -79,6 +96,72 @@ class NCAObjective:
         if self.active:
             total = total + self.beta * terms["nca"].sum()
         return total
+
+    @contextmanager
+    def training_step(self):
+        """The span of a trainer's `training_step`, whose backward the trainer owns: only there may the loss run the
+        no-context half's backward itself (`in_sequence`). A `compute_loss` called anywhere else returns the whole
+        differentiable loss."""
+        self._in_training_step = True
+        try:
+            yield
+        finally:
+            self._in_training_step = False
+
+    def in_sequence(self) -> bool:
+        """Whether this micro-batch runs its views in sequence: inside `training_step`, with gradients, when
+        `nca_sequential_views` resolved on."""
+        return self.sequential and self._in_training_step and torch.is_grad_enabled()
+
+    def backward_in_sequence(
+        self, accelerator, model: nn.Module, no_context_loss: Callable[[], torch.Tensor],
+        context_loss: Callable[[], torch.Tensor],
+    ) -> torch.Tensor:  # fmt: skip
+        """Run `no_context_loss()` (the no-context view, the teacher and OPD) and its backward first, without the
+        gradient all-reduce (`no_sync`); then `context_loss()` (the context view and NCA), whose backward the trainer
+        runs as usual and which synchronises the summed gradient once. Only one view's activations are alive at a
+        time. Returns the micro-batch's loss, differentiable through the context half only (its value is the whole
+        loss)."""
+        with accelerator.no_sync(model):
+            first = no_context_loss()
+            accelerator.backward(first)
+        return context_loss() + first.detach()
+
+    def no_context_terms(
+        self, student: nn.Module, teacher: nn.Module, batch: Mapping[str, Any], entropy: bool = False
+    ) -> tuple[dict[str, torch.Tensor], NoContextHalf]:
+        """The no-context half of a micro-batch run in sequence: per-token "opd" (and "entropy") from the student's
+        no-context view and the teacher, and what the context half needs (`NoContextHalf`)."""
+        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+        view_x = build_view(batch["prompts"], batch["prompt_attention_mask"], completion_ids, completion_mask)
+        view_c = build_view(
+            batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask
+        )
+        h_x = self.states(student, view_x, completion_mask, "student's no-context view")
+        student_head = LMHead.from_model(student)
+        h_t, teacher_head = self.teacher_states(teacher, view_c, completion_mask, None, student_head)
+        terms = token_divergences(
+            h_x, h_t, student_head, teacher_head, self.spec, want=("opd", "entropy") if entropy else ("opd",),
+            vocab_chunk=self.args.loss_vocab_chunk_size, token_chunk=self.args.loss_token_chunk_size,
+        )  # fmt: skip
+        anchor_states = h_t if self.spec.nca_target == "teacher" else None
+        return terms, NoContextHalf(h_x.detach(), anchor_states, teacher_head)
+
+    def context_terms(
+        self, student: nn.Module, batch: Mapping[str, Any], half: NoContextHalf
+    ) -> dict[str, torch.Tensor]:
+        """The context half of a micro-batch run in sequence: per-token "nca" and "view_kl" from the student's context
+        view against the no-context half's (detached) states."""
+        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+        view_c = build_view(
+            batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask
+        )
+        h_c = self.states(student, view_c, completion_mask, "student's context view")
+        return token_divergences(
+            half.h_x, half.h_t, LMHead.from_model(student), half.teacher_head, self.spec, h_c=h_c,
+            want=("nca", "view_kl"), vocab_chunk=self.args.loss_vocab_chunk_size,
+            token_chunk=self.args.loss_token_chunk_size,
+        )  # fmt: skip
 
     def token_divergences(
         self,
@@ -187,6 +270,38 @@ def side_rng(tensor: torch.Tensor):
     if device.type == "cpu":
         return torch.random.fork_rng(devices=[])
     return torch.random.fork_rng(devices=[device], device_type=device.type)
+
+
+def resolve_sequential_views(args, nca_active: bool, live_teacher: bool, deepspeed: bool, lomo: bool) -> bool:
+    """`nca_sequential_views` resolved: None turns it on wherever it is exact and supported, True requires it (an
+    error naming the reason where it cannot apply), False keeps both views' graphs alive until one backward.
+
+    The two terms are separable: OPD reads the no-context view only (the teacher is a constant), NCA the context view
+    only (its anchor sg[q_x] is detached), so the no-context view's backward can run before the context view's
+    forward, and the summed gradient is the same. Not where a term reads both views with gradient (NCA without its
+    stop-gradient), where the teacher is the student's own context view (`self_teacher="live"`), where both views are
+    one forward (`nca_joint_forward`), where DeepSpeed's engine owns the backward (one per micro-batch), nor with LOMO
+    optimizers, which update the weights inside each backward. With the NCA term off there is one view to train."""
+    requested = args.nca_sequential_views
+    if requested is False or not nca_active:
+        return False
+    reasons = []
+    if not args.divergence_spec.nca_stop_gradient:
+        reasons.append("nca_stop_gradient=False sends the NCA gradient through the no-context view as well")
+    if live_teacher:
+        reasons.append("self_teacher='live' scores with the student's own context view, so the teacher needs it")
+    if args.joint_forward:
+        reasons.append("nca_joint_forward runs both views as one forward")
+    if deepspeed:
+        reasons.append("under DeepSpeed the engine runs one backward per micro-batch")
+    if lomo:
+        reasons.append("LOMO optimizers update the weights inside each backward")
+    if requested and reasons:
+        raise ValueError(
+            f"nca_sequential_views=True cannot apply: {'; '.join(reasons)}. Set nca_sequential_views=None (on where it "
+            "applies) or False; with both views' graphs at once the step's peak memory is their sum."
+        )
+    return not reasons
 
 
 # ---------------------------------------------------------------------------------------------------------------------

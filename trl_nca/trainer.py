@@ -238,7 +238,11 @@ class NCATrainer(GKDTrainer):
             self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
             self.generation_config.suppress_tokens = list(range(common, widest))
         # The objective (views, teacher, divergences, anchor schedule) is shared with NCADistillationTrainer.
-        self.nca = NCAObjective(args, processing_class.pad_token_id)
+        teacher = self._teacher()
+        self.nca = NCAObjective(
+            args, processing_class.pad_token_id, live_teacher=isinstance(teacher, SelfTeacher) and teacher.mode == "live",
+            deepspeed=self.is_deepspeed_enabled, lomo=args.optim in ("lomo", "adalomo"),
+        )  # fmt: skip
         self.nca_schedule = self.nca.schedule
         self._nca_active = self.nca.active  # the NCA term can be on: the context view carries gradient
         self.add_callback(ScheduleCheckpoint(self.nca_schedule))
@@ -409,10 +413,14 @@ class NCATrainer(GKDTrainer):
             inputs = self._complete(self._prepare_inputs(inputs))
             num_items_in_batch = inputs["completion_mask"].sum() * self.current_gradient_accumulation_steps
         # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples.
-        return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
+        with self.nca.training_step():
+            return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         measure = self._grad_cosine_due()
+        if self.nca.in_sequence():
+            loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure)
+            return (loss, None) if return_outputs else loss
         need_context = self.nca.need_context(measure)
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
@@ -421,12 +429,50 @@ class NCATrainer(GKDTrainer):
         if measure:
             self._log_grad_cosine(unwrapped, terms)
         total = self.nca.total(terms)
-        if num_items_in_batch is not None:
-            loss = total / num_items_in_batch.clamp_min(1) * self.accelerator.num_processes
-        else:
-            loss = total / max(terms["opd"].numel(), 1)
+        loss = total * self._loss_scale(num_items_in_batch, terms["opd"].numel())
         self._log_terms(terms, total, inputs)
         return (loss, None) if return_outputs else loss
+
+    def _loss_scale(self, num_items_in_batch, tokens: int) -> torch.Tensor | float:
+        """What a micro-batch's summed terms are multiplied by: one over the completion tokens of the whole optimizer
+        step (all micro-batches and processes; times the process count, since DDP averages the processes'
+        gradients), or of the micro-batch alone where the step's count is not known."""
+        if num_items_in_batch is not None:
+            return self.accelerator.num_processes / num_items_in_batch.clamp_min(1)
+        return 1.0 / max(tokens, 1)
+
+    def _views_in_sequence(self, model, inputs, num_items_in_batch, measure: bool) -> torch.Tensor:
+        """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
+        (`nca_sequential_views`; `NCAObjective.backward_in_sequence`). Each half runs inside its own redirected
+        forward of the wrapped model, so DDP sees two ordinary forward/backward pairs, the first under `no_sync`.
+        With `measure` each half's term gradient is taken before its backward, for `log_grad_cosine_steps`."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        tokens = int(inputs["completion_mask"].sum())
+        scale = self._loss_scale(num_items_in_batch, tokens)
+        params = [p for p in unwrapped.parameters() if p.requires_grad] if measure else []
+        halves = {}
+
+        def no_context_half(student):  # the carried states stay out of what the wrapped forward returns
+            halves["terms"], halves["carry"] = self.nca.no_context_terms(student, self._teacher(), inputs)
+            return halves["terms"]
+
+        def no_context_loss():
+            opd = self._redirect(model, unwrapped, no_context_half, unwrapped)["opd"].sum()
+            if measure:
+                halves["opd_gradient"] = loss_gradients(opd / max(tokens, 1), params)
+            return opd * scale
+
+        def context_loss():
+            context = self._redirect(model, unwrapped, self.nca.context_terms, unwrapped, inputs, halves["carry"])
+            halves["terms"].update(context)
+            if measure:
+                nca_gradient = loss_gradients(context["nca"].sum() / max(tokens, 1), params)
+                self._record_grad_cosine(halves.pop("opd_gradient"), nca_gradient)
+            return self.nca.beta * context["nca"].sum() * scale
+
+        loss = self.nca.backward_in_sequence(self.accelerator, model, no_context_loss, context_loss)
+        self._log_terms(halves["terms"], self.nca.total(halves["terms"]), inputs)
+        return loss
 
     @property
     def prefix_sharing(self):
@@ -453,11 +499,15 @@ class NCATrainer(GKDTrainer):
     def _log_grad_cosine(self, student: nn.Module, terms: dict[str, torch.Tensor]) -> None:
         """Log the cosine between the gradients of the OPD and NCA token means of this micro-batch, over the trainable
         parameters. `torch.autograd.grad` keeps the graph and leaves `.grad` alone: the step's update is unchanged."""
-        self._grad_cosine_step = self.state.global_step
         params = [p for p in student.parameters() if p.requires_grad]
         tokens = max(terms["opd"].numel(), 1)
         opd = loss_gradients(terms["opd"].sum() / tokens, params)
-        result = compare_gradients(opd, loss_gradients(terms["nca"].sum() / tokens, params))
+        self._record_grad_cosine(opd, loss_gradients(terms["nca"].sum() / tokens, params))
+
+    def _record_grad_cosine(self, opd_gradient, nca_gradient) -> None:
+        """Log `grad_cosine`, `grad_norm_opd` and `grad_norm_nca` of this micro-batch's two term gradients."""
+        self._grad_cosine_step = self.state.global_step
+        result = compare_gradients(opd_gradient, nca_gradient)
         values = [result.cosine, result.norm_a, result.norm_b]
         if self.accelerator.num_processes > 1:  # each process measured its own micro-batch: log their mean
             values = self.accelerator.gather(torch.tensor([values], device=self.args.device)).mean(0).tolist()

@@ -5,8 +5,9 @@ Run under torchrun (DDP on CPU, gloo) or alone:
     ddp_train.py OUT PER_DEVICE_BATCH [GRAD_ACCUM] [reentrant]
 
 With `reentrant`, gradient checkpointing is on and reentrant, which under DDP needs both student views in one forward
-(`NCAConfig.nca_joint_forward`, chosen automatically). The reference completions have ragged lengths, so per-micro-batch
-token means differ from the step's token mean.
+(`NCAConfig.nca_joint_forward`, chosen automatically); otherwise the views run in sequence (`nca_sequential_views`).
+The reference completions have ragged lengths, so per-micro-batch token means differ from the step's token mean.
+Under DDP, every gradient all-reduce is counted per bucket (`allreduce.json`: bucket index -> count).
 """
 
 import json
@@ -15,9 +16,28 @@ import sys
 
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+
+
+class CountAllReduces(TrainerCallback):
+    """Wraps DDP's gradient all-reduce in a communication hook that counts the reductions of each bucket."""
+
+    def __init__(self, trainer):
+        self.trainer, self.counts = trainer, {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting(process_group, bucket):
+            self.counts[bucket.index()] = self.counts.get(bucket.index(), 0) + 1
+            return allreduce_hook(process_group, bucket)
+
+        ddp = self.trainer.model_wrapped
+        if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+            ddp.register_comm_hook(None, counting)
 
 
 def main(out: str, per_device: int, grad_accum: int, reentrant: bool):
@@ -39,9 +59,13 @@ def main(out: str, per_device: int, grad_accum: int, reentrant: bool):
         model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
         processing_class=tok,
     )  # fmt: skip
+    counter = CountAllReduces(trainer)
+    trainer.add_callback(counter)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     if trainer.accelerator.is_main_process:
+        with open(os.path.join(out, "allreduce.json"), "w") as f:
+            json.dump({"counts": counter.counts, "sequential": trainer.nca.sequential}, f)
         torch.save(before, os.path.join(out, "initial.pt"))
         torch.save({n: p.detach() for n, p in trainer.model.named_parameters()}, os.path.join(out, "weights.pt"))
         with open(os.path.join(out, "logs.json"), "w") as f:
