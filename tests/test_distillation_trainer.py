@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
+from trl_nca.distillation import _nca_batch
 from trl_nca.teacher import SelfTeacher
 from trl_nca.testing import FLOAT64, KL32, STORED32, float64_model, make_tiny_model, make_tiny_tokenizer
 from trl_nca.views import build_view
@@ -97,17 +98,8 @@ def full_logit_loss(student, teacher, inputs, nca_beta):
 
 
 def nca_batch(inputs):
-    """The same micro-batch in NCATrainer's batch keys."""
-    return {
-        "prompts": inputs["prompt_ids"],
-        "prompt_attention_mask": inputs["prompt_mask"],
-        "context_prompts": inputs["context_prompts"],
-        "context_prompt_attention_mask": inputs["context_prompt_attention_mask"],
-        "completion_ids": inputs["completion_ids"],
-        "completion_mask": inputs["completion_mask"],
-        "completions_ready": True,
-        "on_policy": True,
-    }
+    """The same micro-batch in NCATrainer's batch keys, completions ready."""
+    return {**_nca_batch(inputs), "completions_ready": True, "on_policy": True}
 
 
 @pytest.mark.numerics
