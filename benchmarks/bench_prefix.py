@@ -6,7 +6,7 @@ disabled, as in the quickstart), with sharing off and on:
     teacher        the teacher's forward over the context view (no gradient)
     view-c         one forward+backward of the student's context view (its NCA term, tiled like the trainer's loss)
     nca0 step      NCATrainer.training_step with nca_beta=0 (plain OPD: teacher + no-context view + loss + backward)
-    nca05 step     NCATrainer.training_step with nca_beta=0.5, the views in sequence (the default)
+    nca05 step     NCATrainer.training_step with nca_beta=0.5, the views in sequence (the default with LoRA)
     nca05 joint    the same with both views' graphs alive until one backward (nca_sequential_views=False)
 
 Completions are fixed random tokens (`--new-tokens` per row), so sampling, which sharing does not touch, is left out.

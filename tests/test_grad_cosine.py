@@ -74,8 +74,10 @@ def train(tok, tmp_path, every, **kwargs):
         ),
         dict(nca_beta=0.5, gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}),
         dict(nca_beta=0.5, nca_joint_forward=True),
+        dict(nca_beta=0.5, lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])),  # in sequence
+        dict(nca_beta=0.5, nca_sequential_views=True, gradient_accumulation_steps=2),
     ],
-    ids=["nca-ga2", "opd-lora-dropout", "nca-checkpointing", "nca-joint-forward"],
+    ids=["nca-ga2", "opd-lora-dropout", "nca-checkpointing", "nca-joint-forward", "nca-lora", "nca-in-sequence"],
 )
 def test_training_is_bit_identical_with_the_measurement_on(tok, tmp_path, settings):
     """On-policy training (sampling draws from the global random stream) gives the same weights and the same logged
@@ -123,12 +125,16 @@ def full_logit_gradient_cosine(student, teacher, batch, params):
 
 
 @pytest.mark.numerics
-def test_logged_cosine_equals_two_separate_full_logit_losses(tok, tmp_path):
+@pytest.mark.parametrize("sequential", [False, True], ids=["both-views", "in-sequence"])
+def test_logged_cosine_equals_two_separate_full_logit_losses(tok, tmp_path, sequential):
     """Fixed reference completions, one step: grad_cosine, grad_norm_opd and grad_norm_nca equal the cosine and norms
     of the gradients of a full-logit OPD loss and a full-logit NCA loss, each backpropagated on its own."""
     # float64 models: a cosine of two nearly orthogonal gradients keeps no relative precision in float32
     student, teacher = float64_model(make_tiny_model(tok, 0)), float64_model(make_tiny_model(tok, 1))
-    args = make_args(tmp_path, max_steps=1, lmbda=0.0, log_grad_cosine_steps=1, optim="sgd", learning_rate=0.0)
+    args = make_args(
+        tmp_path, max_steps=1, lmbda=0.0, log_grad_cosine_steps=1, optim="sgd", learning_rate=0.0,
+        nca_sequential_views=sequential,
+    )  # fmt: skip
     trainer = NCATrainer(
         model=student, teacher_model=teacher, args=args, train_dataset=references(2), processing_class=tok
     )

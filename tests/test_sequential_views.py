@@ -84,9 +84,9 @@ CASES = {
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_views_in_sequence_give_the_update_and_logs_of_both_views_at_once(tok, tmp_path, case):
     (u_seq, log_seq, seq), (u_joint, log_joint, joint) = (
-        one_step(tok, tmp_path, sequential, **CASES[case]) for sequential in (None, False)
+        one_step(tok, tmp_path, sequential, **CASES[case]) for sequential in (True, False)
     )
-    assert seq and not joint  # on by default here, off when asked
+    assert seq and not joint
     assert u_seq.keys() == u_joint.keys() and any(u.abs().sum() > 0 for u in u_seq.values())
     for name, update in u_joint.items():  # float64 models
         FLOAT64.close(u_seq[name], update, msg=name, scale=update.abs().max())
@@ -197,19 +197,20 @@ def test_distillation_trainer_views_in_sequence(tok, tmp_path):
 
 def _settings(**kwargs):
     defaults = dict(
-        nca_sequential_views=None, joint_forward=False,
+        nca_sequential_views=None, joint_forward=False, optim="adamw_torch",
         divergence_spec=types.SimpleNamespace(nca_stop_gradient=True),
     )  # fmt: skip
     defaults.update(kwargs)
     return types.SimpleNamespace(**defaults)
 
 
+NONE = dict(live_teacher=False, deepspeed=False, full_fine_tuning=False)
 REFUSALS = {
     "stop-gradient": (dict(divergence_spec=types.SimpleNamespace(nca_stop_gradient=False)), {}, "nca_stop_gradient"),
     "live-teacher": ({}, dict(live_teacher=True), "live"),
     "joint-forward": (dict(joint_forward=True), {}, "nca_joint_forward"),
     "deepspeed": ({}, dict(deepspeed=True), "DeepSpeed"),
-    "lomo": ({}, dict(lomo=True), "LOMO"),
+    "lomo": (dict(optim="adalomo"), {}, "LOMO"),
 }
 
 
@@ -217,13 +218,31 @@ REFUSALS = {
 def test_where_the_views_cannot_run_in_sequence(case):
     """None: off where it cannot apply; True: an error naming why; off whenever the NCA term is."""
     config, runtime, reason = REFUSALS[case]
-    flags = dict(live_teacher=False, deepspeed=False, lomo=False) | runtime
-    assert resolve_sequential_views(_settings(), True, **dict.fromkeys(flags, False))
+    flags = NONE | runtime
+    assert resolve_sequential_views(_settings(), True, **NONE)
     assert not resolve_sequential_views(_settings(**config), True, **flags)
     with pytest.raises(ValueError, match=reason):
         resolve_sequential_views(_settings(**config, nca_sequential_views=True), True, **flags)
     assert not resolve_sequential_views(_settings(**config, nca_sequential_views=True), False, **flags)
-    assert not resolve_sequential_views(_settings(nca_sequential_views=False), True, **dict.fromkeys(flags, False))
+    assert not resolve_sequential_views(_settings(nca_sequential_views=False), True, **NONE)
+
+
+def test_none_runs_the_views_in_sequence_for_adapters_only(tok, tmp_path):
+    """Full fine-tuning keeps both views at once unless asked (the first backward's gradients would sit beside the
+    context view); an adapter runs them in sequence; True runs them in sequence for full fine-tuning too."""
+    from peft import LoraConfig
+
+    def sequential(**kwargs):
+        lora = kwargs.pop("lora", False)
+        trainer = NCATrainer(
+            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
+            args=nca_args(tmp_path, **kwargs), train_dataset=references(),
+            peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if lora else None,
+        )  # fmt: skip
+        return trainer.nca.sequential
+
+    assert not sequential() and sequential(lora=True) and sequential(nca_sequential_views=True)
+    assert not sequential(lora=True, nca_sequential_views=False) and not sequential(lora=True, nca_beta=0.0)
 
 
 def test_sequential_views_refused_at_init_where_they_cannot_apply(tok, tmp_path):

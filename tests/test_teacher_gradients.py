@@ -73,7 +73,7 @@ TEACHERS = [
 ]
 
 
-def build(tok, tmp_path, kind, tuning, tied, anchor="student"):
+def build(tok, tmp_path, kind, tuning, tied, anchor="student", sequential=None):
     """A trainer with the given teacher, and a function giving the reference teacher's logits on a view."""
     from peft import LoraConfig, get_peft_model
 
@@ -83,7 +83,7 @@ def build(tok, tmp_path, kind, tuning, tied, anchor="student"):
     args = NCAConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, max_new_tokens=6, bf16=False, use_cpu=True,
         report_to=[], save_strategy="no", lmbda=0.0, nca_beta=0.5, nca_anchor=anchor,
-        self_teacher="live" if kind == "live" else "initial",
+        self_teacher="live" if kind == "live" else "initial", nca_sequential_views=sequential,
     )  # fmt: skip
     teacher, peft_config, model = None, None, base
     separate = float64_model(make_tiny_model(tok, 1, tie_word_embeddings=tied)) if kind == "separate" else None
@@ -137,7 +137,7 @@ SEQUENTIAL = [kt for kt in TEACHERS if kt[0] != "live"]  # the live self-teacher
 def test_views_in_sequence_match_full_logit_reference(tok, tmp_path, kind, tuning, anchor):
     """A training step with the views in sequence (the no-context view, teacher and OPD backpropagated before the
     context view runs): the same loss and gradient as the full-logit reference, for every teacher but the live one."""
-    trainer, teacher_logits = build(tok, tmp_path, kind, tuning, tied=False, anchor=anchor)
+    trainer, teacher_logits = build(tok, tmp_path, kind, tuning, tied=False, anchor=anchor, sequential=True)
     assert trainer.nca.sequential
     _check_against_reference(trainer, teacher_logits, anchor=anchor, training_step=True)
 

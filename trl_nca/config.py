@@ -141,12 +141,16 @@ NCA_PARAMETERS_DOC = r"""
         nca_sequential_views (`bool` or `None`, *optional*, defaults to `None`):
             Run a training micro-batch's no-context view, teacher and OPD term with their backward first (without the
             gradient all-reduce), then the context view and the NCA term with theirs, so only one view's activations
-            are alive at a time: the step's peak is the larger view's, not the sum of both. The terms are separable
-            (OPD reads only the no-context view, NCA only the context view against a detached anchor), so the
-            gradient and every logged term are the same (to float rounding). `None` turns it on wherever that holds:
-            not with `nca_stop_gradient=False`, the live self-teacher, `nca_joint_forward`, DeepSpeed (its engine
-            runs one backward per micro-batch) or LOMO optimizers. `True` requires it (an error at init where it
-            cannot apply); `False` keeps both views' graphs until one backward.
+            are alive at a time. The terms are separable (OPD reads only the no-context view, NCA only the context
+            view against a detached anchor), so the gradient and every logged term are the same (to float rounding).
+            It cannot apply with `nca_stop_gradient=False`, the live self-teacher, `nca_joint_forward`, DeepSpeed (its
+            engine runs one backward per micro-batch) or LOMO optimizers. `None` turns it on wherever it applies and
+            the student trains an adapter (at most a tenth of its weights): the gradients are then small and the
+            step's peak falls to the larger view's. With full fine-tuning the first backward allocates every weight's
+            gradient, which the context view then runs beside, so `None` keeps both views at once there; `True` runs
+            them in sequence anyway (worth it when activations outweigh the gradients: long sequences, large
+            batches). `True` is an error at init where it cannot apply; `False` keeps both views' graphs until one
+            backward.
         share_prefix (`bool`, *optional*, defaults to `True`):
             Run the tokens that every row of a micro-batch starts with (the chat template's opening, a system message,
             a context shared by the batch) once per forward, at batch size 1, for the teacher and both student views;
@@ -332,7 +336,7 @@ class NCAFields:
         default=None,
         metadata={
             "help": "Backpropagate the no-context view before the context view runs, so one view's activations are "
-            "alive at a time (same gradient); None: wherever that is exact and supported (not under DeepSpeed)."
+            "alive at a time (same gradient); None: wherever that applies when training an adapter."
         },  # fmt: skip
     )
     share_prefix: bool = field(

@@ -184,9 +184,8 @@ class NCADistillationTrainer(DistillationTrainer):
             self.generation_config.suppress_tokens = list(range(common, widest))
 
         self.nca = NCAObjective(
-            args, processing_class.pad_token_id, live_teacher=isinstance(teacher, SelfTeacher) and teacher.mode == "live",
-            deepspeed=self.is_deepspeed_enabled, lomo=args.optim in ("lomo", "adalomo"),
-        )  # fmt: skip
+            args, processing_class.pad_token_id, self.model, self._teacher(), deepspeed=self.is_deepspeed_enabled
+        )
         self.nca_schedule = self.nca.schedule
         self.add_callback(ScheduleCheckpoint(self.nca_schedule))
         self._step_sums = None

@@ -63,12 +63,11 @@ class NCAObjective:
     """OPD + nca_beta * NCA on a batch of both views, from hidden states (no (batch x sequence x vocabulary) logits).
 
     `args` is a config with the NCA fields (`trl_nca.config.NCAFields`: `NCAConfig` or `NCADistillationConfig`);
-    `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from `args`). `live_teacher`
-    (the teacher is the student's own context view), `deepspeed` and `lomo` (the engine or the optimizer owns the
-    backward) keep `nca_sequential_views` off.
+    `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from `args`). `student` and
+    `teacher` (the models as the trainer holds them) and `deepspeed` decide `nca_sequential_views`.
     """
 
-    def __init__(self, args, pad_token_id: int, live_teacher=False, deepspeed=False, lomo=False):
+    def __init__(self, args, pad_token_id: int, student: nn.Module | None = None, teacher=None, deepspeed=False):
         self.args = args
         self.pad_token_id = pad_token_id
         self.schedule: BetaSchedule = schedule_from_config(args)
@@ -78,7 +77,10 @@ class NCAObjective:
         # Every forward of a view runs the token prefix its rows share once, where that is exact (`share_prefix`).
         self.prefix_sharing = PrefixSharing(args.share_prefix, args.share_prefix_min_tokens)
         # Training micro-batches run the two views' forward and backward one after the other, where that is exact.
-        self.sequential = resolve_sequential_views(args, self.active, live_teacher, deepspeed, lomo)
+        self.sequential = resolve_sequential_views(
+            args, self.active, live_teacher=isinstance(teacher, SelfTeacher) and teacher.mode == "live",
+            deepspeed=deepspeed, full_fine_tuning=student is not None and trains_most_weights(student),
+        )  # fmt: skip
         self._in_training_step = False
 
     @property
@@ -272,16 +274,31 @@ def side_rng(tensor: torch.Tensor):
     return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
-def resolve_sequential_views(args, nca_active: bool, live_teacher: bool, deepspeed: bool, lomo: bool) -> bool:
-    """`nca_sequential_views` resolved: None turns it on wherever it is exact and supported, True requires it (an
-    error naming the reason where it cannot apply), False keeps both views' graphs alive until one backward.
+def trains_most_weights(model: nn.Module) -> bool:
+    """Whether more than a tenth of the model's weights are trained (full fine-tuning, not an adapter). Counts a ZeRO-3
+    partitioned parameter by its full size."""
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
+    return sum(n for n, trained in sizes if trained) > 0.1 * max(sum(n for n, _ in sizes), 1)
+
+
+def resolve_sequential_views(
+    args, nca_active: bool, live_teacher: bool, deepspeed: bool, full_fine_tuning: bool
+) -> bool:
+    """`nca_sequential_views` resolved: None turns it on wherever it is exact, supported and saves memory, True
+    requires it (an error naming the reason where it cannot apply), False keeps both views' graphs alive until one
+    backward.
 
     The two terms are separable: OPD reads the no-context view only (the teacher is a constant), NCA the context view
     only (its anchor sg[q_x] is detached), so the no-context view's backward can run before the context view's
     forward, and the summed gradient is the same. Not where a term reads both views with gradient (NCA without its
     stop-gradient), where the teacher is the student's own context view (`self_teacher="live"`), where both views are
     one forward (`nca_joint_forward`), where DeepSpeed's engine owns the backward (one per micro-batch), nor with LOMO
-    optimizers, which update the weights inside each backward. With the NCA term off there is one view to train."""
+    optimizers, which update the weights inside each backward. With the NCA term off there is one view to train.
+
+    None leaves full fine-tuning with both views at once: the first backward allocates every weight's gradient, which
+    the context view's forward and backward then run beside, while with one backward the gradients appear as the
+    activations are freed. With an adapter the gradients are small and the views in sequence save the no-context
+    view's activations (`benchmarks/README.md` has both measured)."""
     requested = args.nca_sequential_views
     if requested is False or not nca_active:
         return False
@@ -294,14 +311,14 @@ def resolve_sequential_views(args, nca_active: bool, live_teacher: bool, deepspe
         reasons.append("nca_joint_forward runs both views as one forward")
     if deepspeed:
         reasons.append("under DeepSpeed the engine runs one backward per micro-batch")
-    if lomo:
+    if args.optim in ("lomo", "adalomo"):
         reasons.append("LOMO optimizers update the weights inside each backward")
     if requested and reasons:
         raise ValueError(
             f"nca_sequential_views=True cannot apply: {'; '.join(reasons)}. Set nca_sequential_views=None (on where it "
             "applies) or False; with both views' graphs at once the step's peak memory is their sum."
         )
-    return not reasons
+    return not reasons and (bool(requested) or not full_fine_tuning)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

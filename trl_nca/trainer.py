@@ -238,11 +238,9 @@ class NCATrainer(GKDTrainer):
             self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
             self.generation_config.suppress_tokens = list(range(common, widest))
         # The objective (views, teacher, divergences, anchor schedule) is shared with NCADistillationTrainer.
-        teacher = self._teacher()
         self.nca = NCAObjective(
-            args, processing_class.pad_token_id, live_teacher=isinstance(teacher, SelfTeacher) and teacher.mode == "live",
-            deepspeed=self.is_deepspeed_enabled, lomo=args.optim in ("lomo", "adalomo"),
-        )  # fmt: skip
+            args, processing_class.pad_token_id, self.model, self._teacher(), deepspeed=self.is_deepspeed_enabled
+        )
         self.nca_schedule = self.nca.schedule
         self._nca_active = self.nca.active  # the NCA term can be on: the context view carries gradient
         self.add_callback(ScheduleCheckpoint(self.nca_schedule))

@@ -5,7 +5,8 @@ Run under torchrun (DDP on CPU, gloo) or alone:
     ddp_train.py OUT PER_DEVICE_BATCH [GRAD_ACCUM] [reentrant]
 
 With `reentrant`, gradient checkpointing is on and reentrant, which under DDP needs both student views in one forward
-(`NCAConfig.nca_joint_forward`, chosen automatically); otherwise the views run in sequence (`nca_sequential_views`).
+(`NCAConfig.nca_joint_forward`, chosen automatically); otherwise the views run in sequence (`nca_sequential_views`
+asked for: this is full fine-tuning).
 The reference completions have ragged lengths, so per-micro-batch token means differ from the step's token mean.
 Under DDP, every gradient all-reduce is counted per bucket (`allreduce.json`: bucket index -> count).
 """
@@ -54,6 +55,7 @@ def main(out: str, per_device: int, grad_accum: int, reentrant: bool):
         use_cpu=True, report_to=[], save_strategy="no", max_new_tokens=4, seed=0, logging_steps=1,
         dataloader_drop_last=False, gradient_checkpointing=reentrant,
         gradient_checkpointing_kwargs={"use_reentrant": True} if reentrant else None,
+        nca_sequential_views=None if reentrant else True,
     )  # fmt: skip
     trainer = NCATrainer(
         model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
