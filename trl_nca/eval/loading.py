@@ -57,6 +57,21 @@ def split_name(text: str) -> NamedValue:
     return NamedValue(None, text)
 
 
+class PathAndAdapter(NamedTuple):
+    """A `PATH[:ADAPTER]` value split in two; `adapter` is None without one."""
+
+    path: str
+    adapter: str | None
+
+
+def split_adapter(text: str) -> PathAndAdapter:
+    """`"embedded:runs/nca"` -> ("embedded", "runs/nca"); a blank adapter after the colon is an error."""
+    path, _, adapter = text.partition(":")
+    if adapter and not adapter.strip():
+        raise EvalInputError(f"{text!r} is not PATH[:ADAPTER]: the adapter after ':' is blank.")
+    return PathAndAdapter(path, adapter or None)
+
+
 def last_component(path: str) -> str:
     """The last component of a path or Hub id (`runs/nca/` -> `nca`), empty for `/` or `.`."""
     return Path(path.rstrip("/\\")).name
@@ -101,12 +116,7 @@ class _GivenModel(NamedTuple):
 
 def _parse_model(value: str, number: int, inline_adapters: bool) -> _GivenModel:
     name, rest = split_name(value)
-    path, adapter = rest, None
-    if inline_adapters:
-        path, _, adapter = rest.partition(":")
-        adapter = adapter or None
-        if adapter is not None and not adapter.strip():
-            raise EvalInputError(f"--model {value!r} is not NAME=PATH[:ADAPTER]: the adapter after ':' is blank.")
+    path, adapter = split_adapter(rest) if inline_adapters else PathAndAdapter(rest, None)
     if not rest:
         syntax = "NAME=PATH[:ADAPTER]" if inline_adapters else "NAME=PATH"
         raise EvalInputError(f"--model {value!r} gives no PATH; write {syntax}.")
