@@ -152,5 +152,7 @@ def test_game_runs_default_to_opcd_game_sampling():
 
     game = _generation_settings(build_parser().parse_args(["--model", "m", "--game", "sokoban"]))
     assert (game.temperature, game.top_p, game.top_k, game.max_new_tokens) == (0.7, 0.8, 20, 1024)
-    qa = _generation_settings(build_parser().parse_args(["--model", "m", "--dataset", "d.jsonl", "--temperature", "0.3"]))
+    qa = _generation_settings(
+        build_parser().parse_args(["--model", "m", "--dataset", "d.jsonl", "--temperature", "0.3"])
+    )
     assert (qa.temperature, qa.top_p, qa.max_new_tokens) == (0.3, 0.95, 512)
