@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
 from collections.abc import Sequence
@@ -431,7 +430,7 @@ def measure_model(number: int, spec: ModelSpec, plan: AnalysisPlan, reference: R
     result = {"name": spec.name, "path": spec.path, "adapter": spec.adapter, "completions": completions.info}
     if number:
         del model
-        gc.collect()
+        loading.release_memory()
     return MeasuredModel({**result, **measures}, completions.note)
 
 

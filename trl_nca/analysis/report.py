@@ -10,21 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-
-def _figure(width: float, height: float):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        raise ImportError("Figures need matplotlib: `pip install matplotlib`, or pass --no-plots.") from error
-    figure = Figure(figsize=(width, height), dpi=120)
-    FigureCanvasAgg(figure)
-    return figure
+from ..eval.plots import new_figure
 
 
 def plot_hidden_cosine(result: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Per-layer hidden-state cosine between the views: the token mean (solid) and the low percentile (dashed)."""
-    figure = _figure(7.5, 4.2)
+    figure = new_figure(7.5, 4.2)
     ax = figure.add_subplot(1, 1, 1)
     percentile = result["settings"]["options"]["percentile"]
     for index, model in enumerate(result["models"]):
@@ -45,7 +36,7 @@ def plot_hidden_cosine(result: Mapping[str, Any], path: str | os.PathLike) -> st
 
 def plot_view_kl(result: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Mean KL(q_x || q_c) at each completion position, one line per model."""
-    figure = _figure(7.5, 3.8)
+    figure = new_figure(7.5, 3.8)
     ax = figure.add_subplot(1, 1, 1)
     for index, model in enumerate(result["models"]):
         points = model["view_kl"]["by_position"]
@@ -68,7 +59,7 @@ def plot_update_norms(result: Mapping[str, Any], path: str | os.PathLike) -> str
     students = [m for m in result["models"] if m.get("update")]
     if not students:
         return None
-    figure = _figure(3.2 * len(students) + 1.6, 5.0)
+    figure = new_figure(3.2 * len(students) + 1.6, 5.0)
     finite = [v for m in students for row in m["update"]["relative"] for v in row if v is not None and math.isfinite(v)]
     top = max(finite, default=0.0) or 1e-12  # one colour scale for every student, so the maps compare
     axes = []

@@ -7,7 +7,6 @@ and `main(argv)` makes `python -m trl_nca.eval.cli ...` work on its own.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 from collections.abc import Sequence
@@ -373,16 +372,8 @@ def evaluate_model(spec: ModelSpec, plan: EvalPlan, args) -> ModelRun:
         backend=loaded.backend, provenance=provenance, progress=not args.no_progress, desc=spec.name,
     )  # fmt: skip
     del loaded
-    gc.collect()
-    _empty_cuda_cache()
+    loading.release_memory()
     return ModelRun(spec.name, records, provenance=provenance, records_path=str(records_path))
-
-
-def _empty_cuda_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def write_eval_report(runs: Sequence[ModelRun], output_dir: Path, args) -> dict[str, Any]:

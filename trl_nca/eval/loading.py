@@ -281,6 +281,17 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
         ) from error
 
 
+def release_memory() -> None:
+    """Free what models that were just dropped still hold: Python garbage, and cached CUDA blocks."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error)
     return f"{error.__class__.__name__}: {text.splitlines()[0]}" if text else error.__class__.__name__
