@@ -128,15 +128,17 @@ def test_help_documents_every_option(capsys):
 
 
 def test_model_specs():
-    specs = parse_model_specs(["base=Qwen/Q", "runs/nca/", "x=a=b"], ["none", "runs/nca/ad", "-"])
+    specs = parse_model_specs(["base=Qwen/Q", "runs/nca/", "x=a=b", "Qwen/Q"], ["none", "runs/nca/ad", "-", "opd/"])
     assert [(s.name, s.path, s.adapter) for s in specs] == [
         ("base", "Qwen/Q", None),
-        ("nca", "runs/nca/", "runs/nca/ad"),
+        ("ad", "runs/nca/", "runs/nca/ad"),  # an unnamed model is named after its adapter
         ("x", "a=b", None),
+        ("opd", "Qwen/Q", "opd/"),
     ]
     named = parse_model_specs(["a=m", "b=m"], ["b=ad"])
     assert [s.adapter for s in named] == [None, "ad"]
-    assert [s.name for s in parse_model_specs(["m", "m"], [])] == ["m-1", "m-2"]
+    with pytest.raises(EvalInputError, match=r"unique, got \['m'\] more than once; name the models"):
+        parse_model_specs(["m", "m"], [])
     with pytest.raises(EvalInputError, match="names no model"):
         parse_model_specs(["a=m"], ["c=ad"])
     with pytest.raises(EvalInputError, match="one per model"):
@@ -146,9 +148,11 @@ def test_model_specs():
 
 
 def test_game_runs_default_to_opcd_game_sampling():
-    from trl_nca.eval.cli import _settings, build_parser
+    from trl_nca.eval.cli import _generation_settings, build_parser
 
-    game = _settings(build_parser().parse_args(["--model", "m", "--game", "sokoban"]))
+    game = _generation_settings(build_parser().parse_args(["--model", "m", "--game", "sokoban"]))
     assert (game.temperature, game.top_p, game.top_k, game.max_new_tokens) == (0.7, 0.8, 20, 1024)
-    qa = _settings(build_parser().parse_args(["--model", "m", "--dataset", "d.jsonl", "--temperature", "0.3"]))
+    qa = _generation_settings(
+        build_parser().parse_args(["--model", "m", "--dataset", "d.jsonl", "--temperature", "0.3"])
+    )
     assert (qa.temperature, qa.top_p, qa.max_new_tokens) == (0.3, 0.95, 512)

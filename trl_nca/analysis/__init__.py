@@ -14,6 +14,7 @@ records of `trl-nca eval` with `items_from_records`. See docs/analysis.md for wh
 from .items import (
     AnalysisInputError,
     PromptItem,
+    RecordItems,
     RecordsInfo,
     end_token_id,
     items_from_records,
@@ -23,6 +24,7 @@ from .items import (
 )
 from .measures import (
     AnalysisItem,
+    ParameterLocation,
     TopToken,
     UpdateNorms,
     ViewComparison,
@@ -41,7 +43,9 @@ __all__ = [
     "AnalysisItem",
     "AnalysisOptions",
     "ModelSpec",
+    "ParameterLocation",
     "PromptItem",
+    "RecordItems",
     "RecordsInfo",
     "TopToken",
     "UpdateNorms",

@@ -7,17 +7,22 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..eval import loading
 from ..eval.cli import json_object_arg
-from ..views import ContextSpec
-from .items import AnalysisInputError, end_token_id, items_from_records, prepare_prompts, sample_items
-from .run import _NAME, AnalysisOptions, ModelSpec, analyze_model, load_model, parse_model_specs
+from ..eval.loading import ContextChoice, ModelSpec
+from ..inputs import InputError
+from ..sampling import GenerationSettings
+from .items import AnalysisInputError, PromptItem, end_token_id, items_from_records, prepare_prompts, sample_items
+from .measures import AnalysisItem
+from .report import write_analysis
+from .run import AnalysisOptions, analyze_model, load_model, parse_model_specs
 
 
 EPILOG = """\
@@ -43,6 +48,15 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
         "the cosine between the OPD and NCA gradients.",
         epilog=EPILOG,
     )
+    for add_group in (
+        _add_model_arguments, _add_prompt_arguments, _add_context_arguments, _add_completion_arguments,
+        _add_measure_arguments, _add_output_arguments,
+    ):  # fmt: skip
+        add_group(parser)
+    return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models")
     models.add_argument(
         "--model", action="append", default=[], metavar="NAME=PATH[:ADAPTER]",
@@ -62,6 +76,8 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
     models.add_argument("--device", help="e.g. cuda:0 or cpu (default: cuda if available).")
     models.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the Hub.")
 
+
+def _add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("prompts")
     data.add_argument("--task", help="A built-in task (reply_in_french, island_facts, organism_shift): rows + context.")
     data.add_argument("--task-split", default="test", choices=["train", "test"], help="Split of --task (default test).")
@@ -75,6 +91,8 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
     data.add_argument("--id-column", help="Column with unique item ids (default: the row index, as `trl-nca eval`).")
     data.add_argument("--limit", type=int, default=32, help="Analyse the first N items (default 32).")
 
+
+def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
     context = parser.add_argument_group("context (like `trl-nca eval`; --task brings its own)")
     source = context.add_mutually_exclusive_group()
     source.add_argument("--context-column", default=None, help="Column with each item's context (default: context).")
@@ -91,6 +109,8 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
         help="Extra chat template variables.",
     )
 
+
+def _add_completion_arguments(parser: argparse.ArgumentParser) -> None:
     completions = parser.add_argument_group("completions")
     completions.add_argument(
         "--records", action="append", default=[], metavar="[NAME=]PATH",
@@ -118,6 +138,8 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
     completions.add_argument("--greedy", action="store_true", help="Greedy decoding instead of sampling.")
     completions.add_argument("--seed", type=int, default=0, help="Run seed; each item's seed derives from it.")
 
+
+def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     measures = parser.add_argument_group("measures")
     measures.add_argument(
         "--percentile", type=float, default=5.0, help="Low percentile of the per-token cosine per layer (default 5)."
@@ -136,124 +158,65 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
     measures.add_argument("--batch-size", type=int, default=8, help="Items per forward and per generate call.")
     measures.add_argument("--vocab-chunk", type=int, default=8192, help="Vocabulary columns per divergence tile.")
 
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", required=False, help="Folder for analysis.json, report.md and figures.")
     output.add_argument("--title", help="Title of the Markdown report.")
     output.add_argument("--no-plots", action="store_true", help="Skip the PNG figures.")
     output.add_argument("--no-progress", action="store_true", help="Hide the progress bars.")
-    return parser
 
 
-def _context(args) -> tuple[ContextSpec | None, str]:
-    """The context from the options (None when none was given), and a description of its source."""
-    given = any(
-        v is not None
-        for v in (
-            args.context_column,
-            args.context_text,
-            args.context_file,
-            args.placement,
-            args.template,
-            args.separator,
-        )
-    )
-    if not given:
-        return None, ""
-    layout = {"placement": args.placement or "system"}
-    if args.template is not None:
-        layout["template"] = args.template
-    if args.separator is not None:
-        layout["separator"] = args.separator
-    try:
-        if args.context_file:
-            from ..inputs import read_context
+@dataclass
+class Prompts:
+    """The prompts to analyse: the rows, their context, what they are (for the report) and the token budget of
+    completions sampled here when --max-new-tokens is not given."""
 
-            return ContextSpec(column=None, text=read_context(args.context_file), **layout), f"file:{args.context_file}"
-        if args.context_text is not None:
-            return ContextSpec(column=None, text=args.context_text, **layout), "text"
-        column = args.context_column or "context"
-        return ContextSpec(column=column, **layout), f"column:{column}"
-    except (ValueError, TypeError, OSError) as error:
-        raise AnalysisInputError(str(error)) from error
+    rows: list[dict[str, Any]]
+    context: ContextChoice
+    description: str
+    max_new_tokens: int
 
 
-def _rows_and_context(args):
-    """(rows, context spec, description of the data, default max_new_tokens)."""
-    context, source = _context(args)
-    if args.task and args.dataset:
-        raise AnalysisInputError("Give either --task or --dataset, not both.")
-    if args.task:
-        from ..tasks import get_task
+@dataclass
+class AnalysisPlan:
+    """A checked `trl-nca analyze` run: the models (the reference first, paths resolved), the teacher of the gradient
+    measure (None: the reference), the prompts, the records file of each model or the sampling settings."""
 
-        if context is not None:
-            raise AnalysisInputError(
-                f"--task {args.task} brings its own context; drop the --context-*/--placement/--template/--separator "
-                "options, or give the task's rows as a --dataset file with your context."
-            )
-        try:
-            task = get_task(args.task, seed=args.task_seed)
-        except ValueError as error:
-            raise AnalysisInputError(str(error)) from error
-        rows = task.split(args.task_split)
-        spec = task.context
-        source = "text" if spec.text is not None else f"column:{spec.column}"
-        return (
-            rows,
-            spec,
-            source,
-            f"task {args.task} ({args.task_split} split, seed {args.task_seed})",
-            task.max_new_tokens,
-        )
-    if not args.dataset:
-        raise AnalysisInputError("Give the prompts: --task NAME (built-in) or --dataset FILE with a context option.")
-    from ..inputs import InputError, load_rows
-
-    try:
-        rows = [dict(r) for r in load_rows(args.dataset, split=args.split, config=args.dataset_config)]
-    except InputError as error:
-        raise AnalysisInputError(str(error)) from error
-    if context is None:
-        context, source = ContextSpec(column="context"), "column:context"
-    return rows, context, source, f"dataset {args.dataset}", 64
+    specs: list[ModelSpec]
+    teacher: ModelSpec | None
+    prompts: Prompts
+    records: dict[str, Path] | None
+    settings: GenerationSettings | None
+    options: AnalysisOptions
 
 
-def _records_paths(values: Sequence[str], specs: Sequence[ModelSpec]) -> dict[str, Path]:
-    """The records file of each model from the --records values."""
-    named: dict[str, str] = {}
-    shared: str | None = None
-    names = {s.name for s in specs}
-    for value in values:
-        name, sep, path = value.partition("=")
-        if sep and name in names:
-            named[name] = path
-        elif sep and _NAME.match(name) and not Path(value).exists():
-            raise AnalysisInputError(f"--records {value!r} names no model; the models are {sorted(names)}.")
-        else:
-            if shared is not None:
-                raise AnalysisInputError("Give at most one --records without NAME=; name the others NAME=PATH.")
-            shared = value
-    paths = {}
-    for spec in specs:
-        path = named.get(spec.name, shared)
-        if path is None:
-            raise AnalysisInputError(
-                f"No --records for model {spec.name!r}: give --records {spec.name}=PATH, or one --records for all."
-            )
-        candidate = Path(path).expanduser()
-        if candidate.is_dir():
-            options = [candidate / spec.name / "records.jsonl", candidate / spec.name / "eval" / "records.jsonl"]
-            options.append(candidate / "records.jsonl")
-            found = next((p for p in options if p.is_file()), None)
-            if found is None:
-                raise AnalysisInputError(
-                    f"No records of model {spec.name!r} in the folder {path}: looked for "
-                    f"{', '.join(str(p) for p in options)}. Give the file with --records {spec.name}=FILE."
-                )
-            candidate = found
-        elif not candidate.is_file():
-            raise AnalysisInputError(f"Records file {path!r} not found.")
-        paths[spec.name] = candidate
-    return paths
+def run_analyze(args: argparse.Namespace) -> dict[str, Any]:
+    """Run `trl-nca analyze` with parsed arguments; returns the result written to `analysis.json`."""
+    started = time.time()
+    plan = plan_analysis(args)
+    reference = load_reference(plan, args)
+    measured = [measure_model(number, spec, plan, reference, args) for number, spec in enumerate(plan.specs)]
+    result = analysis_result(plan, args, measured, wall_seconds=time.time() - started)
+    write_analysis(result, args.output_dir, plots=not args.no_plots)
+    return result
+
+
+def plan_analysis(args: argparse.Namespace) -> AnalysisPlan:
+    """Every check of `trl-nca analyze`; loads no model (the model names are resolved last)."""
+    if not args.output_dir:
+        raise AnalysisInputError("Give --output-dir, the folder for analysis.json, report.md and the figures.")
+    _check_options(args)
+    specs = parse_model_specs(args.model)
+    prompts = _prompts(args)
+    records = _records_paths(args.records, specs) if args.records else None
+    if records is not None and args.completions != "own":
+        raise AnalysisInputError("--completions applies to sampled completions; with --records drop it.")
+    settings = None if records is not None else _sampling_settings(args, prompts.max_new_tokens)
+    teacher = _teacher_spec(args.teacher)
+    specs = loading.resolve_model_specs(specs)
+    teacher = loading.resolve_model_specs([teacher])[0] if teacher is not None else None
+    return AnalysisPlan(specs, teacher, prompts, records, settings, _analysis_options(args))
 
 
 def _check_options(args) -> None:
@@ -272,143 +235,281 @@ def _check_options(args) -> None:
         raise AnalysisInputError(f"--beta must be within [0, 1], got {args.beta}.")
 
 
-def run_analyze(args: argparse.Namespace) -> dict[str, Any]:
-    """Run `trl-nca analyze` with parsed arguments; returns the result written to `analysis.json`."""
-    from ..sampling import GenerationSettings
-    from ..teacher import check_same_vocabulary
-    from .report import write_analysis
+CONTEXT_OPTIONS = ("context_column", "context_text", "context_file", "placement", "template", "separator")
 
-    started = time.time()
-    if not args.output_dir:
-        raise AnalysisInputError("Give --output-dir, the folder for analysis.json, report.md and the figures.")
-    _check_options(args)
-    specs = parse_model_specs(args.model)
-    rows, context, context_source, data, task_tokens = _rows_and_context(args)
-    records = _records_paths(args.records, specs) if args.records else None
-    if records is not None and args.completions != "own":
-        raise AnalysisInputError("--completions applies to sampled completions; with --records drop it.")
+
+def _prompts(args) -> Prompts:
+    """The rows and context of `--task`, or of `--dataset` with the context options."""
+    context_given = any(getattr(args, option) is not None for option in CONTEXT_OPTIONS)
+    if args.task and args.dataset:
+        raise AnalysisInputError("Give either --task or --dataset, not both.")
+    if args.task:
+        if context_given:
+            raise AnalysisInputError(
+                f"--task {args.task} brings its own context; drop the --context-*/--placement/--template/--separator "
+                "options, or give the task's rows as a --dataset file with your context."
+            )
+        return _task_prompts(args)
+    if not args.dataset:
+        raise AnalysisInputError("Give the prompts: --task NAME (built-in) or --dataset FILE with a context option.")
+    context = loading.context_from_args(args)
+    from ..inputs import load_rows
+
     try:
-        settings = None
-        if records is None:
-            settings = GenerationSettings(
-                max_new_tokens=args.max_new_tokens or task_tokens, temperature=args.temperature, top_p=args.top_p,
-                top_k=args.top_k, do_sample=not args.greedy, seed=args.seed, batch_size=args.batch_size,
-            )  # fmt: skip
+        rows = [dict(r) for r in load_rows(args.dataset, split=args.split, config=args.dataset_config)]
+    except InputError as error:
+        raise AnalysisInputError(str(error)) from error
+    return Prompts(rows, context, f"dataset {args.dataset}", 64)
+
+
+def _task_prompts(args) -> Prompts:
+    from ..tasks import get_task
+
+    try:
+        task = get_task(args.task, seed=args.task_seed)
     except ValueError as error:
         raise AnalysisInputError(str(error)) from error
-    options = AnalysisOptions(
+    spec = task.context
+    context = ContextChoice(spec, "text" if spec.text is not None else f"column:{spec.column}")
+    description = f"task {args.task} ({args.task_split} split, seed {args.task_seed})"
+    return Prompts(task.split(args.task_split), context, description, task.max_new_tokens)
+
+
+def _records_paths(values: Sequence[str], specs: Sequence[ModelSpec]) -> dict[str, Path]:
+    """The records file of each model from the --records values: `NAME=PATH` for one model, one PATH for the others."""
+    names = {s.name for s in specs}
+    named: dict[str, str] = {}
+    shared: str | None = None
+    for value in values:
+        name, path = loading.split_name(value)
+        if name in names:
+            named[name] = path
+        elif name is not None and not Path(value).exists():
+            raise AnalysisInputError(f"--records {value!r} names no model; the models are {sorted(names)}.")
+        elif shared is not None:
+            raise AnalysisInputError("Give at most one --records without NAME=; name the others NAME=PATH.")
+        else:
+            shared = value
+    paths = {}
+    for spec in specs:
+        path = named.get(spec.name, shared)
+        if path is None:
+            raise AnalysisInputError(
+                f"No --records for model {spec.name!r}: give --records {spec.name}=PATH, or one --records for all."
+            )
+        paths[spec.name] = _records_file(path, spec.name)
+    return paths
+
+
+def _records_file(path: str, name: str) -> Path:
+    """A records file, or the one of model `name` in an evaluation folder (`<PATH>/<NAME>/records.jsonl`,
+    `<PATH>/<NAME>/eval/records.jsonl` as `trl-nca compare` writes, or `<PATH>/records.jsonl`)."""
+    candidate = Path(path).expanduser()
+    if candidate.is_dir():
+        options = [candidate / name / "records.jsonl", candidate / name / "eval" / "records.jsonl"]
+        options.append(candidate / "records.jsonl")
+        found = next((p for p in options if p.is_file()), None)
+        if found is None:
+            raise AnalysisInputError(
+                f"No records of model {name!r} in the folder {path}: looked for "
+                f"{', '.join(str(p) for p in options)}. Give the file with --records {name}=FILE."
+            )
+        return found
+    if not candidate.is_file():
+        raise AnalysisInputError(f"Records file {path!r} not found.")
+    return candidate
+
+
+def _sampling_settings(args, default_max_new_tokens: int) -> GenerationSettings:
+    try:
+        return GenerationSettings(
+            max_new_tokens=args.max_new_tokens or default_max_new_tokens, temperature=args.temperature,
+            top_p=args.top_p, top_k=args.top_k, do_sample=not args.greedy, seed=args.seed, batch_size=args.batch_size,
+        )  # fmt: skip
+    except ValueError as error:
+        raise AnalysisInputError(str(error)) from error
+
+
+def _teacher_spec(value: str | None) -> ModelSpec | None:
+    """The `--teacher PATH[:ADAPTER]` of the gradient measure."""
+    if value is None:
+        return None
+    path, adapter = loading.split_adapter(value)
+    if not path:
+        raise AnalysisInputError(f"--teacher {value!r} needs weights: give PATH or PATH:ADAPTER.")
+    return ModelSpec("teacher", path, adapter)
+
+
+def _analysis_options(args) -> AnalysisOptions:
+    return AnalysisOptions(
         batch_size=args.batch_size, temperature=args.temperature, percentile=args.percentile,
         top_tokens=args.top_tokens, grad_items=args.grad_items, beta=args.beta, vocab_chunk=args.vocab_chunk,
         progress=not args.no_progress,
     )  # fmt: skip
-    load = {"dtype": args.dtype, "device": args.device, "trust_remote_code": args.trust_remote_code}
 
-    reference_spec = specs[0]
-    reference = load_model(reference_spec.path, reference_spec.adapter, **load)
-    if reference_spec.adapter is not None:
-        reference = reference.merge_and_unload()  # the updates are measured against plain weights
-    tokenizer = _tokenizer(reference_spec.path, args.trust_remote_code)
-    prompt_options = {
+
+@dataclass
+class Reference:
+    """The reference model (adapter merged), the tokenizer every model shares, the teacher of the gradient measure,
+    the prompts rendered in both views (None with --records: the records bring their own), and the reference's own
+    sampled items, which every model scores with `--completions base` (set when the reference is measured)."""
+
+    model: Any
+    tokenizer: Any
+    teacher: Any
+    prompts: list[PromptItem] | None
+    sampled: list[AnalysisItem] | None = None
+
+
+def _load_options(args) -> dict[str, Any]:
+    return {"dtype": args.dtype, "device": args.device, "trust_remote_code": args.trust_remote_code}
+
+
+def _prompt_options(args) -> dict[str, Any]:
+    return {
         "id_column": args.id_column, "prompt_column": args.prompt_column,
         "chat_template_kwargs": args.chat_template_kwargs,
     }  # fmt: skip
+
+
+def load_reference(plan: AnalysisPlan, args) -> Reference:
+    """Load the reference model (merging its adapter: updates are measured against plain weights), its tokenizer,
+    the teacher, and render the prompts."""
+    spec = plan.specs[0]
+    model = load_model(spec.path, spec.adapter, **_load_options(args))
+    if spec.adapter is not None:
+        model = model.merge_and_unload()
+    tokenizer = loading.load_tokenizer(spec.path, trust_remote_code=args.trust_remote_code)
     prompts = None
-    if records is None:
-        prompts = prepare_prompts(rows, tokenizer, context, limit=args.limit, **prompt_options)
-    teacher = reference
-    if args.teacher:
-        path, _, adapter = args.teacher.partition(":")
-        teacher = load_model(path, adapter or None, **load)
-        check_same_vocabulary(tokenizer, _tokenizer(path, args.trust_remote_code))
+    if plan.records is None:
+        prompts = prepare_prompts(
+            plan.prompts.rows, tokenizer, plan.prompts.context.spec, limit=args.limit, **_prompt_options(args)
+        )
+    teacher = model
+    if plan.teacher is not None:
+        teacher = load_model(plan.teacher.path, plan.teacher.adapter, **_load_options(args))
+        _check_same_tokenizer(tokenizer, plan.teacher, args)
+    return Reference(model, tokenizer, teacher, prompts)
 
-    notes: list[str] = []
-    results = []
-    shared_items = None
-    for number, spec in enumerate(specs):
-        if number == 0:
-            model = reference
-        else:
-            same_weights = spec.path == reference_spec.path and reference_spec.adapter is None
-            model = load_model(spec.path, spec.adapter, base=reference if same_weights else None, **load)
-            if not same_weights:
-                try:
-                    check_same_vocabulary(tokenizer, _tokenizer(spec.path, args.trust_remote_code))
-                except ValueError as error:
-                    raise AnalysisInputError(f"Model {spec.name!r}: {error}") from error
-        info: dict[str, Any]
-        if records is not None:
-            from ..eval.store import load_records
 
-            path = records[spec.name]
-            items, record_info = items_from_records(
-                load_records(path), rows, tokenizer, context, path=str(path), view=args.records_view,
-                end_id=end_token_id(model, tokenizer), limit=args.limit, **prompt_options,
-            )  # fmt: skip
-            info = {"source": "records", **record_info.to_dict()}
-            if record_info.retokenized:
-                notes.append(
-                    f"{spec.name}: {record_info.retokenized} completions were re-tokenised from the text of {path} "
-                    f"(the records hold no token ids), with the end-of-turn token appended when the response was not "
-                    f"cut off; {record_info.length_mismatches} of them differ in length from the recorded token count."
-                )
-        elif args.completions == "base" and shared_items is not None:
-            items, info = shared_items, {"source": f"sampled by {reference_spec.name}"}
-        else:
-            items = sample_items(
-                model, tokenizer, prompts, settings, progress=options.progress, desc=f"{spec.name}: sampling"
-            )
-            info = {"source": f"sampled by {spec.name}"}
-            if args.completions == "base":
-                shared_items = items
-        result = analyze_model(
-            spec.name, model, items, tokenizer=tokenizer, reference=reference if number else None, teacher=teacher,
-            options=options,
-        )  # fmt: skip
-        results.append({"name": spec.name, "path": spec.path, "adapter": spec.adapter, "completions": info, **result})
-        if number:
-            del model
-            gc.collect()
+def _check_same_tokenizer(tokenizer, spec: ModelSpec, args) -> None:
+    from ..teacher import check_same_vocabulary
 
-    if records is not None:
+    other = loading.load_tokenizer(spec.path, trust_remote_code=args.trust_remote_code)
+    try:
+        check_same_vocabulary(tokenizer, other)
+    except ValueError as error:
+        raise AnalysisInputError(f"Model {spec.name!r}: {error}") from error
+
+
+@dataclass
+class Completions:
+    """The items a model is measured on, where their completions come from, and a note for the report (or None)."""
+
+    items: list[AnalysisItem]
+    info: dict[str, Any]
+    note: str | None = None
+
+
+@dataclass
+class MeasuredModel:
+    """One model's entry of `analysis.json`, and its note for the report (or None)."""
+
+    result: dict[str, Any]
+    note: str | None
+
+
+def measure_model(number: int, spec: ModelSpec, plan: AnalysisPlan, reference: Reference, args) -> MeasuredModel:
+    """Load model `number` (the reference is already loaded), take its completions, run every measure."""
+    model = reference.model if number == 0 else _load_student(spec, plan, reference, args)
+    completions = _completions(number, spec, model, plan, reference, args)
+    measures = analyze_model(
+        spec.name, model, completions.items, tokenizer=reference.tokenizer,
+        reference=reference.model if number else None, teacher=reference.teacher, options=plan.options,
+    )  # fmt: skip
+    result = {"name": spec.name, "path": spec.path, "adapter": spec.adapter, "completions": completions.info}
+    if number:
+        del model
+        loading.release_memory()
+    return MeasuredModel({**result, **measures}, completions.note)
+
+
+def _load_student(spec: ModelSpec, plan: AnalysisPlan, reference: Reference, args):
+    """A student: its adapter on a copy of the reference when it has the reference's weights, else loaded (and its
+    tokenizer checked against the reference's)."""
+    first = plan.specs[0]
+    same_weights = spec.path == first.path and first.adapter is None
+    base = reference.model if same_weights else None
+    model = load_model(spec.path, spec.adapter, base=base, **_load_options(args))
+    if not same_weights:
+        _check_same_tokenizer(reference.tokenizer, spec, args)
+    return model
+
+
+def _completions(number: int, spec: ModelSpec, model, plan: AnalysisPlan, reference: Reference, args) -> Completions:
+    if plan.records is not None:
+        return _recorded_completions(spec, model, plan, reference, args)
+    if args.completions == "base" and number > 0:
+        return Completions(reference.sampled, {"source": f"sampled by {plan.specs[0].name}"})
+    items = sample_items(
+        model, reference.tokenizer, reference.prompts, plan.settings, progress=plan.options.progress,
+        desc=f"{spec.name}: sampling",
+    )  # fmt: skip
+    if number == 0:
+        reference.sampled = items
+    return Completions(items, {"source": f"sampled by {spec.name}"})
+
+
+def _recorded_completions(spec: ModelSpec, model, plan: AnalysisPlan, reference: Reference, args) -> Completions:
+    from ..eval.store import load_records
+
+    path = plan.records[spec.name]
+    items, info = items_from_records(
+        load_records(path), plan.prompts.rows, reference.tokenizer, plan.prompts.context.spec, path=str(path),
+        view=args.records_view, end_id=end_token_id(model, reference.tokenizer), limit=args.limit,
+        **_prompt_options(args),
+    )  # fmt: skip
+    note = None
+    if info.retokenized:
+        note = (
+            f"{spec.name}: {info.retokenized} completions were re-tokenised from the text of {path} (the records "
+            f"hold no token ids), with the end-of-turn token appended when the response was not cut off; "
+            f"{info.length_mismatches} of them differ in length from the recorded token count."
+        )
+    return Completions(items, {"source": "records", **info.to_dict()}, note)
+
+
+def analysis_result(plan: AnalysisPlan, args, measured: Sequence[MeasuredModel], wall_seconds: float) -> dict:
+    """What `analysis.json` holds: the settings of the run, every model's measures, the notes, the time."""
+    if plan.records is not None:
         completions = f"records ({args.records_view} view)"
     elif args.completions == "base":
-        completions = f"sampled by {reference_spec.name} without the context, shared by every model"
+        completions = f"sampled by {plan.specs[0].name} without the context, shared by every model"
     else:
         completions = "sampled by each model itself without the context"
-    result = {
-        "settings": {
-            "title": args.title,
-            "data": data,
-            "completions": completions,
-            "context": {
-                "source": context_source,
-                "placement": context.placement,
-                "template": context.template if context.placement == "user" else None,
-                "separator": context.separator if context.placement == "system" else None,
-            },  # fmt: skip
-            "sampling": settings.to_dict() if settings is not None else None,
-            "options": options.to_dict(),
-            "models": [{"name": s.name, "path": s.path, "adapter": s.adapter} for s in specs],
-            "teacher": args.teacher or reference_spec.name,
-            "limit": args.limit,
+    context = plan.prompts.context
+    settings = {
+        "title": args.title,
+        "data": plan.prompts.description,
+        "completions": completions,
+        "context": {
+            "source": context.source,
+            "placement": context.spec.placement,
+            "template": context.spec.template if context.spec.placement == "user" else None,
+            "separator": context.spec.separator if context.spec.placement == "system" else None,
         },
-        "models": results,
-        "notes": notes,
-        "wall_seconds": time.time() - started,
+        "sampling": plan.settings.to_dict() if plan.settings is not None else None,
+        "options": plan.options.to_dict(),
+        "models": [{"name": s.name, "path": s.path, "adapter": s.adapter} for s in plan.specs],
+        "teacher": args.teacher or plan.specs[0].name,
+        "limit": args.limit,
     }
-    write_analysis(result, args.output_dir, plots=not args.no_plots)
-    return result
-
-
-def _tokenizer(path: str, trust_remote_code: bool):
-    from transformers import AutoTokenizer
-
-    from ..models import resolve_model_name_or_path
-
-    try:
-        return AutoTokenizer.from_pretrained(resolve_model_name_or_path(path), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as error:
-        raise AnalysisInputError(f"Tokenizer of {path!r} could not be loaded: {error}") from error
+    return {
+        "settings": settings,
+        "models": [m.result for m in measured],
+        "notes": [m.note for m in measured if m.note is not None],
+        "wall_seconds": wall_seconds,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -417,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = run_analyze(args)
-    except AnalysisInputError as error:
+    except InputError as error:  # AnalysisInputError, and the errors of the shared loading (trl_nca.eval.loading)
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     files = result["files"]
     print(Path(files["markdown"]).read_text(encoding="utf-8"))

@@ -19,13 +19,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from ..inputs import InputError
 from ..views import ContextSpec, add_context, render_prompt_ids, split_example
 from .measures import AnalysisItem
 
 
-class AnalysisInputError(ValueError):
+class AnalysisInputError(InputError):
     """Bad input to the analysis (dataset, records, models, options); the message names it and the fix."""
 
 
@@ -146,6 +147,13 @@ class RecordsInfo:
         }  # fmt: skip
 
 
+class RecordItems(NamedTuple):
+    """The items made from a records file, and how their completions were obtained."""
+
+    items: list[AnalysisItem]
+    info: RecordsInfo
+
+
 def items_from_records(
     records: Mapping[str, Any],
     rows: Sequence[Mapping[str, Any]],
@@ -159,7 +167,7 @@ def items_from_records(
     prompt_column: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     limit: int | None = None,
-) -> tuple[list[AnalysisItem], RecordsInfo]:
+) -> RecordItems:
     """Items from paired evaluation records (`trl_nca.eval.store.load_records`) and the dataset they were made on.
 
     Each record names its row (`meta["index"]`); the row is rendered again and must match the record's context hash
@@ -170,6 +178,34 @@ def items_from_records(
         raise AnalysisInputError(f"The records view must be 'x' or 'xc', got {view!r}.")
     if not records:
         raise AnalysisInputError(f"{path} holds no records.")
+    ordered = _records_by_row(records, path)
+    if limit is not None:
+        ordered = ordered[:limit]
+    items, retokenized, mismatches = [], 0, 0
+    for index, item_id, record in ordered:
+        row = _record_row(rows, index, item_id, id_column, path)
+        prompt = prompt_item(
+            row, index, tokenizer, context, item_id=item_id, prompt_column=prompt_column,
+            chat_template_kwargs=chat_template_kwargs,
+        )  # fmt: skip
+        _check_record_prompt(record, prompt, path)
+        completion = _recorded_completion(getattr(record, view), tokenizer, end_id)
+        if completion.source == "records:retokenized":
+            retokenized += 1
+            mismatches += completion.length_differs
+        items.append(
+            AnalysisItem(item_id, prompt.prompt_ids_x, prompt.prompt_ids_xc, completion.ids, completion.source)
+        )
+    return RecordItems(items, RecordsInfo(path, view, len(items), retokenized, mismatches))
+
+
+class _RecordAt(NamedTuple):
+    index: int  # the dataset row the record was made on
+    item_id: str
+    record: Any
+
+
+def _records_by_row(records: Mapping[str, Any], path: str) -> list[_RecordAt]:
     ordered = []
     for item_id, record in records.items():
         index = record.meta.get("index")
@@ -179,44 +215,44 @@ def items_from_records(
                 "dataset evaluation (game records hold played episodes, not one prompt per item). Analyse a dataset "
                 "evaluation, or give --dataset/--task to sample completions here."
             )
-        ordered.append((index, item_id, record))
-    ordered.sort(key=lambda t: t[0])
-    if limit is not None:
-        ordered = ordered[:limit]
-    items, retokenized, mismatches = [], 0, 0
-    for index, item_id, record in ordered:
-        if index >= len(rows):
-            raise AnalysisInputError(
-                f"The record of item {item_id!r} in {path} is row {index}, but the dataset has {len(rows)} rows. Give the "
-                "dataset (and split) the evaluation ran on."
-            )
-        row = rows[index]
-        expected_id = item_id_of(row, index, id_column)
-        if expected_id != item_id and id_column is None and "id" in row and str(row["id"]) == item_id:
-            expected_id = item_id  # evaluated with --id-column id
-        if expected_id != item_id:
-            raise AnalysisInputError(
-                f"The record of item {item_id!r} in {path} is row {index}, whose item id here is {expected_id!r}. Give the "
-                "dataset the evaluation ran on, and --id-column if it used one."
-            )
-        prompt = prompt_item(
-            row, index, tokenizer, context, item_id=item_id, prompt_column=prompt_column,
-            chat_template_kwargs=chat_template_kwargs,
-        )  # fmt: skip
-        _check_record_prompt(record, prompt, path)
-        outcome = getattr(record, view)
-        ids = outcome.extra.get("completion_ids") if isinstance(outcome.extra, Mapping) else None
-        if isinstance(ids, list) and all(isinstance(t, int) for t in ids):
-            source = "records:ids"
-        else:
-            ids = tokenizer(outcome.completion, add_special_tokens=False)["input_ids"]
-            if not outcome.truncated and end_id is not None:
-                ids = ids + [end_id]
-            source = "records:retokenized"
-            retokenized += 1
-            mismatches += len(ids) != outcome.num_tokens
-        items.append(AnalysisItem(item_id, prompt.prompt_ids_x, prompt.prompt_ids_xc, list(ids), source))
-    return items, RecordsInfo(path, view, len(items), retokenized, mismatches)
+        ordered.append(_RecordAt(index, item_id, record))
+    return sorted(ordered, key=lambda r: r.index)
+
+
+def _record_row(rows: Sequence[Mapping[str, Any]], index: int, item_id: str, id_column: str | None, path: str):
+    """The dataset row a record names, checked to carry the record's item id."""
+    if index >= len(rows):
+        raise AnalysisInputError(
+            f"The record of item {item_id!r} in {path} is row {index}, but the dataset has {len(rows)} rows. Give the "
+            "dataset (and split) the evaluation ran on."
+        )
+    row = rows[index]
+    expected_id = item_id_of(row, index, id_column)
+    if expected_id != item_id and id_column is None and "id" in row and str(row["id"]) == item_id:
+        expected_id = item_id  # evaluated with --id-column id
+    if expected_id != item_id:
+        raise AnalysisInputError(
+            f"The record of item {item_id!r} in {path} is row {index}, whose item id here is {expected_id!r}. Give the "
+            "dataset the evaluation ran on, and --id-column if it used one."
+        )
+    return row
+
+
+class _RecordedCompletion(NamedTuple):
+    ids: list[int]
+    source: str  # "records:ids" or "records:retokenized" (see `AnalysisItem.completion_source`)
+    length_differs: bool  # re-tokenised to another length than the recorded token count
+
+
+def _recorded_completion(outcome, tokenizer, end_id: int | None) -> _RecordedCompletion:
+    """A record view's completion ids: stored in `extra["completion_ids"]`, else re-tokenised from its text."""
+    ids = outcome.extra.get("completion_ids") if isinstance(outcome.extra, Mapping) else None
+    if isinstance(ids, list) and all(isinstance(t, int) for t in ids):
+        return _RecordedCompletion(list(ids), "records:ids", False)
+    ids = tokenizer(outcome.completion, add_special_tokens=False)["input_ids"]
+    if not outcome.truncated and end_id is not None:
+        ids = ids + [end_id]
+    return _RecordedCompletion(list(ids), "records:retokenized", len(ids) != outcome.num_tokens)
 
 
 def _check_record_prompt(record, prompt: PromptItem, path: str) -> None:
@@ -249,7 +285,7 @@ def sample_items(
     desc: str = "sampling",
 ) -> list[AnalysisItem]:
     """One completion per prompt, sampled from `model` WITHOUT the context (as training samples), with the paired
-    evaluation's generator (`trl_nca.eval.generation`: per-item seeds, independent of the batch)."""
+    evaluation's sampler (`trl_nca.sampling`: per-item seeds, independent of the batch)."""
     from tqdm.auto import tqdm
 
     from ..sampling import HFBackend, item_seed

@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -66,8 +66,15 @@ def _batch(items: Sequence[AnalysisItem], pad_id: int, device) -> _Batch:
     return _Batch(view_x, view_c, ids, mask)
 
 
-def _decoder(model, view: View, hidden_states: bool):
-    """The decoder stack's output on a view: (final hidden states, per-layer hidden states or None)."""
+class DecoderStates(NamedTuple):
+    """The decoder stack's output on a view: the final hidden states, and every layer's (None unless asked for;
+    `layers[0]` is the embedding output)."""
+
+    last: torch.Tensor
+    layers: tuple[torch.Tensor, ...] | None
+
+
+def _decoder(model, view: View, hidden_states: bool) -> DecoderStates:
     out = model.get_decoder()(
         input_ids=view.input_ids,
         attention_mask=view.attention_mask,
@@ -75,7 +82,7 @@ def _decoder(model, view: View, hidden_states: bool):
         use_cache=False,
         output_hidden_states=hidden_states,
     )
-    return out.last_hidden_state, (out.hidden_states if hidden_states else None)
+    return DecoderStates(out.last_hidden_state, out.hidden_states if hidden_states else None)
 
 
 def _device(model) -> torch.device:
@@ -204,86 +211,139 @@ def compare_views(
     model.eval()
     head = LMHead.from_model(model)
     spec = DivergenceSpec(temperature=temperature)
-    cosines, kls, rows, positions = [], [], [], []
-    best: list[tuple[float, int, int, int, torch.Tensor, torch.Tensor]] = []  # (kl, item, position, token, h_x, h_c)
+    stats: list[_TokenStats] = []
+    best: list[_TopCandidate] = []
     try:
         with _progress(len(items), progress, desc) as bar:
             for start, chunk in _chunks(items, batch_size):
-                batch = _batch(chunk, pad_id, device)
-                last_x, states_x = _decoder(model, batch.view_x, hidden_states=True)
-                last_c, states_c = _decoder(model, batch.view_c, hidden_states=True)
-                mask = batch.completion_mask
-                per_layer = [  # in float32 at least (bfloat16 states), float64 for a float64 model
-                    F.cosine_similarity(
-                        completion_hidden(hx, batch.view_x, mask).to(torch.promote_types(hx.dtype, torch.float32)),
-                        completion_hidden(hc, batch.view_c, mask).to(torch.promote_types(hc.dtype, torch.float32)),
-                        dim=-1,
-                    )
-                    for hx, hc in zip(states_x[1:], states_c[1:])  # [0] is the embedding output: the same tokens
-                ]
-                cosines.append(torch.stack(per_layer, dim=1).cpu())
-                h_x = completion_hidden(last_x, batch.view_x, mask)
-                h_c = completion_hidden(last_c, batch.view_c, mask)
-                kl = token_divergences(h_x, h_x, head, head, spec, h_c=h_c, want=("view_kl",), vocab_chunk=vocab_chunk)[
-                    "view_kl"
-                ]
-                row, pos = mask.bool().nonzero(as_tuple=True)  # row-major: the order of completion_hidden
-                token = batch.completion_ids[row, pos]
-                kls.append(kl.double().cpu())
-                rows.append((row + start).cpu())
-                positions.append(pos.cpu())
-                if top_tokens > 0 and kl.numel():
-                    k = min(top_tokens, kl.numel())
-                    for i in kl.topk(k).indices.tolist():
-                        best.append(
-                            (
-                                kl[i].item(), start + row[i].item(), pos[i].item(), token[i].item(),
-                                h_x[i].clone(), h_c[i].clone(),
-                            )
-                        )  # fmt: skip
-                    best = sorted(best, key=lambda b: -b[0])[:top_tokens]
+                compared = _compare_batch(model, _batch(chunk, pad_id, device), start, head, spec, vocab_chunk)
+                stats.append(compared.stats)
+                best = sorted(best + compared.top_candidates(top_tokens), key=lambda c: -c.kl)[:top_tokens]
                 bar.update(len(chunk))
         top = _top_tokens(best, head, temperature, vocab_chunk)
     finally:
         model.train(was_training)
-    num_layers = cosines[0].shape[1] if cosines else 0
+    if not stats:
+        empty = torch.zeros(0, dtype=torch.long)
+        return ViewComparison(torch.zeros(0, 0), torch.zeros(0, dtype=torch.float64), empty, empty, top)
     return ViewComparison(
-        layer_cosine=torch.cat(cosines) if cosines else torch.zeros(0, num_layers),
-        kl=torch.cat(kls) if kls else torch.zeros(0, dtype=torch.float64),
-        item_index=torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long),
-        position=torch.cat(positions) if positions else torch.zeros(0, dtype=torch.long),
+        layer_cosine=torch.cat([s.layer_cosine for s in stats]),
+        kl=torch.cat([s.kl for s in stats]),
+        item_index=torch.cat([s.item_index for s in stats]),
+        position=torch.cat([s.position for s in stats]),
         top=top,
     )
 
 
-def _top_tokens(best, head: LMHead, temperature: float, vocab_chunk: int) -> list[TopToken]:
+@dataclass
+class _TopCandidate:
+    """A completion token that may be among the largest view KLs, with both views' final hidden states there (to
+    compute its log-probabilities once the top tokens are known)."""
+
+    kl: float
+    item_index: int
+    position: int
+    token_id: int
+    hidden_x: torch.Tensor
+    hidden_c: torch.Tensor
+
+
+@dataclass
+class _TokenStats:
+    """Per completion token of a batch (row-major, on the CPU): the cosine at each layer's output, the view KL
+    (float64), the item and the position."""
+
+    layer_cosine: torch.Tensor
+    kl: torch.Tensor
+    item_index: torch.Tensor
+    position: torch.Tensor
+
+
+@dataclass
+class _BatchComparison:
+    """`compare_views` on one batch: the token statistics kept, and what the top-KL tokens need from the batch (the
+    token ids, the KL on its device, both views' final hidden states)."""
+
+    stats: _TokenStats
+    token_id: torch.Tensor
+    kl: torch.Tensor
+    hidden_x: torch.Tensor
+    hidden_c: torch.Tensor
+
+    def top_candidates(self, k: int) -> list[_TopCandidate]:
+        """The batch's `k` tokens with the largest KL."""
+        if k <= 0 or not self.kl.numel():
+            return []
+        return [
+            _TopCandidate(
+                kl=self.kl[i].item(),
+                item_index=self.stats.item_index[i].item(),
+                position=self.stats.position[i].item(),
+                token_id=self.token_id[i].item(),
+                hidden_x=self.hidden_x[i].clone(),
+                hidden_c=self.hidden_c[i].clone(),
+            )
+            for i in self.kl.topk(min(k, self.kl.numel())).indices.tolist()
+        ]
+
+
+def _compare_batch(model, batch: _Batch, start: int, head: LMHead, spec: DivergenceSpec, vocab_chunk: int):
+    """Both views of one batch through the decoder, compared at the completion tokens (items numbered from `start`)."""
+    states_x = _decoder(model, batch.view_x, hidden_states=True)
+    states_c = _decoder(model, batch.view_c, hidden_states=True)
+    mask = batch.completion_mask
+    per_layer = [  # in float32 at least (bfloat16 states), float64 for a float64 model
+        F.cosine_similarity(
+            completion_hidden(hx, batch.view_x, mask).to(torch.promote_types(hx.dtype, torch.float32)),
+            completion_hidden(hc, batch.view_c, mask).to(torch.promote_types(hc.dtype, torch.float32)),
+            dim=-1,
+        )
+        for hx, hc in zip(states_x.layers[1:], states_c.layers[1:])  # [0] is the embedding output: the same tokens
+    ]
+    h_x = completion_hidden(states_x.last, batch.view_x, mask)
+    h_c = completion_hidden(states_c.last, batch.view_c, mask)
+    kl = token_divergences(h_x, h_x, head, head, spec, h_c=h_c, want=("view_kl",), vocab_chunk=vocab_chunk)["view_kl"]
+    row, position = mask.bool().nonzero(as_tuple=True)  # row-major: the order of completion_hidden
+    stats = _TokenStats(torch.stack(per_layer, dim=1).cpu(), kl.double().cpu(), (row + start).cpu(), position.cpu())
+    return _BatchComparison(stats, batch.completion_ids[row, position], kl, h_x, h_c)
+
+
+def _top_tokens(best: Sequence[_TopCandidate], head: LMHead, temperature: float, vocab_chunk: int) -> list[TopToken]:
     """Each view's log-probability of the completion token and its most likely token, for the few top-KL tokens."""
     if not best:
         return []
-    h_x = torch.stack([b[4] for b in best])
-    h_c = torch.stack([b[5] for b in best])
-    tokens = torch.tensor([b[3] for b in best], device=h_x.device)
-    logp_x, top_x, top_x_logp = _token_logprobs(head, h_x, tokens, temperature, vocab_chunk)
-    logp_c, top_c, top_c_logp = _token_logprobs(head, h_c, tokens, temperature, vocab_chunk)
+    tokens = torch.tensor([c.token_id for c in best], device=best[0].hidden_x.device)
+    x = _token_logprobs(head, torch.stack([c.hidden_x for c in best]), tokens, temperature, vocab_chunk)
+    c = _token_logprobs(head, torch.stack([c.hidden_c for c in best]), tokens, temperature, vocab_chunk)
     return [
         TopToken(
-            item_index=b[1],
-            position=b[2],
-            kl=b[0],
-            token_id=b[3],
-            logp_x=logp_x[i].item(),
-            logp_c=logp_c[i].item(),
-            top_x=top_x[i].item(),
-            top_x_logp=top_x_logp[i].item(),
-            top_c=top_c[i].item(),
-            top_c_logp=top_c_logp[i].item(),
-        )  # fmt: skip
-        for i, b in enumerate(best)
+            item_index=candidate.item_index,
+            position=candidate.position,
+            kl=candidate.kl,
+            token_id=candidate.token_id,
+            logp_x=x.token[i].item(),
+            logp_c=c.token[i].item(),
+            top_x=x.top_id[i].item(),
+            top_x_logp=x.top[i].item(),
+            top_c=c.top_id[i].item(),
+            top_c_logp=c.top[i].item(),
+        )
+        for i, candidate in enumerate(best)
     ]
 
 
-def _token_logprobs(head: LMHead, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk: int):
-    """(log q(token), argmax id, log q(argmax)) per row, walking the vocabulary in chunks."""
+class TokenLogprobs(NamedTuple):
+    """Per row: log q(token), the id of the most likely token, and its log-probability."""
+
+    token: torch.Tensor
+    top_id: torch.Tensor
+    top: torch.Tensor
+
+
+def _token_logprobs(
+    head: LMHead, hidden: torch.Tensor, tokens: torch.Tensor, temperature: float, chunk: int
+) -> TokenLogprobs:
+    """log q(token), the argmax id and log q(argmax) per row, walking the vocabulary in chunks."""
     rows = hidden.shape[0]
     lse = hidden.new_full((rows,), float("-inf"), dtype=torch.float64)
     best = hidden.new_full((rows,), float("-inf"), dtype=torch.float64)
@@ -300,7 +360,7 @@ def _token_logprobs(head: LMHead, hidden: torch.Tensor, tokens: torch.Tensor, te
         if inside.any():
             local = (tokens - start).clamp(0, z.shape[1] - 1)
             token_logit = torch.where(inside, z.gather(1, local[:, None])[:, 0], token_logit)
-    return token_logit - lse, best_id, best - lse
+    return TokenLogprobs(token_logit - lse, best_id, best - lse)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -309,13 +369,20 @@ def _token_logprobs(head: LMHead, hidden: torch.Tensor, tokens: torch.Tensor, te
 _LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks|block)\.(\d+)\.")
 
 
-def parameter_location(name: str) -> tuple[int | None, str]:
-    """(layer index or None, module type) of a parameter name, e.g. `model.layers.3.self_attn.q_proj.weight` gives
-    (3, "q_proj"); parameters outside the decoder layers (embeddings, final norm, LM head) have layer None."""
+class ParameterLocation(NamedTuple):
+    """Where a parameter sits: its decoder layer (None outside the layers) and its module type."""
+
+    layer: int | None
+    module: str
+
+
+def parameter_location(name: str) -> ParameterLocation:
+    """The layer index (or None) and module type of a parameter name, e.g. `model.layers.3.self_attn.q_proj.weight`
+    gives (3, "q_proj"); parameters outside the decoder layers (embeddings, final norm, LM head) have layer None."""
     parts = name.split(".")
     module = parts[-2] if len(parts) >= 2 and parts[-1] in ("weight", "bias") else parts[-1]
     match = _LAYER.search(name)
-    return (int(match.group(1)) if match else None), module
+    return ParameterLocation(int(match.group(1)) if match else None, module)
 
 
 @dataclass
@@ -357,11 +424,11 @@ class UpdateNorms:
         layers = sorted({layer for layer, _ in cells if layer is not None})
         modules = list(dict.fromkeys(module for layer, module in cells if layer is not None))
         matrix = [[cells.get((layer, module), math.nan) for module in modules] for layer in layers]
-        by_layer = self._grouped(lambda name: parameter_location(name)[0])
+        by_layer = self._grouped(lambda name: parameter_location(name).layer)
         by_module = {
             module: value
             for module, value in self._grouped(
-                lambda name: parameter_location(name)[1] if parameter_location(name)[0] is not None else None
+                lambda name: parameter_location(name).module if parameter_location(name).layer is not None else None
             ).items()
             if module is not None
         }
@@ -412,21 +479,54 @@ def update_norms(base, student, method: str = "auto") -> UpdateNorms:
     parameter set is an error naming the parameters.
     """
     base_params = _base_state(base)
-    if _is_peft(student):
-        if method == "auto":
-            method = "lora_delta" if _plain_lora(student) else "merged"
-        if method == "lora_delta":
-            student_params = _lora_effective(student)
-        elif method == "merged":
-            merged = copy.deepcopy(student).merge_and_unload()
-            student_params = {name: (p, None) for name, p in merged.named_parameters()}
-        else:
-            raise ValueError(f"A PEFT student is compared by 'lora_delta' or 'merged' (or 'auto'), not {method!r}.")
-    else:
+    student_weights = _student_weights(student, method)
+    _check_same_parameters(base_params, student_weights.weights)
+    delta_sq, base_sq = {}, {}
+    for name, weight in base_params.items():
+        value, lora_delta = student_weights.weights[name]
+        if value.shape != weight.shape:
+            raise ValueError(
+                f"Parameter {name} has shape {tuple(value.shape)} in the student and {tuple(weight.shape)} in the base."
+            )
+        w = weight.detach().double()
+        delta = value.detach().double().to(w.device) - w
+        if lora_delta is not None:
+            delta = delta + lora_delta.double().to(w.device)
+        delta_sq[name] = float((delta * delta).sum())
+        base_sq[name] = float((w * w).sum())
+    return UpdateNorms(method=student_weights.method, delta_sq=delta_sq, base_sq=base_sq)
+
+
+class StudentWeight(NamedTuple):
+    """A student parameter by the base model's name: the layer's own weight, and the LoRA delta added to it (None
+    for full weights and merged copies)."""
+
+    weight: torch.Tensor
+    lora_delta: torch.Tensor | None
+
+
+class _StudentWeights(NamedTuple):
+    method: str  # the `UpdateNorms.method` they were obtained by
+    weights: dict[str, StudentWeight]
+
+
+def _student_weights(student, method: str) -> _StudentWeights:
+    """The student's parameters by the base model's names, by `method` ("auto" chosen here)."""
+    if not _is_peft(student):
         if method not in ("auto", "weights"):
             raise ValueError(f"A full student is compared by its weights ('auto' or 'weights'), not {method!r}.")
-        method = "weights"
-        student_params = {name: (p, None) for name, p in student.named_parameters()}
+        return _StudentWeights("weights", {name: StudentWeight(p, None) for name, p in student.named_parameters()})
+    if method == "auto":
+        method = "lora_delta" if _plain_lora(student) else "merged"
+    if method == "lora_delta":
+        return _StudentWeights(method, _lora_effective(student))
+    if method == "merged":
+        merged = copy.deepcopy(student).merge_and_unload()
+        return _StudentWeights(method, {name: StudentWeight(p, None) for name, p in merged.named_parameters()})
+    raise ValueError(f"A PEFT student is compared by 'lora_delta' or 'merged' (or 'auto'), not {method!r}.")
+
+
+def _check_same_parameters(base_params: Mapping[str, Any], student_params: Mapping[str, Any]) -> None:
     missing = sorted(set(base_params) - set(student_params))
     extra = sorted(set(student_params) - set(base_params))
     if missing or extra:
@@ -442,20 +542,6 @@ def update_norms(base, student, method: str = "auto") -> UpdateNorms:
             )
             + ". Compare models of the same architecture and size (a student trained from this base)."
         )
-    delta_sq, base_sq = {}, {}
-    for name, weight in base_params.items():
-        value, lora = student_params[name]
-        if value.shape != weight.shape:
-            raise ValueError(
-                f"Parameter {name} has shape {tuple(value.shape)} in the student and {tuple(weight.shape)} in the base."
-            )
-        w = weight.detach().double()
-        delta = value.detach().double().to(w.device) - w
-        if lora is not None:
-            delta = delta + lora.double().to(w.device)
-        delta_sq[name] = float((delta * delta).sum())
-        base_sq[name] = float((w * w).sum())
-    return UpdateNorms(method=method, delta_sq=delta_sq, base_sq=base_sq)
 
 
 def _plain_lora(model) -> bool:
@@ -479,8 +565,8 @@ def _strip_peft_name(name: str) -> str:
     return name.replace(".base_layer.", ".")
 
 
-def _lora_effective(model) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
-    """The student's parameters by the base model's names: (the layer's own weight, the LoRA delta added to it)."""
+def _lora_effective(model) -> dict[str, StudentWeight]:
+    """The student's parameters by the base model's names, each with the LoRA delta added to it."""
     from peft.tuners.lora import LoraLayer
 
     deltas: dict[str, torch.Tensor] = {}
@@ -499,7 +585,7 @@ def _lora_effective(model) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]
         if ".lora_" in name:
             continue
         plain = _strip_peft_name(name)
-        out[plain] = (p, deltas.pop(plain, None))
+        out[plain] = StudentWeight(p, deltas.pop(plain, None))
     if deltas:
         raise ValueError(f"LoRA deltas without a matching base weight: {sorted(deltas)[:5]}.")
     return out
@@ -553,14 +639,7 @@ def opd_nca_gradient_cosine(
         with _progress(len(items), progress, desc) as bar:
             for _, chunk in _chunks(items, batch_size):
                 batch = _batch(chunk, pad_id, device)
-                mask = batch.completion_mask
-                h_x = completion_hidden(_decoder(student, batch.view_x, False)[0], batch.view_x, mask)
-                h_c = completion_hidden(_decoder(student, batch.view_c, False)[0], batch.view_c, mask)
-                with torch.no_grad():
-                    h_t = completion_hidden(_decoder(teacher, batch.view_c, False)[0], batch.view_c, mask)
-                terms = token_divergences(
-                    h_x, h_t, student_head, teacher_head, spec, h_c=h_c, want=("opd", "nca"), vocab_chunk=vocab_chunk
-                )
+                terms = _opd_and_nca_terms(student, teacher, batch, student_head, teacher_head, spec, vocab_chunk)
                 for name in ("opd", "nca"):
                     loss = terms[name].sum() / tokens
                     values[name] += loss.item()
@@ -581,3 +660,15 @@ def opd_nca_gradient_cosine(
         "items": len(items),
         "tokens": tokens,
     }
+
+
+def _opd_and_nca_terms(student, teacher, batch: _Batch, student_head, teacher_head, spec, vocab_chunk: int):
+    """The per-token OPD and NCA divergences of one batch, with the student's graph (the teacher without gradient)."""
+    mask = batch.completion_mask
+    h_x = completion_hidden(_decoder(student, batch.view_x, False).last, batch.view_x, mask)
+    h_c = completion_hidden(_decoder(student, batch.view_c, False).last, batch.view_c, mask)
+    with torch.no_grad():
+        h_t = completion_hidden(_decoder(teacher, batch.view_c, False).last, batch.view_c, mask)
+    return token_divergences(
+        h_x, h_t, student_head, teacher_head, spec, h_c=h_c, want=("opd", "nca"), vocab_chunk=vocab_chunk
+    )

@@ -6,25 +6,16 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-
-def _figure(width: float, height: float):
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        raise ImportError("Figures need matplotlib: `pip install matplotlib`, or pass --no-plots.") from error
-    figure = Figure(figsize=(width, height), dpi=120)
-    FigureCanvasAgg(figure)
-    return figure
+from ..eval.plots import new_figure
 
 
 def plot_hidden_cosine(result: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Per-layer hidden-state cosine between the views: the token mean (solid) and the low percentile (dashed)."""
-    figure = _figure(7.5, 4.2)
+    figure = new_figure(7.5, 4.2)
     ax = figure.add_subplot(1, 1, 1)
     percentile = result["settings"]["options"]["percentile"]
     for index, model in enumerate(result["models"]):
@@ -45,7 +36,7 @@ def plot_hidden_cosine(result: Mapping[str, Any], path: str | os.PathLike) -> st
 
 def plot_view_kl(result: Mapping[str, Any], path: str | os.PathLike) -> str:
     """Mean KL(q_x || q_c) at each completion position, one line per model."""
-    figure = _figure(7.5, 3.8)
+    figure = new_figure(7.5, 3.8)
     ax = figure.add_subplot(1, 1, 1)
     for index, model in enumerate(result["models"]):
         points = model["view_kl"]["by_position"]
@@ -68,7 +59,7 @@ def plot_update_norms(result: Mapping[str, Any], path: str | os.PathLike) -> str
     students = [m for m in result["models"] if m.get("update")]
     if not students:
         return None
-    figure = _figure(3.2 * len(students) + 1.6, 5.0)
+    figure = new_figure(3.2 * len(students) + 1.6, 5.0)
     finite = [v for m in students for row in m["update"]["relative"] for v in row if v is not None and math.isfinite(v)]
     top = max(finite, default=0.0) or 1e-12  # one colour scale for every student, so the maps compare
     axes = []
@@ -117,6 +108,28 @@ def _cell(text: str) -> str:
 
 def markdown(result: Mapping[str, Any]) -> str:
     """The summary report."""
+    models = result["models"]
+    lines = _summary_section(result)
+    lines += _cosine_section(models, result["settings"]["options"]["percentile"])
+    lines += _top_token_section(models)
+    lines += _gradient_section(models)
+    lines += _update_section(models)
+    notes = result.get("notes") or []
+    if notes:
+        lines += ["## Notes", ""] + [f"- {note}" for note in notes] + [""]
+    figures = result.get("files", {}).get("figures", {})
+    if figures:
+        lines += ["## Figures", ""] + [f"![{k}]({Path(v).name})" for k, v in figures.items()] + [""]
+    lines += [
+        "How each number is measured: see docs/analysis.md (tokens: the positions that predict the completion "
+        "tokens, the same tokens in both views; cosine per token, then mean and percentile over tokens; KL at the "
+        "logit temperature; relative Frobenius norms).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _summary_section(result: Mapping[str, Any]) -> list[str]:
     settings = result["settings"]
     options = settings["options"]
     p = f"p{options['percentile']:g}"
@@ -142,8 +155,12 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"| {model['name']} | {model['tokens']} | {lowest} | {_fmt(min(cos['percentile'], default=math.nan))} | "
             f"{_fmt(model['view_kl']['token_mean'])} | {_fmt(grad)} | {_fmt(update)} |"
         )
-    lines += ["", "## Hidden-state cosine per layer (token mean)", ""]
-    models = result["models"]
+    return lines
+
+
+def _cosine_section(models: Sequence[Mapping[str, Any]], percentile: float) -> list[str]:
+    p = f"p{percentile:g}"
+    lines = ["", "## Hidden-state cosine per layer (token mean)", ""]
     layers = models[0]["hidden_cosine"]["layers"]
     lines.append("| layer | " + " | ".join(f"{m['name']} mean | {m['name']} {p}" for m in models) + " |")
     lines.append("| --- |" + " --- | --- |" * len(models))
@@ -153,7 +170,11 @@ def markdown(result: Mapping[str, Any]) -> str:
             cos = m["hidden_cosine"]
             cells += [_fmt(cos["mean"][i]), _fmt(cos["percentile"][i])] if i < len(cos["mean"]) else ["n/a", "n/a"]
         lines.append(f"| {layer} | " + " | ".join(cells) + " |")
-    lines += ["", "## Where the context changes the distribution most", ""]
+    return lines
+
+
+def _top_token_section(models: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = ["", "## Where the context changes the distribution most", ""]
     for model in models:
         top = model["view_kl"]["top_tokens"]
         if not top:
@@ -172,57 +193,55 @@ def markdown(result: Mapping[str, Any]) -> str:
                 f"{_cell(t['top_c'])} ({_fmt(math.exp(t['top_c_logp']), 2)}) |"
             )
         lines.append("")
+    return lines
+
+
+def _gradient_section(models: Sequence[Mapping[str, Any]]) -> list[str]:
     grads = [m for m in models if m.get("grad_cosine")]
-    if grads:
-        lines += [
-            "## OPD vs NCA gradients",
-            "",
-            "| model | cosine | norm OPD | norm NCA | OPD loss | NCA loss | parameters | items | tokens |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for m in grads:
-            g = m["grad_cosine"]
-            lines.append(
-                f"| {m['name']} | {_fmt(g['cosine'])} | {_fmt(g['norm_opd'])} | {_fmt(g['norm_nca'])} | "
-                f"{_fmt(g['opd_loss'])} | {_fmt(g['nca_loss'])} | {g['num_params']} | {g['items']} | {g['tokens']} |"
-            )
-        lines.append("")
-    students = [m for m in models if m.get("update")]
-    if students:
-        modules = list(dict.fromkeys(mod for m in students for mod in m["update"]["modules"]))
-        lines += [
-            "## Update by module type (||dW|| / ||W||, all layers together)",
-            "",
-            "| model | method | " + " | ".join(modules) + " | total |",
-            "| --- | --- |" + " --- |" * (len(modules) + 1),
-        ]
-        for m in students:
-            by = m["update"]["by_module"]
-            lines.append(
-                f"| {m['name']} | {m['update']['method']} | "
-                + " | ".join(_fmt(by.get(mod)) for mod in modules)
-                + f" | {_fmt(m['update']['total'])} |"
-            )
-        lines += ["", "Update by layer (all module types together):", ""]
-        lines.append("| layer | " + " | ".join(m["name"] for m in students) + " |")
-        lines.append("| --- |" + " --- |" * len(students))
-        layer_ids = students[0]["update"]["layers"]
-        for i, layer in enumerate(layer_ids):
-            lines.append(f"| {layer} | " + " | ".join(_fmt(m["update"]["by_layer"][i]) for m in students) + " |")
-        lines.append("")
-    notes = result.get("notes") or []
-    if notes:
-        lines += ["## Notes", ""] + [f"- {note}" for note in notes] + [""]
-    figures = result.get("files", {}).get("figures", {})
-    if figures:
-        lines += ["## Figures", ""] + [f"![{k}]({Path(v).name})" for k, v in figures.items()] + [""]
-    lines += [
-        "How each number is measured: see docs/analysis.md (tokens: the positions that predict the completion "
-        "tokens, the same tokens in both views; cosine per token, then mean and percentile over tokens; KL at the "
-        "logit temperature; relative Frobenius norms).",
+    if not grads:
+        return []
+    lines = [
+        "## OPD vs NCA gradients",
         "",
+        "| model | cosine | norm OPD | norm NCA | OPD loss | NCA loss | parameters | items | tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    return "\n".join(lines)
+    for m in grads:
+        g = m["grad_cosine"]
+        lines.append(
+            f"| {m['name']} | {_fmt(g['cosine'])} | {_fmt(g['norm_opd'])} | {_fmt(g['norm_nca'])} | "
+            f"{_fmt(g['opd_loss'])} | {_fmt(g['nca_loss'])} | {g['num_params']} | {g['items']} | {g['tokens']} |"
+        )
+    lines.append("")
+    return lines
+
+
+def _update_section(models: Sequence[Mapping[str, Any]]) -> list[str]:
+    students = [m for m in models if m.get("update")]
+    if not students:
+        return []
+    modules = list(dict.fromkeys(mod for m in students for mod in m["update"]["modules"]))
+    lines = [
+        "## Update by module type (||dW|| / ||W||, all layers together)",
+        "",
+        "| model | method | " + " | ".join(modules) + " | total |",
+        "| --- | --- |" + " --- |" * (len(modules) + 1),
+    ]
+    for m in students:
+        by = m["update"]["by_module"]
+        lines.append(
+            f"| {m['name']} | {m['update']['method']} | "
+            + " | ".join(_fmt(by.get(mod)) for mod in modules)
+            + f" | {_fmt(m['update']['total'])} |"
+        )
+    lines += ["", "Update by layer (all module types together):", ""]
+    lines.append("| layer | " + " | ".join(m["name"] for m in students) + " |")
+    lines.append("| --- |" + " --- |" * len(students))
+    layer_ids = students[0]["update"]["layers"]
+    for i, layer in enumerate(layer_ids):
+        lines.append(f"| {layer} | " + " | ".join(_fmt(m["update"]["by_layer"][i]) for m in students) + " |")
+    lines.append("")
+    return lines
 
 
 def _json_safe(value: Any) -> Any:

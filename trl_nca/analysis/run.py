@@ -1,57 +1,27 @@
-"""Loading the models of an analysis and running every measure on one model (the Python API behind
-`trl-nca analyze`)."""
+"""Every measure on one model (`analyze_model`, the Python API behind `trl-nca analyze`), and the models' specs and
+loading with the analysis' settings (the shared `trl_nca.eval.loading`)."""
 
 from __future__ import annotations
 
-import copy
-import re
+import contextlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..eval.cli import ModelSpec
+from ..eval import loading
+from ..eval.loading import ModelSpec
+from ..inputs import InputError
 from ..losses import DivergenceSpec
 from .items import AnalysisInputError
 from .measures import AnalysisItem, compare_views, opd_nca_gradient_cosine, update_norms
 
 
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
 def parse_model_specs(values: Sequence[str]) -> list[ModelSpec]:
-    """`NAME=PATH[:ADAPTER]` values; the first is the reference (named `base` unless named). An empty PATH
-    (`NAME=:ADAPTER`) means the reference's weights. Names default to the adapter's or the path's last component."""
-    if not values:
-        raise AnalysisInputError("Give at least one --model (the first one is the reference, e.g. base=embedded).")
-    specs: list[ModelSpec] = []
-    for number, value in enumerate(values):
-        name, sep, rest = value.partition("=")
-        if not sep or not _NAME.match(name):
-            name, rest = None, value
-        path, _, adapter = rest.partition(":")
-        adapter = adapter or None
-        if not path:
-            if not specs:
-                raise AnalysisInputError(
-                    f"--model {value!r}: the first model (the reference) needs weights, not ':ADAPTER'."
-                )
-            path = specs[0].path
-        if not path or (adapter is not None and not adapter.strip()):
-            raise AnalysisInputError(f"--model {value!r} is not NAME=PATH[:ADAPTER].")
-        if name is None:
-            name = "base" if number == 0 else (Path((adapter or path).rstrip("/\\")).name or f"model{number}")
-        specs.append(ModelSpec(name, path, adapter))
-    names = [s.name for s in specs]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise AnalysisInputError(f"Model names must be unique, got {duplicates} more than once; name them NAME=PATH.")
-    return specs
-
-
-_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    """`[NAME=]PATH[:ADAPTER]` values; the first is the reference (named `base` unless named). An empty PATH
+    (`NAME=:ADAPTER`) means the reference's weights. Other names default to the last path component of the adapter,
+    else of the path (`trl_nca.eval.loading.parse_model_specs`, the parser of `trl-nca eval` too)."""
+    with _as_analysis_input_error():
+        return loading.parse_model_specs(values, inline_adapters=True, first_name="base")
 
 
 def load_model(
@@ -64,39 +34,25 @@ def load_model(
     trust_remote_code: bool = False,
 ):
     """A causal LM, with its PEFT adapter loaded trainable (its parameters are the ones training updates, which the
-    gradient measure differentiates). With `base` (a model already loaded from `path`), the adapter goes onto a copy
-    of it instead of loading the weights again."""
-    from transformers import AutoModelForCausalLM
+    gradient measure differentiates), in float32 by default (cosines near 1 need the precision). With `base` (a model
+    already loaded from `path`), the adapter goes onto a copy of it instead of loading the weights again. The loader
+    of `trl-nca eval` too (`trl_nca.eval.loading.load_model`)."""
+    with _as_analysis_input_error():
+        return loading.load_model(
+            path, adapter, dtype=dtype, device=device, trust_remote_code=trust_remote_code, trainable_adapter=True,
+            base=base,
+        )  # fmt: skip
 
-    from ..models import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
 
-    if dtype not in _DTYPES:
-        raise AnalysisInputError(f"--dtype must be one of {sorted(_DTYPES)}, got {dtype!r}.")
-    if base is not None:
-        model = copy.deepcopy(base)
-    else:
-        try:
-            resolved = resolve_model_name_or_path(path, "Model")
-        except (ModelNotFoundError, EmbeddedModelUnavailableError) as error:
-            raise AnalysisInputError(str(error)) from error
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                resolved, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
-            )
-        except (OSError, ValueError) as error:
-            raise AnalysisInputError(f"Model {path!r} could not be loaded: {str(error).splitlines()[0]}") from error
-        model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if adapter is not None:
-        from peft import PeftModel
-
-        if not Path(adapter).expanduser().exists():
-            raise AnalysisInputError(f"Adapter {adapter!r} not found: no such folder.")
-        try:
-            model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
-        except (OSError, ValueError) as error:
-            raise AnalysisInputError(f"Adapter {adapter!r} could not be loaded: {error}") from error
-    model.eval()
-    return model
+@contextlib.contextmanager
+def _as_analysis_input_error():
+    """Bad input found by the shared loading code, raised as the analysis' error type."""
+    try:
+        yield
+    except AnalysisInputError:
+        raise
+    except InputError as error:
+        raise AnalysisInputError(str(error)) from error
 
 
 @dataclass

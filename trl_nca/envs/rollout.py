@@ -193,16 +193,16 @@ class GameRollout:
 
     def make_envs(self, step_index: int) -> list[GameEnv]:
         """Fresh training envs for optimizer step `step_index`."""
-        return self._envs(self.seeds(step_index))
+        return self._new_envs(self.seeds(step_index))
 
-    def _envs(self, seeds: Sequence[int]) -> list[GameEnv]:
+    def _new_envs(self, seeds: Sequence[int]) -> list[GameEnv]:
         return [make_env(self.game, int(seed), max_calls=self.max_calls, **self.env_kwargs) for seed in seeds]
 
     def rollout(self, seeds: Sequence[int], generate: GenerateFn, tokenizer) -> RolloutBatch:
         """The `trl_nca.rollouts.Rollout` step: play the maps of `seeds` without the experience; every model call
         becomes a sample carrying the experience for its context view."""
         result = play_episodes(
-            self._envs(seeds), generate, tokenizer, None, self.spec, self.max_calls, sample_context=self.experience
+            self._new_envs(seeds), generate, tokenizer, None, self.spec, self.max_calls, sample_context=self.experience
         )
         samples = [RolloutSample(s["prompt"], s["context"], list(s["completion_ids"])) for s in result.samples]
         metrics = {k: v for k, v in result.metrics().items() if k not in ("num_episodes", "num_calls")}

@@ -7,26 +7,24 @@ and `main(argv)` makes `python -m trl_nca.eval.cli ...` work on its own.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..envs import game_generation_settings
 from ..envs.registry import parse_game_options
-from ..inputs import BUILTIN_CONTEXTS, load_rows, read_context
+from ..inputs import load_rows
 from ..sampling import GenerationSettings, VLLMBackend, vllm_available
-from ..views import ContextSpec
 from . import loading
 from .errors import EvalInputError
 from .games import check_game_options
+from .loading import ModelSpec
 from .paired import PairedEvaluator
 from .report import ModelRun, safe_name, write_report
-from .runner import run_paired, run_provenance
+from .runner import PairedTask, run_paired, run_provenance
 from .scorers import SCORERS
 
 
@@ -48,15 +46,6 @@ Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png
 """
 
 
-@dataclass
-class ModelSpec:
-    """One model of a comparison or an analysis: display name, weights path or Hub id, optional adapter."""
-
-    name: str
-    path: str
-    adapter: str | None = None
-
-
 def json_object_arg(text: str) -> dict[str, Any]:
     """argparse type of the `--chat-template-kwargs` options: a JSON object."""
     try:
@@ -76,12 +65,21 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "accuracy per view, harm, help, lengths, McNemar test and regime (A/B/C)."
     )
     parser.epilog = EPILOG
+    for add_group in (
+        _add_model_arguments, _add_dataset_arguments, _add_context_arguments, _add_scoring_arguments,
+        _add_generation_arguments, _add_output_arguments, _add_game_arguments,
+    ):  # fmt: skip
+        add_group(parser)
+    return parser
 
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models")
     models.add_argument(
         "--model", action="append", default=[], metavar="[NAME=]PATH",
         help="Model folder, Hub id, or 'embedded' (the built-in SmolLM2-135M-Instruct); repeat for several models. "
-        "NAME= sets its name in the report (default: the last path component). Example: "
+        "NAME= sets its name in the report (default: the last path component of its adapter, else of PATH; names "
+        "must be unique). Example: "
         "--model nca=Qwen/Qwen2.5-0.5B-Instruct.",
     )  # fmt: skip
     models.add_argument(
@@ -99,6 +97,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     models.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the Hub.")
 
+
+def _add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("dataset")
     data.add_argument(
         "--dataset", metavar="NAME_OR_FILE",
@@ -113,6 +113,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     data.add_argument("--id-column", help="Column with unique item ids (default: the row index).")
     data.add_argument("--limit", type=int, help="Evaluate only the first N items (OPCD QA uses 500).")
 
+
+def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
     context = parser.add_argument_group("context")
     source = context.add_mutually_exclusive_group()
     source.add_argument(
@@ -139,6 +141,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         help="Extra chat template variables, e.g. '{\"enable_thinking\": false}'.",
     )  # fmt: skip
 
+
+def _add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument(
         "--scorer", default="mcq",
@@ -152,6 +156,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )  # fmt: skip
     scoring.add_argument("--no-companion-scorers", action="store_true", help="Report the main scorer only.")
 
+
+def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     generation = parser.add_argument_group("generation (shared by both views)")
     defaults = GenerationSettings()
     game_note = "; with --game the OPCD game default {}"
@@ -183,6 +189,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "seed); rates become per-item success rates and harm the expected harm (docs/evaluation.md). Default: 1.",
     )  # fmt: skip
 
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
     output = parser.add_argument_group("output")
     output.add_argument("--output-dir", required=False, help="Folder for records, summary, report and figures.")
     output.add_argument("--title", help="Title of the Markdown report.")
@@ -192,6 +200,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     output.add_argument("--no-plots", action="store_true", help="Skip the PNG figures.")
     output.add_argument("--no-progress", action="store_true", help="Hide the progress bar.")
 
+
+def _add_game_arguments(parser: argparse.ArgumentParser) -> None:
     games = parser.add_argument_group("games")
     games.add_argument(
         "--game", help="Evaluate on a text game (sokoban or frozenlake, trl_nca.eval.games) instead of --dataset."
@@ -200,122 +210,21 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--game-option", action="append", default=[], metavar="KEY=VALUE",
         help="Option passed to the game evaluator (repeatable; VALUE parsed as JSON when possible).",
     )  # fmt: skip
-    return parser
-
-
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-def _split_named(spec: str) -> tuple[str | None, str]:
-    name, sep, rest = spec.partition("=")
-    if sep and _NAME.match(name) and rest:
-        return name, rest
-    return None, spec
-
-
-def _default_name(path: str) -> str:
-    return Path(path.rstrip("/\\")).name or path
 
 
 def parse_model_specs(models: Sequence[str], adapters: Sequence[str]) -> list[ModelSpec]:
-    """Pair `--model` and `--adapter` values into named model specs (see `--help`)."""
-    if not models:
-        raise EvalInputError("Give at least one --model.")
-    specs: list[ModelSpec] = []
-    for value in models:
-        name, path = _split_named(value)
-        specs.append(ModelSpec(name or _default_name(path), path))
-    names = [s.name for s in specs]
-    for i, spec in enumerate(specs):
-        if names.count(spec.name) > 1:
-            spec.name = f"{spec.name}-{names[: i + 1].count(spec.name)}"
-    if len({s.name for s in specs}) != len(specs):
-        raise EvalInputError(f"Model names must be unique, got {[s.name for s in specs]}; name them with NAME=PATH.")
-    parsed = [_split_named(a) for a in adapters]
-    named = [p for p in parsed if p[0] is not None]
-    if named and len(named) != len(parsed):
-        raise EvalInputError("Either name every --adapter (NAME=PATH) or none of them.")
-    if named:
-        by_name = {s.name: s for s in specs}
-        for name, path in named:
-            if name not in by_name:
-                raise EvalInputError(f"--adapter {name}=... names no model; the models are {sorted(by_name)}.")
-            by_name[name].adapter = path
-    elif parsed:
-        if len(parsed) != len(specs):
-            raise EvalInputError(
-                f"{len(parsed)} unnamed --adapter values for {len(specs)} models: give one per model ('none' for no "
-                "adapter) or name them NAME=PATH."
-            )
-        for spec, (_, path) in zip(specs, parsed):
-            spec.adapter = None if path.lower() in ("none", "-") else path
-    return specs
+    """Pair `--model [NAME=]PATH` and `--adapter [NAME=]PATH` values into named model specs (see `--help`)."""
+    return loading.parse_model_specs(models, adapters)
 
 
-def _resolve_model(name: str, what: str) -> str:
-    """`trl_nca.models.resolve_model_name_or_path`, the resolver of every command ('embedded' included)."""
-    from ..models import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
+@dataclass
+class EvalPlan:
+    """A checked `trl-nca eval` run: the models (paths resolved), the sampling settings and the task."""
 
-    try:
-        return resolve_model_name_or_path(name, what)
-    except (ModelNotFoundError, EmbeddedModelUnavailableError) as error:
-        raise EvalInputError(str(error)) from error
-
-
-def _check_local(path: str, what: str) -> None:
-    """Fail early on a local adapter path that does not exist (Hub ids pass)."""
-    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
-        raise EvalInputError(f"{what} {path!r} not found: no such folder.")
-
-
-def _context_spec(args) -> tuple[ContextSpec, str | None]:
-    """The context settings from the command line, and a description of their source for the provenance."""
-    layout = {"placement": args.placement, "template": args.template, "separator": args.separator}
-    try:
-        if args.context_file:
-            # the built-in contexts of `trl-nca train` ('medical', 'safety') work here too
-            source = f"builtin:{args.context_file}" if args.context_file in BUILTIN_CONTEXTS else None
-            text = read_context(args.context_file)
-            return ContextSpec(column=None, text=text, **layout), source or f"file:{Path(args.context_file)}"
-        if args.context_text is not None:
-            return ContextSpec(column=None, text=args.context_text, **layout), None
-        return ContextSpec(column=args.context_column, **layout), None
-    except EvalInputError:
-        raise
-    except (ValueError, TypeError) as error:
-        raise EvalInputError(str(error)) from error
-
-
-def _settings(args) -> GenerationSettings:
-    """Sampling settings: the options given, else the OPCD game defaults with --game, else the QA defaults."""
-    if args.game:
-        defaults = game_generation_settings()
-    else:
-        defaults = GenerationSettings()
-
-    def pick(name):
-        value = getattr(args, name)
-        return getattr(defaults, name) if value is None else value
-
-    try:
-        return GenerationSettings(
-            max_new_tokens=pick("max_new_tokens"),
-            temperature=pick("temperature"),
-            top_p=pick("top_p"),
-            top_k=pick("top_k"),
-            do_sample=not args.greedy,
-            seed=args.seed,
-            batch_size=args.batch_size,
-        )
-    except ValueError as error:
-        raise EvalInputError(str(error)) from error
-
-
-def _game_options(values: Sequence[str]) -> dict[str, Any]:
-    try:
-        return parse_game_options(values)
-    except ValueError as error:
-        raise EvalInputError(str(error)) from error
+    specs: list[ModelSpec]
+    settings: GenerationSettings
+    task: PairedTask
+    output_dir: Path
 
 
 def run_eval(args: argparse.Namespace) -> dict[str, Any]:
@@ -324,96 +233,151 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     Every setting, the dataset (or the game options) and the context are checked before any model is loaded; then each
     model is evaluated by the one runner (`trl_nca.eval.runner.run_paired`), on dataset items or on game maps.
     """
+    plan = plan_eval(args)
+    runs = [evaluate_model(spec, plan, args) for spec in plan.specs]
+    return write_eval_report(runs, plan.output_dir, args)
+
+
+def plan_eval(args: argparse.Namespace) -> EvalPlan:
+    """Every check of `trl-nca eval`, in the order the options are read; loads no model."""
     if not args.output_dir:
         raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
-    specs = parse_model_specs(args.model, args.adapter)
-    for spec in specs:
-        spec.path = _resolve_model(spec.path, f"Model {spec.name!r}:")
-        if spec.adapter:
-            _check_local(spec.adapter, "Adapter")
+    specs = loading.resolve_model_specs(parse_model_specs(args.model, args.adapter))
     if args.tokenizer:
-        args.tokenizer = _resolve_model(args.tokenizer, "--tokenizer")
-    settings = _settings(args)
+        args.tokenizer = loading.resolve_model_path(args.tokenizer, "--tokenizer")
+    settings = _generation_settings(args)
+    _check_run_options(args)
+    task = _game_task(args) if args.game else _dataset_task(args, settings)
+    return EvalPlan(specs, settings, task, Path(args.output_dir))
+
+
+def _generation_settings(args) -> GenerationSettings:
+    """Sampling settings: the options given, else the OPCD game defaults with --game, else the QA defaults."""
+    defaults = game_generation_settings() if args.game else GenerationSettings()
+
+    def given_or_default(name):
+        value = getattr(args, name)
+        return getattr(defaults, name) if value is None else value
+
+    try:
+        return GenerationSettings(
+            max_new_tokens=given_or_default("max_new_tokens"),
+            temperature=given_or_default("temperature"),
+            top_p=given_or_default("top_p"),
+            top_k=given_or_default("top_k"),
+            do_sample=not args.greedy,
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
+    except ValueError as error:
+        raise EvalInputError(str(error)) from error
+
+
+def _check_run_options(args) -> None:
     if args.samples_per_view < 1:
         raise EvalInputError(f"--samples-per-view must be at least 1, got {args.samples_per_view}.")
     if args.game and args.samples_per_view != 1:
         raise EvalInputError("--samples-per-view applies to dataset items; a game map is played once per view.")
     if args.backend == "vllm" and not vllm_available():
         raise EvalInputError("--backend vllm needs vllm installed (`pip install vllm`); use --backend hf.")
-    output_dir = Path(args.output_dir)
 
-    context, source = (None, None)
-    if args.game:
-        ignored = {
-            "--dataset": args.dataset, "--limit": args.limit, "--prompt-column": args.prompt_column,
-            "--id-column": args.id_column, "--dataset-config": args.dataset_config,
-            "--label-column": None if args.label_column == "answer" else args.label_column,
-            "--scorer": None if args.scorer == "mcq" else args.scorer,
-        }  # fmt: skip
-        given = [option for option, value in ignored.items() if value is not None]
-        if given:
-            raise EvalInputError(
-                f"{', '.join(given)} do(es) not apply to --game (a game is scored by winning; choose the maps with "
-                "--game-option num_seeds=N or seeds=[...]). Drop them, or evaluate a dataset without --game."
-            )
-        if args.context_text is not None or args.context_file:
-            context, source = _context_spec(args)
-        task = check_game_options(args.game, _game_options(args.game_option), context, source)
-    else:
-        if not args.dataset:
-            raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
-        if args.game_option:
-            raise EvalInputError("--game-option only applies with --game; drop it, or add --game NAME.")
-        context, source = _context_spec(args)
-        dataset = load_rows(args.dataset, split=args.split, config=args.dataset_config)
-        companions = [] if args.no_companion_scorers else args.companion_scorer
-        try:
-            task = PairedEvaluator(
-                dataset,
-                context=context,
-                scorer=args.scorer,
-                label_column=args.label_column,
-                id_column=args.id_column,
-                generation=settings,
-                companion_scorers=companions,
-                prompt_column=args.prompt_column,
-                limit=args.limit,
-                chat_template_kwargs=args.chat_template_kwargs,
-                context_source=source,
-                samples_per_view=args.samples_per_view,
-            )
-        except EvalInputError:
-            raise
-        except ValueError as error:  # e.g. an unknown scorer name
-            raise EvalInputError(str(error)) from error
 
-    runs = []
-    for spec in specs:
-        records_path = output_dir / safe_name(spec.name) / "records.jsonl"
-        progress = not args.no_progress
-        if args.backend == "vllm":
-            tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
-            backend = VLLMBackend(spec.path, tokenizer, adapter=spec.adapter, dtype=args.dtype)
-            model = backend.llm
-        else:
-            backend = None
-            model = loading.load_model(
-                spec.path, spec.adapter, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code
-            )
-            tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
-        provenance = run_provenance(
-            task, model, tokenizer, generation=settings, model_path=spec.path, adapter=spec.adapter
-        )  # fmt: skip
-        provenance["backend"] = args.backend
-        records = run_paired(
-            task, model, tokenizer, generation=settings, output_path=records_path, backend=backend,
-            provenance=provenance, progress=progress, desc=spec.name,
-        )  # fmt: skip
-        runs.append(ModelRun(spec.name, records, provenance=provenance, records_path=str(records_path)))
-        del model, backend
-        gc.collect()
-        _empty_cuda_cache()
+def _game_task(args) -> PairedTask:
+    """The game maps of `--game`, with the experience of `--context-text`/`--context-file` when given."""
+    not_for_games = {
+        "--dataset": args.dataset, "--limit": args.limit, "--prompt-column": args.prompt_column,
+        "--id-column": args.id_column, "--dataset-config": args.dataset_config,
+        "--label-column": None if args.label_column == "answer" else args.label_column,
+        "--scorer": None if args.scorer == "mcq" else args.scorer,
+    }  # fmt: skip
+    given = [option for option, value in not_for_games.items() if value is not None]
+    if given:
+        raise EvalInputError(
+            f"{', '.join(given)} do(es) not apply to --game (a game is scored by winning; choose the maps with "
+            "--game-option num_seeds=N or seeds=[...]). Drop them, or evaluate a dataset without --game."
+        )
+    context, source = None, None
+    if args.context_text is not None or args.context_file:
+        given = loading.context_from_args(args)
+        context, source = given.spec, given.source
+    try:
+        options = parse_game_options(args.game_option)
+    except ValueError as error:
+        raise EvalInputError(str(error)) from error
+    return check_game_options(args.game, options, context, source)
 
+
+def _dataset_task(args, settings: GenerationSettings) -> PairedTask:
+    """The dataset items of `--dataset`, their context and scorer."""
+    if not args.dataset:
+        raise EvalInputError("Give --dataset (a Hub name or a local file), or --game.")
+    if args.game_option:
+        raise EvalInputError("--game-option only applies with --game; drop it, or add --game NAME.")
+    context = loading.context_from_args(args)
+    dataset = load_rows(args.dataset, split=args.split, config=args.dataset_config)
+    try:
+        return PairedEvaluator(
+            dataset,
+            context=context.spec,
+            scorer=args.scorer,
+            label_column=args.label_column,
+            id_column=args.id_column,
+            generation=settings,
+            companion_scorers=[] if args.no_companion_scorers else args.companion_scorer,
+            prompt_column=args.prompt_column,
+            limit=args.limit,
+            chat_template_kwargs=args.chat_template_kwargs,
+            context_source=context.source,
+            samples_per_view=args.samples_per_view,
+        )
+    except EvalInputError:
+        raise
+    except ValueError as error:  # e.g. an unknown scorer name
+        raise EvalInputError(str(error)) from error
+
+
+class LoadedModel(NamedTuple):
+    """One model ready to generate: the weights (or the vLLM engine), its tokenizer, and the backend (None: HF)."""
+
+    model: Any
+    tokenizer: Any
+    backend: VLLMBackend | None
+
+
+def load_for_backend(spec: ModelSpec, args) -> LoadedModel:
+    """The model of `spec` for `--backend`: a vLLM engine, or the HF model on `--device`."""
+    tokenizer_path = args.tokenizer or spec.path
+    if args.backend == "vllm":
+        tokenizer = loading.load_tokenizer(tokenizer_path, trust_remote_code=args.trust_remote_code)
+        backend = VLLMBackend(spec.path, tokenizer, adapter=spec.adapter, dtype=args.dtype)
+        return LoadedModel(backend.llm, tokenizer, backend)
+    model = loading.load_model(
+        spec.path, spec.adapter, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code
+    )
+    tokenizer = loading.load_tokenizer(tokenizer_path, trust_remote_code=args.trust_remote_code)
+    return LoadedModel(model, tokenizer, None)
+
+
+def evaluate_model(spec: ModelSpec, plan: EvalPlan, args) -> ModelRun:
+    """Evaluate one model on the plan's task (resuming its records), then free its memory."""
+    records_path = plan.output_dir / safe_name(spec.name) / "records.jsonl"
+    loaded = load_for_backend(spec, args)
+    provenance = run_provenance(
+        plan.task, loaded.model, loaded.tokenizer, generation=plan.settings, model_path=spec.path,
+        adapter=spec.adapter,
+    )  # fmt: skip
+    provenance["backend"] = args.backend
+    records = run_paired(
+        plan.task, loaded.model, loaded.tokenizer, generation=plan.settings, output_path=records_path,
+        backend=loaded.backend, provenance=provenance, progress=not args.no_progress, desc=spec.name,
+    )  # fmt: skip
+    del loaded
+    loading.release_memory()
+    return ModelRun(spec.name, records, provenance=provenance, records_path=str(records_path))
+
+
+def write_eval_report(runs: Sequence[ModelRun], output_dir: Path, args) -> dict[str, Any]:
+    """The report of every model side by side (`trl_nca.eval.report.write_report`), with the command line."""
     return write_report(
         runs,
         output_dir,
@@ -424,13 +388,6 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
         title=args.title,
         extra={"command": {k: v for k, v in vars(args).items() if not callable(v)}},
     )
-
-
-def _empty_cuda_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def build_parser(prog: str = "trl-nca eval") -> argparse.ArgumentParser:

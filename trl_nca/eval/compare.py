@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..sampling import GenerationSettings
-from .loading import load_model
+from .loading import load_model, release_memory
 from .paired import PairedEvaluator
 from .report import ModelRun, write_report
 
@@ -84,9 +83,7 @@ def _release_training(trainer) -> None:
     for name in ("model", "model_wrapped", "deepspeed", "optimizer", "lr_scheduler", "teacher_model"):
         if hasattr(trainer, name):
             setattr(trainer, name, None)
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_memory()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config

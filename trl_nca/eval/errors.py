@@ -1,4 +1,4 @@
-"""The error type of bad evaluation input: `trl_nca.inputs.InputError`, under the name the evaluation has always used."""
+"""The error type of bad evaluation input: `trl_nca.inputs.InputError`, named for the evaluation."""
 
 from ..inputs import InputError
 

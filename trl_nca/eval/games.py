@@ -16,7 +16,7 @@ games unchanged. Per view (`ViewOutcome`):
 sample with the same per-call seeds (common random numbers).
 
 `GameEvaluation` is the game task of the evaluation runner (`trl_nca.eval.runner`): the same resume mechanism, run
-key and provenance record as dataset evaluations. (This module was `trl_nca.envs.evaluate`; see docs/design.md.)
+key and provenance record as dataset evaluations.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class _Pair:
         self.ids: dict[str, list[list[int]]] = {"x": [], "xc": []}
 
     @property
-    def live(self) -> list[str]:
+    def unfinished_views(self) -> list[str]:
         return [view for view, env in self.envs.items() if not env.done]
 
     def outcome(self, view: str) -> ViewOutcome:
@@ -130,13 +130,13 @@ def play_pairs(
     pending = list(seeds)[::-1]
     active: list[_Pair] = []
     while pending or active:
-        live = sum(len(pair.live) for pair in active)
-        while pending and (not active or max_prompts is None or live + 2 <= max_prompts):
+        unfinished = sum(len(pair.unfinished_views) for pair in active)
+        while pending and (not active or max_prompts is None or unfinished + 2 <= max_prompts):
             active.append(_Pair(game, pending.pop(), max_calls, env_kwargs))
-            live += 2
+            unfinished += 2
         prompts, row_seeds, owners = [], [], []
         for pair in active:
-            for view in pair.live:
+            for view in pair.unfinished_views:
                 env = pair.envs[view]
                 messages = build_step_messages(env)
                 view_messages = add_context(messages, experience, spec) if view == "xc" else messages
@@ -150,7 +150,7 @@ def play_pairs(
             pair.ids[view].append(list(completion.token_ids))
         still = []
         for pair in active:
-            if pair.live:
+            if pair.unfinished_views:
                 still.append(pair)
             else:
                 on_pair(pair.seed, pair.outcome("x"), pair.outcome("xc"))
@@ -327,7 +327,7 @@ class GameEvaluation:
 RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
 
 
-def _shown(value: Any) -> str:
+def _type_and_value(value: Any) -> str:
     return f"the {type(value).__name__} {value!r}"
 
 
@@ -360,14 +360,14 @@ def check_game_options(
     if not _is_int(num_seeds) or num_seeds < 1:
         raise EvalInputError(
             f"--game-option num_seeds must be a positive integer (how many held-out maps to play; OPCD uses 128), "
-            f"got {_shown(num_seeds)}."
+            f"got {_type_and_value(num_seeds)}."
         )
     if "seeds" in options:
         seeds = options["seeds"]
         if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
             raise EvalInputError(
                 "--game-option seeds must be a non-empty JSON list of non-negative integers, e.g. seeds=[3,7,11] "
-                f"(or use num_seeds=N for the first N held-out maps), got {_shown(seeds)}."
+                f"(or use num_seeds=N for the first N held-out maps), got {_type_and_value(seeds)}."
             )
         repeated = sorted({s for s in seeds if seeds.count(s) > 1})
         if repeated:
@@ -378,13 +378,13 @@ def check_game_options(
     if not _is_int(max_calls) or max_calls < 1:
         raise EvalInputError(
             f"--game-option max_calls must be a positive integer (model calls per episode; OPCD uses 5), got "
-            f"{_shown(max_calls)}."
+            f"{_type_and_value(max_calls)}."
         )
     template_kwargs = options.get("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise EvalInputError(
             "--game-option chat_template_kwargs must be a JSON object, e.g. chat_template_kwargs="
-            f'{{"enable_thinking":false}}, got {_shown(template_kwargs)}.'
+            f'{{"enable_thinking":false}}, got {_type_and_value(template_kwargs)}.'
         )
     env_kwargs = {k: v for k, v in options.items() if k not in RUN_OPTIONS}
     if "seed" in env_kwargs:

@@ -122,7 +122,7 @@ class PairedEvaluator:
         self.generation = generation or GenerationSettings()
         self.prompt_column = prompt_column
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        rows = dataset if limit is None else _head(dataset, limit)
+        rows = dataset if limit is None else _first_items(dataset, limit)
         self.rows = [dict(r) for r in rows]
         self._limit = limit
         self._validate()
@@ -395,7 +395,7 @@ def item_fingerprint(item: EvalItem) -> str:
     return sha256_text(json.dumps(payload, sort_keys=True, default=str))
 
 
-def _head(dataset, limit: int):
+def _first_items(dataset, limit: int):
     if limit < 0:
         raise EvalInputError(f"limit must be non-negative, got {limit}.")
     if hasattr(dataset, "select"):

@@ -10,7 +10,7 @@ import numpy as np
 
 
 def new_figure(width: float, height: float):
-    """A matplotlib figure drawn off-screen (no pyplot state), for the report figures and the recipes' figures."""
+    """A matplotlib figure drawn off-screen (no pyplot state), for the figures of the reports, recipes and analyses."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -165,7 +165,7 @@ def run_paired(
     try:
         with _progress(len(todo), progress, desc=f"{desc} ({len(done)} done)") as bar:
 
-            def keep(records: list[PairedRecord]) -> None:
+            def on_records(records: list[PairedRecord]) -> None:
                 for record in records:  # the task's own meta wins (a game's `seed` is the map's)
                     record.meta = {**common_meta, **record.meta, "item_sha256": fingerprints[record.item_id]}
                     record.meta["run_key"] = key
@@ -175,7 +175,7 @@ def run_paired(
                 bar.update(len(records))
 
             if todo:
-                task.play(todo, generate_fn(backend, generation), tokenizer, generation, keep)
+                task.play(todo, generate_fn(backend, generation), tokenizer, generation, on_records)
     finally:
         if was_training and hasattr(model, "train"):
             model.train()

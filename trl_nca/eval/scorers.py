@@ -226,11 +226,11 @@ class StringMatchScorer:
         self.require_tag = require_tag
         self.name = "normalized" if normalize else "exact"
 
-    def _canon(self, text: str) -> str:
+    def _comparable(self, text: str) -> str:
         return normalize_text(text) if self.normalize else text.strip()
 
     def check_label(self, label: Any) -> None:
-        if not isinstance(label, str) or not self._canon(label):
+        if not isinstance(label, str) or not self._comparable(label):
             raise ValueError(f"the {self.name!r} scorer needs non-empty string labels, got {label!r}")
 
     def __call__(self, text: str, label: Any) -> Score:
@@ -239,10 +239,10 @@ class StringMatchScorer:
             if self.require_tag:
                 return Score(None, False, True)
             content = text
-        answer = self._canon(content)
+        answer = self._comparable(content)
         if not answer:
             return Score(None, False, True)
-        return Score(answer, answer == self._canon(str(label)), False)
+        return Score(answer, answer == self._comparable(str(label)), False)
 
 
 class ContainsScorer:
