@@ -34,7 +34,9 @@ def main():
         output_dir=out, max_steps=4, per_device_train_batch_size=2, max_new_tokens=4, bf16=False, report_to=[],
         save_strategy="no", logging_steps=1, ddp_backend="gloo",
     )  # fmt: skip
-    trainer = NCATrainer(model=student, args=args, train_dataset=Dataset.from_dict(rows), callbacks=[FailOnProcessOne()])
+    trainer = NCATrainer(
+        model=student, args=args, train_dataset=Dataset.from_dict(rows), callbacks=[FailOnProcessOne()]
+    )
     trainer.train()
 
 
