@@ -19,7 +19,6 @@ from pathlib import Path
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.config import resume_checkpoint, student_init_kwargs
 from trl_nca.envs import GameRollout, game_generation_settings
 from trl_nca.eval import (
     ModelRun,
@@ -31,6 +30,7 @@ from trl_nca.eval import (
     write_report,
 )
 from trl_nca.models import resolve_model_name_or_path
+from trl_nca.script_options import resume_checkpoint, student_init_kwargs
 
 
 GAME = "sokoban"

@@ -142,7 +142,7 @@ def test_examples_merge_model_init_kwargs_with_model_config():
     from trl import ModelConfig, TrlParser
 
     from trl_nca import NCAConfig
-    from trl_nca.config import student_init_kwargs
+    from trl_nca.script_options import student_init_kwargs
 
     sys.path.insert(0, str(ROOT / "examples"))
     from medmcqa import ScriptArguments

@@ -7,12 +7,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import resume_checkpoint, student_init_kwargs
 from .inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
+from .script_options import resume_checkpoint, student_init_kwargs
 
 
 # read_context, load_dataset_any and resume_checkpoint stay importable from here; they live in trl_nca.inputs and
-# trl_nca.config.
+# trl_nca.script_options.
 __all__ = [
     "BUILTIN_CONTEXTS",
     "BUILTIN_DATASETS",

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from dataclasses import dataclass, field, fields
-from numbers import Integral, Real
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from trl import DistillationConfig
 from trl.import_utils import TRLExperimentalWarning
@@ -18,43 +15,13 @@ with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on 
     warnings.simplefilter("ignore", TRLExperimentalWarning)
     from trl.experimental.gkd import GKDConfig
 
+from .checks import check_integer, check_number
 from .losses import DivergenceSpec
 from .schedule import SCHEDULES, schedule_from_config
 from .views import ContextSpec
 
 
 logger = logging.getLogger(__name__)
-
-
-def _shown(value: Any) -> str:
-    """A value with its type, so a string "0.5" does not read as the number 0.5 in an error message."""
-    return f"the {type(value).__name__} {value!r}"
-
-
-def _check_number(
-    name: str, value: Any, low: float | None = None, high: float | None = None, low_open: bool = False, hint: str = ""
-) -> None:
-    """A finite real number (not a bool, not a string) within [low, high] (or (low, high] with `low_open`)."""
-    bounds = []
-    if low is not None:
-        bounds.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        bounds.append(f"<= {high:g}")
-    wanted = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "") + (f" ({hint})" if hint else "")
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        fix = " Pass a number, not a string." if isinstance(value, str) else ""
-        raise ValueError(f"{name} must be {wanted}, got {_shown(value)}.{fix}")
-
-
-def _check_integer(name: str, value: Any, low: int, hint: str = "") -> None:
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
-        extra = f" ({hint})" if hint else ""
-        raise ValueError(f"{name} must be an integer >= {low}{extra}, got {_shown(value)}.")
 
 
 NCA_PARAMETERS_DOC = r"""
@@ -365,24 +332,24 @@ class NCAFields:
     def _check_nca_numbers(self, integers: tuple[str, ...] = ()) -> None:
         """Type and range of the numbers, before the base config's own checks (which let NaN through and fail on
         strings with a bare TypeError). `integers` adds fields of the base config that must be integers >= 1."""
-        _check_number("nca_beta", self.nca_beta, low=0.0, hint="0 is plain OPD, 0.5 the paper's best")
-        _check_number("temperature", self.temperature, low=0.0, low_open=True, hint="it divides every view's logits")
-        _check_number("beta", self.beta, low=0.0, high=1.0, hint="0 forward KL, 1 reverse KL")
+        check_number("nca_beta", self.nca_beta, low=0.0, hint="0 is plain OPD, 0.5 the paper's best")
+        check_number("temperature", self.temperature, low=0.0, low_open=True, hint="it divides every view's logits")
+        check_number("beta", self.beta, low=0.0, high=1.0, hint="0 forward KL, 1 reverse KL")
         for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
-            _check_number(name, getattr(self, name))
+            check_number(name, getattr(self, name))
         for name in (
             self._support_size_name, "loss_vocab_chunk_size", "loss_token_chunk_size", *integers,
             "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
         ):  # fmt: skip
-            _check_integer(name, getattr(self, name), low=1)
+            check_integer(name, getattr(self, name), low=1)
         for name in ("nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon"):
-            _check_number(name, getattr(self, name), low=0.0, low_open=True)
-        _check_number("nca_adaptive_init", self.nca_adaptive_init, low=0.0)
-        _check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
-        _check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
-        _check_integer("share_prefix_min_tokens", self.share_prefix_min_tokens, low=1)
+            check_number(name, getattr(self, name), low=0.0, low_open=True)
+        check_number("nca_adaptive_init", self.nca_adaptive_init, low=0.0)
+        check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
+        check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
+        check_integer("share_prefix_min_tokens", self.share_prefix_min_tokens, low=1)
         if self.max_context_length is not None:
-            _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
+            check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
 
     def _check_nca_choices(self) -> None:
         """The choices among strings, the unused-option warning, and the specs built (so validated) now."""
@@ -526,7 +493,7 @@ class NCAConfig(NCAFields, GKDConfig):
 
     def __post_init__(self):
         self._check_nca_numbers(integers=("max_new_tokens",))
-        _check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
+        check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
         self._nca_defaults()
         super().__post_init__()
         self._check_nca_choices()
@@ -589,63 +556,6 @@ def _adopt_activation_checkpointing(config) -> None:
             setattr(config, old, None)
 
 
-def student_init_kwargs(args: NCAConfig, model_args) -> dict[str, Any]:
-    """`from_pretrained` kwargs of the student: `args.model_init_kwargs`, completed by `trl.ModelConfig`'s `dtype`,
-    `model_revision` and `attn_implementation`. A key set in both places to different values is an error, unless the
-    ModelConfig field still has its default (then the explicit `model_init_kwargs` entry wins): nothing the user wrote
-    is silently overridden."""
-    kwargs = dict(args.model_init_kwargs or {})
-    defaults = {f.name: f.default for f in fields(type(model_args))}
-    given = {
-        "dtype": ("dtype", model_args.dtype or "auto"),
-        "revision": ("model_revision", model_args.model_revision),
-        "attn_implementation": ("attn_implementation", model_args.attn_implementation),
-    }
-    for key, (option, value) in given.items():
-        if key not in kwargs:
-            kwargs[key] = value
-        elif kwargs[key] != value and getattr(model_args, option) != defaults[option]:
-            raise ValueError(
-                f"`{option}: {getattr(model_args, option)}` and `model_init_kwargs: {{{key}: {kwargs[key]}}}` "
-                "disagree; set it in one place only."
-            )
-    return kwargs
-
-
-def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
-    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last checkpoint in `output_dir`), or a
-    checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does not exist, or
-    'true' when `output_dir` has no checkpoint, is an error (never a silent restart from step 0)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if value is None or value is False:
-        return None
-    if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
-        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
-            raise ValueError(
-                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to resume "
-                "from. Give the checkpoint folder itself, or leave the option out to start afresh."
-            )
-        return True
-    if str(value).strip().lower() in ("false", "none", "no", "0", ""):
-        return None
-    if not Path(value).is_dir():
-        raise ValueError(
-            f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
-            "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
-        )
-    return str(value)
-
-
-def _markdown_value(value: Any) -> str:
-    text = repr(value) if isinstance(value, str) else str(value)
-    return "`" + text.replace("|", "\\|") + "`"
-
-
-def _markdown_text(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def _nca_field_names(config_class) -> list[str]:
     """The NCA fields of a config class in documentation order: those of `NCAFields`, with the class's support-size
     field right after `divergence_support`."""
@@ -657,63 +567,3 @@ def _nca_field_names(config_class) -> list[str]:
         if name == "divergence_support":
             names.append(config_class._support_size_name)
     return names
-
-
-def _annotation(config_class, name: str) -> str:
-    """A field's type as written (HfArgumentParser rewrites `field.type` in place)."""
-    for klass in config_class.__mro__:
-        if name in getattr(klass, "__annotations__", {}):
-            return str(klass.__annotations__[name]).replace("|", "\\|")
-    raise KeyError(name)
-
-
-def field_reference() -> str:
-    """Markdown tables of the NCA fields (declared once, in `NCAFields`), of the `GKDConfig` fields whose defaults
-    `NCAConfig` changes, and of how `NCADistillationConfig` differs, built from the fields' defaults, types and
-    `metadata["help"]` (the text `--help` shows). docs/configuration.md embeds them between markers;
-    `python scripts/config_reference.py` rewrites them there, and a test fails when the page drifts."""
-    gkd = {f.name: f for f in fields(GKDConfig)}
-    ours = {f.name: f for f in fields(NCAConfig)}
-    rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name in _nca_field_names(NCAConfig):
-        f = ours[name]
-        kind = _annotation(NCAConfig, name)
-        rows.append(f"| `{name}` | `{kind}` | {_markdown_value(f.default)} | {_markdown_text(f.metadata['help'])} |")
-    changed = ["| field | GKDConfig default | NCAConfig default | meaning |", "| --- | --- | --- | --- |"]
-    for name in NCAConfig.__annotations__:
-        if name in gkd:
-            f = ours[name]
-            changed.append(
-                f"| `{name}` | {_markdown_value(gkd[name].default)} | {_markdown_value(f.default)} | "
-                f"{_markdown_text(f.metadata['help'])} |"
-            )
-    added = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name in NCAConfig.__annotations__:
-        if name not in gkd and name not in _nca_field_names(NCAConfig):
-            f = ours[name]
-            added.append(
-                f"| `{name}` | `{_annotation(NCAConfig, name)}` | {_markdown_value(f.default)} | "
-                f"{_markdown_text(f.metadata['help'])} |"
-            )
-    distill = {f.name: f for f in fields(DistillationConfig)}
-    theirs = {f.name: f for f in fields(NCADistillationConfig)}
-    renamed = [
-        f"| `{a}` | `{b}` | {_markdown_text(ours[a].metadata['help'])} |"
-        for a, b in zip(_nca_field_names(NCAConfig), _nca_field_names(NCADistillationConfig))
-        if a != b
-    ]
-    overridden = [name for name in NCADistillationConfig.__annotations__ if name in distill]
-    differing = [f"`{name}`" for name in overridden if theirs[name].default != distill[name].default]
-    return (
-        "\n".join(rows)
-        + "\n\nFields of `GKDConfig` whose default differs:\n\n"
-        + "\n".join(changed)
-        + "\n\nFields `NCAConfig` adds to `GKDConfig` (as `DistillationConfig` has them):\n\n"
-        + "\n".join(added)
-        + "\n\n`NCADistillationConfig` (on `DistillationConfig`) has the same NCA fields, with the same types, defaults "
-        + "and meaning, except:\n\n| `NCAConfig` | `NCADistillationConfig` | meaning |\n| --- | --- | --- |\n"
-        + "\n".join(renamed)
-        + "\n\nFields of `DistillationConfig` whose default differs: "
-        + (", ".join(differing) if differing else "none")
-        + ".\n"
-    )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checks import shown
 from ..envs import (
     GAME_MAX_NEW_TOKENS,
     GAME_TEMPERATURE,
@@ -327,10 +328,6 @@ class GameEvaluation:
 RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
 
 
-def _shown(value: Any) -> str:
-    return f"the {type(value).__name__} {value!r}"
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -360,14 +357,14 @@ def check_game_options(
     if not _is_int(num_seeds) or num_seeds < 1:
         raise EvalInputError(
             f"--game-option num_seeds must be a positive integer (how many held-out maps to play; OPCD uses 128), "
-            f"got {_shown(num_seeds)}."
+            f"got {shown(num_seeds)}."
         )
     if "seeds" in options:
         seeds = options["seeds"]
         if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
             raise EvalInputError(
                 "--game-option seeds must be a non-empty JSON list of non-negative integers, e.g. seeds=[3,7,11] "
-                f"(or use num_seeds=N for the first N held-out maps), got {_shown(seeds)}."
+                f"(or use num_seeds=N for the first N held-out maps), got {shown(seeds)}."
             )
         repeated = sorted({s for s in seeds if seeds.count(s) > 1})
         if repeated:
@@ -378,13 +375,13 @@ def check_game_options(
     if not _is_int(max_calls) or max_calls < 1:
         raise EvalInputError(
             f"--game-option max_calls must be a positive integer (model calls per episode; OPCD uses 5), got "
-            f"{_shown(max_calls)}."
+            f"{shown(max_calls)}."
         )
     template_kwargs = options.get("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise EvalInputError(
             "--game-option chat_template_kwargs must be a JSON object, e.g. chat_template_kwargs="
-            f'{{"enable_thinking":false}}, got {_shown(template_kwargs)}.'
+            f'{{"enable_thinking":false}}, got {shown(template_kwargs)}.'
         )
     env_kwargs = {k: v for k, v in options.items() if k not in RUN_OPTIONS}
     if "seed" in env_kwargs:
