@@ -1,17 +1,18 @@
-"""Rewrite the generated field reference in docs/configuration.md from `NCAConfig`'s fields and their metadata.
+"""Rewrite the generated field reference in docs/configuration.md from the config classes' fields and their help.
 
 python scripts/config_reference.py          # rewrite the block between the markers
 python scripts/config_reference.py --check  # exit 1 if the page is not up to date (tests/test_docs.py does this)
+
+The tables show each field's `metadata["help"]`, the same text as `--help` and the class docstrings
+(`trl_nca.field_docs`), with the type as written and the default.
 """
 
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
-from trl import DistillationConfig
-
-from trl_nca.config import GKDConfig, NCAConfig, NCADistillationConfig, _nca_field_names
+from trl_nca import field_docs
+from trl_nca.config import NCAConfig, NCADistillationConfig, NCAFields
 
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
@@ -19,60 +20,58 @@ BEGIN = "<!-- BEGIN GENERATED: python scripts/config_reference.py -->\n"
 END = "<!-- END GENERATED -->\n"
 
 
-def _markdown_value(value: Any) -> str:
+def _value(value) -> str:
     text = repr(value) if isinstance(value, str) else str(value)
     return "`" + text.replace("|", "\\|") + "`"
 
 
-def _markdown_text(text: str) -> str:
+def _text(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _annotation(config_class, name: str) -> str:
-    """A field's type as written (HfArgumentParser rewrites `field.type` in place)."""
-    for klass in config_class.__mro__:
-        if name in getattr(klass, "__annotations__", {}):
-            return str(klass.__annotations__[name]).replace("|", "\\|")
-    raise KeyError(name)
+def _help(config_class, name: str) -> str:
+    return _text(config_class.__dataclass_fields__[name].metadata["help"])
+
+
+def _type(config_class, name: str) -> str:
+    return "`" + field_docs.annotation(config_class, name).replace("|", "\\|") + "`"
+
+
+def nca_field_names(config_class) -> list[str]:
+    """The NCA fields of a config class in documentation order (its docstring's): those of `NCAFields`, with the
+    class's support-size field right after `divergence_support`."""
+    nca = NCAFields.__dataclass_fields__
+    return [n for n in field_docs.field_names(config_class) if n in nca or n == config_class._support_size_name]
 
 
 def field_reference() -> str:
     """Markdown tables of the NCA fields (declared once, in `NCAFields`), of the `GKDConfig` fields whose defaults
-    `NCAConfig` changes, and of how `NCADistillationConfig` differs, built from the fields' defaults, types and
-    `metadata["help"]` (the text `--help` shows). docs/configuration.md embeds them between markers;
-    `python scripts/config_reference.py` rewrites them there, and a test fails when the page drifts."""
-    gkd = {f.name: f for f in fields(GKDConfig)}
+    `NCAConfig` changes, of the fields `NCAConfig` adds, and of how `NCADistillationConfig` differs."""
+    header = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
     ours = {f.name: f for f in fields(NCAConfig)}
-    rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name in _nca_field_names(NCAConfig):
-        f = ours[name]
-        kind = _annotation(NCAConfig, name)
-        rows.append(f"| `{name}` | `{kind}` | {_markdown_value(f.default)} | {_markdown_text(f.metadata['help'])} |")
-    changed = ["| field | GKDConfig default | NCAConfig default | meaning |", "| --- | --- | --- | --- |"]
-    for name in NCAConfig.__annotations__:
-        if name in gkd:
-            f = ours[name]
-            changed.append(
-                f"| `{name}` | {_markdown_value(gkd[name].default)} | {_markdown_value(f.default)} | "
-                f"{_markdown_text(f.metadata['help'])} |"
-            )
-    added = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name in NCAConfig.__annotations__:
-        if name not in gkd and name not in _nca_field_names(NCAConfig):
-            f = ours[name]
-            added.append(
-                f"| `{name}` | `{_annotation(NCAConfig, name)}` | {_markdown_value(f.default)} | "
-                f"{_markdown_text(f.metadata['help'])} |"
-            )
-    distill = {f.name: f for f in fields(DistillationConfig)}
-    theirs = {f.name: f for f in fields(NCADistillationConfig)}
+    nca = nca_field_names(NCAConfig)
+    rows = header + [
+        f"| `{n}` | {_type(NCAConfig, n)} | {_value(field_docs.default(ours[n]))} | {_help(NCAConfig, n)} |"
+        for n in nca
+    ]
+    base = field_docs.base_config(NCAConfig)
+    base_fields = {f.name: f for f in fields(base)}
+    changed = ["| field | GKDConfig default | NCAConfig default | meaning |", "| --- | --- | --- | --- |"] + [
+        f"| `{n}` | {_value(field_docs.default(base_fields[n]))} | {_value(field_docs.default(ours[n]))} | "
+        f"{_help(NCAConfig, n)} |"
+        for n in field_docs.changed_defaults(NCAConfig)
+    ]
+    added = header + [
+        f"| `{n}` | {_type(NCAConfig, n)} | {_value(field_docs.default(ours[n]))} | {_help(NCAConfig, n)} |"
+        for n in field_docs.field_names(NCAConfig)
+        if n not in nca
+    ]
     renamed = [
-        f"| `{a}` | `{b}` | {_markdown_text(ours[a].metadata['help'])} |"
-        for a, b in zip(_nca_field_names(NCAConfig), _nca_field_names(NCADistillationConfig))
+        f"| `{a}` | `{b}` | {_help(NCAConfig, a)} |"
+        for a, b in zip(nca, nca_field_names(NCADistillationConfig))
         if a != b
     ]
-    overridden = [name for name in NCADistillationConfig.__annotations__ if name in distill]
-    differing = [f"`{name}`" for name in overridden if theirs[name].default != distill[name].default]
+    differing = [f"`{n}`" for n in field_docs.changed_defaults(NCADistillationConfig)]
     return (
         "\n".join(rows)
         + "\n\nFields of `GKDConfig` whose default differs:\n\n"
