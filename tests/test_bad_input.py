@@ -10,7 +10,7 @@ from datasets import Dataset
 import trl_nca.trainer
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.cli import main as cli_main
-from trl_nca.testing import ONE_STEP, make_tiny_model, make_tiny_tokenizer, run_args
+from trl_nca.testing import ONE_STEP, cloned_parameters, make_tiny_model, make_tiny_tokenizer, record_batches, run_args
 
 
 def args(tmp_path, **fields):
@@ -219,7 +219,29 @@ def tokenised(tok, n=2, **overrides):
 
 
 def test_pretokenised_dataset_trains(tok, tmp_path):
-    build(tok, tmp_path, tokenised(tok)).train()
+    """A dataset that holds only the token columns trains: one optimizer step, a finite loss, moved weights, and the
+    batch it trained on holds exactly the dataset's ids, both views of every row."""
+    import math
+
+    import torch
+
+    data = tokenised(tok)
+    trainer = build(tok, tmp_path, data, logging_steps=1)
+    batches = record_batches(trainer)
+    before = cloned_parameters(trainer.model)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
+    assert math.isfinite(log["loss"]) and log["opd_loss"] > 0
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    (batch,) = batches
+
+    def rows(ids, mask):
+        return [tuple(row[keep.bool()].tolist()) for row, keep in zip(ids, mask)]
+
+    trained = set(zip(rows(batch["prompts"], batch["prompt_attention_mask"]),
+                      rows(batch["context_prompts"], batch["context_prompt_attention_mask"])))  # fmt: skip
+    assert trained == {(tuple(r["prompt_ids"]), tuple(r["context_prompt_ids"])) for r in data}
 
 
 @pytest.mark.parametrize(
@@ -303,13 +325,32 @@ def test_teacher_with_another_token_map_given_as_a_model(tok, tmp_path, permuted
         )  # fmt: skip
 
 
-def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher_dir):
+def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher_dir, monkeypatch):
+    """The teacher's own tokenizer (found next to it) is compared with the student's, the check passes, and the
+    teacher the trainer scores with is the model saved at that path (not the student, not a copy of it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import trl_nca.teacher
+
+    compared, check = [], trl_nca.teacher.check_same_vocabulary
+    monkeypatch.setattr(
+        trl_nca.teacher,
+        "check_same_vocabulary",
+        lambda student, teacher: compared.append(teacher) or check(student, teacher),
+    )
     ds = Dataset.from_dict({"prompt": ["q"]})
+    student = make_tiny_model(tok, 0)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=tiny_teacher_dir, args=args(tmp_path, context_text="c"),
+        model=student, teacher_model=tiny_teacher_dir, args=args(tmp_path, context_text="c"),
         train_dataset=ds, processing_class=tok,
     )  # fmt: skip
-    assert trainer.teacher_model is not None
+    (teacher_tokenizer,) = compared
+    assert teacher_tokenizer.name_or_path == tiny_teacher_dir and teacher_tokenizer.get_vocab() == tok.get_vocab()
+    saved = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).state_dict()
+    used = trainer.teacher_model.state_dict()
+    assert used.keys() == saved.keys() and all(torch.equal(used[k], saved[k]) for k in saved)
+    assert any(not torch.equal(used[k], v) for k, v in student.state_dict().items())
 
 
 def test_teacher_vocabulary_mismatch(tok, tmp_path):

@@ -15,7 +15,7 @@ from trl.experimental.utils import DataCollatorForChatML
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.data import NCACollator
-from trl_nca.testing import CONTEXT, CPU, KL32, make_tiny_model, run_args
+from trl_nca.testing import CONTEXT, CPU, KL32, make_tiny_model, record_batches, run_args
 from trl_nca.views import build_view, render_prompt_ids
 
 
@@ -80,7 +80,17 @@ def test_sampling_is_not_limited_by_max_length(tok, tmp_path):
         args=run_args(NCAConfig, tmp_path / "out", SHARED, lmbda=1.0, max_length=16, max_new_tokens=24), train_dataset=data,
         processing_class=tok,
     )  # fmt: skip
+    batches = record_batches(trainer)
     trainer.train()
+    (batch,) = batches
+    prompt_length = len(render_prompt_ids(tok, [{"role": "user", "content": data[0]["prompt"]}]))
+    assert prompt_length > 16  # max_length leaves no room for a completion at all
+    assert batch["prompt_attention_mask"].sum(1).tolist() == [prompt_length] * 2
+    lengths = batch["completion_mask"].sum(1).tolist()
+    ended = batch["completion_ids"].gather(1, (batch["completion_mask"].sum(1, keepdim=True) - 1).clamp(min=0))
+    for length, last in zip(lengths, ended[:, 0].tolist()):
+        assert length == 24 or last == tok.eos_token_id, "a completion stopped before max_new_tokens without an EOS"
+    assert max(lengths) == 24  # sampled up to max_new_tokens, past max_length
 
 
 @pytest.mark.parametrize("name", ["compute_metrics", "preprocess_logits_for_metrics"])
