@@ -34,8 +34,10 @@ class ScriptArguments:
     skip_eval: bool = field(default=False, metadata={"help": "Train only."})
 
 
-if __name__ == "__main__":
-    script_args, args, model_args = TrlParser((ScriptArguments, NCAConfig, ModelConfig)).parse_args_and_config()
+def main(argv: list[str] | None = None) -> None:
+    """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
+    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
+    script_args, args, model_args = parser.parse_args_and_config(args=argv)
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = "outputs/safety-nca"
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
@@ -71,3 +73,7 @@ if __name__ == "__main__":
         )
         if report is not None:  # the main process
             print((out / "report.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
