@@ -14,11 +14,11 @@ from datasets import load_dataset
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.config import resume_checkpoint, student_init_kwargs
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.inputs import read_context
 from trl_nca.models import resolve_model_name_or_path
+from trl_nca.script_options import resume_checkpoint, student_init_kwargs
 from trl_nca.tasks import MEDMCQA_TEST_SUBJECTS, MEDMCQA_TRAIN_SUBJECTS, build_medmcqa
 
 
@@ -34,8 +34,10 @@ class ScriptArguments:
     skip_eval: bool = field(default=False, metadata={"help": "Train only."})
 
 
-if __name__ == "__main__":
-    script_args, args, model_args = TrlParser((ScriptArguments, NCAConfig, ModelConfig)).parse_args_and_config()
+def main(argv: list[str] | None = None) -> None:
+    """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
+    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
+    script_args, args, model_args = parser.parse_args_and_config(args=argv)
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = "outputs/medmcqa-nca"
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
@@ -71,3 +73,7 @@ if __name__ == "__main__":
         )
         if report is not None:  # the main process
             print((out / "report.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,6 @@ from pathlib import Path
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.config import resume_checkpoint, student_init_kwargs
 from trl_nca.envs import GameRollout, game_generation_settings
 from trl_nca.eval import (
     ModelRun,
@@ -31,6 +30,7 @@ from trl_nca.eval import (
     write_report,
 )
 from trl_nca.models import resolve_model_name_or_path
+from trl_nca.script_options import resume_checkpoint, student_init_kwargs
 
 
 GAME = "sokoban"
@@ -48,8 +48,10 @@ class ScriptArguments:
     skip_eval: bool = field(default=False, metadata={"help": "Train only."})
 
 
-if __name__ == "__main__":
-    script_args, args, model_args = TrlParser((ScriptArguments, NCAConfig, ModelConfig)).parse_args_and_config()
+def main(argv: list[str] | None = None) -> None:
+    """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
+    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
+    script_args, args, model_args = parser.parse_args_and_config(args=argv)
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = "outputs/sokoban-nca"
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")
@@ -96,3 +98,7 @@ if __name__ == "__main__":
                 f"{name}: win rate {s['win_rate_x']:.3f} without / {s['win_rate_xc']:.3f} with experience, "
                 f"harm {s['harm']}, help {s['help']}, oracle ceiling {s['oracle_ceiling']:.3f}"
             )
+
+
+if __name__ == "__main__":
+    main()

@@ -14,6 +14,14 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def tok():
+    """The tiny tokenizer, one per test module (a test that changes a tokenizer builds its own)."""
+    from trl_nca.testing import make_tiny_tokenizer
+
+    return make_tiny_tokenizer()
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny tokenizer + Llama saved once per test session."""

@@ -20,16 +20,8 @@ from trl_nca.analysis import (
     update_norms,
 )
 from trl_nca.losses import DivergenceSpec
-from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CONTEXT, FLOAT64, float64_model, make_tiny_model
 from trl_nca.views import ContextSpec
-
-
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
 
 
 def ragged_items(tok):

@@ -4,12 +4,15 @@ sibling modules at any depth."""
 
 from pathlib import Path
 
+import pytest
+
 import trl_nca
 
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # import-linter runs in a process of its own
 def test_import_contracts_hold():
     """Run in a subprocess: import-linter's command configures logging (dictConfig), which would disable the loggers
     of this test session."""
@@ -31,6 +34,7 @@ def test_import_contracts_hold():
     assert "Contracts: 2 kept, 0 broken." in result.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_importing_trl_nca_changes_nothing_process_wide():
     """No environment variable is set and no warning filter is left behind by `import trl_nca`; TRL's notice about
     `trl.experimental` is silenced only around our own import of GKD."""

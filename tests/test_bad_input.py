@@ -1,5 +1,5 @@
-"""Issue 8: bad input and faults. Every mistake gets one clear message naming the problem, the row or file, and the
-fix, and nothing is silently accepted."""
+"""Bad input and faults (issue 8): every mistake fails early, with one clear message naming the problem, the row,
+file or field, and the fix, and nothing is silently accepted."""
 
 import json
 import logging
@@ -10,18 +10,11 @@ from datasets import Dataset
 import trl_nca.trainer
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.cli import main as cli_main
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import ONE_STEP, cloned_parameters, make_tiny_model, make_tiny_tokenizer, record_batches, run_args
 
 
-def args(tmp_path, **kwargs):
-    base = dict(output_dir=str(tmp_path), bf16=False, use_cpu=True, report_to=[], max_new_tokens=4, max_steps=1)
-    base.update(kwargs)
-    return NCAConfig(**base)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
+def args(tmp_path, **fields):
+    return run_args(NCAConfig, tmp_path, ONE_STEP, **fields)
 
 
 def permuted_tokenizer(swap=(100, 101)):
@@ -64,10 +57,18 @@ def permuted_tokenizer(swap=(100, 101)):
         ("max_grad_norm", float("inf"), r"max_grad_norm must be a finite number, got the float inf"),
         ("top_k", 2.5, r"top_k must be an integer >= 1, got the float 2.5"),
         ("max_context_length", "512", r"max_context_length must be an integer >= 2 .*got the str '512'"),
+        ("nca_beta", -0.1, "nca_beta must be a finite number >= 0"),
+        ("temperature", 0.0, "temperature must be a finite number > 0"),
     ],
 )
-def test_config_refuses_non_finite_and_mistyped_numbers(tmp_path, field, value, match):
+def test_config_refuses_non_finite_mistyped_and_out_of_range_numbers(tmp_path, field, value, match):
     with pytest.raises(ValueError, match=match):
+        args(tmp_path, **{field: value})
+
+
+@pytest.mark.parametrize("field,value", [("context_placement", "assistant"), ("divergence_support", "top_p")])
+def test_config_refuses_unknown_choices(tmp_path, field, value):
+    with pytest.raises(ValueError, match=f"{field} must be one of"):
         args(tmp_path, **{field: value})
 
 
@@ -81,6 +82,7 @@ def test_config_refuses_non_finite_and_mistyped_numbers(tmp_path, field, value, 
         ("{context} {0} {prompt}", r"unknown placeholder\(s\) \{0\}"),
         ("{context} {prompt} {", r"not a valid format string.*literal braces as '\{\{' and '\}\}'"),
         ("{{prompt}} {context}", r"lacks \{prompt\}"),
+        ("{prompt} only", r"lacks \{context\}"),
     ],
 )
 def test_context_template_is_checked_at_config_time(tmp_path, template, match):
@@ -97,10 +99,11 @@ def test_a_template_the_placement_does_not_use_is_reported(tmp_path, caplog):
 # --- 8, 9, 5: datasets -----------------------------------------------------------------------------------------------
 
 
-def build(tok, tmp_path, dataset, model=None, **config):
+def build(tok, tmp_path, dataset, model=None, teacher=None, **config):
+    """A trainer on `dataset`: the tiny student (or `model`) and a separate tiny teacher (or `teacher`)."""
     return NCATrainer(
         model=model if model is not None else make_tiny_model(tok, 0),
-        teacher_model=make_tiny_model(tok, 1),
+        teacher_model=teacher if teacher is not None else make_tiny_model(tok, 1),
         args=args(tmp_path, **config),
         train_dataset=dataset,
         processing_class=tok,
@@ -163,6 +166,121 @@ def test_no_user_turn_is_refused_with_either_placement(tok, tmp_path):
             build(tok, tmp_path, ds, context_text="c", context_placement=placement)
 
 
+def test_missing_context_column_lists_columns(tok, tmp_path):
+    ds = Dataset.from_dict({"prompt": ["q"], "hint": ["c"]})
+    with pytest.raises(ValueError, match=r"no context column 'context'.*\['hint', 'prompt'\].*context_column"):
+        build(tok, tmp_path, ds)
+
+
+def test_missing_prompt_column(tok, tmp_path):
+    ds = Dataset.from_dict({"question": ["q"], "context": ["c"]})
+    with pytest.raises(ValueError, match=r"neither a `messages` nor a `prompt` column.*question"):
+        build(tok, tmp_path, ds)
+
+
+@pytest.mark.parametrize("bad,match", [("   ", "row 1 .* is empty"), (None, "row 1 .* is a NoneType")])
+def test_empty_or_non_string_context_names_the_row(tok, tmp_path, bad, match):
+    ds = Dataset.from_dict({"prompt": ["q1", "q2"], "context": ["fine", bad]})
+    with pytest.raises((ValueError, TypeError), match=match):
+        build(tok, tmp_path, ds)
+
+
+def test_tokenizer_without_chat_template_or_pad(tmp_path):
+    ds = Dataset.from_dict({"prompt": ["q"], "context": ["c"]})
+    tok = make_tiny_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="no chat template.*chat_template"):
+        build(tok, tmp_path, ds)
+    tok = make_tiny_tokenizer()
+    tok.pad_token = None
+    with pytest.raises(ValueError, match="no pad token.*tokenizer.pad_token = tokenizer.eos_token"):
+        build(tok, tmp_path, ds)
+
+
+def test_off_policy_without_reference_completions(tok, tmp_path):
+    ds = Dataset.from_dict({"prompt": ["q"], "context": ["c"]})
+    with pytest.raises(ValueError, match=r"lmbda < 1.*rows \(first: \[0\]\) have none"):
+        build(tok, tmp_path, ds, lmbda=0.5)
+
+
+def tokenised(tok, n=2, **overrides):
+    """A dataset that already holds NCA's token columns (e.g. prepared once and saved)."""
+    from trl_nca.data import Limits, tokenize_example
+    from trl_nca.views import ContextSpec
+
+    rows = [
+        tokenize_example({"prompt": f"Question {i}?", "context": "Be brief."}, i, tok, ContextSpec(), Limits(4))
+        for i in range(n)
+    ]
+    columns = {key: [r[key] for r in rows] for key in rows[0]}
+    for key, (index, value) in overrides.items():
+        columns[key][index] = value
+    return Dataset.from_dict(columns)
+
+
+def test_pretokenised_dataset_trains(tok, tmp_path):
+    """A dataset that holds only the token columns trains: one optimizer step, a finite loss, moved weights, and the
+    batch it trained on holds exactly the dataset's ids, both views of every row."""
+    import math
+
+    import torch
+
+    data = tokenised(tok)
+    trainer = build(tok, tmp_path, data, logging_steps=1)
+    batches = record_batches(trainer)
+    before = cloned_parameters(trainer.model)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
+    assert math.isfinite(log["loss"]) and log["opd_loss"] > 0
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    (batch,) = batches
+
+    def rows(ids, mask):
+        return [tuple(row[keep.bool()].tolist()) for row, keep in zip(ids, mask)]
+
+    trained = set(zip(rows(batch["prompts"], batch["prompt_attention_mask"]),
+                      rows(batch["context_prompts"], batch["context_prompt_attention_mask"])))  # fmt: skip
+    assert trained == {(tuple(r["prompt_ids"]), tuple(r["context_prompt_ids"])) for r in data}
+
+
+@pytest.mark.parametrize(
+    "column,value,match",
+    [
+        ("prompt_ids", [], "row 1 of the train dataset, `prompt_ids` is empty"),
+        ("context_prompt_ids", [3, -1], r"row 1 .*`context_prompt_ids` holds ids outside the tokenizer's range.*-1"),
+        ("completion_ids", [5, 10**6], r"row 1 .*`completion_ids` holds ids outside the tokenizer's range.*1000000"),
+        ("context_prompt_ids", None, r"row 1 .*`context_prompt_ids` must be a list of token ids, got NoneType"),
+    ],
+)
+def test_pretokenised_rows_are_validated(tok, tmp_path, column, value, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        build(tok, tmp_path, tokenised(tok, **{column: (1, value)}))
+
+
+def test_pretokenised_row_without_context_is_refused(tok, tmp_path):
+    plain = tokenised(tok)[1]["prompt_ids"]
+    with pytest.raises(ValueError, match=r"row 1 .*`context_prompt_ids` equals `prompt_ids`.*x -> x"):
+        build(tok, tmp_path, tokenised(tok, context_prompt_ids=(1, plain)))
+
+
+def test_pretokenised_lengths_are_checked(tok, tmp_path):
+    long_context = tokenised(tok)[1]["context_prompt_ids"] * 20
+    for truncate in (False, True):  # a tokenised row cannot be re-rendered, so it is never cut
+        with pytest.raises(ValueError, match=r"row 1 .*context view is too long.*max_context_length=64.*cannot be re"):
+            build(
+                tok, tmp_path, tokenised(tok, context_prompt_ids=(1, long_context)), max_context_length=64,
+                truncate_context=truncate,
+            )  # fmt: skip
+
+
+def test_prompt_beyond_the_position_limit_is_an_error(tok, tmp_path):
+    """max_length no longer bounds the no-context view (GKD's meaning); max_context_length bounds both views."""
+    ds = Dataset.from_dict({"prompt": ["Push the box onto the target, please. " * 8], "context": ["c"]})
+    with pytest.raises(ValueError, match=r"row 0, the prompt without context has \d+ tokens.*max_context_length=40"):
+        build(tok, tmp_path, ds, max_context_length=40)
+
+
 # --- 4: teacher vocabulary -------------------------------------------------------------------------------------------
 
 
@@ -207,13 +325,60 @@ def test_teacher_with_another_token_map_given_as_a_model(tok, tmp_path, permuted
         )  # fmt: skip
 
 
-def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher_dir):
+def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher_dir, monkeypatch):
+    """The teacher's own tokenizer (found next to it) is compared with the student's, the check passes, and the
+    teacher the trainer scores with is the model saved at that path (not the student, not a copy of it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import trl_nca.teacher
+
+    compared, check = [], trl_nca.teacher.check_same_vocabulary
+    monkeypatch.setattr(
+        trl_nca.teacher,
+        "check_same_vocabulary",
+        lambda student, teacher: compared.append(teacher) or check(student, teacher),
+    )
     ds = Dataset.from_dict({"prompt": ["q"]})
+    student = make_tiny_model(tok, 0)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=tiny_teacher_dir, args=args(tmp_path, context_text="c"),
+        model=student, teacher_model=tiny_teacher_dir, args=args(tmp_path, context_text="c"),
         train_dataset=ds, processing_class=tok,
     )  # fmt: skip
-    assert trainer.teacher_model is not None
+    (teacher_tokenizer,) = compared
+    assert teacher_tokenizer.name_or_path == tiny_teacher_dir and teacher_tokenizer.get_vocab() == tok.get_vocab()
+    saved = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).state_dict()
+    used = trainer.teacher_model.state_dict()
+    assert used.keys() == saved.keys() and all(torch.equal(used[k], saved[k]) for k in saved)
+    assert any(not torch.equal(used[k], v) for k, v in student.state_dict().items())
+
+
+def test_teacher_vocabulary_mismatch(tok, tmp_path):
+    """A teacher whose output layer is narrower than the tokenizer cannot score every token (a wider one, padded like
+    Qwen2.5-7B, is fine: see test_vocab_sizes.py)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = LlamaForCausalLM(
+        LlamaConfig(vocab_size=len(tok) - 7, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1)
+    )  # fmt: skip
+    ds = Dataset.from_dict({"prompt": ["q"], "context": ["c"]})
+    with pytest.raises(ValueError, match=rf"teacher's {len(tok) - 7}.*do not cover the tokenizer's {len(tok)} tokens"):
+        build(tok, tmp_path, ds, teacher=other)
+
+
+def test_peft_config_that_cannot_give_a_self_teacher(tok, tmp_path):
+    from peft import PromptTuningConfig, TaskType
+
+    ds = Dataset.from_dict({"prompt": ["q"], "context": ["c"]})
+    with pytest.raises(ValueError, match="cannot recover the student's initial model.*teacher_model"):
+        NCATrainer(
+            model=make_tiny_model(tok, 0),
+            args=args(tmp_path),
+            train_dataset=ds,
+            processing_class=tok,
+            peft_config=PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4),
+        )
 
 
 # --- 1: resume ---------------------------------------------------------------------------------------------------------

@@ -11,21 +11,21 @@ from datasets import Dataset
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
 from trl_nca.distillation import _nca_batch
 from trl_nca.teacher import SelfTeacher
-from trl_nca.testing import FLOAT64, KL32, STORED32, float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import (
+    CONTEXT,
+    FLOAT64,
+    KL32,
+    QUESTIONS,
+    STORED32,
+    cloned_parameters,
+    float64_model,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    prompt_dataset,
+    record_batches,
+    run_args,
+)
 from trl_nca.views import build_view
-
-
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
-QUESTIONS = ["Which answer? (A) yes (B) no", "Is this statement hateful?", "Push the box.", "Frozen lake: up"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
-
-
-def dataset(n=4):
-    return Dataset.from_dict({"prompt": [QUESTIONS[i % 4] for i in range(n)], "context": [CONTEXT] * n})
 
 
 def ragged(model, tok):
@@ -34,46 +34,17 @@ def ragged(model, tok):
     return model
 
 
-def make_args(tmp_path, **kwargs):
-    defaults = dict(
-        output_dir=str(tmp_path / "out"),
-        max_steps=1,
-        per_device_train_batch_size=4,
-        max_completion_length=8,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        gradient_checkpointing=False,
-        seed=0,
-        data_seed=0,
-        nca_beta=0.5,
-        optim="sgd",
-        learning_rate=1.0,
-        max_grad_norm=0.0,
-        lr_scheduler_type="constant",
-        disable_tqdm=True,
-    )
-    defaults.update(kwargs)
-    return NCADistillationConfig(**defaults)
+# One step of 4 rows, 8 sampled tokens, SGD at learning rate 1 without clipping (the update is the gradient).
+DISTILLATION_STEP = {
+    "use_cpu": True, "report_to": [], "save_strategy": "no", "max_steps": 1, "per_device_train_batch_size": 4,
+    "max_completion_length": 8, "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "data_seed": 0,
+    "nca_beta": 0.5, "optim": "sgd", "learning_rate": 1.0, "max_grad_norm": 0.0, "lr_scheduler_type": "constant",
+    "disable_tqdm": True,
+}  # fmt: skip
 
 
-def record_inputs(trainer):
-    """Keep every micro-batch `compute_loss` sees in training (cloned), in order."""
-    calls = []
-    original = trainer.compute_loss
-
-    def spy(model, inputs, *args, **kwargs):
-        if trainer.model.training:
-            calls.append({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()})
-        return original(model, inputs, *args, **kwargs)
-
-    trainer.compute_loss = spy
-    return calls
-
-
-def params(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+def make_args(tmp_path, **fields):
+    return run_args(NCADistillationConfig, tmp_path / "out", DISTILLATION_STEP, **fields)
 
 
 def full_logit_loss(student, teacher, inputs, nca_beta):
@@ -111,10 +82,10 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     student = ragged(float64_model(make_tiny_model(tok, 0)), tok)
     initial = copy.deepcopy(student)
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=copy.deepcopy(teacher), args=make_args(tmp_path), train_dataset=dataset(),
+        model=student, teacher_model=copy.deepcopy(teacher), args=make_args(tmp_path), train_dataset=prompt_dataset(),
         processing_class=tok,
     )  # fmt: skip
-    calls = record_inputs(trainer)
+    calls = record_batches(trainer)
     trainer.train()
     (inputs,) = calls
     lengths = inputs["completion_mask"].sum(1)
@@ -125,7 +96,7 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     # NCATrainer on the same completions, same initial weights and teacher.
     nca_student = copy.deepcopy(initial)
     nca = NCATrainer(
-        model=nca_student, teacher_model=copy.deepcopy(teacher), processing_class=tok, train_dataset=dataset(),
+        model=nca_student, teacher_model=copy.deepcopy(teacher), processing_class=tok, train_dataset=prompt_dataset(),
         args=NCAConfig(output_dir=str(tmp_path / "nca"), use_cpu=True, report_to=[], nca_beta=0.5, max_new_tokens=8,
                        gradient_checkpointing=False),
     )  # fmt: skip
@@ -162,13 +133,13 @@ def test_gradient_accumulation_equals_one_large_batch(tok, tmp_path):
     updates, logs = [], []
     for bs, ga in ((4, 1), (2, 2)):
         student = ragged(float64_model(make_tiny_model(tok, 0)), tok)
-        before = params(student)
+        before = cloned_parameters(student)
         args = make_args(tmp_path, per_device_train_batch_size=bs, gradient_accumulation_steps=ga, seed=1)
         trainer = NCADistillationTrainer(
-            model=student, teacher_model=float64_model(make_tiny_model(tok, 1)), args=args, train_dataset=dataset(),
+            model=student, teacher_model=float64_model(make_tiny_model(tok, 1)), args=args, train_dataset=prompt_dataset(),
             processing_class=tok,
         )  # fmt: skip
-        calls = record_inputs(trainer)
+        calls = record_batches(trainer)
         trainer.train()
         lengths = torch.cat([c["completion_mask"].sum(1) for c in calls])
         assert len(calls) == ga and len(set(lengths.tolist())) > 1
@@ -196,10 +167,12 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path):
         )  # fmt: skip
         trainer = NCADistillationTrainer(
             model=ragged(make_tiny_model(tok, 0), tok), teacher_model=make_tiny_model(tok, 1), args=args,
-            train_dataset=dataset(8), processing_class=tok,
+            train_dataset=prompt_dataset(8), processing_class=tok,
         )  # fmt: skip
         trainer.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2") if resume else None)
-        finals.append((params(trainer.model), [h["nca_beta"] for h in trainer.state.log_history if "nca_beta" in h]))
+        finals.append(
+            (cloned_parameters(trainer.model), [h["nca_beta"] for h in trainer.state.log_history if "nca_beta" in h])
+        )
     (p0, betas0), (p1, betas1) = finals
     assert betas1 == betas0 and betas0[2] > 0  # the resumed run's history holds the checkpoint's first two steps
     for name in p0:
@@ -214,7 +187,7 @@ def test_evaluation_reports_token_means_over_the_set(tok, tmp_path):
     teacher = float64_model(make_tiny_model(tok, 1))
     args = make_args(tmp_path, per_device_eval_batch_size=2)
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=teacher, args=args, train_dataset=dataset(), eval_dataset=dataset(4),
+        model=student, teacher_model=teacher, args=args, train_dataset=prompt_dataset(), eval_dataset=prompt_dataset(4),
         processing_class=tok,
     )  # fmt: skip
     seen = []
@@ -253,11 +226,11 @@ def test_lora_self_teacher_is_the_adapter_disabled_student(tok, tmp_path):
     args = make_args(tmp_path, max_steps=2, per_device_train_batch_size=2, learning_rate=5e-2)
     peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     trainer = NCADistillationTrainer(
-        model=student, args=args, train_dataset=dataset(), processing_class=tok, peft_config=peft
+        model=student, args=args, train_dataset=prompt_dataset(), processing_class=tok, peft_config=peft
     )
     assert isinstance(trainer.teacher_model, SelfTeacher)
     assert sum(1 for _ in trainer.teacher_model.parameters()) == 0
-    calls = record_inputs(trainer)
+    calls = record_batches(trainer)
     trainer.train()
     inputs = nca_batch(calls[-1])
     trainer.model.eval()
@@ -278,10 +251,10 @@ def test_nca_beta_zero_runs_no_context_view(tok, tmp_path):
     initial = copy.deepcopy(student)
     teacher = float64_model(make_tiny_model(tok, 1))
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=teacher, args=make_args(tmp_path, nca_beta=0.0), train_dataset=dataset(),
+        model=student, teacher_model=teacher, args=make_args(tmp_path, nca_beta=0.0), train_dataset=prompt_dataset(),
         processing_class=tok,
     )  # fmt: skip
-    calls = record_inputs(trainer)
+    calls = record_batches(trainer)
     trainer.train()
     (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
     assert "nca_loss" not in log
@@ -299,9 +272,9 @@ def _student_forwards_in_loss(tok, tmp_path, nca_beta):
     args = make_args(tmp_path, nca_beta=nca_beta, share_prefix=False)
     trainer = NCADistillationTrainer(
         model=student, teacher_model=make_tiny_model(tok, 1), args=args,
-        train_dataset=dataset(), processing_class=tok,
+        train_dataset=prompt_dataset(), processing_class=tok,
     )  # fmt: skip
-    calls = record_inputs(trainer)
+    calls = record_batches(trainer)
     trainer.train()
     forwards = []
     handle = student.model.register_forward_hook(lambda *a: forwards.append(1))
@@ -314,7 +287,7 @@ def test_bad_input_gets_clear_errors(tok, tmp_path):
     def build(args=None, data=None, **kwargs):
         return NCADistillationTrainer(
             model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
-            args=args if args is not None else make_args(tmp_path), train_dataset=data if data is not None else dataset(),
+            args=args if args is not None else make_args(tmp_path), train_dataset=data if data is not None else prompt_dataset(),
             **kwargs,
         )  # fmt: skip
 
@@ -342,7 +315,7 @@ def test_bad_input_gets_clear_errors(tok, tmp_path):
     tok2.chat_template = tok2.chat_template.replace("{% for", "{% if extra %}extra{% endif %}{% for", 1)
     trainer = NCADistillationTrainer(
         model=make_tiny_model(tok2, 0), teacher_model=make_tiny_model(tok2, 1), processing_class=tok2,
-        args=make_args(tmp_path, chat_template_kwargs={"extra": True}), train_dataset=dataset(),
+        args=make_args(tmp_path, chat_template_kwargs={"extra": True}), train_dataset=prompt_dataset(),
     )  # fmt: skip
     with pytest.raises(ValueError, match="rendered a prompt into .* tokens.*chat_template_kwargs"):
         trainer.train()

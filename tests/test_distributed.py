@@ -12,6 +12,8 @@ import torch
 from trl_nca.testing import FLOAT32, KL32, STORED32, free_port
 
 
+pytestmark = pytest.mark.slow  # two processes (torch.distributed.run)
+
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
 
 

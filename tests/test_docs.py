@@ -1,6 +1,7 @@
 """Documentation that is derived from the code stays in step with it: the configuration field reference, the
 NCAConfig docstring and the layer contract shown in docs/design.md."""
 
+import dataclasses
 import importlib.util
 import re
 from pathlib import Path
@@ -28,24 +29,36 @@ def test_configuration_page_holds_the_generated_field_reference():
         assert f"| `{name}` |" in page
 
 
-@pytest.mark.parametrize("config_class", [NCAConfig, NCADistillationConfig])
-def test_every_nca_field_has_help_and_a_docstring_entry(config_class):
-    """Both configs document every NCA field (declared once, in NCAFields) in their docstring and their `--help`, and
-    the configuration page lists each of them."""
-    from trl_nca.config import _nca_field_names
+def _docstring_entries(doc: str) -> dict[str, str]:
+    """The `name (type...): text` entries of a docstring's `Parameters:` blocks, their text with white space folded."""
+    entry = re.compile(r"^    (\w+) \(.*\):\n((?:        .*(?:\n|$))+)", re.M)
+    return {m.group(1): " ".join(m.group(2).split()) for m in entry.finditer(doc)}
 
-    names = _nca_field_names(config_class)
+
+@pytest.mark.parametrize("config_class", [NCAConfig, NCADistillationConfig])
+def test_every_field_says_the_same_in_help_docstring_and_page(config_class, capsys):
+    """Each field of ours is written once, in its `metadata["help"]`: `--help`, the class docstring (what `help()` and
+    the API pages show) and docs/configuration.md carry that same text."""
+    from trl import TrlParser
+
+    from trl_nca.field_docs import changed_defaults, field_names
+
+    names = field_names(config_class)
+    changed = changed_defaults(config_class)
+    declared = {n for k in config_class.__mro__ if k.__module__.startswith("trl_nca") for n in k.__annotations__}
+    assert set(names) | set(changed) == declared & {f.name for f in dataclasses.fields(config_class)}
     assert len(names) == len(set(names)) > 20
-    page = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
-    for name in names:
-        field = config_class.__dataclass_fields__[name]
-        assert field.metadata.get("help"), name
-        assert re.search(rf"^\s+{name} \(`", config_class.__doc__, re.M), (
-            f"{config_class.__name__}'s docstring lacks {name}"
-        )
-        assert f"| `{name}` |" in page, name
-    for name in NCAConfig.__annotations__:
-        assert NCAConfig.__dataclass_fields__[name].metadata.get("help"), name
+    entries = _docstring_entries(config_class.__doc__)
+    assert list(entries) == names + changed  # every field once, in documentation order
+    with pytest.raises(SystemExit):
+        TrlParser((config_class,)).parse_args(["--help"])
+    cli_help = "".join(capsys.readouterr().out.split())  # argparse rewraps, breaking lines after hyphens too
+    page = " ".join((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").replace("\\|", "|").split())
+    for name in names + changed:
+        text = " ".join(config_class.__dataclass_fields__[name].metadata["help"].split())
+        assert entries[name].startswith(text), f"{config_class.__name__}'s docstring says otherwise of {name}"
+        assert "".join(text.split()) in cli_help, f"--help says otherwise of {name}"
+        assert f"`{name}` |" in page and text in page, f"docs/configuration.md says otherwise of {name}"
 
 
 def test_design_page_shows_the_layer_contract():

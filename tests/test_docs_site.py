@@ -64,6 +64,12 @@ def test_site_builds_strictly(tmp_path):
         assert (site / page).is_file(), page
     api = (site / "api" / "losses" / "index.html").read_text("utf-8")
     assert 'id="trl_nca.losses.token_divergences"' in api  # mkdocstrings rendered the docstrings
+    from trl_nca import NCAConfig, NCADistillationConfig
+
+    for page, config_class in (("config", NCAConfig), ("distillation", NCADistillationConfig)):
+        html = (site / "api" / page / "index.html").read_text("utf-8")  # the docstring as the class has it at run time
+        for name in ("nca_beta", "share_prefix", config_class._support_size_name):
+            assert html.count(name) > 1 and config_class.__dataclass_fields__[name].metadata["help"][:40] in html, name
     cli = (site / "reference" / "cli" / "index.html").read_text("utf-8")
     assert "usage: trl-nca train" in cli and "--nca_beta" in cli
     results = (site / "results" / "index.html").read_text("utf-8")

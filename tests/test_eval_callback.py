@@ -11,16 +11,8 @@ from datasets import Dataset
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.callback import PairedEvalCallback, preserved_rng_state
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CONTEXT, CPU, make_tiny_model, run_args
 from trl_nca.views import ContextSpec
-
-
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
 
 
 def train_dataset(n=4):
@@ -42,20 +34,10 @@ def rng_hungry_scorer(text, label):
 
 
 def train(tok, tmp_path, callback=None):
-    args = NCAConfig(
-        output_dir=str(tmp_path / "out"),
-        nca_beta=0.5,
-        max_new_tokens=8,
-        per_device_train_batch_size=2,
-        max_steps=2,
-        bf16=False,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        seed=7,
-        data_seed=7,
-    )
+    args = run_args(
+        NCAConfig, tmp_path / "out", CPU, nca_beta=0.5, max_new_tokens=8, per_device_train_batch_size=2, max_steps=2,
+        save_strategy="no", logging_steps=1, seed=7, data_seed=7,
+    )  # fmt: skip
     trainer = NCATrainer(
         model=make_tiny_model(tok), args=args, train_dataset=train_dataset(), processing_class=tok
     )  # self-distillation teacher: the student's initial weights

@@ -6,9 +6,7 @@ import pytest
 
 from trl_nca.eval.cli import build_parser, main, parse_model_specs
 from trl_nca.eval.errors import EvalInputError
-
-
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
+from trl_nca.testing import CONTEXT
 
 
 @pytest.fixture

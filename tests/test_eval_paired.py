@@ -11,16 +11,8 @@ from trl_nca.eval import GenerationSettings, ModelRun, PairedEvaluator, write_re
 from trl_nca.eval.errors import EvalInputError
 from trl_nca.eval.store import load_records
 from trl_nca.sampling import HFBackend, PerRowSampler
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CONTEXT, make_tiny_model
 from trl_nca.views import ContextSpec, add_context, render_prompt_ids
-
-
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

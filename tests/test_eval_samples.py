@@ -13,7 +13,7 @@ from trl_nca.eval.metrics import mcnemar_exact, sign_flip_test
 from trl_nca.eval.paired import sample_seed
 from trl_nca.eval.records import PairedRecord, ViewOutcome
 from trl_nca.sampling import HFBackend, generate_fn
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CONTEXT, make_tiny_model
 from trl_nca.views import ContextSpec
 
 
@@ -21,7 +21,6 @@ from trl_nca.views import ContextSpec
 # fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
 
 
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
 GOLDEN = Path(__file__).parent / "data" / "paired_k1_golden.json"
 
 
@@ -40,11 +39,6 @@ def rows(n=8):
         }
         for i in range(n)
     ]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

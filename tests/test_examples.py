@@ -1,10 +1,8 @@
-"""The example scripts and the `trl-nca train` CLI run end to end on local data and local models."""
+"""The example scripts and the `trl-nca train` CLI run end to end on local data and local models, in this process."""
 
 import ast
 import importlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,14 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none", "--gradient_checkpointing", "false"]
 
 
-def _run(args, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+def _example(name: str):
+    """`examples/<name>.py` as a module: its `main(argv)` runs the script in this process (tests/test_launches.py
+    launches them as scripts, under accelerate)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    return importlib.import_module(name)
 
 
-def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path):
+def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
     subjects = ["Medicine", "Anatomy", "Pharmacology", "Dental"]
     rows = [
         {"id": f"m{i}", "question": f"Case {i}?", "opa": "a", "opb": "b", "opc": "c", "opd": "d", "cop": i % 4,
@@ -32,11 +30,12 @@ def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path):
     data = tmp_path / "medmcqa.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "out"
-    args = ["medmcqa.py", "--model_name_or_path", tiny_dir, "--dataset_path", str(data), "--max_steps", "1",
+    args = ["--model_name_or_path", tiny_dir, "--dataset_path", str(data), "--max_steps", "1",
             "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--eval_limit", "2",
             "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU,
             "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
-    _run(args, cwd=ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    _example("medmcqa").main(args)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
@@ -45,7 +44,9 @@ def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path):
         assert len(lines) == 2  # the two Anatomy/Dental test items, both views each
 
 
-def test_cli_train_with_yaml_config(tiny_dir, tmp_path):
+def test_cli_train_with_yaml_config(tiny_dir, tmp_path, monkeypatch):
+    from trl_nca.cli import main
+
     config = tmp_path / "run.yaml"
     config.write_text(
         f"model_name_or_path: {tiny_dir}\ndataset_name: quickstart\nmax_train_samples: 4\nmax_steps: 1\n"
@@ -53,7 +54,8 @@ def test_cli_train_with_yaml_config(tiny_dir, tmp_path):
         "save_strategy: 'no'\nuse_peft: true\nlora_target_modules: [q_proj, v_proj]\npaired_eval: true\n"
         "paired_eval_limit: 2\npaired_eval_max_new_tokens: 4\n"
     )
-    _run(["-m", "trl_nca.cli", "train", "--config", str(config), *CPU], cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", str(config), *CPU]) == 0
     assert (tmp_path / "out" / "adapter_model.safetensors").exists()
     card = (tmp_path / "out" / "README.md").read_text()
     assert "trl-nca" in card
@@ -90,12 +92,13 @@ def test_two_steps_on_the_embedded_model(tmp_path):
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters() if "lora_B" in n)
 
 
-def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path):
+def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    args = ["frozenlake.py", "--model_name_or_path", tiny_dir, "--max_steps", "1", "--per_device_train_batch_size",
+    args = ["--model_name_or_path", tiny_dir, "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_new_tokens", "6", "--max_length", "4096", "--eval_seeds", "2", "--eval_max_new_tokens", "6",
             "--output_dir", str(out), *CPU, "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
-    _run(args, cwd=ROOT / "examples")
+    monkeypatch.chdir(tmp_path)
+    _example("frozenlake").main(args)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
@@ -126,11 +129,10 @@ def test_example_configs_parse(name):
 
     from trl_nca import NCAConfig
 
-    sys.path.insert(0, str(ROOT / "examples"))
     if name == "quickstart":
         from trl_nca.cli import TrainScriptArguments as Script
     else:
-        Script = importlib.import_module(name).ScriptArguments
+        Script = _example(name).ScriptArguments
     parser = TrlParser((Script, NCAConfig, ModelConfig))
     config = str(ROOT / "examples" / "configs" / f"{name}.yaml")
     _, args, _ = parser.parse_args_and_config(args=["--config", config, "--bf16", "false", "--use_cpu", "true"])
@@ -142,12 +144,9 @@ def test_examples_merge_model_init_kwargs_with_model_config():
     from trl import ModelConfig, TrlParser
 
     from trl_nca import NCAConfig
-    from trl_nca.config import student_init_kwargs
+    from trl_nca.script_options import student_init_kwargs
 
-    sys.path.insert(0, str(ROOT / "examples"))
-    from medmcqa import ScriptArguments
-
-    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
+    parser = TrlParser((_example("medmcqa").ScriptArguments, NCAConfig, ModelConfig))
     base = ["--output_dir", "x", "--bf16", "false", "--use_cpu", "true"]
     user = ["--model_init_kwargs", '{"attn_implementation": "eager", "low_cpu_mem_usage": true, "dtype": "float16"}']
     _, args, model = parser.parse_args_and_config(args=base + user + ["--model_revision", "v2"])
@@ -193,11 +192,10 @@ def test_reference_config_carries_the_reference_hyperparameters(name):
 
     from trl_nca import NCAConfig
 
-    sys.path.insert(0, str(ROOT / "examples"))
     setting, variant = name.rsplit("-", 1)
     task, student, teacher = REFERENCE_SETTINGS[setting]
     game = task in ("sokoban", "frozenlake")
-    parser = TrlParser((importlib.import_module(task).ScriptArguments, NCAConfig, ModelConfig))
+    parser = TrlParser((_example(task).ScriptArguments, NCAConfig, ModelConfig))
     config = str(ROOT / "examples" / "configs" / "reference" / f"{name}.yaml")
     script, args, model = parser.parse_args_and_config(
         args=["--config", config, "--bf16", "false", "--use_cpu", "true"]

@@ -68,6 +68,7 @@ def count_steps(monkeypatch):
     return calls
 
 
+@pytest.mark.slow  # the killed run is a process of its own
 def test_cli_training_killed_after_a_checkpoint_resumes_exactly(tiny_dir, tmp_path, count_steps):
     reference = cli_train(train_argv(tiny_dir, tmp_path / "uninterrupted"))
     assert reference.state.global_step == 4
@@ -138,6 +139,7 @@ def game_argv(tiny_dir, output_dir):
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # the killed evaluation is a process of its own
 def test_game_evaluation_killed_mid_run_resumes_to_the_same_records(tiny_dir, tmp_path):
     from trl_nca.eval.cli import main as eval_main
 

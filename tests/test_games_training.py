@@ -5,17 +5,7 @@ import torch
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.envs.rollout import GameRollout
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
-
-
-def _args(tmp_path, **kwargs):
-    base = dict(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, max_new_tokens=6, bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, gradient_checkpointing=False,
-        max_length=None, learning_rate=1e-2,
-    )  # fmt: skip
-    base.update(kwargs)
-    return NCAConfig(**base)
+from trl_nca.testing import ROLLOUT_RUN, make_tiny_model, make_tiny_tokenizer, run_args
 
 
 @pytest.mark.parametrize("game", ["frozenlake", "sokoban"])
@@ -24,7 +14,12 @@ def test_two_step_game_training(tmp_path, game):
     model = make_tiny_model(tok, 0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     rollout = GameRollout(game=game, episodes_per_step=2, max_calls=2)
-    trainer = NCATrainer(model=model, args=_args(tmp_path), processing_class=tok, rollout=rollout)
+    trainer = NCATrainer(
+        model=model,
+        args=run_args(NCAConfig, tmp_path, ROLLOUT_RUN, max_new_tokens=6),
+        processing_class=tok,
+        rollout=rollout,
+    )
     played = []
     original = trainer._play
 
@@ -55,4 +50,9 @@ def test_rollout_batch_must_match_episodes(tmp_path):
     tok = make_tiny_tokenizer()
     rollout = GameRollout(game="frozenlake", episodes_per_step=3)
     with pytest.raises(ValueError, match="episodes per step.*= 2"):
-        NCATrainer(model=make_tiny_model(tok, 0), args=_args(tmp_path), processing_class=tok, rollout=rollout)
+        NCATrainer(
+            model=make_tiny_model(tok, 0),
+            args=run_args(NCAConfig, tmp_path, ROLLOUT_RUN, max_new_tokens=6),
+            processing_class=tok,
+            rollout=rollout,
+        )

@@ -10,7 +10,7 @@ from trl.experimental.gkd import GKDTrainer
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.sampling import mask_through_eos
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CPU, make_tiny_model, make_tiny_tokenizer, run_args
 
 
 def reference_mask(ids, eos):
@@ -37,9 +37,9 @@ def test_mask_through_eos(eos):
 def test_trainer_samples_as_gkd_does(tmp_path, rows):
     tok = make_tiny_tokenizer()
     model = make_tiny_model(tok)
-    args = NCAConfig(
-        output_dir=str(tmp_path), max_new_tokens=12, use_cpu=True, report_to=[], bf16=False, seed=0,
-        gradient_checkpointing=False, per_device_train_batch_size=rows,
+    args = run_args(
+        NCAConfig, tmp_path, CPU, max_new_tokens=12, seed=0, gradient_checkpointing=False,
+        per_device_train_batch_size=rows,
     )  # fmt: skip
     data = Dataset.from_dict({"prompt": [f"Question {i}?" for i in range(rows)], "context": ["Be brief."] * rows})
     trainer = NCATrainer(model=model, args=args, train_dataset=data, processing_class=tok)

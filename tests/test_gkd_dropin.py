@@ -15,28 +15,19 @@ from trl.experimental.utils import DataCollatorForChatML
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.data import NCACollator
-from trl_nca.testing import KL32, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CONTEXT, CPU, KL32, make_tiny_model, record_batches, run_args
 from trl_nca.views import build_view, render_prompt_ids
 
 
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
 LONG = " ".join(f"rule {i}: push the box onto the target." for i in range(120))  # well over 1024 tokens
 MEDIUM = " ".join(["ok"] * 15)  # a 46-token reference answer: with its 32-token prompt over 64 tokens
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
-
-
-def shared(tmp_path, **kwargs):
-    """Fields that GKDConfig and NCAConfig share, with their GKD meaning."""
-    fields = dict(
-        output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=2, max_new_tokens=8, bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, lmbda=0.5, beta=0.5, seed=0,
-    )  # fmt: skip
-    fields.update(kwargs)
-    return fields
+# Fields that GKDConfig and NCAConfig share, with their GKD meaning (`run_args(GKDConfig or NCAConfig, ...)`).
+SHARED = {
+    **CPU, "max_steps": 1, "per_device_train_batch_size": 2, "max_new_tokens": 8, "save_strategy": "no",
+    "logging_steps": 1, "lmbda": 0.5, "beta": 0.5, "seed": 0,
+}  # fmt: skip
 
 
 def conversations(long_prompt=False, long_answer=False):
@@ -58,7 +49,7 @@ def test_configs_that_train_under_gkd_train_under_nca(tok, tmp_path, case, caplo
     dataset = conversations(**data)
     gkd = GKDTrainer(
         model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-        args=GKDConfig(**shared(tmp_path / "gkd", **config)), train_dataset=dataset, processing_class=tok,
+        args=run_args(GKDConfig, tmp_path / "gkd" / "out", SHARED, **config), train_dataset=dataset, processing_class=tok,
     )  # fmt: skip
     gkd.train()
     assert gkd.state.global_step == 1
@@ -66,7 +57,7 @@ def test_configs_that_train_under_gkd_train_under_nca(tok, tmp_path, case, caplo
     with caplog.at_level(logging.WARNING, logger="trl_nca.data"):
         nca = NCATrainer(
             model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-            args=NCAConfig(**shared(tmp_path / "nca", **config)), train_dataset=dataset, processing_class=tok,
+            args=run_args(NCAConfig, tmp_path / "nca" / "out", SHARED, **config), train_dataset=dataset, processing_class=tok,
         )  # fmt: skip
     max_length = nca.args.max_length
     assert (
@@ -86,23 +77,35 @@ def test_sampling_is_not_limited_by_max_length(tok, tmp_path):
     data = Dataset.from_dict({"prompt": ["Which answer? (A) yes (B) no"] * 2, "context": [CONTEXT] * 2})
     trainer = NCATrainer(
         model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-        args=NCAConfig(**shared(tmp_path, lmbda=1.0, max_length=16, max_new_tokens=24)), train_dataset=data,
+        args=run_args(NCAConfig, tmp_path / "out", SHARED, lmbda=1.0, max_length=16, max_new_tokens=24), train_dataset=data,
         processing_class=tok,
     )  # fmt: skip
+    batches = record_batches(trainer)
     trainer.train()
+    (batch,) = batches
+    prompt_length = len(render_prompt_ids(tok, [{"role": "user", "content": data[0]["prompt"]}]))
+    assert prompt_length > 16  # max_length leaves no room for a completion at all
+    assert batch["prompt_attention_mask"].sum(1).tolist() == [prompt_length] * 2
+    lengths = batch["completion_mask"].sum(1).tolist()
+    ended = batch["completion_ids"].gather(1, (batch["completion_mask"].sum(1, keepdim=True) - 1).clamp(min=0))
+    for length, last in zip(lengths, ended[:, 0].tolist()):
+        assert length == 24 or last == tok.eos_token_id, "a completion stopped before max_new_tokens without an EOS"
+    assert max(lengths) == 24  # sampled up to max_new_tokens, past max_length
 
 
 @pytest.mark.parametrize("name", ["compute_metrics", "preprocess_logits_for_metrics"])
 def test_metrics_hooks_that_would_never_be_called_are_refused(tok, tmp_path, name):
     with pytest.raises(ValueError, match=rf"does not take `{name}`.*never materialises logits.*PairedEvalCallback"):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=NCAConfig(**shared(tmp_path)),
+            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=run_args(NCAConfig, tmp_path / "out", SHARED),
             train_dataset=conversations(), processing_class=tok, **{name: lambda *a: {}},
         )  # fmt: skip
 
 
 def test_incompatible_data_collator_is_refused_at_init(tok, tmp_path):
-    kwargs = dict(args=NCAConfig(**shared(tmp_path)), train_dataset=conversations(), processing_class=tok)
+    kwargs = dict(
+        args=run_args(NCAConfig, tmp_path / "out", SHARED), train_dataset=conversations(), processing_class=tok
+    )
     with pytest.raises(ValueError, match=r"batch lacks \['context_prompts', .*'has_reference'\].*NCACollator"):
         NCATrainer(
             model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
@@ -161,7 +164,7 @@ def test_eval_completions_choose_what_evaluation_scores(tok, tmp_path, mode):
     eval_set = ragged_eval_set()
     trainer = NCATrainer(
         model=student, teacher_model=teacher, processing_class=tok, train_dataset=conversations(),
-        eval_dataset=eval_set, args=NCAConfig(**shared(tmp_path, per_device_eval_batch_size=2, eval_completions=mode, beta=1.0)),
+        eval_dataset=eval_set, args=run_args(NCAConfig, tmp_path / "out", SHARED, per_device_eval_batch_size=2, eval_completions=mode, beta=1.0),
     )  # fmt: skip
     metrics = trainer.evaluate()
     assert metrics["eval_completions/on_policy"] == (1.0 if mode == "on_policy" else 0.0)
@@ -183,5 +186,5 @@ def test_eval_completions_dataset_needs_references(tok, tmp_path):
     with pytest.raises(ValueError, match=r"eval_completions='dataset'.*eval dataset 2 rows \(first: \[0, 1\]\)"):
         NCATrainer(
             model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
-            train_dataset=conversations(), eval_dataset=prompts, args=NCAConfig(**shared(tmp_path, eval_completions="dataset")),
+            train_dataset=conversations(), eval_dataset=prompts, args=run_args(NCAConfig, tmp_path / "out", SHARED, eval_completions="dataset"),
         )  # fmt: skip

@@ -69,6 +69,7 @@ def test_dry_run_launches_the_example_and_times_every_model_and_variant(tmp_path
     assert report["skipped"] == []
 
 
+@pytest.mark.slow  # runs benchmarks/gpu_check.sh
 def test_a_missing_package_is_named_and_nothing_else_runs(tmp_path):
     """A `datasets` that cannot be imported (as on the GPU machine before the wheels) is named, with everything that
     needs it, and the script stops with its own exit status instead of a traceback halfway through."""

@@ -5,47 +5,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from datasets import Dataset
 from peft import LoraConfig
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.gradients import compare_gradients, loss_gradients
-from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import FLOAT64, SHORT_RUN, float64_model, make_tiny_model, prompt_dataset, ragged_answers, run_args
 from trl_nca.views import build_view
 
 
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
-
-
-def make_args(tmp_path, **kwargs):
-    defaults = dict(
-        output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2, max_new_tokens=6, bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, gradient_checkpointing=False, seed=0,
-        data_seed=0,
-    )  # fmt: skip
-    defaults.update(kwargs)
-    return NCAConfig(**defaults)
-
-
-def prompts(n=8):
-    questions = ["Which answer? (A) yes (B) no", "Is this statement hateful?", "Push the box.", "Frozen lake: up"]
-    return Dataset.from_dict({"prompt": [questions[i % 4] for i in range(n)], "context": [CONTEXT] * n})
-
-
-def references(n=2):
-    rows = [
-        [
-            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
-            {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * (2 * i)},
-        ]
-        for i in range(n)
-    ]
-    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
+def make_args(tmp_path, **fields):
+    return run_args(NCAConfig, tmp_path / "out", {**SHORT_RUN, "max_steps": 3}, **fields)
 
 
 def train(tok, tmp_path, every, **kwargs):
@@ -53,7 +22,7 @@ def train(tok, tmp_path, every, **kwargs):
     lora = kwargs.pop("lora", None)
     args = make_args(tmp_path, log_grad_cosine_steps=every, **kwargs)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=None, args=args, train_dataset=prompts(), processing_class=tok,
+        model=make_tiny_model(tok, 0), teacher_model=None, args=args, train_dataset=prompt_dataset(8), processing_class=tok,
         peft_config=lora,
     )  # fmt: skip
     trainer.train()
@@ -136,7 +105,11 @@ def test_logged_cosine_equals_two_separate_full_logit_losses(tok, tmp_path, sequ
         nca_sequential_views=sequential,
     )  # fmt: skip
     trainer = NCATrainer(
-        model=student, teacher_model=teacher, args=args, train_dataset=references(2), processing_class=tok
+        model=student,
+        teacher_model=teacher,
+        args=args,
+        train_dataset=ragged_answers(2, words_per_row=2),
+        processing_class=tok,
     )
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
     reference = copy_model(student, tok)
@@ -182,4 +155,4 @@ def test_bad_settings_are_refused(tok, tmp_path):
         gradient_checkpointing_kwargs={"use_reentrant": True},
     )  # fmt: skip
     with pytest.raises(ValueError, match="reentrant gradient checkpointing"):
-        NCATrainer(model=make_tiny_model(tok), args=args, train_dataset=prompts(), processing_class=tok)
+        NCATrainer(model=make_tiny_model(tok), args=args, train_dataset=prompt_dataset(8), processing_class=tok)

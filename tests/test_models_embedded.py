@@ -376,6 +376,7 @@ def _convert_in_child(root: str, barrier) -> None:
     embedded_model_path(cache_dir=root)
 
 
+@pytest.mark.slow  # four processes
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_concurrent_processes_leave_one_complete_cache(fake_source: SimpleNamespace, tmp_path: Path) -> None:
     root = tmp_path / "cache"

@@ -17,22 +17,15 @@ from trl_nca import NCAConfig, NCATrainer
 from trl_nca import prefix as prefix_module
 from trl_nca.envs.rollout import GameRollout
 from trl_nca.prefix import PrefixSharing, shared_prefix_length, split_view
-from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CONTEXT as TEST_CONTEXT
+from trl_nca.testing import FLOAT64, SHORT_RUN, float64_model, make_tiny_model, make_tiny_tokenizer, run_args
 from trl_nca.views import View, build_view, completion_states, left_pad, right_pad
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
 
 
-CONTEXT = (
-    "You are a careful medical expert. Answer with the letter inside <answer></answer> tags. "
-    "The player moves up, down, left or right on the frozen lake and must avoid the holes."
-)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
+CONTEXT = TEST_CONTEXT + " The player moves up, down, left or right on the frozen lake and must avoid the holes."
 
 
 def tiny(tok, seed=0, architecture="llama", exact=True, **config):
@@ -260,14 +253,16 @@ def test_fallback_runs_unshared_and_logs_why_once(tok, caplog, case, message):
 # The trainer: teacher and both student views
 
 
-def make_args(tmp_path, **kwargs):
-    defaults = dict(
-        output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, max_new_tokens=6, bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, gradient_checkpointing=False, seed=0,
-        data_seed=0, lmbda=0.0, nca_beta=0.5, share_prefix_min_tokens=1,
-    )  # fmt: skip
-    defaults.update(kwargs)
-    return NCAConfig(**defaults)
+def make_args(tmp_path, **fields):
+    """One step of 4 rows scored off-policy, NCA on, any shared prefix reused."""
+    one_step = {
+        "max_steps": 1,
+        "per_device_train_batch_size": 4,
+        "lmbda": 0.0,
+        "nca_beta": 0.5,
+        "share_prefix_min_tokens": 1,
+    }
+    return run_args(NCAConfig, tmp_path / "out", {**SHORT_RUN, **one_step}, **fields)
 
 
 def ragged_dataset(per_row_context: bool, n=4):

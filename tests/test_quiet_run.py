@@ -12,6 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a fresh interpreter
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="DeepSpeed detects the accelerator itself")
 def test_cli_names_the_cpu_for_deepspeed():
     pytest.importorskip("deepspeed")

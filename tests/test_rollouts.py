@@ -6,7 +6,7 @@ import torch
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.rollouts import Rollout, RolloutBatch, RolloutSample
-from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import ROLLOUT_RUN, make_tiny_model, make_tiny_tokenizer, run_args
 from trl_nca.views import ContextSpec
 
 
@@ -40,23 +40,18 @@ class CountingRollout:
         return RolloutBatch(samples, {"mean_reply_tokens": sum(lengths) / len(lengths)})
 
 
-def _args(tmp_path, **kwargs):
-    base = dict(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, max_new_tokens=5, bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, gradient_checkpointing=False,
-        max_length=None, learning_rate=1e-2,
-    )  # fmt: skip
-    base.update(kwargs)
-    return NCAConfig(**base)
-
-
 def test_a_rollout_that_is_not_a_game_trains(tmp_path):
     tok = make_tiny_tokenizer()
     model = make_tiny_model(tok, 0)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     rollout = CountingRollout()
     assert isinstance(rollout, Rollout)
-    trainer = NCATrainer(model=model, args=_args(tmp_path), processing_class=tok, rollout=rollout)
+    trainer = NCATrainer(
+        model=model,
+        args=run_args(NCAConfig, tmp_path, ROLLOUT_RUN, max_new_tokens=5),
+        processing_class=tok,
+        rollout=rollout,
+    )
     batches = []
     original = trainer._play
 
@@ -81,4 +76,9 @@ def test_a_rollout_that_is_not_a_game_trains(tmp_path):
 def test_an_object_that_is_not_a_rollout_is_refused(tmp_path):
     tok = make_tiny_tokenizer()
     with pytest.raises(TypeError, match=r"rollout must implement trl_nca\.rollouts\.Rollout .*got a dict"):
-        NCATrainer(model=make_tiny_model(tok, 0), args=_args(tmp_path), processing_class=tok, rollout={"game": "x"})
+        NCATrainer(
+            model=make_tiny_model(tok, 0),
+            args=run_args(NCAConfig, tmp_path, ROLLOUT_RUN, max_new_tokens=5),
+            processing_class=tok,
+            rollout={"game": "x"},
+        )

@@ -5,20 +5,15 @@ import math
 
 import pytest
 import torch
-from test_trainer import make_args, params, prompt_dataset
+from test_trainer import make_args
 
 from trl_nca import NCATrainer
 from trl_nca.schedule import BetaSchedule
-from trl_nca.testing import STORED32, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import STORED32, cloned_parameters, make_tiny_model, prompt_dataset
 
 
 # Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
 # fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
 
 
 def test_constant_and_warmup_values():
@@ -148,7 +143,7 @@ def test_resume_restores_the_adaptive_weight_exactly(tok, tmp_path):
             trainer.train(resume_from_checkpoint=str(checkpoint))
         else:
             trainer.train()
-        finals.append(params(trainer.model))
+        finals.append(cloned_parameters(trainer.model))
         betas.append({s["step"]: s["nca_beta"] for s in _logged_steps(trainer)})
     for name in finals[0]:
         assert torch.equal(finals[0][name], finals[1][name]), name

@@ -12,15 +12,7 @@ from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
 from trl_nca.objective import resolve_sequential_views
-from trl_nca.testing import FLOAT64, STORED32, float64_model, make_tiny_model, make_tiny_tokenizer
-
-
-CONTEXT = "You are a careful medical expert. Read every option, then answer with the letter inside <answer></answer>."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
+from trl_nca.testing import CONTEXT, FLOAT64, STORED32, float64_model, make_tiny_model
 
 
 def references(n=4):

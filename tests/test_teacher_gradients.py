@@ -11,34 +11,16 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from datasets import Dataset
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import FLOAT64, REFERENCE_BATCH, float64_model, make_tiny_model, ragged_answers, run_args
 from trl_nca.views import build_view
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
 
 
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
 LORA_TARGETS = ["q_proj", "v_proj"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
-
-
-def ragged_dataset(n=3):
-    rows = [
-        [
-            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
-            {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * (3 * i)},
-        ]
-        for i in range(n)
-    ]
-    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
 
 
 def full_logits(model, view, completion_mask):
@@ -80,11 +62,14 @@ def build(tok, tmp_path, kind, tuning, tied, anchor="student", sequential=None):
     torch.manual_seed(0)
     base = float64_model(make_tiny_model(tok, 0, tie_word_embeddings=tied))
     initial = copy.deepcopy(base).eval()
-    args = NCAConfig(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, max_new_tokens=6, bf16=False, use_cpu=True,
-        report_to=[], save_strategy="no", lmbda=0.0, nca_beta=0.5, nca_anchor=anchor,
-        self_teacher="live" if kind == "live" else "initial", nca_sequential_views=sequential,
-    )  # fmt: skip
+    args = run_args(
+        NCAConfig,
+        tmp_path / "out",
+        REFERENCE_BATCH,
+        nca_anchor=anchor,
+        self_teacher="live" if kind == "live" else "initial",
+        nca_sequential_views=sequential,
+    )
     teacher, peft_config, model = None, None, base
     separate = float64_model(make_tiny_model(tok, 1, tie_word_embeddings=tied)) if kind == "separate" else None
     if kind == "separate":
@@ -98,7 +83,7 @@ def build(tok, tmp_path, kind, tuning, tied, anchor="student", sequential=None):
             peft_config = lora
     merged_start = copy.deepcopy(model).merge_and_unload().eval() if kind == "merged_copy" else None
     trainer = NCATrainer(
-        model=model, teacher_model=teacher, args=args, train_dataset=ragged_dataset(), processing_class=tok,
+        model=model, teacher_model=teacher, args=args, train_dataset=ragged_answers(), processing_class=tok,
         peft_config=peft_config,
     )  # fmt: skip
     student = trainer.model

@@ -9,56 +9,29 @@ from datasets import Dataset
 from trl.experimental.gkd import GKDTrainer
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.testing import FLOAT64, STORED32, float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import (
+    CONTEXT,
+    FLOAT64,
+    SHORT_RUN,
+    STORED32,
+    cloned_parameters,
+    float64_model,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    prompt_dataset,
+    ragged_answers,
+    run_args,
+)
 from trl_nca.views import build_view, completion_states
 
 
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
-
-
-def make_args(tmp_path, **kwargs):
-    defaults = dict(
-        output_dir=str(tmp_path / "out"),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        max_new_tokens=6,
-        bf16=False,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        logging_steps=1,
-        gradient_checkpointing=False,
-        seed=0,
-        data_seed=0,
-    )
-    defaults.update(kwargs)
-    return NCAConfig(**defaults)
-
-
-def prompt_dataset(n=4):
-    questions = ["Which answer? (A) yes (B) no", "Is this statement hateful?", "Push the box.", "Frozen lake: up"]
-    return Dataset.from_dict({"prompt": [questions[i % 4] for i in range(n)], "context": [CONTEXT] * n})
+def make_args(tmp_path, **fields):
+    return run_args(NCAConfig, tmp_path / "out", SHORT_RUN, **fields)
 
 
 def messages_dataset(n=4):
-    rows = []
-    for i in range(n):
-        rows.append(
-            [
-                {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
-                {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * i},
-            ]
-        )
-    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
-
-
-def params(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
+    """Reference answers one word longer each row."""
+    return ragged_answers(n, words_per_row=1)
 
 
 def reference_terms(student, teacher, batch, temperature=1.0):
@@ -232,7 +205,7 @@ def test_nca_beta_zero_is_plain_opd(tok, tmp_path):
             if monitor:
                 assert log["nca_loss"] == FLOAT64.approx(ref["nca"])
         assert ("nca_loss" in logs[0]) == monitor
-        results.append((params(student), len(calls)))
+        results.append((cloned_parameters(student), len(calls)))
     (p0, calls0), (p1, calls1) = results
     assert calls1 > calls0  # monitoring runs the context view, plain OPD does not
     for name in p0:
@@ -245,7 +218,7 @@ def test_gradient_accumulation_matches_double_batch(tok, tmp_path):
     updates = []
     for bs, ga in ((4, 1), (2, 2)):
         student = float64_model(make_tiny_model(tok, 0))
-        before = params(student)
+        before = cloned_parameters(student)
         args = make_args(
             tmp_path,
             per_device_train_batch_size=bs,
@@ -464,7 +437,7 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path):
             trainer.train(resume_from_checkpoint=str(out.parent / "straight" / "checkpoint-2"))
         else:
             trainer.train()
-        finals.append(params(trainer.model))
+        finals.append(cloned_parameters(trainer.model))
     for name in finals[0]:
         assert torch.equal(finals[0][name], finals[1][name]), name
 

@@ -13,40 +13,18 @@ from datasets import Dataset
 from torch import nn
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.testing import FLOAT64, float64_model, make_tiny_model, make_tiny_tokenizer
+from trl_nca.testing import CONTEXT, FLOAT64, REFERENCE_BATCH, float64_model, make_tiny_model, ragged_answers, run_args
 from trl_nca.views import build_view
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
 
 
-CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
 EXTRA = 8  # padding rows of the wider model
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return make_tiny_tokenizer()
-
-
-def ragged_dataset(n=3):
-    rows = [
-        [
-            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
-            {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * (3 * i)},
-        ]
-        for i in range(n)
-    ]
-    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
-
-
-def make_args(tmp_path, **kwargs):
-    defaults = dict(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, max_new_tokens=6, bf16=False, use_cpu=True,
-        report_to=[], save_strategy="no", lmbda=0.0, nca_beta=0.5, max_steps=1,
-    )  # fmt: skip
-    defaults.update(kwargs)
-    return NCAConfig(**defaults)
+def make_args(tmp_path, **fields):
+    return run_args(NCAConfig, tmp_path / "out", {**REFERENCE_BATCH, "max_steps": 1}, **fields)
 
 
 def loud_padding_rows(model, first_padding_row):
@@ -77,7 +55,7 @@ def test_loss_and_gradients_over_the_common_rows(tok, tmp_path, wider, spec):
     teacher = float64_model(make_tiny_model(tok, 1, vocab_size=rows + (EXTRA if wider == "teacher" else 0)))
     loud_padding_rows(student if wider == "student" else teacher, rows)
     trainer = NCATrainer(
-        model=student, teacher_model=teacher, args=make_args(tmp_path, **spec), train_dataset=ragged_dataset(),
+        model=student, teacher_model=teacher, args=make_args(tmp_path, **spec), train_dataset=ragged_answers(),
         processing_class=tok,
     )  # fmt: skip
     batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False)
@@ -118,7 +96,7 @@ def test_too_few_common_rows_for_the_tokenizer_is_an_error(tok, tmp_path):
     with pytest.raises(ValueError, match=rf"first {len(tok) - 4} rows, which do not cover the tokenizer's {len(tok)}"):
         NCATrainer(
             model=make_tiny_model(tok, 0), teacher_model=teacher, args=make_args(tmp_path),
-            train_dataset=ragged_dataset(), processing_class=tok,
+            train_dataset=ragged_answers(), processing_class=tok,
         )  # fmt: skip
 
 
@@ -128,7 +106,7 @@ def test_teacher_by_name_with_a_wider_output_layer(tok, tmp_path):
     make_tiny_model(tok, 1, vocab_size=len(tok) + EXTRA).save_pretrained(path)
     trainer = NCATrainer(
         model=make_tiny_model(tok, 0), teacher_model=str(path), args=make_args(tmp_path),
-        train_dataset=ragged_dataset(), processing_class=tok,
+        train_dataset=ragged_answers(), processing_class=tok,
     )  # fmt: skip
     assert trainer._teacher().get_output_embeddings().weight.shape[0] == len(tok) + EXTRA
     assert trainer._teacher().config.vocab_size == len(tok) + EXTRA  # GKD's check saw a stand-in value only

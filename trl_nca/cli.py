@@ -1,4 +1,4 @@
-"""The `trl-nca` command: `train` (TrlParser, YAML configs), `compare`, `eval`, `analyze` and `experience`."""
+"""The `trl-nca` command: `trl-nca train` (TrlParser, YAML configs) and `trl-nca eval` (paired evaluation)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
 
-from .config import resume_checkpoint, student_init_kwargs
 from .inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
+from .script_options import resume_checkpoint, student_init_kwargs
 
 
-# read_context, load_dataset_any and resume_checkpoint are part of this module's API (defined in trl_nca.inputs and
-# trl_nca.config).
+# read_context, load_dataset_any and resume_checkpoint stay importable from here; they live in trl_nca.inputs and
+# trl_nca.script_options.
 __all__ = [
     "BUILTIN_CONTEXTS",
     "BUILTIN_DATASETS",
@@ -109,118 +108,69 @@ def _paired_evaluator(script_args, dataset, context_spec):
 
 def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
-    from trl import ModelConfig, TrlParser
+    from trl import ModelConfig, TrlParser, get_peft_config
 
     from .config import NCAConfig
-    from .models import EmbeddedModelUnavailableError
-
-    parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
-    try:  # every check runs here, before training starts
-        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-        run = prepare_training(script_args, training_args, model_args)
-    except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
-        raise CommandLineError(str(error)) from error
-    run.trainer.train(resume_from_checkpoint=run.resume)
-    _save_trained_model(run.trainer, script_args)
-    if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
-        _report_paired_eval(run, script_args)
-    return run.trainer
-
-
-@dataclass
-class TrainingRun:
-    """A checked `trl-nca train` run: the trainer, the student's resolved path, the checkpoint to resume from (None:
-    start afresh) and the dataset of `--paired_eval` (None without it)."""
-
-    trainer: Any
-    model_path: str
-    resume: str | bool | None
-    paired_dataset: Any
-
-
-def prepare_training(script_args: TrainScriptArguments, training_args, model_args) -> TrainingRun:
-    """Resolve the models and the context into `training_args`, load and check the datasets (the paired evaluation's
-    too), and build the trainer."""
-    from trl import get_peft_config
-
+    from .models import EmbeddedModelUnavailableError, resolve_model_name_or_path
     from .trainer import NCATrainer
 
-    model_path = _resolve_models_and_context(script_args, training_args, model_args)
-    resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-    train_dataset, eval_dataset = _training_datasets(script_args)
-    paired_dataset = None
-    if script_args.paired_eval:  # check the evaluation's dataset, labels and scorer now, not after training
-        paired_dataset = _paired_eval_dataset(script_args)
-        _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
-    trainer = NCATrainer(
-        model=model_path,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        peft_config=get_peft_config(model_args),
-    )
-    return TrainingRun(trainer, model_path, resume, paired_dataset)
+    parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
+    try:
+        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+        model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
+        training_args.model_init_kwargs = student_init_kwargs(training_args, model_args)
+        if training_args.teacher_model_name_or_path:
+            training_args.teacher_model_name_or_path = resolve_model_name_or_path(
+                training_args.teacher_model_name_or_path, "Teacher model"
+            )
+        if training_args.context_text is None and script_args.context_file is not None:
+            training_args.context_text = read_context(script_args.context_file)
+        if training_args.context_text is None and script_args.dataset_name == "quickstart":
+            training_args.context_text = read_context("medical")
 
-
-def _resolve_models_and_context(script_args: TrainScriptArguments, training_args, model_args) -> str:
-    """The student's resolved path; the teacher's path, the student's init kwargs and the context go into
-    `training_args`."""
-    from .models import resolve_model_name_or_path
-
-    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
-    training_args.model_init_kwargs = student_init_kwargs(training_args, model_args)
-    if training_args.teacher_model_name_or_path:
-        training_args.teacher_model_name_or_path = resolve_model_name_or_path(
-            training_args.teacher_model_name_or_path, "Teacher model"
+        resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+        train_dataset = load_dataset_any(
+            script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
         )
-    if training_args.context_text is None and script_args.context_file is not None:
-        training_args.context_text = read_context(script_args.context_file)
-    if training_args.context_text is None and script_args.dataset_name == "quickstart":
-        training_args.context_text = read_context("medical")
-    return model_path
+        if script_args.max_train_samples is not None:
+            if script_args.max_train_samples < 1:
+                raise ValueError(f"max_train_samples must be at least 1, got {script_args.max_train_samples}.")
+            train_dataset = train_dataset.select(range(min(script_args.max_train_samples, len(train_dataset))))
+        eval_dataset = None
+        if script_args.dataset_test_split is not None:
+            eval_dataset = load_dataset_any(
+                script_args.dataset_name, script_args.dataset_test_split, script_args.dataset_config
+            )
+        if script_args.paired_eval:  # check the evaluation's dataset, labels and scorer now, not after training
+            paired_dataset = _paired_eval_dataset(script_args)
+            _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
 
-
-class TrainingDatasets(NamedTuple):
-    train: Any
-    eval: Any  # None without --dataset_test_split
-
-
-def _training_datasets(script_args: TrainScriptArguments) -> TrainingDatasets:
-    train_dataset = load_dataset_any(
-        script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
-    )
-    if script_args.max_train_samples is not None:
-        if script_args.max_train_samples < 1:
-            raise ValueError(f"max_train_samples must be at least 1, got {script_args.max_train_samples}.")
-        train_dataset = train_dataset.select(range(min(script_args.max_train_samples, len(train_dataset))))
-    eval_dataset = None
-    if script_args.dataset_test_split is not None:
-        eval_dataset = load_dataset_any(
-            script_args.dataset_name, script_args.dataset_test_split, script_args.dataset_config
+        trainer = NCATrainer(
+            model=model_path,
+            args=training_args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            peft_config=get_peft_config(model_args),
         )
-    return TrainingDatasets(train_dataset, eval_dataset)
-
-
-def _save_trained_model(trainer, script_args: TrainScriptArguments) -> None:
-    output_dir = trainer.args.output_dir
-    trainer.save_model(output_dir)
+    except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
+        raise CommandLineError(str(error)) from error
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
-        trainer.create_model_card(model_name=Path(output_dir).name, dataset_name=script_args.dataset_name)
+        trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
+    if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
+        from .eval import GenerationSettings
+        from .eval.compare import compare_base_and_student
 
-
-def _report_paired_eval(run: TrainingRun, script_args: TrainScriptArguments) -> None:
-    """Evaluate the base model and the trained student paired, and print the report."""
-    from .eval import GenerationSettings
-    from .eval.compare import compare_base_and_student
-
-    settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
-    id_column = "id" if "id" in run.paired_dataset.column_names else None
-    report = compare_base_and_student(
-        run.trainer, run.paired_dataset, base_model_path=run.model_path, scorer=script_args.scorer,
-        label_column=script_args.label_column, id_column=id_column, generation=settings,
-    )  # fmt: skip
-    if report is not None:
-        print((Path(run.trainer.args.output_dir) / "paired_eval" / "report.md").read_text())
+        settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
+        id_column = "id" if "id" in paired_dataset.column_names else None
+        report = compare_base_and_student(
+            trainer, paired_dataset, base_model_path=model_path, scorer=script_args.scorer,
+            label_column=script_args.label_column, id_column=id_column, generation=settings,
+        )  # fmt: skip
+        if report is not None:
+            print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
+    return trainer
 
 
 def compare(argv: list[str] | None = None) -> dict:

@@ -1,270 +1,139 @@
-"""`NCAConfig`: GKD's configuration plus the context, the NCA term and the divergence support."""
+"""The trainers' configurations: `NCAFields` (the NCA fields, declared once), `NCAConfig` (on GKD's `GKDConfig`) and
+`NCADistillationConfig` (on TRL's `DistillationConfig`).
+
+Each field is documented once, in its `metadata["help"]`; `trl_nca.field_docs.document_fields` writes the same text
+into the class docstrings (see that module for how a new field is added)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from dataclasses import dataclass, field, fields
-from numbers import Integral, Real
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from trl import DistillationConfig
 from trl.import_utils import TRLExperimentalWarning
+
+from .checks import check_integer, check_number
+from .field_docs import document_fields
+from .losses import DivergenceSpec
+from .schedule import SCHEDULES, schedule_from_config
+from .views import ContextSpec
 
 
 with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on purpose (see docs/design.md)
     warnings.simplefilter("ignore", TRLExperimentalWarning)
     from trl.experimental.gkd import GKDConfig
 
-from .losses import DivergenceSpec
-from .schedule import SCHEDULES, schedule_from_config
-from .views import ContextSpec
-
 
 logger = logging.getLogger(__name__)
-
-
-def _shown(value: Any) -> str:
-    """A value with its type, so a string "0.5" does not read as the number 0.5 in an error message."""
-    return f"the {type(value).__name__} {value!r}"
-
-
-def _check_number(
-    name: str, value: Any, low: float | None = None, high: float | None = None, low_open: bool = False, hint: str = ""
-) -> None:
-    """A finite real number (not a bool, not a string) within [low, high] (or (low, high] with `low_open`)."""
-    bounds = []
-    if low is not None:
-        bounds.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        bounds.append(f"<= {high:g}")
-    wanted = "a finite number" + (f" {' and '.join(bounds)}" if bounds else "") + (f" ({hint})" if hint else "")
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        fix = " Pass a number, not a string." if isinstance(value, str) else ""
-        raise ValueError(f"{name} must be {wanted}, got {_shown(value)}.{fix}")
-
-
-def _check_integer(name: str, value: Any, low: int, hint: str = "") -> None:
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
-        extra = f" ({hint})" if hint else ""
-        raise ValueError(f"{name} must be an integer >= {low}{extra}, got {_shown(value)}.")
-
-
-NCA_PARAMETERS_DOC = r"""
-    Parameters that control the NCA term:
-
-    Parameters:
-        nca_beta (`float`, *optional*, defaults to `0.5`):
-            Weight of the No-Context Anchoring term. `0.0` is plain on-policy context distillation (OPD): the context
-            view of the student is then not computed at all (unless `nca_monitor=True`).
-        nca_anchor (`str`, *optional*, defaults to `"student"`):
-            What the context view is pulled towards: `"student"` (the no-context view, NCA) or `"teacher"` (the
-            teacher's distribution, the "DualOPD" ablation of the paper).
-        nca_divergence (`str`, *optional*, defaults to `"forward_kl"`):
-            `"forward_kl"`: KL(anchor || q_c), expectation under the anchor. `"symmetric_kl"`: KL(anchor || q_c) +
-            KL(q_c || anchor) (an ablation).
-        nca_stop_gradient (`bool`, *optional*, defaults to `True`):
-            Stop the gradient of the NCA term into the no-context view. `False` is an ablation (the anchor then moves
-            towards the context view too).
-        nca_monitor (`bool`, *optional*, defaults to `False`):
-            With `nca_beta=0`, still run the context view (without gradient) to log `nca_loss` and `view_kl`, so the
-            context-induced drift of plain OPD can be watched. Costs one extra forward per step.
-        nca_beta_schedule (`str`, *optional*, defaults to `"constant"`):
-            How the anchor weight evolves over optimizer steps (logged every step as `nca_beta`): `"constant"`
-            (`nca_beta` throughout, the paper's method); `"warmup"` (from 0 up to `nca_beta` linearly over
-            `nca_warmup_steps`); `"adaptive"` (beyond the paper: starts at `nca_adaptive_init` and is multiplied after
-            each step by `1 + clip(view_kl / (nca_adaptive_target * opd_loss) - 1, -0.2, 0.2) / nca_adaptive_horizon`,
-            within `[nca_adaptive_min, nca_beta]`, so the anchor grows once the no-context view has caught up with
-            the teacher and the context view drifts; see `trl_nca.schedule`). Saved in checkpoints, restored on resume.
-        nca_warmup_steps (`int`, *optional*, defaults to `0`):
-            Optimizer steps of the linear warm-up of the `"warmup"` schedule.
-        nca_adaptive_init (`float`, *optional*, defaults to `0.01`):
-            Anchor weight of the first step under the `"adaptive"` schedule. `0` keeps the anchor off until the first
-            step whose `view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts it at `nca_adaptive_min`.
-        nca_adaptive_min (`float`, *optional*, defaults to `0.001`):
-            Lower bound of the adaptive anchor weight (`nca_beta` is the upper bound).
-        nca_adaptive_target (`float`, *optional*, defaults to `1.0`):
-            Tolerated ratio of the views' gap (`view_kl`) to the no-context view's gap to the teacher (`opd_loss`)
-            before the adaptive anchor grows.
-        nca_adaptive_horizon (`float`, *optional*, defaults to `1.0`):
-            Divides every adaptive update: each step changes the weight by at most `0.2 / nca_adaptive_horizon`.
-
-    Parameters that control the context:
-
-    Parameters:
-        context_column (`str` or `None`, *optional*, defaults to `"context"`):
-            Dataset column holding each example's privileged context (a non-empty string).
-        context_text (`str` or `None`, *optional*, defaults to `None`):
-            One fixed context for every example (e.g. the system prompt being distilled). Takes precedence over
-            `context_column`.
-        context_placement (`str`, *optional*, defaults to `"system"`):
-            `"system"`: the context becomes the system message. If the prompt already has a system message, the
-            context is put before it, the two joined by `context_separator`. `"user"`: the first user message is
-            rewritten through `context_template` (text games put their experience there).
-        context_template (`str`, *optional*, defaults to `"{context}\n\n{prompt}"`):
-            Template of the user message with context; must contain `{prompt}` and `{context}`.
-        context_separator (`str`, *optional*, defaults to `"\n\n"`):
-            Joins the context and an existing system message.
-        max_context_length (`int` or `None`, *optional*, defaults to `None`):
-            Longest context-view sequence (prompt with context + completion) allowed, in tokens. `None` uses the
-            smaller of the student's and teacher's `max_position_embeddings`. The context view is never cut to
-            `max_length`: a longer one is an error, unless `truncate_context=True`.
-        truncate_context (`bool`, *optional*, defaults to `False`):
-            Opt in to shortening the context itself (never the prompt or the completion) when the context view would
-            exceed `max_context_length`, with a warning naming the example.
-
-    Parameters that control the divergence:
-
-    Parameters:
-        divergence_support (`str`, *optional*, defaults to `"full"`):
-            `"full"`: exact divergences over the whole vocabulary. `"top_k"`: sums restricted to the `<TOP_K>` most likely
-            tokens of the student's no-context distribution (chosen without gradient), as in the OPCD reference code.
-        <TOP_K> (`int`, *optional*, defaults to `256`):
-            Size of the top-k support.
-        top_k_renormalize (`bool`, *optional*, defaults to `False`):
-            Renormalise every distribution over the top-k support instead of using full-vocabulary log-probabilities.
-        self_teacher (`str`, *optional*, defaults to `"initial"`):
-            Teacher when no `teacher_model` is given: `"initial"` (the student's frozen initial weights, with the
-            context) or `"live"` (the current student with the context, detached).
-        nca_joint_forward (`bool` or `None`, *optional*, defaults to `None`):
-            Run the student's two views as one forward of 2 x batch rows (the no-context prompts left-padded to the
-            context prompts' width) instead of two forwards. Needed under DDP with reentrant gradient checkpointing,
-            which cannot backpropagate two forwards of the same module; `None` turns it on exactly then. Otherwise two
-            forwards are cheaper, since the no-context view is not padded.
-        nca_sequential_views (`bool` or `None`, *optional*, defaults to `None`):
-            Run a training micro-batch's no-context view, teacher and OPD term with their backward first (without the
-            gradient all-reduce), then the context view and the NCA term with theirs, so only one view's activations
-            are alive at a time. The terms are separable (OPD reads only the no-context view, NCA only the context
-            view against a detached anchor), so the gradient and every logged term are the same (to float rounding).
-            It cannot apply with `nca_stop_gradient=False`, the live self-teacher, `nca_joint_forward`, DeepSpeed (its
-            engine runs one backward per micro-batch) or LOMO optimizers. `None` turns it on wherever it applies and
-            the student trains an adapter (at most a tenth of its weights): the gradients are then small and the
-            step's peak falls to the larger view's. With full fine-tuning the first backward allocates every weight's
-            gradient, which the context view then runs beside, so `None` keeps both views at once there; `True` runs
-            them in sequence anyway (worth it when activations outweigh the gradients: long sequences, large
-            batches). `True` is an error at init where it cannot apply; `False` keeps both views' graphs until one
-            backward.
-        share_prefix (`bool`, *optional*, defaults to `True`):
-            Run the tokens that every row of a micro-batch starts with (the chat template's opening, a system message,
-            a context shared by the batch) once per forward, at batch size 1, for the teacher and both student views;
-            the rows' remaining tokens attend to its keys and values with the positions and attention mask of the
-            unshared batch, and the student's prefix receives the rows' summed gradient, so values and gradients are
-            those of the unshared forward (to float rounding). A teacher whose weights do not change (a separate
-            teacher, the LoRA self-teacher with its adapter disabled) keeps the prefix's keys and values across steps
-            while the prefix stays the same. Where it would not be exact the forward runs unshared and the reason is
-            logged once: sliding-window or chunked attention layers, attention implementations other than `"eager"`
-            and `"sdpa"`, active dropout, reentrant gradient checkpointing, a model whose forward takes no cache. See
-            `trl_nca.prefix`.
-        share_prefix_min_tokens (`int`, *optional*, defaults to `32`):
-            Shortest shared prefix worth its own pass: a view whose rows share fewer prompt tokens runs unshared
-            (logged once, at info level).
-        loss_vocab_chunk_size (`int`, *optional*, defaults to `8192`):
-            Vocabulary columns per tile in the chunked loss; lower it to save memory on huge vocabularies.
-        loss_token_chunk_size (`int`, *optional*, defaults to `2048`):
-            Completion tokens per tile in the chunked loss.
-        log_grad_cosine_steps (`int`, *optional*, defaults to `0`):
-            Every this many optimizer steps (at steps 0, N, 2N, ...), log `grad_cosine`, the cosine between the
-            gradients of the OPD and the NCA terms (token means of the step's first micro-batch, flattened over the
-            trainable parameters), and their norms `grad_norm_opd` and `grad_norm_nca`. `0` turns it off. The
-            gradients come from `torch.autograd.grad` on the step's own graph, so the update is bit-identical with
-            it on or off; it costs two extra backward passes on those steps (with `nca_beta=0`, also a context-view
-            forward, run on a side random stream). With several processes each measures its own micro-batch
-            (nothing is synchronised) and the mean is logged. Not available under DeepSpeed, FSDP or reentrant
-            gradient checkpointing. `trl-nca analyze` measures the same on saved checkpoints.
-
-    Parameters that control evaluation:
-
-    Parameters:
-        eval_completions (`str`, *optional*, defaults to `"on_policy"`):
-            Which completions evaluation scores. `"on_policy"`: completions sampled from the student without the
-            context (the distribution NCA trains on; `eval_loss` is then itself a sample). `"dataset"`: the eval
-            dataset's reference completions, as `GKDTrainer` evaluates (every eval row needs one: `messages` ending
-            with an assistant turn, or a `completion` column). `eval_completions/on_policy` logs the fraction of
-            evaluated completions that the student sampled (1.0 or 0.0).
-"""
-"""The documentation of the fields of `NCAFields`, shared by the docstrings of both configs (`<TOP_K>` stands for the
-name of the support-size field, which differs between them)."""
-
-
-def _with_nca_parameters(support_size_name: str):
-    """Append the NCA fields' documentation to a config class's docstring (written once, in `NCA_PARAMETERS_DOC`)."""
-
-    def decorate(cls):
-        cls.__doc__ = cls.__doc__.rstrip() + "\n" + NCA_PARAMETERS_DOC.replace("<TOP_K>", support_size_name)
-        return cls
-
-    return decorate
 
 
 def _support_size_field():
     """The size of the top-k support. `NCAConfig` calls it `top_k`; `NCADistillationConfig` calls it
     `divergence_top_k`, because `DistillationConfig.top_k` is already the sampling top-k."""
-    return field(default=256, metadata={"help": "Size of the top-k support."})
+    return field(
+        default=256,
+        metadata={
+            "help": "Size of the top-k support: how many of the student's most likely no-context tokens the "
+            "divergences sum over when `divergence_support='top_k'`."
+        },
+    )
 
 
+@document_fields()
 @dataclass
 class NCAFields:
     """The fields of the context, the NCA term and the divergence support, declared once for both trainer configs:
     [`NCAConfig`] (on `GKDConfig`, for `NCATrainer`) and [`NCADistillationConfig`] (on `DistillationConfig`, for
-    `NCADistillationTrainer`). Documented in `NCA_PARAMETERS_DOC` (part of both configs' docstrings) and in each
-    field's `metadata["help"]`. A subclass names its support-size field in `_support_size_name`."""
+    `NCADistillationTrainer`). A subclass names its support-size field in `_support_size_name` and declares it."""
 
     _support_size_name: ClassVar[str] = "top_k"
+    # The docstring's sections (trl_nca.field_docs): each opens at the field named here and runs to the next one, so a
+    # new field belongs to the section it is declared in.
+    _doc_sections: ClassVar[dict[str, str]] = {
+        "nca_beta": "Parameters that control the NCA term",
+        "context_column": "Parameters that control the context",
+        "divergence_support": "Parameters that control the divergence",
+        "eval_completions": "Parameters that control evaluation",
+    }
 
     nca_beta: float = field(
         default=0.5,
         metadata={
-            "help": "Weight of the No-Context Anchoring term KL(sg[q_x] || q_c); 0 is plain OPD (the context view is "
-            "then not run at all)."
-        },  # fmt: skip
+            "help": "Weight of the No-Context Anchoring term KL(sg[q_x] || q_c). `0.0` is plain on-policy context "
+            "distillation (OPD): the context view of the student is then not computed at all (unless "
+            "`nca_monitor=True`)."
+        },
     )
     nca_anchor: Literal["student", "teacher"] = field(
         default="student",
         metadata={
-            "help": "What the context view q_c is pulled towards: 'student' (sg[q_x], NCA) or 'teacher' (the "
-            "paper's DualOPD ablation)."
-        },  # fmt: skip
+            "help": "What the context view q_c is pulled towards: `'student'` (sg[q_x], the no-context view: NCA) or "
+            "`'teacher'` (the teacher's distribution, the paper's DualOPD ablation)."
+        },
     )
     nca_divergence: Literal["forward_kl", "symmetric_kl"] = field(
         default="forward_kl",
         metadata={
-            "help": "NCA divergence: 'forward_kl' = KL(anchor || q_c); 'symmetric_kl' adds KL(q_c || anchor) (an "
-            "ablation)."
-        },  # fmt: skip
+            "help": "`'forward_kl'`: KL(anchor || q_c), the expectation under the anchor. `'symmetric_kl'`: "
+            "KL(anchor || q_c) + KL(q_c || anchor) (an ablation)."
+        },
     )
     nca_stop_gradient: bool = field(
         default=True,
         metadata={
-            "help": "Stop the NCA gradient into the no-context view (the paper's method); False lets NCA move "
-            "q_x too (an ablation)."
-        },  # fmt: skip
+            "help": "Stop the gradient of the NCA term into the no-context view (the paper's method). `False` is an "
+            "ablation: the anchor then moves towards the context view too."
+        },
     )
     nca_monitor: bool = field(
         default=False,
-        metadata={"help": "With nca_beta=0, still compute and log nca_loss and view_kl (one extra forward)."},
+        metadata={
+            "help": "With `nca_beta=0`, still run the context view (without gradient) to log `nca_loss` and `view_kl`, "
+            "so the context-induced drift of plain OPD can be watched. Costs one extra forward per step."
+        },
     )
     nca_beta_schedule: Literal["constant", "warmup", "adaptive"] = field(
         default="constant",
-        metadata={"help": "Anchor weight over steps: constant (the paper), warmup (0 -> nca_beta over "
-                  "nca_warmup_steps) or adaptive (grows with internalisation, capped at nca_beta)."},
-    )  # fmt: skip
-    nca_warmup_steps: int = field(default=0, metadata={"help": "Steps of the linear warm-up of the warmup schedule."})
-    nca_adaptive_init: float = field(
-        default=0.01, metadata={"help": "First anchor weight of the adaptive schedule (0: off until the views drift)."}
+        metadata={
+            "help": "How the anchor weight evolves over optimizer steps (logged every step as `nca_beta`): "
+            "`'constant'` (`nca_beta` throughout, the paper's method); `'warmup'` (from 0 up to `nca_beta` linearly "
+            "over `nca_warmup_steps`); `'adaptive'` (beyond the paper: starts at `nca_adaptive_init` and is "
+            "multiplied after each step by `1 + clip(view_kl / (nca_adaptive_target * opd_loss) - 1, -0.2, 0.2) / "
+            "nca_adaptive_horizon`, within `[nca_adaptive_min, nca_beta]`, so the anchor grows once the no-context "
+            "view has caught up with the teacher and the context view drifts; see `trl_nca.schedule`). Saved in "
+            "checkpoints, restored on resume."
+        },
     )
-    nca_adaptive_min: float = field(default=1e-3, metadata={"help": "Lower bound of the adaptive anchor weight."})
+    nca_warmup_steps: int = field(
+        default=0, metadata={"help": "Optimizer steps of the linear warm-up of the `'warmup'` schedule."}
+    )
+    nca_adaptive_init: float = field(
+        default=0.01,
+        metadata={
+            "help": "Anchor weight of the first step under the `'adaptive'` schedule. `0` keeps the anchor off until "
+            "the first step whose `view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts it at "
+            "`nca_adaptive_min`."
+        },
+    )
+    nca_adaptive_min: float = field(
+        default=1e-3,
+        metadata={"help": "Lower bound of the adaptive anchor weight (`nca_beta` is the upper bound)."},
+    )
     nca_adaptive_target: float = field(
-        default=1.0, metadata={"help": "Tolerated view_kl / opd_loss ratio before the adaptive anchor grows."}
+        default=1.0,
+        metadata={
+            "help": "Tolerated ratio of the views' gap (`view_kl`) to the no-context view's gap to the teacher "
+            "(`opd_loss`) before the adaptive anchor grows."
+        },
     )
     nca_adaptive_horizon: float = field(
-        default=1.0, metadata={"help": "Divides each adaptive update (at most 0.2 / horizon per step)."}
+        default=1.0,
+        metadata={
+            "help": "Divides every adaptive update: each step changes the weight by at most "
+            "`0.2 / nca_adaptive_horizon`."
+        },
     )
     context_column: str | None = field(
         default="context",
@@ -273,96 +142,147 @@ class NCAFields:
     context_text: str | None = field(
         default=None,
         metadata={
-            "help": "One fixed context for every example (e.g. the distilled system prompt); overrides context_column."
-        },  # fmt: skip
+            "help": "One fixed context for every example (e.g. the system prompt being distilled). Takes precedence "
+            "over `context_column`."
+        },
     )
     context_placement: Literal["system", "user"] = field(
         default="system",
         metadata={
-            "help": "'system': the context becomes the system message (before an existing one); 'user': it "
-            "goes into the first user message through context_template."
-        },  # fmt: skip
+            "help": "`'system'`: the context becomes the system message; if the prompt already has one, the context is "
+            "put before it, the two joined by `context_separator`. `'user'`: the first user message is rewritten "
+            "through `context_template` (text games put their experience there)."
+        },
     )
     context_template: str = field(
         default="{context}\n\n{prompt}",
         metadata={
-            "help": "The user message with context (placement 'user'): needs {prompt} and {context} and no other "
-            "placeholder; write literal braces as {{ and }}."
-        },  # fmt: skip
+            "help": "The user message with the context (placement `'user'`): must contain `{prompt}` and `{context}` "
+            "and no other placeholder; write literal braces as `{{` and `}}`."
+        },
     )
     context_separator: str = field(
         default="\n\n",
         metadata={
-            "help": "Joins the context and an existing system message: context + separator + existing "
-            "(placement 'system')."
-        },  # fmt: skip
+            "help": "Joins the context and an existing system message (placement `'system'`): context + separator + "
+            "existing message."
+        },
     )
     max_context_length: int | None = field(
         default=None,
         metadata={
-            "help": "Longest context-view sequence (prompt + context + completion) in tokens; default: the smaller "
-            "max_position_embeddings of student and teacher."
-        },  # fmt: skip
+            "help": "Longest context-view sequence (prompt with context + completion) allowed, in tokens. `None` uses "
+            "the smaller of the student's and teacher's `max_position_embeddings`. The context view is never cut to "
+            "`max_length`: a longer one is an error, unless `truncate_context=True`."
+        },
     )
     truncate_context: bool = field(
         default=False,
         metadata={
-            "help": "Shorten an over-long context itself (never the prompt or the completion), with a warning, "
-            "instead of raising."
-        },  # fmt: skip
+            "help": "Opt in to shortening the context itself (never the prompt or the completion) when the context "
+            "view would exceed `max_context_length`, with a warning naming the example."
+        },
     )
     divergence_support: Literal["full", "top_k"] = field(
         default="full",
         metadata={
-            "help": "'full': exact divergences over the vocabulary; 'top_k': sums over the student's top-k "
-            "no-context tokens (chosen without gradient), as in the OPCD code."
-        },  # fmt: skip
+            "help": "`'full'`: exact divergences over the whole vocabulary. `'top_k'`: sums restricted to the most "
+            "likely tokens of the student's no-context distribution (chosen without gradient; how many: `top_k` in "
+            "`NCAConfig`, `divergence_top_k` in `NCADistillationConfig`), as in the OPCD reference code."
+        },
     )
     top_k_renormalize: bool = field(
-        default=False, metadata={"help": "Renormalise the three distributions over the top-k support."}
+        default=False,
+        metadata={
+            "help": "Renormalise every distribution over the top-k support instead of using full-vocabulary "
+            "log-probabilities."
+        },
     )
     self_teacher: Literal["initial", "live"] = field(
         default="initial",
-        metadata={"help": "Teacher without teacher_model: the frozen initial student or the live student (detached)."},
+        metadata={
+            "help": "Teacher when no `teacher_model` is given: `'initial'` (the student's frozen initial weights, with "
+            "the context) or `'live'` (the current student with the context, detached)."
+        },
     )
     nca_joint_forward: bool | None = field(
         default=None,
         metadata={
-            "help": "Both student views in one forward of 2 x batch rows; None: only under DDP with reentrant "
-            "gradient checkpointing, which needs it."
-        },  # fmt: skip
+            "help": "Run the student's two views as one forward of 2 x batch rows (the no-context prompts left-padded "
+            "to the context prompts' width) instead of two forwards. Needed under DDP with reentrant gradient "
+            "checkpointing, which cannot backpropagate two forwards of the same module; `None` turns it on exactly "
+            "then. Otherwise two forwards are cheaper, since the no-context view is not padded."
+        },
     )
     nca_sequential_views: bool | None = field(
         default=None,
         metadata={
-            "help": "Backpropagate the no-context view before the context view runs, so one view's activations are "
-            "alive at a time (same gradient); None: wherever that applies when training an adapter."
-        },  # fmt: skip
+            "help": "Run a training micro-batch's no-context view, teacher and OPD term with their backward first "
+            "(without the gradient all-reduce), then the context view and the NCA term with theirs, so only one "
+            "view's activations are alive at a time. The terms are separable (OPD reads only the no-context view, NCA "
+            "only the context view against a detached anchor), so the gradient and every logged term are the same (to "
+            "float rounding). It cannot apply with `nca_stop_gradient=False`, the live self-teacher, "
+            "`nca_joint_forward`, DeepSpeed (its engine runs one backward per micro-batch) or LOMO optimizers. `None` "
+            "turns it on wherever it applies and the student trains an adapter (at most a tenth of its weights): the "
+            "gradients are then small and the step's peak falls to the larger view's. With full fine-tuning the first "
+            "backward allocates every weight's gradient, which the context view then runs beside, so `None` keeps "
+            "both views at once there; `True` runs them in sequence anyway (worth it when activations outweigh the "
+            "gradients: long sequences, large batches). `True` is an error at init where it cannot apply; `False` "
+            "keeps both views' graphs until one backward."
+        },
     )
     share_prefix: bool = field(
         default=True,
         metadata={
-            "help": "Run the token prefix shared by every row (template opening, system message, a common context) "
-            "once per forward for the teacher and both student views, exactly; falls back to unshared forwards, "
-            "logging why once, where it cannot be exact."
-        },  # fmt: skip
+            "help": "Run the tokens that every row of a micro-batch starts with (the chat template's opening, a "
+            "system message, a context shared by the batch) once per forward, at batch size 1, for the teacher and "
+            "both student views; the rows' remaining tokens attend to its keys and values with the positions and "
+            "attention mask of the unshared batch, and the student's prefix receives the rows' summed gradient, so "
+            "values and gradients are those of the unshared forward (to float rounding). A teacher whose weights do "
+            "not change (a separate teacher, the LoRA self-teacher with its adapter disabled) keeps the prefix's keys "
+            "and values across steps while the prefix stays the same. Where it would not be exact the forward runs "
+            "unshared and the reason is logged once: sliding-window or chunked attention layers, attention "
+            "implementations other than `'eager'` and `'sdpa'`, active dropout, reentrant gradient checkpointing, a "
+            "model whose forward takes no cache. See `trl_nca.prefix`."
+        },
     )
     share_prefix_min_tokens: int = field(
         default=32,
-        metadata={"help": "Shortest shared prefix worth its own pass; shorter ones run unshared."},
+        metadata={
+            "help": "Shortest shared prefix worth its own pass: a view whose rows share fewer prompt tokens runs "
+            "unshared (logged once, at info level)."
+        },
     )
-    loss_vocab_chunk_size: int = field(default=8192, metadata={"help": "Vocabulary columns per loss tile."})
-    loss_token_chunk_size: int = field(default=2048, metadata={"help": "Completion tokens per loss tile."})
+    loss_vocab_chunk_size: int = field(
+        default=8192,
+        metadata={
+            "help": "Vocabulary columns per tile in the chunked loss; lower it to save memory on huge vocabularies."
+        },
+    )
+    loss_token_chunk_size: int = field(
+        default=2048, metadata={"help": "Completion tokens per tile in the chunked loss."}
+    )
     log_grad_cosine_steps: int = field(
         default=0,
-        metadata={"help": "Every N optimizer steps, log the cosine between the OPD and NCA gradients on the step's "
-                  "first micro-batch (grad_cosine, grad_norm_opd, grad_norm_nca); 0 turns it off."},
-    )  # fmt: skip
+        metadata={
+            "help": "Every this many optimizer steps (at steps 0, N, 2N, ...), log `grad_cosine`, the cosine between "
+            "the gradients of the OPD and the NCA terms (token means of the step's first micro-batch, flattened over "
+            "the trainable parameters), and their norms `grad_norm_opd` and `grad_norm_nca`. `0` turns it off. The "
+            "gradients come from `torch.autograd.grad` on the step's own graph, so the update is bit-identical with "
+            "it on or off; it costs two extra backward passes on those steps (with `nca_beta=0`, also a context-view "
+            "forward, run on a side random stream). With several processes each measures its own micro-batch "
+            "(nothing is synchronised) and the mean is logged. Not available under DeepSpeed, FSDP or reentrant "
+            "gradient checkpointing. `trl-nca analyze` measures the same on saved checkpoints."
+        },
+    )
     eval_completions: Literal["on_policy", "dataset"] = field(
         default="on_policy",
         metadata={
-            "help": "Completions scored in evaluation: sampled from the student without context ('on_policy') or "
-            "the eval dataset's references ('dataset', as GKDTrainer evaluates)."
+            "help": "Which completions evaluation scores. `'on_policy'`: completions sampled from the student without "
+            "the context (the distribution NCA trains on; `eval_loss` is then itself a sample). `'dataset'`: the "
+            "eval dataset's reference completions, as `GKDTrainer` evaluates (every eval row needs one: `messages` "
+            "ending with an assistant turn, or a `completion` column). `eval_completions/on_policy` logs the "
+            "fraction of evaluated completions that the student sampled (1.0 or 0.0)."
         },
     )
 
@@ -380,29 +300,38 @@ class NCAFields:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if self.dataloader_pin_memory and not torch.cuda.is_available():
             self.dataloader_pin_memory = False  # pinned memory only serves CUDA copies; torch warns on every loader
-        _adopt_activation_checkpointing(self)
+        # TRL's `gradient_checkpointing*` defaults move to transformers' new `activation_checkpointing*` names, when
+        # this transformers has them and they are unset, so TrainingArguments does not warn about names the user never
+        # wrote.
+        for old, new in (
+            ("gradient_checkpointing", "activation_checkpointing"),
+            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+        ):
+            if hasattr(self, new) and getattr(self, new) is None and getattr(self, old) is not None:
+                setattr(self, new, getattr(self, old))
+                setattr(self, old, None)
 
     def _check_nca_numbers(self, integers: tuple[str, ...] = ()) -> None:
         """Type and range of the numbers, before the base config's own checks (which let NaN through and fail on
         strings with a bare TypeError). `integers` adds fields of the base config that must be integers >= 1."""
-        _check_number("nca_beta", self.nca_beta, low=0.0, hint="0 is plain OPD, 0.5 the paper's best")
-        _check_number("temperature", self.temperature, low=0.0, low_open=True, hint="it divides every view's logits")
-        _check_number("beta", self.beta, low=0.0, high=1.0, hint="0 forward KL, 1 reverse KL")
+        check_number("nca_beta", self.nca_beta, low=0.0, hint="0 is plain OPD, 0.5 the paper's best")
+        check_number("temperature", self.temperature, low=0.0, low_open=True, hint="it divides every view's logits")
+        check_number("beta", self.beta, low=0.0, high=1.0, hint="0 forward KL, 1 reverse KL")
         for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
-            _check_number(name, getattr(self, name))
+            check_number(name, getattr(self, name))
         for name in (
             self._support_size_name, "loss_vocab_chunk_size", "loss_token_chunk_size", *integers,
             "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
         ):  # fmt: skip
-            _check_integer(name, getattr(self, name), low=1)
+            check_integer(name, getattr(self, name), low=1)
         for name in ("nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon"):
-            _check_number(name, getattr(self, name), low=0.0, low_open=True)
-        _check_number("nca_adaptive_init", self.nca_adaptive_init, low=0.0)
-        _check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
-        _check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
-        _check_integer("share_prefix_min_tokens", self.share_prefix_min_tokens, low=1)
+            check_number(name, getattr(self, name), low=0.0, low_open=True)
+        check_number("nca_adaptive_init", self.nca_adaptive_init, low=0.0)
+        check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
+        check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
+        check_integer("share_prefix_min_tokens", self.share_prefix_min_tokens, low=1)
         if self.max_context_length is not None:
-            _check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
+            check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
 
     def _check_nca_choices(self) -> None:
         """The choices among strings, the unused-option warning, and the specs built (so validated) now."""
@@ -463,7 +392,7 @@ class NCAFields:
         )
 
 
-@_with_nca_parameters("top_k")
+@document_fields(after={"top_k": "divergence_support"})
 @dataclass
 class NCAConfig(NCAFields, GKDConfig):
     r"""
@@ -474,15 +403,9 @@ class NCAConfig(NCAFields, GKDConfig):
         OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)
 
     where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of [`~trl.experimental.gkd.GKDConfig`]
-    keep their meaning; the fields below are specific to NCA.
-
-    Defaults that differ from `GKDConfig`:
-        - `lmbda=1.0` (fully on-policy, as in on-policy context distillation) instead of 0.5.
-        - `beta=1.0` (reverse KL, the OPCD default) instead of 0.5.
-        - `temperature=1.0` instead of 0.9. It is both the sampling temperature and the temperature applied to the
-          logits of every view (student without context, student with context, teacher) before the divergences.
-        - `bf16=None` resolves to `True` only when a CUDA device with bfloat16 support is present, so the same config
-          runs on a CPU-only machine.
+    keep their meaning; the fields below are specific to NCA (declared once, in [`NCAFields`], and shared with
+    [`NCADistillationConfig`]), or are GKD's with another default. `bf16=None` resolves to `True` only when a CUDA
+    device with bfloat16 support is present, so the same config runs on a CPU-only machine.
 
     Shared fields whose effect differs from `GKDTrainer` (a config that trains under `GKDTrainer` also trains under
     `NCATrainer`; where the effect differs, the trainer says so):
@@ -500,59 +423,51 @@ class NCAConfig(NCAFields, GKDConfig):
           `trl_nca.eval.PairedEvalCallback` for task accuracy with and without the context.
         - A custom `data_collator` must produce NCA's batch keys (`trl_nca.data.BATCH_KEYS`); the trainer probes it
           on one example at init. GKD's chat collator does not.
-
-    The NCA fields (below) are declared once, in [`NCAFields`], and shared with [`NCADistillationConfig`].
-
-    Parameters that `GKDConfig` lacks:
-
-    Parameters:
-        ds3_gather_for_generation (`bool`, *optional*, defaults to `True`):
-            Under DeepSpeed ZeRO-3, whether sampling gathers the whole student on every process (fast, and each
-            process holds all the weights while it samples) or runs with the weights sharded (one gather per layer
-            and generated token: slower, for students too large to hold whole on one device), as in
-            `DistillationConfig`.
     """
 
     top_k: int = _support_size_field()
 
-    # Defaults that differ from GKDConfig (documented above).
     lmbda: float = field(
-        default=1.0, metadata={"help": "Fraction of on-policy steps (1.0: fully on-policy, the OPCD setting)."}
+        default=1.0,
+        metadata={
+            "help": "Fraction of optimizer steps whose completions the student samples: 1.0 is fully on-policy, as in "
+            "on-policy context distillation."
+        },
     )
     beta: float = field(
         default=1.0,
         metadata={
-            "help": "OPD divergence, TRL's generalized JSD: 1 reverse KL(q_x || f) (the OPCD default), 0 forward "
-            "KL(f || q_x), in between the JSD."
-        },  # fmt: skip
+            "help": "The OPD divergence, TRL's generalized JSD: 1 is the reverse KL(q_x || f) (the OPCD default), 0 "
+            "the forward KL(f || q_x), values in between the JSD."
+        },
     )
     temperature: float = field(
         default=1.0,
         metadata={
-            "help": "Sampling temperature, also dividing the logits of all three distributions (student "
-            "without and with the context, teacher)."
-        },  # fmt: skip
+            "help": "Both the sampling temperature and the temperature applied to the logits of every view (student "
+            "without context, student with context, teacher) before the divergences."
+        },
     )
 
     ds3_gather_for_generation: bool = field(
         default=True,
         metadata={
-            "help": "Under DeepSpeed ZeRO-3, gather the whole student on every process while it samples (fast; each "
-            "process then holds a full copy of the weights for the duration). False samples with the weights "
-            "sharded, gathering each layer at every generated token: slower, for students too large to hold whole "
-            "on one device. No effect without ZeRO-3. As `DistillationConfig.ds3_gather_for_generation`."
-        },  # fmt: skip
+            "help": "Under DeepSpeed ZeRO-3, whether sampling gathers the whole student on every process (fast; each "
+            "process then holds all the weights while it samples) or runs with the weights sharded (one gather per "
+            "layer and generated token: slower, for students too large to hold whole on one device), as "
+            "`DistillationConfig.ds3_gather_for_generation`. No effect without ZeRO-3."
+        },
     )
 
     def __post_init__(self):
         self._check_nca_numbers(integers=("max_new_tokens",))
-        _check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
+        check_number("lmbda", self.lmbda, low=0.0, high=1.0, hint="the fraction of on-policy steps")
         self._nca_defaults()
         super().__post_init__()
         self._check_nca_choices()
 
 
-@_with_nca_parameters("divergence_top_k")
+@document_fields(after={"divergence_top_k": "divergence_support"})
 @dataclass
 class NCADistillationConfig(NCAFields, DistillationConfig):
     r"""
@@ -595,145 +510,3 @@ class NCADistillationConfig(NCAFields, DistillationConfig):
                 "log_grad_cosine_steps is not available with NCADistillationTrainer. Set it to 0, and measure the "
                 "gradient cosine with NCATrainer or on saved checkpoints with `trl-nca analyze`."
             )
-
-
-def _adopt_activation_checkpointing(config) -> None:
-    """Move TRL's `gradient_checkpointing*` defaults to transformers' new `activation_checkpointing*` names, when this
-    transformers has them and they are unset, so TrainingArguments does not warn about names the user never wrote."""
-    for old, new in (
-        ("gradient_checkpointing", "activation_checkpointing"),
-        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
-    ):
-        if hasattr(config, new) and getattr(config, new) is None and getattr(config, old) is not None:
-            setattr(config, new, getattr(config, old))
-            setattr(config, old, None)
-
-
-def student_init_kwargs(args: NCAConfig, model_args) -> dict[str, Any]:
-    """`from_pretrained` kwargs of the student: `args.model_init_kwargs`, completed by `trl.ModelConfig`'s `dtype`,
-    `model_revision` and `attn_implementation`. A key set in both places to different values is an error, unless the
-    ModelConfig field still has its default (then the explicit `model_init_kwargs` entry wins): nothing the user wrote
-    is silently overridden."""
-    kwargs = dict(args.model_init_kwargs or {})
-    defaults = {f.name: f.default for f in fields(type(model_args))}
-    given = {
-        "dtype": ("dtype", model_args.dtype or "auto"),
-        "revision": ("model_revision", model_args.model_revision),
-        "attn_implementation": ("attn_implementation", model_args.attn_implementation),
-    }
-    for key, (option, value) in given.items():
-        if key not in kwargs:
-            kwargs[key] = value
-        elif kwargs[key] != value and getattr(model_args, option) != defaults[option]:
-            raise ValueError(
-                f"`{option}: {getattr(model_args, option)}` and `model_init_kwargs: {{{key}: {kwargs[key]}}}` "
-                "disagree; set it in one place only."
-            )
-    return kwargs
-
-
-def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
-    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last checkpoint in `output_dir`), or a
-    checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does not exist, or
-    'true' when `output_dir` has no checkpoint, is an error (never a silent restart from step 0)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if value is None or value is False:
-        return None
-    if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
-        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
-            raise ValueError(
-                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to resume "
-                "from. Give the checkpoint folder itself, or leave the option out to start afresh."
-            )
-        return True
-    if str(value).strip().lower() in ("false", "none", "no", "0", ""):
-        return None
-    if not Path(value).is_dir():
-        raise ValueError(
-            f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
-            "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
-        )
-    return str(value)
-
-
-def _markdown_value(value: Any) -> str:
-    text = repr(value) if isinstance(value, str) else str(value)
-    return "`" + text.replace("|", "\\|") + "`"
-
-
-def _markdown_text(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _nca_field_names(config_class) -> list[str]:
-    """The NCA fields of a config class in documentation order: those of `NCAFields`, with the class's support-size
-    field right after `divergence_support`."""
-    names = []
-    for name in NCAFields.__annotations__:
-        if name.startswith("_"):
-            continue
-        names.append(name)
-        if name == "divergence_support":
-            names.append(config_class._support_size_name)
-    return names
-
-
-def _annotation(config_class, name: str) -> str:
-    """A field's type as written (HfArgumentParser rewrites `field.type` in place)."""
-    for klass in config_class.__mro__:
-        if name in getattr(klass, "__annotations__", {}):
-            return str(klass.__annotations__[name]).replace("|", "\\|")
-    raise KeyError(name)
-
-
-def field_reference() -> str:
-    """Markdown tables of the NCA fields (declared once, in `NCAFields`), of the `GKDConfig` fields whose defaults
-    `NCAConfig` changes, and of how `NCADistillationConfig` differs, built from the fields' defaults, types and
-    `metadata["help"]` (the text `--help` shows). docs/configuration.md embeds them between markers;
-    `python scripts/config_reference.py` rewrites them there, and a test fails when the page drifts."""
-    gkd = {f.name: f for f in fields(GKDConfig)}
-    ours = {f.name: f for f in fields(NCAConfig)}
-    rows = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name in _nca_field_names(NCAConfig):
-        f = ours[name]
-        kind = _annotation(NCAConfig, name)
-        rows.append(f"| `{name}` | `{kind}` | {_markdown_value(f.default)} | {_markdown_text(f.metadata['help'])} |")
-    changed = ["| field | GKDConfig default | NCAConfig default | meaning |", "| --- | --- | --- | --- |"]
-    for name in NCAConfig.__annotations__:
-        if name in gkd:
-            f = ours[name]
-            changed.append(
-                f"| `{name}` | {_markdown_value(gkd[name].default)} | {_markdown_value(f.default)} | "
-                f"{_markdown_text(f.metadata['help'])} |"
-            )
-    added = ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for name in NCAConfig.__annotations__:
-        if name not in gkd and name not in _nca_field_names(NCAConfig):
-            f = ours[name]
-            added.append(
-                f"| `{name}` | `{_annotation(NCAConfig, name)}` | {_markdown_value(f.default)} | "
-                f"{_markdown_text(f.metadata['help'])} |"
-            )
-    distill = {f.name: f for f in fields(DistillationConfig)}
-    theirs = {f.name: f for f in fields(NCADistillationConfig)}
-    renamed = [
-        f"| `{a}` | `{b}` | {_markdown_text(ours[a].metadata['help'])} |"
-        for a, b in zip(_nca_field_names(NCAConfig), _nca_field_names(NCADistillationConfig))
-        if a != b
-    ]
-    overridden = [name for name in NCADistillationConfig.__annotations__ if name in distill]
-    differing = [f"`{name}`" for name in overridden if theirs[name].default != distill[name].default]
-    return (
-        "\n".join(rows)
-        + "\n\nFields of `GKDConfig` whose default differs:\n\n"
-        + "\n".join(changed)
-        + "\n\nFields `NCAConfig` adds to `GKDConfig` (as `DistillationConfig` has them):\n\n"
-        + "\n".join(added)
-        + "\n\n`NCADistillationConfig` (on `DistillationConfig`) has the same NCA fields, with the same types, defaults "
-        + "and meaning, except:\n\n| `NCAConfig` | `NCADistillationConfig` | meaning |\n| --- | --- | --- |\n"
-        + "\n".join(renamed)
-        + "\n\nFields of `DistillationConfig` whose default differs: "
-        + (", ".join(differing) if differing else "none")
-        + ".\n"
-    )

@@ -1,7 +1,9 @@
-"""Tiny, fully offline models for tests, benchmarks and smoke runs.
+"""Tiny, fully offline models for tests, benchmarks and smoke runs, and what the tests share.
 
 Builds a byte-level BPE tokenizer with a ChatML template and a 2-layer Llama from scratch, so nothing is fetched from
-the Hub. Everything is deterministic for a given seed.
+the Hub. Everything is deterministic for a given seed. The tests' common data (`CONTEXT`, `prompt_dataset`,
+`ragged_answers`), run settings (`run_args` with the presets `CPU`, `SHORT_RUN`, ...) and named tolerances
+(`FLOAT64`, `FLOAT32`, `KL32`, `STORED32`) are here too; their fixtures are in tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# The privileged context of the tests' datasets (a system prompt to distil).
+CONTEXT = "You are a careful medical expert. Answer with the letter inside <answer></answer> tags."
+# The prompts of the tests' prompt-only datasets, in turn.
+QUESTIONS = ["Which answer? (A) yes (B) no", "Is this statement hateful?", "Push the box.", "Frozen lake: up"]
+
 _CORPUS = [
-    "You are a careful medical expert. Answer with the letter inside <answer></answer> tags.",
+    CONTEXT,
     "Which of the following is the answer? (A) yes (B) no (C) maybe (D) unknown",
     "The player moves up, down, left or right on the frozen lake and must avoid the holes.",
     "Push the box onto the target. Walls block movement. [up] [down] [left] [right]",
@@ -136,6 +143,78 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------- test runs and data
+
+# Presets of training fields for `run_args`. Every test run: on the CPU, in float32, reporting nowhere.
+CPU = {"bf16": False, "use_cpu": True, "report_to": []}
+# A short reproducible run: 2 optimizer steps of 2 rows, 6 sampled tokens, every step logged, nothing saved.
+SHORT_RUN = {
+    **CPU, "save_strategy": "no", "max_steps": 2, "per_device_train_batch_size": 2, "max_new_tokens": 6,
+    "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "data_seed": 0,
+}  # fmt: skip
+# One batch of 3 dataset rows scored off-policy (the references), NCA on at the paper's weight, nothing saved.
+REFERENCE_BATCH = {
+    **CPU, "save_strategy": "no", "per_device_train_batch_size": 3, "max_new_tokens": 6, "lmbda": 0.0, "nca_beta": 0.5,
+}  # fmt: skip
+# Played episodes: 2 steps of 2 rows, no length cap (the episodes' prompts grow), a learning rate that moves weights.
+ROLLOUT_RUN = {
+    **CPU, "save_strategy": "no", "max_steps": 2, "per_device_train_batch_size": 2, "logging_steps": 1,
+    "gradient_checkpointing": False, "max_length": None, "learning_rate": 1e-2,
+}  # fmt: skip
+# Bad-input checks: one step of 4 sampled tokens, as little work as building the trainer allows.
+ONE_STEP = {**CPU, "max_new_tokens": 4, "max_steps": 1}
+
+
+def run_args(config_class, directory, preset: dict | None = None, **fields):
+    """`config_class` (`NCAConfig`, `NCADistillationConfig`, GKD's `GKDConfig`) for a test run writing to
+    `directory`: the fields of `preset` (default `CPU`), then `fields`, which add to or override them (`output_dir`
+    too)."""
+    return config_class(**{"output_dir": str(directory), **(CPU if preset is None else preset), **fields})
+
+
+def cloned_parameters(model) -> dict:
+    """A copy of the model's parameters by name, to compare with after a step."""
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def record_batches(trainer) -> list[dict]:
+    """Wrap `trainer.compute_loss` to keep every micro-batch it sees in training, cloned, in order: the returned
+    list fills as the trainer trains."""
+    import torch
+
+    batches, compute_loss = [], trainer.compute_loss
+
+    def spy(model, inputs, *args, **kwargs):
+        if trainer.model.training:
+            batches.append({key: v.clone() if torch.is_tensor(v) else v for key, v in inputs.items()})
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = spy
+    return batches
+
+
+def prompt_dataset(n: int = 4, context: str = CONTEXT):
+    """`n` prompt-only rows (`QUESTIONS` in turn), each with `context` in the `context` column."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": [QUESTIONS[i % len(QUESTIONS)] for i in range(n)], "context": [context] * n})
+
+
+def ragged_answers(n: int = 3, words_per_row: int = 3):
+    """`n` chat rows with reference answers of different lengths: row i's answer is `<answer>A</answer>` (or B)
+    followed by `words_per_row * i` words, so the completion block of a batch is ragged; `CONTEXT` in every row."""
+    from datasets import Dataset
+
+    rows = [
+        [
+            {"role": "user", "content": f"Question {i}: which answer? (A) yes (B) no"},
+            {"role": "assistant", "content": "<answer>" + "AB"[i % 2] + "</answer>" + " ok" * (words_per_row * i)},
+        ]
+        for i in range(n)
+    ]
+    return Dataset.from_dict({"messages": rows, "context": [CONTEXT] * n})
 
 
 def scripted_generate(tokenizer, reply):

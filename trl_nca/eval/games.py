@@ -16,7 +16,7 @@ games unchanged. Per view (`ViewOutcome`):
 sample with the same per-call seeds (common random numbers).
 
 `GameEvaluation` is the game task of the evaluation runner (`trl_nca.eval.runner`): the same resume mechanism, run
-key and provenance record as dataset evaluations.
+key and provenance record as dataset evaluations. (This module was `trl_nca.envs.evaluate`; see docs/design.md.)
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checks import shown
 from ..envs import (
     GAME_MAX_NEW_TOKENS,
     GAME_TEMPERATURE,
@@ -96,7 +97,7 @@ class _Pair:
         self.ids: dict[str, list[list[int]]] = {"x": [], "xc": []}
 
     @property
-    def unfinished_views(self) -> list[str]:
+    def live(self) -> list[str]:
         return [view for view, env in self.envs.items() if not env.done]
 
     def outcome(self, view: str) -> ViewOutcome:
@@ -130,13 +131,13 @@ def play_pairs(
     pending = list(seeds)[::-1]
     active: list[_Pair] = []
     while pending or active:
-        unfinished = sum(len(pair.unfinished_views) for pair in active)
-        while pending and (not active or max_prompts is None or unfinished + 2 <= max_prompts):
+        live = sum(len(pair.live) for pair in active)
+        while pending and (not active or max_prompts is None or live + 2 <= max_prompts):
             active.append(_Pair(game, pending.pop(), max_calls, env_kwargs))
-            unfinished += 2
+            live += 2
         prompts, row_seeds, owners = [], [], []
         for pair in active:
-            for view in pair.unfinished_views:
+            for view in pair.live:
                 env = pair.envs[view]
                 messages = build_step_messages(env)
                 view_messages = add_context(messages, experience, spec) if view == "xc" else messages
@@ -150,7 +151,7 @@ def play_pairs(
             pair.ids[view].append(list(completion.token_ids))
         still = []
         for pair in active:
-            if pair.unfinished_views:
+            if pair.live:
                 still.append(pair)
             else:
                 on_pair(pair.seed, pair.outcome("x"), pair.outcome("xc"))
@@ -327,10 +328,6 @@ class GameEvaluation:
 RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
 
 
-def _type_and_value(value: Any) -> str:
-    return f"the {type(value).__name__} {value!r}"
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -360,14 +357,14 @@ def check_game_options(
     if not _is_int(num_seeds) or num_seeds < 1:
         raise EvalInputError(
             f"--game-option num_seeds must be a positive integer (how many held-out maps to play; OPCD uses 128), "
-            f"got {_type_and_value(num_seeds)}."
+            f"got {shown(num_seeds)}."
         )
     if "seeds" in options:
         seeds = options["seeds"]
         if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
             raise EvalInputError(
                 "--game-option seeds must be a non-empty JSON list of non-negative integers, e.g. seeds=[3,7,11] "
-                f"(or use num_seeds=N for the first N held-out maps), got {_type_and_value(seeds)}."
+                f"(or use num_seeds=N for the first N held-out maps), got {shown(seeds)}."
             )
         repeated = sorted({s for s in seeds if seeds.count(s) > 1})
         if repeated:
@@ -378,13 +375,13 @@ def check_game_options(
     if not _is_int(max_calls) or max_calls < 1:
         raise EvalInputError(
             f"--game-option max_calls must be a positive integer (model calls per episode; OPCD uses 5), got "
-            f"{_type_and_value(max_calls)}."
+            f"{shown(max_calls)}."
         )
     template_kwargs = options.get("chat_template_kwargs")
     if template_kwargs is not None and not isinstance(template_kwargs, dict):
         raise EvalInputError(
             "--game-option chat_template_kwargs must be a JSON object, e.g. chat_template_kwargs="
-            f'{{"enable_thinking":false}}, got {_type_and_value(template_kwargs)}.'
+            f'{{"enable_thinking":false}}, got {shown(template_kwargs)}.'
         )
     env_kwargs = {k: v for k, v in options.items() if k not in RUN_OPTIONS}
     if "seed" in env_kwargs:
