@@ -112,7 +112,8 @@ def measure(fn, warmup, steps, device):
     gc.collect()
     meter.start()
     fn()
-    return statistics.median(times), meter.stop()
+    peak = meter.stop()
+    return statistics.median(times), peak, meter.gflop
 
 
 def run_shape(base, tok, shape, cli, device):
@@ -173,8 +174,10 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
         sharing._kept = _NoKeep() if cli.no_persist else {}
         for name, fn in jobs:
             rows[(name, share)] = measure(fn, cli.warmup, cli.steps, device)
-            t, m = rows[(name, share)]
-            print(f"  {shape:10s} {name:11s} share={share!s:5s} {t:8.3f} s  peak {m:9.1f} MiB", flush=True)
+            t, m, w = rows[(name, share)]
+            print(
+                f"  {shape:10s} {name:11s} share={share!s:5s} {t:8.3f} s  peak {m:9.1f} MiB  {w:8.1f} GFLOP", flush=True
+            )
     if not nca_beta:
         return None
     lengths = (int(batch["prompt_attention_mask"].sum(1).max()), int(view_c.attention_mask.sum(1).max()))
@@ -193,16 +196,23 @@ def report(shape, rows, batch_size, context_tokens, lengths, shared):
     def m(name, share):
         return rows[(name, share)][1]
 
+    def w(name, share):
+        return rows[(name, share)][2]
+
     print(
         f"\n{shape}: batch {batch_size}, no-context prompt <= {lengths[0]} tokens, context view <= {lengths[1]} tokens "
         f"(context {context_tokens} tokens), shared prefix of the context view {shared} tokens"
     )
-    print(f"| {'pass':12s} | s unshared | s shared | time ratio | MiB unshared | MiB shared | memory ratio |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        f"| {'pass':12s} | s unshared | s shared | time ratio | MiB unshared | MiB shared | memory ratio | "
+        "GFLOP unshared | GFLOP shared |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name in ("teacher", "view-c", "nca0 step", "nca05 step", "nca05 joint"):
         print(
             f"| {name:12s} | {t(name, False):.3f} | {t(name, True):.3f} | {t(name, True) / t(name, False):.2f} | "
-            f"{m(name, False):.1f} | {m(name, True):.1f} | {m(name, True) / max(m(name, False), 1e-9):.2f} |"
+            f"{m(name, False):.1f} | {m(name, True):.1f} | {m(name, True) / max(m(name, False), 1e-9):.2f} | "
+            f"{w(name, False):.1f} | {w(name, True):.1f} |"
         )
     both = (t("teacher", True) + t("view-c", True)) / (t("teacher", False) + t("view-c", False))
     print(f"teacher + context view, shared / unshared time: {both:.2f} (target at the game shape <= 0.50)")
@@ -211,12 +221,14 @@ def report(shape, rows, batch_size, context_tokens, lengths, shared):
             views = "in sequence " if step == "nca05 step" else "both at once"
             ref = max(m("nca0 step", share), m("view-c", share))
             extra = t(step, share) / (t("nca0 step", share) + t("view-c", share))
+            work = w(step, share) / (w("nca0 step", share) + w("view-c", share))
             print(
                 f"share={share!s:5s} {views}: NCA peak / max(OPD step, context-view fwd+bwd) {m(step, share) / ref:.2f} "
-                f"(target <= 1.15); NCA time / (OPD step + context-view fwd+bwd) {extra:.2f} (target <= 1.10)"
+                f"(target <= 1.15); NCA / (OPD step + context-view fwd+bwd): time {extra:.2f}, GFLOP {work:.2f} "
+                "(target <= 1.10)"
             )
-        ratio = t("nca05 step", share) / t("nca05 joint", share)
-        print(f"share={share!s:5s} time in sequence / both at once: {ratio:.2f} (target <= 1.05)")
+        ratio, work = t("nca05 step", share) / t("nca05 joint", share), w("nca05 step", share) / w("nca05 joint", share)
+        print(f"share={share!s:5s} in sequence / both at once: time {ratio:.2f}, GFLOP {work:.2f} (target <= 1.05)")
 
 
 def main():

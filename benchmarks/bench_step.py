@@ -45,6 +45,7 @@ class PeakMemory:
 
     def __init__(self, device: str):
         self.device = device
+        self.gflop = float("nan")  # matrix-multiply work of the watched run (CPU only): the same on any machine
 
     def start(self):
         if self.device == "cuda":
@@ -52,7 +53,9 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self.base = torch.cuda.memory_allocated()
             return
-        self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+        self.profiler = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, with_flops=True
+        )
         self.profiler.__enter__()
 
     def stop(self) -> float:
@@ -70,6 +73,7 @@ class PeakMemory:
         for _, delta in events:
             level += delta
             peak = max(peak, level)
+        self.gflop = sum(e.flops for e in self.profiler.key_averages()) / 1e9
         return peak / 2**20
 
 
@@ -248,7 +252,7 @@ def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
         setattr(trainer.generation_config, key, value)
         trainer.generation_kwargs[key] = value
     trainer.train()
-    result = statistics.median(timer.times), timer.peak
+    result = statistics.median(timer.times), timer.peak, meter.gflop
     del trainer, student, teacher
     gc.collect()
     if device == "cuda":
@@ -303,7 +307,7 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
     peak = meter.stop()
     del model
     gc.collect()
-    return statistics.median(times), peak
+    return statistics.median(times), peak, meter.gflop
 
 
 def main():
@@ -350,13 +354,19 @@ def main():
             if cli.only and name not in cli.only:
                 continue
             rows[name] = run(kind, base, tok, data, kw, cli.warmup, device, lora)
-            print(f"{name:22s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB", flush=True)
+            print(
+                f"{name:22s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB  {rows[name][2]:8.1f} GFLOP",
+                flush=True,
+            )
         for name, view, lora in (("view-c/full", "c", False), ("view-c/lora", "c", True), ("view-x/lora", "x", True)):
             rows[name] = manual_view_step(
                 base, tok, nca_data, cli.batch, cli.new_tokens, device, lora, view, cli.warmup, cli.steps,
                 not cli.no_checkpointing,
             )  # fmt: skip
-            print(f"{name:22s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB", flush=True)
+            print(
+                f"{name:22s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB  {rows[name][2]:8.1f} GFLOP",
+                flush=True,
+            )
 
     def ratio(a, b, i):
         return rows[a][i] / rows[b][i] if a in rows and b in rows and rows[b][i] > 0 else float("nan")
@@ -377,9 +387,11 @@ def main():
         larger = max(rows[opd][1], rows[view][1])
         print(f"mem   nca05/max(nca0, view-c), {tuning:9s}  in sequence {rows[nca][1] / larger:6.2f}  "
               f"both at once {rows[joint][1] / larger:6.2f}  (<= 1.15)")  # fmt: skip
-        print(f"time  nca05/(nca0 + view-c), {tuning:9s}    in sequence {rows[nca][0] / (rows[opd][0] + rows[view][0]):6.2f}  "
-              f"both at once {rows[joint][0] / (rows[opd][0] + rows[view][0]):6.2f}  (<= 1.10)")  # fmt: skip
-        print(f"time  in sequence / both at once, {tuning:9s} {rows[nca][0] / rows[joint][0]:6.2f}  (<= 1.05)")
+        for i, what in ((0, "time "), (2, "GFLOP")):
+            both = rows[opd][i] + rows[view][i]
+            print(f"{what} nca05/(nca0 + view-c), {tuning:9s}    in sequence {rows[nca][i] / both:6.2f}  "
+                  f"both at once {rows[joint][i] / both:6.2f}  (<= 1.10)")  # fmt: skip
+            print(f"{what} in sequence / both at once, {tuning:9s} {rows[nca][i] / rows[joint][i]:6.2f}  (<= 1.05)")
     print(f"mem   nca0 LoRA self / student-only    {ratio('nca0/lora-self', 'view-x/lora', 1):6.2f}  (<= 1.15)")
 
 
