@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
-from trl_nca.distillation import _nca_batch
-from trl_nca.teacher import SelfTeacher
+from trl_nca.core.views import build_view
 from trl_nca.testing import (
     CONTEXT,
     FLOAT64,
@@ -25,7 +24,8 @@ from trl_nca.testing import (
     record_batches,
     run_args,
 )
-from trl_nca.views import build_view
+from trl_nca.trainers.distillation import _nca_batch
+from trl_nca.trainers.teacher import SelfTeacher
 
 
 def ragged(model, tok):

@@ -1,4 +1,5 @@
-"""Shared-prefix reuse (`trl_nca.prefix`, `NCAConfig.share_prefix`) equals the unshared forward, values and gradients.
+"""Shared-prefix reuse (`trl_nca.core.prefix`, `NCAConfig.share_prefix`) equals the unshared forward, values and
+gradients.
 
 Exactness is checked in float64 to 1e-10. The stock Llama and Qwen2 RMSNorm cast to float32 inside even a float64
 model, so a gradient summed over the rows before the norm's backward (shared prefix) and one summed after it
@@ -14,12 +15,12 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca import prefix as prefix_module
+from trl_nca.core import prefix as prefix_module
+from trl_nca.core.prefix import PrefixSharing, shared_prefix_length, split_view
+from trl_nca.core.views import View, build_view, completion_states, left_pad, right_pad
 from trl_nca.envs.rollout import GameRollout
-from trl_nca.prefix import PrefixSharing, shared_prefix_length, split_view
 from trl_nca.testing import CONTEXT as TEST_CONTEXT
 from trl_nca.testing import FLOAT64, SHORT_RUN, float64_model, make_tiny_model, make_tiny_tokenizer, run_args
-from trl_nca.views import View, build_view, completion_states, left_pad, right_pad
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
@@ -237,14 +238,14 @@ def test_fallback_runs_unshared_and_logs_why_once(tok, caplog, case, message):
         return
     torch.manual_seed(0)
     reference = completion_states(model, view, mask) if case != "dropout" else None
-    with caplog.at_level(logging.INFO, logger="trl_nca.prefix"):
+    with caplog.at_level(logging.INFO, logger="trl_nca.core.prefix"):
         for _ in range(2):
             torch.manual_seed(0)
             out = sharing.completion_states(model, view, mask, "teacher")
             assert sharing.last_shared["teacher"] == 0
             if reference is not None:
                 assert torch.equal(out, reference)
-    records = [r for r in caplog.records if r.name == "trl_nca.prefix"]
+    records = [r for r in caplog.records if r.name == "trl_nca.core.prefix"]
     assert len(records) == 1, [r.getMessage() for r in records]
     assert message in records[0].getMessage() and "teacher" in records[0].getMessage()
 

@@ -11,8 +11,8 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
-from trl_nca.objective import resolve_sequential_views
 from trl_nca.testing import CONTEXT, FLOAT64, STORED32, float64_model, make_tiny_model
+from trl_nca.trainers.objective import resolve_sequential_views
 
 
 def references(n=4):

@@ -9,6 +9,7 @@ from datasets import Dataset
 from trl.experimental.gkd import GKDTrainer
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.views import build_view, completion_states
 from trl_nca.testing import (
     CONTEXT,
     FLOAT64,
@@ -22,7 +23,6 @@ from trl_nca.testing import (
     ragged_answers,
     run_args,
 )
-from trl_nca.views import build_view, completion_states
 
 
 def make_args(tmp_path, **fields):
@@ -278,7 +278,7 @@ def test_lora_self_teacher_is_initial_model(tok, tmp_path):
     trainer = NCATrainer(
         model=student, args=args, train_dataset=prompt_dataset(), processing_class=tok, peft_config=peft_config
     )
-    from trl_nca.teacher import SelfTeacher
+    from trl_nca.trainers.teacher import SelfTeacher
 
     assert isinstance(trainer._teacher(), SelfTeacher)
     probe = torch.tensor([[3, 17, 40, 8, 99, 120]])

@@ -13,8 +13,8 @@ from datasets import Dataset
 from torch import nn
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.views import build_view
 from trl_nca.testing import CONTEXT, FLOAT64, REFERENCE_BATCH, float64_model, make_tiny_model, ragged_answers, run_args
-from trl_nca.views import build_view
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)

@@ -1,18 +1,18 @@
 """The mechanistic measures: what distilling a context did inside a model, on fixed prompts and completions.
 
 Every measure runs on `AnalysisItem`s: a prompt rendered without and with the context, and ONE completion (token
-ids) shared by both views. The views are aligned exactly as `NCATrainer` aligns them (`trl_nca.views`): each view is
-`[left-padded prompt of that view | the same right-padded completion ids]`, positions restart at 0 on each row's
+ids) shared by both views. The views are aligned exactly as `NCATrainer` aligns them (`trl_nca.core.views`): each view
+is `[left-padded prompt of that view | the same right-padded completion ids]`, positions restart at 0 on each row's
 first real token, and the hidden state at column `prompt_width - 1 + t` is the one that predicts completion token t.
 
 - `compare_views`: per layer, the cosine similarity of the two views' hidden states at those positions (the output
   of each decoder layer; the last one is after the final norm, as Transformers returns it), and the per-token
   KL(q_x || q_c) between the two views' next-token distributions along the completion, computed in vocabulary
-  chunks by `trl_nca.losses.token_divergences` (no (batch x sequence x vocabulary) tensor).
+  chunks by `trl_nca.core.losses.token_divergences` (no (batch x sequence x vocabulary) tensor).
 - `update_norms`: per layer and module type, ||W_student - W_base||_F / ||W_base||_F, from full weights or from a
   PEFT adapter (LoRA deltas B @ A * scaling as PEFT computes them, or a merged copy for other adapters).
 - `opd_nca_gradient_cosine`: the cosine between the gradients of the OPD and the NCA token means (the trainer's
-  divergences, `trl_nca.losses.DivergenceSpec`) flattened over the trainable parameters, on a batch of items.
+  divergences, `trl_nca.core.losses.DivergenceSpec`) flattened over the trainable parameters, on a batch of items.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..gradients import compare_gradients, loss_gradients
-from ..losses import DivergenceSpec, LMHead, token_divergences
-from ..views import View, build_view, completion_hidden, left_pad, right_pad
+from ..core.gradients import compare_gradients, loss_gradients
+from ..core.losses import DivergenceSpec, LMHead, token_divergences
+from ..core.views import View, build_view, completion_hidden, left_pad, right_pad
 
 
 @dataclass

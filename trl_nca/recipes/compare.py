@@ -295,7 +295,7 @@ def train_run(
     task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None
 ):
     """Train one student; returns the trainer (its model holds the trained adapter)."""
-    from ..trainer import NCATrainer
+    from ..trainers.trainer import NCATrainer
 
     model = _load_base(model_path, model_init_kwargs)
     trainer = NCATrainer(
@@ -507,15 +507,15 @@ class Plan:
 
 
 def _organism_spec(alias: str, seed: int):
-    from ..organism import spec_for_alias
+    from ..models.organism import spec_for_alias
 
     return dataclasses.replace(spec_for_alias(alias), seed=seed)
 
 
 def _model_paths(model_name: str, organism_seeds: Sequence[int] | None) -> dict[int | None, str]:
     """Resolve the model (pretraining an organism the first time it is asked for): the last step of the plan."""
-    from ..models import resolve_model_name_or_path
-    from ..organism import organism_model_path, use_one_cpu_thread
+    from ..models.names import resolve_model_name_or_path
+    from ..models.organism import organism_model_path, use_one_cpu_thread
 
     if organism_seeds is None:
         return {None: resolve_model_name_or_path(model_name)}
@@ -532,7 +532,7 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     from trl import get_peft_config
 
     from ..eval import GenerationSettings, PairedEvaluator
-    from ..organism import ORGANISM_ALIASES
+    from ..models.organism import ORGANISM_ALIASES
 
     task = get_task(args.task, seed=args.task_seed)
     check_arguments(args, task)

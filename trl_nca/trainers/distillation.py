@@ -3,8 +3,8 @@
 TRL samples every completion from the student's no-context prompt, once per gradient-accumulation window, and counts
 the window's completion tokens; this trainer adds the context prompts of the same rows, and replaces the loss method
 (which TRL runs inside its forward redirection) by the NCA objective shared with `NCATrainer`
-(`trl_nca.objective.NCAObjective`): the student's two views and the teacher are scored locally on the same completion
-ids, so vLLM never sees the context.
+(`trl_nca.trainers.objective.NCAObjective`): the student's two views and the teacher are scored locally on the same
+completion ids, so vLLM never sees the context.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from trl import DistillationTrainer
 from trl.models import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
+from ..core.launch import placed_init_kwargs
+from ..core.views import left_pad, split_example
+from ..models.names import resolve_model_name_or_path
 from .config import NCADistillationConfig
 from .data import Limits, check_examples, check_tokenizer, prepare_dataset
-from .launch import placed_init_kwargs
-from .models import resolve_model_name_or_path
 from .objective import (
     NCA_PAPER,
     NCAObjective,
@@ -38,7 +39,6 @@ from .objective import (
     token_mean_eval_loss,
 )
 from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
-from .views import left_pad, split_example
 
 
 logger = logging.getLogger(__name__)
@@ -314,7 +314,8 @@ class NCADistillationTrainer(DistillationTrainer):
         return out
 
     def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool):
-        """Per-token terms of a batch in NCA's view keys (`trl_nca.objective.NCAObjective.token_divergences`)."""
+        """Per-token terms of a batch in NCA's view keys
+        (`trl_nca.trainers.objective.NCAObjective.token_divergences`)."""
         return self.nca.token_divergences(student, self._teacher(), inputs, need_context)
 
     def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
@@ -333,7 +334,7 @@ class NCADistillationTrainer(DistillationTrainer):
 
 
 def _nca_batch(inputs: dict[str, Any]) -> dict[str, Any]:
-    """DistillationTrainer's micro-batch in NCA's view keys (`trl_nca.data.VIEW_KEYS`)."""
+    """DistillationTrainer's micro-batch in NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`)."""
     return {
         "prompts": inputs["prompt_ids"],
         "prompt_attention_mask": inputs["prompt_mask"],

@@ -250,7 +250,7 @@ def check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tupl
     """(common, widest) output rows of student and teacher; the common rows must cover every token of the tokenizer.
 
     Models sharing a tokenizer may pad their output layers differently (Qwen2.5-7B: 152064 rows, Qwen2.5-3B: 151936,
-    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.losses`).
+    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.core.losses`).
     """
     student_rows = output_rows(student)
     teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else output_rows(teacher)

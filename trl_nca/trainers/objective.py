@@ -2,10 +2,10 @@
 `DistillationTrainer`): the student's two views and the teacher on the same completion ids, the per-token terms, the
 step's total, the logged token means, the anchor schedule's checkpoint, and the checks both trainers run.
 
-A batch is a mapping with NCA's view keys (`trl_nca.data.VIEW_KEYS`): the left-padded prompts of both views with
-their attention masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the collator and
-`model.generate`; Distillation: TRL's generation, vLLM or `generate`, plus the context prompts rendered here); from
-the batch on, both compute exactly the same thing with the same code.
+A batch is a mapping with NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`): the left-padded prompts of both views
+with their attention masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the
+collator and `model.generate`; Distillation: TRL's generation, vLLM or `generate`, plus the context prompts rendered
+here); from the batch on, both compute exactly the same thing with the same code.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from torch import nn
 from transformers import AutoConfig, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from .launch import refuse_fsdp
-from .losses import LMHead, token_divergences
-from .prefix import PrefixSharing, weights_fingerprint
-from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
-from .schedule import BetaSchedule, schedule_from_config
+from ..core.launch import refuse_fsdp
+from ..core.losses import LMHead, token_divergences
+from ..core.prefix import PrefixSharing, weights_fingerprint
+from ..core.schedule import STATE_FILE as SCHEDULE_STATE_FILE
+from ..core.schedule import BetaSchedule, schedule_from_config
+from ..core.views import View, build_view
 from .teacher import SelfTeacher
-from .views import View, build_view
 
 
 # The paper both trainers cite in their model cards (TRL reads a trainer's `_paper`).
@@ -62,9 +62,10 @@ class NoContextHalf:
 class NCAObjective:
     """OPD + nca_beta * NCA on a batch of both views, from hidden states (no (batch x sequence x vocabulary) logits).
 
-    `args` is a config with the NCA fields (`trl_nca.config.NCAFields`: `NCAConfig` or `NCADistillationConfig`);
-    `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from `args`). `student` and
-    `teacher` (the models as the trainer holds them) and `deepspeed` decide `nca_sequential_views`.
+    `args` is a config with the NCA fields (`trl_nca.trainers.config.NCAFields`: `NCAConfig` or
+    `NCADistillationConfig`); `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from
+    `args`). `student` and `teacher` (the models as the trainer holds them) and `deepspeed` decide
+    `nca_sequential_views`.
     """
 
     def __init__(self, args, pad_token_id: int, student: nn.Module | None = None, teacher=None, deepspeed=False):
@@ -455,7 +456,7 @@ def position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
 
 def checked_launch(args, trainer: str):
     """The launch's `accelerate.PartialState`, checked before any model loads: FSDP is refused
-    (`trl_nca.launch.refuse_fsdp`) and every launched process must take part (`check_process_count`). Reading
+    (`trl_nca.core.launch.refuse_fsdp`) and every launched process must take part (`check_process_count`). Reading
     `args.device` sets up the process group, as `Trainer` would a moment later."""
     from accelerate import PartialState
 

@@ -19,6 +19,11 @@ from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_mode
 from trl.trainer.sft_trainer import SFTTrainer
 from trl.trainer.utils import create_model_from_path
 
+from ..core.gradients import compare_gradients, loss_gradients
+from ..core.launch import agreed_max, placed_init_kwargs, rank0_choice
+from ..core.sampling import Generated, mask_through_eos
+from ..core.views import ContextSpec, left_pad
+from ..models.names import resolve_model_name_or_path
 from .config import NCAConfig
 from .data import (
     Limits,
@@ -29,9 +34,6 @@ from .data import (
     prepare_dataset,
     tokenize_example,
 )
-from .gradients import compare_gradients, loss_gradients
-from .launch import agreed_max, placed_init_kwargs, rank0_choice
-from .models import resolve_model_name_or_path
 from .objective import (
     NCA_PAPER,
     NCAObjective,
@@ -46,9 +48,7 @@ from .objective import (
     token_mean_eval_loss,
 )
 from .rollouts import Rollout
-from .sampling import Generated, mask_through_eos
 from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
-from .views import ContextSpec, left_pad
 
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class NCATrainer(GKDTrainer):
     Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
     prompt alone; the teacher scores it with the context; the student is trained on
 
-        OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student | prompt + context)
+        OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student | prompt +
+        context)
 
     averaged over every completion token of the optimizer step (across gradient accumulation and processes).
 
@@ -78,7 +79,7 @@ class NCATrainer(GKDTrainer):
         train_dataset: a dataset in GKD's `messages` format or prompt-only (`prompt` as a string or a list of
             messages), with the context in `args.context_column` unless `args.context_text` is set.
         eval_dataset: the same format as `train_dataset` (or a dict of such datasets).
-        rollout: episodes played by the student instead of a dataset: any `trl_nca.rollouts.Rollout`, e.g.
+        rollout: episodes played by the student instead of a dataset: any `trl_nca.trainers.rollouts.Rollout`, e.g.
             `trl_nca.envs.GameRollout` for the text games. Every optimizer step plays the `rollout.episodes_per_step`
             seeds of `rollout.seeds(step)` (per_device_train_batch_size x gradient_accumulation_steps x processes)
             with the student, without the context; every sample it returns (one per model call) is scored with the
@@ -348,9 +349,9 @@ class NCATrainer(GKDTrainer):
         return completion, mask_through_eos(completion, self.generation_config.eos_token_id)
 
     def _generate_for_rollout(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
-        """The trainer's `trl_nca.sampling.GenerateFn`: one completion per prompt, sampled by the student with GKD's
-        generation settings. The seeds are not used: sampling draws from the process random state, which checkpoints
-        restore, so a resumed run samples what an uninterrupted run did."""
+        """The trainer's `trl_nca.core.sampling.GenerateFn`: one completion per prompt, sampled by the student with
+        GKD's generation settings. The seeds are not used: sampling draws from the process random state, which
+        checkpoints restore, so a resumed run samples what an uninterrupted run did."""
         self._generate_calls_agreed(generating=True)
         ids, mask = left_pad(prompts, self.processing_class.pad_token_id)
         completion, completion_mask = self._generate(
@@ -474,7 +475,7 @@ class NCATrainer(GKDTrainer):
 
     @property
     def prefix_sharing(self):
-        """The shared-prefix reuse of every forward (`NCAConfig.share_prefix`; `trl_nca.prefix.PrefixSharing`)."""
+        """The shared-prefix reuse of every forward (`NCAConfig.share_prefix`; `trl_nca.core.prefix.PrefixSharing`)."""
         return self.nca.prefix_sharing
 
     def _teacher_states(self, view, completion_mask, h_c, student_head):
@@ -482,7 +483,7 @@ class NCATrainer(GKDTrainer):
         return self.nca.teacher_states(self._teacher(), view, completion_mask, h_c, student_head)
 
     def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool, measure=False):
-        """Per-token terms of a batch (`trl_nca.objective.NCAObjective.token_divergences`, with this trainer's
+        """Per-token terms of a batch (`trl_nca.trainers.objective.NCAObjective.token_divergences`, with this trainer's
         teacher)."""
         return self.nca.token_divergences(student, self._teacher(), inputs, need_context, measure)
 
@@ -515,7 +516,7 @@ class NCATrainer(GKDTrainer):
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
 
-    # Logged terms: token means over the optimizer step (`trl_nca.objective.STAT_NAMES`, `record_means`).
+    # Logged terms: token means over the optimizer step (`trl_nca.trainers.objective.STAT_NAMES`, `record_means`).
 
     def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
@@ -585,8 +586,8 @@ class NCATrainer(GKDTrainer):
 @contextmanager
 def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
     """GKDTrainer refuses a teacher whose `config.vocab_size` differs from the student's; NCATrainer supports output
-    layers padded to different sizes (checked by `trl_nca.teacher.check_output_rows`). Show GKD's check the student's value, only
-    for the duration of its `__init__`."""
+    layers padded to different sizes (checked by `trl_nca.trainers.teacher.check_output_rows`). Show GKD's check the
+    student's value, only for the duration of its `__init__`."""
     config = getattr(teacher, "config", None)
     if isinstance(teacher, SelfTeacher) or config is None:
         yield
@@ -654,8 +655,8 @@ def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
     """The rollout's seeds of every optimizer step as a dataset (played in order), and its context placement."""
     if not isinstance(rollout, Rollout):
         raise TypeError(
-            f"rollout must implement trl_nca.rollouts.Rollout (spec, episodes_per_step, seeds(step), rollout(seeds, "
-            f"generate, tokenizer)), e.g. trl_nca.envs.GameRollout; got a {type(rollout).__name__}."
+            "rollout must implement trl_nca.trainers.rollouts.Rollout (spec, episodes_per_step, seeds(step), "
+            f"rollout(seeds, generate, tokenizer)), e.g. trl_nca.envs.GameRollout; got a {type(rollout).__name__}."
         )
     if train_dataset is not None:
         raise ValueError("Give either a train_dataset or a rollout, not both.")

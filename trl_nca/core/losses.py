@@ -388,7 +388,8 @@ def token_divergences(
     and `h_c` only through NCA.
 
     `h_t` may be None when no requested term reads the teacher ("nca" with the student anchor, "view_kl", "entropy"):
-    the context-view half of views run in sequence (`trl_nca.objective`). The teacher's head still sets the common rows.
+    the context-view half of views run in sequence (`trl_nca.trainers.objective`). The teacher's head still sets the
+    common rows.
 
     Under DeepSpeed ZeRO-3 the heads are gathered once for the forward and once for the backward, whatever the number
     of tiles; the head's weight gradient is one buffer that every tile adds its rows to.
