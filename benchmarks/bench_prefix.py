@@ -142,7 +142,7 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
     from trl_nca.core.losses import LMHead
     from trl_nca.core.views import build_view
 
-    model, sharing = trainer.model, trainer.prefix_sharing
+    model, sharing = trainer.model, trainer.nca.prefix_sharing
     mask = batch["completion_mask"]
     view_c = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], batch["completion_ids"], mask)
     items = mask.sum()
@@ -150,7 +150,7 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
 
     def teacher():
         with torch.no_grad():
-            trainer._teacher_states(view_c, mask, None, head)
+            trainer.nca.teacher_states(trainer._teacher(), view_c, mask, None, head)
 
     def context_view():
         states = lambda m, v, k: sharing.completion_states(m, v, k, "student's context view")  # noqa: E731

@@ -7,7 +7,7 @@ import logging
 import pytest
 from datasets import Dataset
 
-import trl_nca.trainers.trainer
+import trl_nca.trainers.setup
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.cli import main as cli_main
 from trl_nca.testing import ONE_STEP, cloned_parameters, make_tiny_model, make_tiny_tokenizer, record_batches, run_args
@@ -154,7 +154,7 @@ def test_malformed_rows_name_the_row_before_the_model_is_loaded(tok, tmp_path, t
     def no_model_work(*a, **k):
         raise AssertionError("the model was loaded before the dataset was checked")
 
-    monkeypatch.setattr(trl_nca.trainers.trainer, "create_model_from_path", no_model_work)
+    monkeypatch.setattr(trl_nca.trainers.setup, "create_model_from_path", no_model_work)
     with pytest.raises((ValueError, TypeError), match=match):
         build(tok, tmp_path, dataset, model=tiny_dir, context_text="c")
 

@@ -306,7 +306,7 @@ def terms_and_grads(trainer):
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
     batch = trainer._complete(batch, on_policy=False)
     trainer.model.zero_grad()
-    terms = trainer._token_divergences(trainer.model, batch, need_context=True)
+    terms = trainer.nca.token_divergences(trainer.model, trainer._teacher(), batch, need_context=True)
     (terms["opd"].sum() + terms["nca"].sum()).backward()
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return {k: v.detach() for k, v in terms.items()}, grads
@@ -331,7 +331,7 @@ def test_trainer_terms_and_gradients_equal_unshared(tok, tmp_path, placement, pe
             tok, tmp_path, share, teacher, architecture, context_placement=placement,
             per_row_context=per_row_context, nca_joint_forward=joint,
         )  # fmt: skip
-        results.append((terms_and_grads(trainer), dict(trainer.prefix_sharing.last_shared)))
+        results.append((terms_and_grads(trainer), dict(trainer.nca.prefix_sharing.last_shared)))
     ((t0, g0), shared0), ((t1, g1), shared1) = results
     assert not any(shared0.values())
     context_tokens = len(tok(CONTEXT)["input_ids"])
@@ -366,8 +366,8 @@ def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher, chec
         trainer.train()
         finals.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
         if share:
-            assert trainer.prefix_sharing.last_shared["teacher"] > 0
-            assert trainer.prefix_sharing.last_shared["student's context view"] > 0
+            assert trainer.nca.prefix_sharing.last_shared["teacher"] > 0
+            assert trainer.nca.prefix_sharing.last_shared["student's context view"] > 0
     assert any(not torch.equal(finals[0][n], before[n]) for n in before)
     for name in finals[0]:
         FLOAT64.close(finals[1][name], finals[0][name])
@@ -405,27 +405,27 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
 
     calls, handle = _prefix_passes(model)
     try:
-        first, _ = trainer._teacher_states(view, mask, None, head)
+        first, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
         FLOAT64.close(first, unshared())
         # the student's (trainable) weights change: a step of the optimizer, in place
         with torch.no_grad():
             for p in trainer.model.parameters():
                 if p.requires_grad:
                     p.add_(0.01)
-        again, _ = trainer._teacher_states(view, mask, None, head)
+        again, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
         assert calls.count(1) == 1  # the prefix ran once for both calls
         FLOAT64.close(again, unshared())
         # the teacher's own weights change: the prefix is recorded again
         with torch.no_grad():
             frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
             frozen[3].mul_(1.5)
-        changed, _ = trainer._teacher_states(view, mask, None, head)
+        changed, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
         assert calls.count(1) == 2
         FLOAT64.close(changed, unshared())
         assert (changed - first).abs().max() > 1e-6
         # another context (another prefix): recorded again
         plain = build_view(batch["prompts"], batch["prompt_attention_mask"], batch["completion_ids"], mask)
-        trainer._teacher_states(plain, mask, None, head)
+        trainer.nca.teacher_states(trainer._teacher(), plain, mask, None, head)
         assert calls.count(1) == 3
     finally:
         handle.remove()
@@ -441,7 +441,7 @@ def test_live_self_teacher_never_keeps_its_prefix(tok, tmp_path):
     calls, handle = _prefix_passes(trainer.model)
     try:
         for _ in range(2):
-            trainer._teacher_states(view, batch["completion_mask"], None, None)
+            trainer.nca.teacher_states(trainer._teacher(), view, batch["completion_mask"], None, None)
     finally:
         handle.remove()
     assert calls.count(1) == 2
@@ -463,7 +463,7 @@ def test_game_rollout_training_equals_unshared(tmp_path):
         trainer.train()
         finals.append({n: p.detach().clone() for n, p in model.named_parameters()})
         if share:
-            assert trainer.prefix_sharing.last_shared["student's context view"] > 50
+            assert trainer.nca.prefix_sharing.last_shared["student's context view"] > 50
     for name in finals[0]:
         FLOAT64.close(finals[1][name], finals[0][name])
 
@@ -472,6 +472,6 @@ def test_config_switch(tok, tmp_path):
     assert NCAConfig(output_dir=str(tmp_path)).share_prefix is True
     trainer = build_trainer(tok, tmp_path, False)
     terms_and_grads(trainer)
-    assert trainer.prefix_sharing.last_shared and not any(trainer.prefix_sharing.last_shared.values())
+    assert trainer.nca.prefix_sharing.last_shared and not any(trainer.nca.prefix_sharing.last_shared.values())
     with pytest.raises(ValueError, match="share_prefix_min_tokens must be an integer >= 1"):
         make_args(tmp_path, share_prefix_min_tokens=0)

@@ -170,7 +170,7 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
                 outputs.append(output[0])
 
         handle = student.model.register_forward_hook(keep, with_kwargs=True)
-        terms = trainer._token_divergences(student, batch, need_context=True)
+        terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
         handle.remove()
         assert len(outputs) == 2
         terms[term].sum().backward()
@@ -448,7 +448,7 @@ def test_live_self_teacher_scores_with_current_weights(tok, tmp_path):
     args = make_args(tmp_path, self_teacher="live", lmbda=0.0, nca_beta=0.5)
     trainer = NCATrainer(model=student, args=args, train_dataset=messages_dataset(2), processing_class=tok)
     batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(2)]), on_policy=False)
-    terms = trainer._token_divergences(student, batch, need_context=True)
+    terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
     # Teacher == q_c (detached), so OPD = KL(q_x || q_c) = the monitored view KL, and equals NCA in value.
     torch.testing.assert_close(terms["opd"], terms["view_kl"])
     torch.testing.assert_close(terms["opd"].detach(), terms["nca"].detach())
@@ -496,7 +496,7 @@ def test_joint_forward_equals_two_forwards(tok, tmp_path):
             processing_class=tok,
         )  # fmt: skip
         batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False)
-        terms = trainer._token_divergences(student, batch, need_context=True)
+        terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
         (terms["opd"].sum() + terms["nca"].sum()).backward()
         results.append((terms, {n: p.grad.clone() for n, p in student.named_parameters()}))
     (t0, g0), (t1, g1) = results

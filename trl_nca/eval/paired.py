@@ -129,6 +129,7 @@ class PairedEvaluator:
         self._validate()
         self._items: list[EvalItem] | None = None
         self._tokenizer_id: int | None = None
+        self._scorer_errors = 0  # scorer failures of the run in progress (counted per `play`)
 
     def _validate(self) -> None:
         columns = column_names(self.rows)
@@ -371,7 +372,7 @@ class PairedEvaluator:
 
     def _note_scorer_error(self, scorer: str, item_id: str, view: str, score) -> None:
         """Count a scorer error; the first one of a run is logged with its traceback."""
-        self._scorer_errors = getattr(self, "_scorer_errors", 0) + 1
+        self._scorer_errors += 1
         if self._scorer_errors == 1:
             logger.warning(
                 "Scorer %r failed on item %r (view %s): %s. The response counts as wrong and as a format failure; "

@@ -1,6 +1,6 @@
 """The NCA objective on one batch, shared by both trainers (`NCATrainer` on GKD, `NCADistillationTrainer` on TRL's
 `DistillationTrainer`): the student's two views and the teacher on the same completion ids, the per-token terms, the
-step's total, the logged token means, the anchor schedule's checkpoint, and the checks both trainers run.
+step's total and the anchor weight, and the views' forward and backward run in sequence where that is exact.
 
 A batch is a mapping with NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`): the left-padded prompts of both views
 with their attention masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the
@@ -10,42 +10,19 @@ here); from the batch on, both compute exactly the same thing with the same code
 
 from __future__ import annotations
 
-import json
-import os
-import textwrap
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from ..core.launch import refuse_fsdp
 from ..core.losses import LMHead, token_divergences
 from ..core.prefix import PrefixSharing, weights_fingerprint
-from ..core.schedule import STATE_FILE as SCHEDULE_STATE_FILE
 from ..core.schedule import BetaSchedule, schedule_from_config
 from ..core.views import View, build_view
 from .teacher import SelfTeacher
-
-
-# The paper both trainers cite in their model cards (TRL reads a trainer's `_paper`).
-NCA_PAPER = {
-    "title": "When Context Returns: Toward Robust Internalization in On-Policy Distillation",
-    "id": "2606.11627",
-    # docstyle-ignore
-    "citation": textwrap.dedent("""\
-        @article{wang2026when,
-            title        = {{When Context Returns: Toward Robust Internalization in On-Policy Distillation}},
-            author       = {Xun Wang and Ruishuo Chen and Zhuoran Li and Yu Chen and Longbo Huang},
-            year         = 2026,
-            journal      = {arXiv preprint arXiv:2606.11627},
-        }"""),
-}
 
 
 @dataclass
@@ -320,176 +297,3 @@ def resolve_sequential_views(
             "applies) or False; with both views' graphs at once the step's peak memory is their sum."
         )
     return not reasons and (bool(requested) or not full_fine_tuning)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Logged terms. `loss` is the token mean over an optimizer step (all micro-batches and processes), and over the whole
-# set in evaluation; `opd_loss`, `nca_loss` and `view_kl` are token means over the same tokens, so that
-# loss = opd_loss + nca_beta * nca_loss holds to float precision. Each micro-batch adds its sums to a vector
-# (`STAT_NAMES`); the vector is summed over processes and divided once per step or per evaluation.
-
-STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped", "sampled_rows")
-
-
-def batch_stats(
-    terms: Mapping[str, torch.Tensor], total: torch.Tensor, lengths: torch.Tensor, clipped: torch.Tensor, on_policy
-) -> torch.Tensor:
-    """The sums of one micro-batch as a vector ordered like `STAT_NAMES` (float64, float32 on MPS)."""
-    # float64 keeps token counts exact and sums precise (MPS has no float64)
-    zero = total.detach().new_zeros((), dtype=torch.float32 if total.device.type == "mps" else torch.float64)
-    values = {
-        "loss": total.detach(),
-        **{k: terms[k].detach().sum() if k in terms else zero for k in ("opd", "nca", "view_kl")},
-        "tokens": lengths.sum(),
-        "rows": torch.tensor(lengths.numel(), device=lengths.device),
-        "clipped": clipped.sum(),
-        "sampled_rows": torch.tensor(lengths.numel() if on_policy else 0, device=lengths.device),
-    }
-    return torch.stack([values[k].to(zero.dtype) for k in STAT_NAMES])
-
-
-def record_means(
-    stats: torch.Tensor, accelerator, metrics: Mapping[str, list], show_nca: bool, completions: bool = True
-) -> dict[str, float]:
-    """Sum the statistics over processes, append their token means to `metrics` (a trainer's `_metrics[mode]`) and
-    return the means the anchor schedule reads. `completions=False` leaves the completion statistics to the base
-    trainer (TRL's `DistillationTrainer` logs them itself)."""
-    if accelerator.num_processes > 1:
-        stats = accelerator.gather(stats.unsqueeze(0)).sum(0)
-    total = dict(zip(STAT_NAMES, stats.tolist()))
-    tokens, rows = max(total["tokens"], 1), max(total["rows"], 1)
-    names = {"opd": "opd_loss"}
-    if show_nca:
-        names.update(nca="nca_loss", view_kl="view_kl")
-    for key, name in names.items():
-        metrics[name].append(total[key] / tokens)
-    if completions:
-        metrics["completions/mean_length"].append(total["tokens"] / rows)
-        metrics["completions/clipped_ratio"].append(total["clipped"] / rows)
-        metrics["completions/on_policy"].append(total["sampled_rows"] / rows)
-    return {"loss": total["loss"] / tokens, "opd_loss": total["opd"] / tokens, "view_kl": total["view_kl"] / tokens}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checkpoints: the anchor schedule's state and resuming.
-
-
-def token_mean_eval_loss(output, sums: torch.Tensor | None, record, device, metric_key_prefix: str):
-    """Finish an evaluation loop: log the summed statistics of its batches (`sums`; None when this process had no
-    batch, which still joins the other processes' sum) through `record(sums, "eval")`, and make the loop's
-    `<prefix>_loss` their token mean over the whole evaluation set instead of Trainer's mean of batch means."""
-    if sums is None:
-        sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
-    means = record(sums, "eval")
-    if f"{metric_key_prefix}_loss" in output.metrics:
-        output.metrics[f"{metric_key_prefix}_loss"] = means["loss"]
-    return output
-
-
-class ScheduleCheckpoint(TrainerCallback):
-    """Writes the anchor schedule's state into every checkpoint folder (read back by `load_schedule` on resume)."""
-
-    def __init__(self, schedule: BetaSchedule):
-        self.schedule = schedule
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            if folder.is_dir():
-                (folder / SCHEDULE_STATE_FILE).write_text(json.dumps(self.schedule.state_dict()) + "\n")
-
-
-def load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
-    """Restore the anchor schedule saved in a checkpoint; a checkpoint without one must come from a constant one."""
-    path = Path(checkpoint) / SCHEDULE_STATE_FILE
-    if path.is_file():
-        schedule.load_state_dict(json.loads(path.read_text()))
-    elif schedule.kind != "constant":
-        raise ValueError(
-            f"{checkpoint} holds no {SCHEDULE_STATE_FILE}, so the {schedule.kind!r} anchor schedule cannot be resumed "
-            "exactly (the checkpoint was written by a run with nca_beta_schedule='constant' or an older trl-nca)."
-        )
-
-
-def resolve_resume(resume_from_checkpoint, output_dir: str):
-    """`resume_from_checkpoint=True` as the last checkpoint-N folder of `output_dir` (an error naming the folder when
-    there is none, never a silent fresh start); anything else unchanged."""
-    if resume_from_checkpoint is True:
-        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if last is None:
-            raise ValueError(
-                f"resume_from_checkpoint=True, but output_dir {output_dir!r} holds no checkpoint-N "
-                "folder. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
-            )
-        return last
-    return resume_from_checkpoint
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checks both trainers run.
-
-
-def named_datasets(train_dataset, eval_dataset):
-    """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
-    pairs = [("train", train_dataset)]
-    if isinstance(eval_dataset, dict):
-        pairs += [(f"eval {name!r}", ds) for name, ds in eval_dataset.items()]
-    else:
-        pairs.append(("eval", eval_dataset))
-    return [(split, ds) for split, ds in pairs if ds is not None]
-
-
-def position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
-    """The smaller of the student's and teacher's `max_position_embeddings`, if they declare one."""
-    configs = [model.config]
-    if isinstance(teacher, str):
-        configs.append(AutoConfig.from_pretrained(teacher))
-    elif hasattr(teacher, "config"):
-        configs.append(teacher.config)
-    limits = []
-    for config in configs:
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        if getattr(config, "max_position_embeddings", None):
-            limits.append(int(config.max_position_embeddings))
-    return min(limits) if limits else None
-
-
-def checked_launch(args, trainer: str):
-    """The launch's `accelerate.PartialState`, checked before any model loads: FSDP is refused
-    (`trl_nca.core.launch.refuse_fsdp`) and every launched process must take part (`check_process_count`). Reading
-    `args.device` sets up the process group, as `Trainer` would a moment later."""
-    from accelerate import PartialState
-
-    _ = args.device
-    state = args.distributed_state or PartialState()
-    refuse_fsdp(args, trainer)
-    check_process_count(state)
-    return state
-
-
-def check_process_count(accelerator) -> None:
-    """Every process must take part in one distributed run. Two silent failures of accelerate on a machine without
-    GPUs are refused: DeepSpeed joined the processes but accelerate counts one (every process then trains on the same
-    rows), or accelerate counts them but sets up no distributed training (each process trains its own copy, FSDP on a
-    CPU)."""
-    from accelerate.utils import DistributedType
-
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return
-    world = torch.distributed.get_world_size()
-    if world != accelerator.num_processes:
-        raise RuntimeError(
-            f"{world} processes were launched, but accelerate counts {accelerator.num_processes}: each would train on "
-            "the same rows. This happens under DeepSpeed on a machine without GPUs, where accelerate is given no "
-            "process-group backend. Launch with `accelerate launch --config_file examples/accelerate/zero2.yaml` (or "
-            "zero3.yaml) and set `ddp_backend='gloo'` in the config; a `deepspeed=` config in the training arguments "
-            "cannot name the backend there."
-        )
-    if world > 1 and accelerator.distributed_type == DistributedType.NO:
-        raise RuntimeError(
-            f"{world} processes were launched, but accelerate set up no distributed training: each would train its "
-            "own copy of the model without synchronising gradients. On a machine without GPUs accelerate applies "
-            "neither FSDP nor DDP to a non-CPU launch: use `examples/accelerate/ddp.yaml` with `--use_cpu true` (DDP "
-            "over gloo), or DeepSpeed "
-            "(examples/accelerate/zero2.yaml, zero3.yaml) with `ddp_backend='gloo'`."
-        )

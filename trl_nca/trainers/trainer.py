@@ -12,43 +12,23 @@ from typing import Any
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from trl.experimental.gkd import GKDTrainer
-from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_model_for_generation
+from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
-from trl.trainer.utils import create_model_from_path
 
 from ..core.gradients import compare_gradients, loss_gradients
-from ..core.launch import agreed_max, placed_init_kwargs, rank0_choice
+from ..core.launch import agreed_max, rank0_choice
 from ..core.sampling import Generated, mask_through_eos
 from ..core.views import ContextSpec, left_pad
-from ..models.names import resolve_model_name_or_path
+from .checkpoints import resume
 from .config import NCAConfig
-from .data import (
-    Limits,
-    NCACollator,
-    check_collator,
-    check_examples,
-    check_tokenizer,
-    prepare_dataset,
-    tokenize_example,
-)
-from .objective import (
-    NCA_PAPER,
-    NCAObjective,
-    ScheduleCheckpoint,
-    batch_stats,
-    checked_launch,
-    load_schedule,
-    named_datasets,
-    position_limit,
-    record_means,
-    resolve_resume,
-    token_mean_eval_loss,
-)
+from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
 from .rollouts import Rollout
-from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
+from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
+from .stats import batch_stats
+from .teacher import SelfTeacher
 
 
 logger = logging.getLogger(__name__)
@@ -92,6 +72,7 @@ class NCATrainer(GKDTrainer):
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
     _name = "NCA"
     _paper = NCA_PAPER
+    logs_completion_stats = True  # completions/mean_length, clipped_ratio, on_policy: GKD logs none of them
     # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
@@ -128,42 +109,21 @@ class NCATrainer(GKDTrainer):
                     "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
                     "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
                 )
-        model = resolve_model_name_or_path(model, "Student model")
-        state = checked_launch(args, "NCATrainer")
-        if rollout is None:  # empty or malformed datasets fail here, before any model is loaded
-            for split, dataset in named_datasets(train_dataset, eval_dataset):
-                check_examples(dataset, args.context_spec, split)
-        model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        if isinstance(model, str):
-            model = create_model_from_path(
-                model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
-            )
-            args.model_init_kwargs = None  # used here; SFTTrainer would warn that the model is already built
-        if processing_class is None:
-            if not model_id:
-                raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
-            processing_class = AutoTokenizer.from_pretrained(model_id)
-        check_tokenizer(processing_class)
-
-        if teacher_model is None and args.teacher_model_name_or_path is not None:
-            teacher_model = args.teacher_model_name_or_path
-        teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
-        teacher_loaded_here = isinstance(teacher_model, str)
-        teacher_model = resolve_teacher(
-            teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
-            self_teacher=args.self_teacher, peft_config=peft_config, get_student=lambda: self.model,
-            init_kwargs=placed_init_kwargs(args.teacher_model_init_kwargs, "the teacher", state, args.device),
-            trust_remote_code=args.trust_remote_code,
+        models = resolve_models(
+            "NCATrainer", args, model, teacher_model, processing_class=processing_class,
+            teacher_processing_class=teacher_processing_class, peft_config=peft_config,
+            get_student=lambda: self.model,
+            datasets=named_datasets(train_dataset, eval_dataset) if rollout is None else (),
+            max_new_tokens=args.max_new_tokens, max_length=args.max_length,
+            teacher_init_kwargs=args.teacher_model_init_kwargs,
         )  # fmt: skip
-        self._common_rows = check_output_rows(model, teacher_model, processing_class)
-
-        limits = Limits(
-            max_new_tokens=args.max_new_tokens,
-            max_length=args.max_length,
-            max_context_length=args.max_context_length or position_limit(model, teacher_model),
-            truncate_context=args.truncate_context,
-        )
-        self.limits = limits
+        model, processing_class, teacher_model = models.student, models.tokenizer, models.teacher
+        self.limits = limits = models.limits
+        # Set by `train` when it resumes from a checkpoint folder; `get_batch_samples` restores that checkpoint's
+        # random state before sampling, and `_load_rng_state` then skips Trainer's second restore.
+        self._resume_rng_from: str | None = None
+        self._rng_restored_early = False
+        self._grad_cosine_step: int | None = None  # the optimizer step whose gradient cosine was logged last
 
         self.rollout = rollout
         context_spec = args.context_spec
@@ -201,7 +161,7 @@ class NCATrainer(GKDTrainer):
         gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
         gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
         teacher_init_kwargs = args.teacher_model_init_kwargs
-        if teacher_loaded_here:
+        if models.teacher_loaded_here:
             args.teacher_model_init_kwargs = None  # used by resolve_teacher; GKD refuses them with a built teacher
         try:
             with _gkd_vocab_check_passes(model, teacher_model), _self_teacher_kept_out_of_deepspeed():
@@ -222,30 +182,12 @@ class NCATrainer(GKDTrainer):
             gkd_logger.removeFilter(_drop_migration_hint)
             args.teacher_model_init_kwargs = teacher_init_kwargs
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside settle_teacher) gathers it first.
-        settled = settle_teacher(self._teacher(), self.model)  # the student is PEFT-wrapped only now
-        if settled is not None:
-            if self.is_deepspeed_enabled:  # as GKD prepares a teacher: sharded under ZeRO-3, whole otherwise
-                self.teacher_model = prepare_deepspeed(settled, self.accelerator)
-            else:
-                self.teacher_model = self.accelerator.prepare_model(settled, evaluation_mode=True)
+        # GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
+        finish_setup(self, self._teacher(), models.common_rows, placed=True)
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
         self.generation_config.use_cache = True
-        # Output layers of different sizes: the loss lives on the first `common` rows, so sampling (by the student or,
-        # with seq_kd, the teacher) never emits an id past them, which the other model could not score.
-        common, widest = self._common_rows
-        if widest > common:
-            self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
-            self.generation_config.suppress_tokens = list(range(common, widest))
-        # The objective (views, teacher, divergences, anchor schedule) is shared with NCADistillationTrainer.
-        self.nca = NCAObjective(
-            args, processing_class.pad_token_id, self.model, self._teacher(), deepspeed=self.is_deepspeed_enabled
-        )
-        self.nca_schedule = self.nca.schedule
-        self._nca_active = self.nca.active  # the NCA term can be on: the context view carries gradient
-        self.add_callback(ScheduleCheckpoint(self.nca_schedule))
-        self.divergence_spec = self.nca.spec
         self._redirect = _ForwardRedirection()
         self._lockstep_generation = self.accelerator.num_processes > 1 and is_deepspeed_zero3_enabled()
         if args.log_grad_cosine_steps:
@@ -254,23 +196,21 @@ class NCATrainer(GKDTrainer):
     @property
     def nca_beta(self) -> float:
         """The anchor weight of the optimizer step in progress (`NCAConfig.nca_beta_schedule`)."""
-        return self.nca_schedule.value
+        return self.nca.schedule.value
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        resume_from_checkpoint = resume(resume_from_checkpoint, self.args.output_dir, self.nca.schedule)
         self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        if self._resume_rng_from is not None:
-            load_schedule(self.nca_schedule, self._resume_rng_from)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _load_rng_state(self, checkpoint):
         # On a mid-epoch resume Trainer restores the RNG only after fetching the first batches; we sample there, so
         # the state was already restored in get_batch_samples and must not be rewound a second time.
         self._resume_rng_from = None
-        if getattr(self, "_rng_restored_early", False):
+        if self._rng_restored_early:
             self._rng_restored_early = False
             return
         super()._load_rng_state(checkpoint)
@@ -283,7 +223,7 @@ class NCATrainer(GKDTrainer):
         then gives the same update as one large batch.
         """
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if getattr(self, "_resume_rng_from", None) is not None:
+        if self._resume_rng_from is not None:
             self._load_rng_state(self._resume_rng_from)  # resumed runs sample exactly what the uninterrupted run did
             self._rng_restored_early = True
         if self.rollout is not None:
@@ -296,7 +236,7 @@ class NCATrainer(GKDTrainer):
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
         # The logged terms of this step are summed over its micro-batches and divided once, like the loss.
-        self._step_sums, self._step_batches_left = None, len(batches)
+        self.step_stats.open_step(len(batches))
         return batches, tokens
 
     def _complete(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
@@ -424,7 +364,9 @@ class NCATrainer(GKDTrainer):
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
-        terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context, measure)
+        terms = self._redirect(
+            model, unwrapped, self.nca.token_divergences, unwrapped, self._teacher(), inputs, need_context, measure
+        )
         if measure:
             self._log_grad_cosine(unwrapped, terms)
         total = self.nca.total(terms)
@@ -473,27 +415,13 @@ class NCATrainer(GKDTrainer):
         self._log_terms(halves["terms"], self.nca.total(halves["terms"]), inputs)
         return loss
 
-    @property
-    def prefix_sharing(self):
-        """The shared-prefix reuse of every forward (`NCAConfig.share_prefix`; `trl_nca.core.prefix.PrefixSharing`)."""
-        return self.nca.prefix_sharing
-
-    def _teacher_states(self, view, completion_mask, h_c, student_head):
-        """The teacher's completion hidden states and LM head on `view` (`NCAObjective.teacher_states`)."""
-        return self.nca.teacher_states(self._teacher(), view, completion_mask, h_c, student_head)
-
-    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool, measure=False):
-        """Per-token terms of a batch (`trl_nca.trainers.objective.NCAObjective.token_divergences`, with this trainer's
-        teacher)."""
-        return self.nca.token_divergences(student, self._teacher(), inputs, need_context, measure)
-
     def _grad_cosine_due(self) -> bool:
         """Whether this micro-batch is the first of an optimizer step at which `log_grad_cosine_steps` measures."""
         every = self.args.log_grad_cosine_steps
         if not every or not self.model.training or not torch.is_grad_enabled():
             return False
         step = self.state.global_step
-        return step % every == 0 and getattr(self, "_grad_cosine_step", None) != step
+        return step % every == 0 and self._grad_cosine_step != step
 
     def _log_grad_cosine(self, student: nn.Module, terms: dict[str, torch.Tensor]) -> None:
         """Log the cosine between the gradients of the OPD and NCA token means of this micro-batch, over the trainable
@@ -516,42 +444,20 @@ class NCATrainer(GKDTrainer):
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
 
-    # Logged terms: token means over the optimizer step (`trl_nca.trainers.objective.STAT_NAMES`, `record_means`).
+    # Logged terms: token means over the optimizer step (`trl_nca.trainers.stats.StepStats`).
 
     def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
         stats = batch_stats(terms, total, lengths, clipped, inputs.get("on_policy", True))
-        if not self.model.training:
-            self._eval_sums = stats if getattr(self, "_eval_sums", None) is None else self._eval_sums + stats
-            return
-        left = getattr(self, "_step_batches_left", 0)
-        if left <= 0:  # a micro-batch outside get_batch_samples' accounting (training_step sampled it itself)
-            self._end_step(stats)
-            return
-        self._step_sums = stats if self._step_sums is None else self._step_sums + stats
-        self._step_batches_left = left - 1
-        if self._step_batches_left == 0:
-            self._end_step(self._step_sums)
-            self._step_sums = None
-
-    def _end_step(self, stats: torch.Tensor) -> None:
-        """Log the step's token means and the anchor weight it used, then set the weight of the next step. Runs in the
-        step's last micro-batch, after its loss is built, so every micro-batch of a step uses the same weight."""
-        means = self._record_means(stats, "train")
-        self._metrics["train"]["nca_beta"].append(self.nca_beta)
-        self.nca_schedule.update(means)
-
-    def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
-        """Sum the statistics over processes, append their token means to the logged metrics and return them."""
-        return record_means(stats, self.accelerator, self._metrics[mode], self._nca_active or self.args.nca_monitor)
+        self.step_stats.add(stats, training=self.model.training)
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
     ):
         """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
         (Trainer would average per-batch means)."""
-        self._eval_sums = None
+        self.step_stats.open_eval()
         if self.args.eval_completions == "dataset":
             logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
         else:
@@ -560,8 +466,7 @@ class NCATrainer(GKDTrainer):
                 description,
             )
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        sums, self._eval_sums = self._eval_sums, None
-        return token_mean_eval_loss(output, sums, self._record_means, self.args.device, metric_key_prefix)
+        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id
