@@ -86,7 +86,7 @@ def context_view_backward(model, view, completion_mask, states=None) -> None:
 
     h = (states or completion_states)(model, view, completion_mask)
     head = LMHead.from_model(model)
-    nca = token_divergences(h.detach(), None, head, head, DivergenceSpec(), h_c=h, want=("nca",))["nca"]
+    nca = token_divergences(h.detach(), None, head, head, DivergenceSpec(), h_c=h, terms=("nca",))["nca"]
     nca.sum().backward()
 
 

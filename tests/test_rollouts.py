@@ -53,14 +53,14 @@ def test_a_rollout_that_is_not_a_game_trains(tmp_path):
         rollout=rollout,
     )
     batches = []
-    original = trainer._play
+    original = trainer._play_episodes
 
     def spy(batch):
         out = original(batch)
         batches.append(out)
         return out
 
-    trainer._play = spy
+    trainer._play_episodes = spy
     trainer.train()
     assert rollout.calls == [rollout.seeds(0), rollout.seeds(1)]  # the rollout's schedule, in order
     for batch in batches:

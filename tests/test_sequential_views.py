@@ -124,7 +124,7 @@ class SavedActivations:
 def saved_peak(trainer) -> int:
     """Peak bytes of saved activations over one training step of `trainer` on its first four rows."""
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    batch = {**trainer._complete(batch, on_policy=False), "completions_ready": True, "on_policy": False}
+    batch = {**trainer._with_completions(batch, on_policy=False), "completions_ready": True, "on_policy": False}
     meter = SavedActivations(trainer.model)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         trainer.training_step(trainer.model, batch)

@@ -135,7 +135,7 @@ def test_live_self_teacher_keeps_both_views(tok, tmp_path):
 def _check_against_reference(trainer, teacher_logits, anchor, training_step=False):
     student = trainer.model
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
-    batch = trainer._complete(batch, on_policy=False)
+    batch = trainer._with_completions(batch, on_policy=False)
     assert batch["completion_mask"].sum(1).unique().numel() == 3  # ragged completions
 
     student.zero_grad()

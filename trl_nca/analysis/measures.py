@@ -302,7 +302,7 @@ def _compare_batch(model, batch: _Batch, start: int, head: LMHead, spec: Diverge
     ]
     h_x = completion_hidden(states_x.last, batch.view_x, mask)
     h_c = completion_hidden(states_c.last, batch.view_c, mask)
-    kl = token_divergences(h_x, h_x, head, head, spec, h_c=h_c, want=("view_kl",), vocab_chunk=vocab_chunk)["view_kl"]
+    kl = token_divergences(h_x, h_x, head, head, spec, h_c=h_c, terms=("view_kl",), vocab_chunk=vocab_chunk)["view_kl"]
     row, position = mask.bool().nonzero(as_tuple=True)  # row-major: the order of completion_hidden
     stats = _TokenStats(torch.stack(per_layer, dim=1).cpu(), kl.double().cpu(), (row + start).cpu(), position.cpu())
     return _BatchComparison(stats, batch.completion_ids[row, position], kl, h_x, h_c)
@@ -670,5 +670,5 @@ def _opd_and_nca_terms(student, teacher, batch: _Batch, student_head, teacher_he
     with torch.no_grad():
         h_t = completion_hidden(_decoder(teacher, batch.view_c, False).last, batch.view_c, mask)
     return token_divergences(
-        h_x, h_t, student_head, teacher_head, spec, h_c=h_c, want=("opd", "nca"), vocab_chunk=vocab_chunk
+        h_x, h_t, student_head, teacher_head, spec, h_c=h_c, terms=("opd", "nca"), vocab_chunk=vocab_chunk
     )

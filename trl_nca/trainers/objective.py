@@ -66,9 +66,9 @@ class NCAObjective:
         """The anchor weight of the optimizer step in progress."""
         return self.schedule.value
 
-    def need_context(self, measure: bool = False) -> bool:
+    def need_context(self, measure_gradients: bool = False) -> bool:
         """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement."""
-        return self.active or self.args.nca_monitor or measure
+        return self.active or self.args.nca_monitor or measure_gradients
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The summed loss of the batch's tokens: sum OPD + nca_beta * sum NCA (when the term is on)."""
@@ -121,7 +121,7 @@ class NCAObjective:
         student_head = LMHead.from_model(student)
         h_t, teacher_head = self.teacher_states(teacher, view_c, completion_mask, None, student_head)
         terms = token_divergences(
-            h_x, h_t, student_head, teacher_head, self.spec, want=("opd", "entropy") if entropy else ("opd",),
+            h_x, h_t, student_head, teacher_head, self.spec, terms=("opd", "entropy") if entropy else ("opd",),
             vocab_chunk=self.args.loss_vocab_chunk_size, token_chunk=self.args.loss_token_chunk_size,
         )  # fmt: skip
         anchor_states = h_t if self.spec.nca_target == "teacher" else None
@@ -139,7 +139,7 @@ class NCAObjective:
         h_c = self.states(student, view_c, completion_mask, "student's context view")
         return token_divergences(
             half.h_x, half.h_t, LMHead.from_model(student), half.teacher_head, self.spec, h_c=h_c,
-            want=("nca", "view_kl"), vocab_chunk=self.args.loss_vocab_chunk_size,
+            terms=("nca", "view_kl"), vocab_chunk=self.args.loss_vocab_chunk_size,
             token_chunk=self.args.loss_token_chunk_size,
         )  # fmt: skip
 
@@ -149,35 +149,37 @@ class NCAObjective:
         teacher: nn.Module,
         batch: Mapping[str, Any],
         need_context: bool,
-        measure: bool = False,
+        measure_gradients: bool = False,
         entropy: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Per-token "opd" (and "nca", "view_kl" with `need_context`) of the batch's valid completion tokens.
 
         `student` is the unwrapped student, `teacher` the unwrapped teacher (a model or a `SelfTeacher`). With
-        `measure` and the NCA term off, the context view runs only to measure a gradient, on a side random stream.
-        `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient).
+        `measure_gradients` and the NCA term off, the context view runs only to measure a gradient, on a side random
+        stream. `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient).
         """
         completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
         view_c = build_view(
             batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask
         )
         h_c = None
-        side = measure and not (self.active or self.args.nca_monitor)
+        only_measured = measure_gradients and not (self.active or self.args.nca_monitor)
         if need_context and self.active and self.args.joint_forward:
             h_x, h_c = self.joint_hidden(student, batch)
         else:
             view_x = build_view(batch["prompts"], batch["prompt_attention_mask"], completion_ids, completion_mask)
             h_x = self.states(student, view_x, completion_mask, "student's no-context view")
             if need_context:
-                with nullcontext() if self.active or measure else torch.no_grad():
-                    with side_rng(h_x) if side else nullcontext():
+                with nullcontext() if self.active or measure_gradients else torch.no_grad():
+                    with side_rng(h_x) if only_measured else nullcontext():
                         h_c = self.states(student, view_c, completion_mask, "student's context view")
         student_head = LMHead.from_model(student)
-        h_t, teacher_head = self.teacher_states(teacher, view_c, completion_mask, None if side else h_c, student_head)
-        want = ("opd", "nca", "view_kl") if need_context else ("opd",)
+        h_t, teacher_head = self.teacher_states(
+            teacher, view_c, completion_mask, None if only_measured else h_c, student_head
+        )
+        names = ("opd", "nca", "view_kl") if need_context else ("opd",)
         if entropy:
-            want += ("entropy",)
+            names += ("entropy",)
         return token_divergences(
             h_x,
             h_t,
@@ -185,7 +187,7 @@ class NCAObjective:
             teacher_head,
             self.spec,
             h_c=h_c,
-            want=want,
+            terms=names,
             vocab_chunk=self.args.loss_vocab_chunk_size,
             token_chunk=self.args.loss_token_chunk_size,
         )

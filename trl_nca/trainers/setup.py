@@ -22,7 +22,7 @@ from .checkpoints import ScheduleCheckpoint
 from .data import Limits, check_examples, check_tokenizer
 from .objective import NCAObjective
 from .stats import StepStats
-from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
+from .teacher import SelfTeacher, check_output_rows, replacement_teacher, resolve_teacher
 
 
 # The paper both trainers cite in their model cards (TRL reads a trainer's `_paper`).
@@ -124,15 +124,15 @@ def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], plac
     """Everything after the base trainer's `__init__`, which has wrapped the student (PEFT, accelerate).
 
     The teacher: a frozen merged copy replaces the adapter-disabled self-teacher where disabling the adapter would not
-    give the initial weights (`settle_teacher`); a teacher not yet `placed` by the base class is placed as TRL places
-    teachers (a `SelfTeacher` as it is: it calls the student, which the accelerator already wraps; under DeepSpeed an
-    engine, sharded under ZeRO-3; else prepared for evaluation). With output layers of different sizes, sampling never
-    emits an id past the common rows (the other model could not score it). Then `trainer.nca` (the objective shared
-    by both trainers), the anchor schedule's checkpoint callback, and `trainer.step_stats`.
+    give the initial weights (`replacement_teacher`); a teacher not yet `placed` by the base class is placed as TRL
+    places teachers (a `SelfTeacher` as it is: it calls the student, which the accelerator already wraps; under
+    DeepSpeed an engine, sharded under ZeRO-3; else prepared for evaluation). With output layers of different sizes,
+    sampling never emits an id past the common rows (the other model could not score it). Then `trainer.nca` (the
+    objective shared by both trainers), the anchor schedule's checkpoint callback, and `trainer.step_stats`.
     """
-    settled = settle_teacher(teacher, trainer.model)
-    if settled is not None or not placed:
-        teacher = settled if settled is not None else teacher
+    replacement = replacement_teacher(teacher, trainer.model)
+    if replacement is not None or not placed:
+        teacher = replacement if replacement is not None else teacher
         if isinstance(teacher, SelfTeacher):
             trainer.teacher_model = teacher
         elif trainer.is_deepspeed_enabled:

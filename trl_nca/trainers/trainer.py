@@ -181,8 +181,8 @@ class NCATrainer(GKDTrainer):
         finally:
             gkd_logger.removeFilter(_drop_migration_hint)
             args.teacher_model_init_kwargs = teacher_init_kwargs
-        # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside settle_teacher) gathers it first.
-        # GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
+        # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
+        # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
         finish_setup(self, self._teacher(), models.common_rows, placed=True)
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
@@ -227,9 +227,9 @@ class NCATrainer(GKDTrainer):
             self._load_rng_state(self._resume_rng_from)  # resumed runs sample exactly what the uninterrupted run did
             self._rng_restored_early = True
         if self.rollout is not None:
-            batches = [self._play(batch) for batch in batches]
+            batches = [self._play_episodes(batch) for batch in batches]
         else:
-            batches = [self._complete(self._prepare_inputs(batch)) for batch in batches]
+            batches = [self._with_completions(self._prepare_inputs(batch)) for batch in batches]
         if not batches:
             return batches, None
         tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
@@ -239,7 +239,7 @@ class NCATrainer(GKDTrainer):
         self.step_stats.open_step(len(batches))
         return batches, tokens
 
-    def _complete(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
+    def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
         """Replace the batch's completions by student samples (probability `lmbda`), teacher samples (`seq_kd`), or
         keep the dataset's reference completions, as GKD does."""
         if on_policy is None:  # every process draws; all follow rank 0, so all run the same forwards (ZeRO-3)
@@ -314,7 +314,7 @@ class NCATrainer(GKDTrainer):
             return bool(agreed_max([int(generating)], self.args.device)[0])
         return generating
 
-    def _play(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def _play_episodes(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Play the episodes of a micro-batch of rollout seeds; every sample the rollout returns becomes one row."""
         seeds = [int(seed) for seed in batch["seed"]]
         played = self.rollout.rollout(seeds, self._generate_for_rollout, self.processing_class)
@@ -349,25 +349,32 @@ class NCATrainer(GKDTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if not inputs.get("completions_ready"):
-            inputs = self._complete(self._prepare_inputs(inputs))
+            inputs = self._with_completions(self._prepare_inputs(inputs))
             num_items_in_batch = inputs["completion_mask"].sum() * self.current_gradient_accumulation_steps
         # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples.
         with self.nca.training_step():
             return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        measure = self._grad_cosine_due()
+        measure_gradients = self._grad_cosine_due()
         if self.nca.in_sequence():
-            loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure)
+            loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure_gradients)
             return (loss, None) if return_outputs else loss
-        need_context = self.nca.need_context(measure)
+        need_context = self.nca.need_context(measure_gradients)
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
         terms = self._redirect(
-            model, unwrapped, self.nca.token_divergences, unwrapped, self._teacher(), inputs, need_context, measure
+            model,
+            unwrapped,
+            self.nca.token_divergences,
+            unwrapped,
+            self._teacher(),
+            inputs,
+            need_context,
+            measure_gradients,
         )
-        if measure:
+        if measure_gradients:
             self._log_grad_cosine(unwrapped, terms)
         total = self.nca.total(terms)
         loss = total * self._loss_scale(num_items_in_batch, terms["opd"].numel())
@@ -382,15 +389,15 @@ class NCATrainer(GKDTrainer):
             return self.accelerator.num_processes / num_items_in_batch.clamp_min(1)
         return 1.0 / max(tokens, 1)
 
-    def _views_in_sequence(self, model, inputs, num_items_in_batch, measure: bool) -> torch.Tensor:
+    def _views_in_sequence(self, model, inputs, num_items_in_batch, measure_gradients: bool) -> torch.Tensor:
         """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
         (`nca_sequential_views`; `NCAObjective.backward_in_sequence`). Each half runs inside its own redirected
         forward of the wrapped model, so DDP sees two ordinary forward/backward pairs, the first under `no_sync`.
-        With `measure` each half's term gradient is taken before its backward, for `log_grad_cosine_steps`."""
+        With `measure_gradients` each half's term gradient is taken before its backward, for `log_grad_cosine_steps`."""
         unwrapped = self.accelerator.unwrap_model(model)
         tokens = int(inputs["completion_mask"].sum())
         scale = self._loss_scale(num_items_in_batch, tokens)
-        params = [p for p in unwrapped.parameters() if p.requires_grad] if measure else []
+        params = [p for p in unwrapped.parameters() if p.requires_grad] if measure_gradients else []
         halves = {}
 
         def no_context_half(student):  # the carried states stay out of what the wrapped forward returns
@@ -399,14 +406,14 @@ class NCATrainer(GKDTrainer):
 
         def no_context_loss():
             opd = self._redirect(model, unwrapped, no_context_half, unwrapped)["opd"].sum()
-            if measure:
+            if measure_gradients:
                 halves["opd_gradient"] = loss_gradients(opd / max(tokens, 1), params)
             return opd * scale
 
         def context_loss():
             context = self._redirect(model, unwrapped, self.nca.context_terms, unwrapped, inputs, halves["carry"])
             halves["terms"].update(context)
-            if measure:
+            if measure_gradients:
                 nca_gradient = loss_gradients(context["nca"].sum() / max(tokens, 1), params)
                 self._record_grad_cosine(halves.pop("opd_gradient"), nca_gradient)
             return self.nca.beta * context["nca"].sum() * scale
@@ -482,7 +489,7 @@ class NCATrainer(GKDTrainer):
         if self.args.eval_completions == "dataset":
             inputs = self._dataset_completions(inputs, "eval_completions='dataset'")
         else:
-            inputs = self._complete(inputs, on_policy=True)
+            inputs = self._with_completions(inputs, on_policy=True)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
