@@ -94,13 +94,7 @@ class NCADistillationTrainer(DistillationTrainer):
             max_new_tokens=args.max_completion_length, teacher_init_kwargs=init_kwargs, text_only=True,
         )  # fmt: skip
         model, processing_class, teacher = models.student, models.tokenizer, models.teacher
-        common, widest = models.common_rows
-        if widest > common and args.use_vllm:
-            raise ValueError(
-                f"The student's output layer has more rows ({widest}) than the teacher's ({common}), and vLLM cannot "
-                "be told to never sample the ids the teacher cannot score. Sample with `use_vllm=False`, or use a "
-                "teacher whose output layer is at least as wide as the student's."
-            )
+        _check_vllm_can_sample(models.common_rows, args.use_vllm)
         self.limits = models.limits
         # The no-context half's results while a micro-batch runs its views in sequence (`_views_in_sequence`).
         self._sequence: dict[str, Any] | None = None
@@ -108,17 +102,14 @@ class NCADistillationTrainer(DistillationTrainer):
         self._last_terms: tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor] | None = None
         self.context_spec = args.context_spec
 
-        def prepare(dataset, split):
-            if dataset is None:
-                return None
-            dataset = prepare_dataset(dataset, processing_class, self.context_spec, self.limits, split)
-            return _with_chat_prompt(dataset)
-
-        train_dataset = prepare(train_dataset, "train")
+        train_dataset = _prepared(train_dataset, processing_class, self.context_spec, self.limits, "train")
         if isinstance(eval_dataset, dict):
-            eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
+            eval_dataset = {
+                name: _prepared(ds, processing_class, self.context_spec, self.limits, f"eval {name}")
+                for name, ds in eval_dataset.items()
+            }
         else:
-            eval_dataset = prepare(eval_dataset, "eval")
+            eval_dataset = _prepared(eval_dataset, processing_class, self.context_spec, self.limits, "eval")
 
         # The teacher is prepared here, not by DistillationTrainer: a self-teacher has no parameters of its own, and
         # teachers whose output layer is padded to another size than the student's are supported (the divergences
@@ -255,6 +246,23 @@ class NCADistillationTrainer(DistillationTrainer):
         self.step_stats.open_eval()
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
+
+
+def _check_vllm_can_sample(common_rows: tuple[int, int], use_vllm: bool) -> None:
+    common, widest = common_rows
+    if widest > common and use_vllm:
+        raise ValueError(
+            f"The student's output layer has more rows ({widest}) than the teacher's ({common}), and vLLM cannot "
+            "be told to never sample the ids the teacher cannot score. Sample with `use_vllm=False`, or use a "
+            "teacher whose output layer is at least as wide as the student's."
+        )
+
+
+def _prepared(dataset, tokenizer, context_spec, limits, split: str):
+    """Both views tokenised (`prepare_dataset`), and every row's `prompt` as chat messages."""
+    if dataset is None:
+        return None
+    return _with_chat_prompt(prepare_dataset(dataset, tokenizer, context_spec, limits, split))
 
 
 def _nca_batch(inputs: dict[str, Any]) -> dict[str, Any]:

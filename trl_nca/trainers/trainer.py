@@ -98,17 +98,9 @@ class NCATrainer(GKDTrainer):
             args = NCAConfig(output_dir="nca-output")
         elif not isinstance(args, NCAConfig):
             raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
-        for name, value in (
-            ("compute_metrics", compute_metrics),
-            ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
-        ):
-            if value is not None:
-                raise ValueError(
-                    f"NCATrainer does not take `{name}`: its loss works on hidden states and never materialises "
-                    "logits, so evaluation has no predictions to pass to it. Evaluation logs eval_loss, "
-                    "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
-                    "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
-                )
+        _refuse_metric_functions(
+            compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
+        )
         models = resolve_models(
             "NCATrainer", args, model, teacher_model, processing_class=processing_class,
             teacher_processing_class=teacher_processing_class, peft_config=peft_config,
@@ -132,55 +124,28 @@ class NCATrainer(GKDTrainer):
             data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
         self.context_spec = context_spec
 
-        def prepare(dataset, split):
-            return prepare_dataset(dataset, processing_class, context_spec, limits, split, args.dataset_num_proc)
-
-        if rollout is None:
-            train_dataset = prepare(train_dataset, "train")
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
-        else:
-            eval_dataset = prepare(eval_dataset, "eval")
-        if rollout is None and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
-            _check_references(train_dataset, "train")
-        if args.eval_completions == "dataset":
-            for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
-                if dataset is not None:
-                    _check_references(dataset, f"eval {name}".strip())
+        train_dataset, eval_dataset = _prepared_datasets(
+            args, processing_class, context_spec, limits, train_dataset, eval_dataset, training=rollout is None
+        )
         if data_collator is None:
             data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
         elif rollout is None:
-            probe = train_dataset if train_dataset is not None else eval_dataset
-            split = "train" if train_dataset is not None else "eval"
-            if isinstance(probe, dict):
-                split, probe = next(iter(probe.items()))
-            first = next(iter(probe), None) if probe is not None else None
-            if first is not None:
-                check_collator(data_collator, first, split)
+            _probe_collator(data_collator, train_dataset, eval_dataset)
 
-        gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
-        gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
-        teacher_init_kwargs = args.teacher_model_init_kwargs
-        if models.teacher_loaded_here:
-            args.teacher_model_init_kwargs = None  # used by resolve_teacher; GKD refuses them with a built teacher
-        try:
-            with _gkd_vocab_check_passes(model, teacher_model), _self_teacher_kept_out_of_deepspeed():
-                super().__init__(
-                    model,
-                    teacher_model=teacher_model,
-                    args=args,
-                    data_collator=data_collator,
-                    train_dataset=train_dataset,
-                    eval_dataset=eval_dataset,
-                    processing_class=processing_class,
-                    callbacks=callbacks,
-                    optimizers=optimizers,
-                    peft_config=peft_config,
-                    formatting_func=formatting_func,
-                )
-        finally:
-            gkd_logger.removeFilter(_drop_migration_hint)
-            args.teacher_model_init_kwargs = teacher_init_kwargs
+        with _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here):
+            super().__init__(
+                model,
+                teacher_model=teacher_model,
+                args=args,
+                data_collator=data_collator,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+                formatting_func=formatting_func,
+            )
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
         # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
         finish_setup(self, self._teacher(), models.common_rows, placed=True)
@@ -493,6 +458,69 @@ class NCATrainer(GKDTrainer):
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+
+def _refuse_metric_functions(**functions) -> None:
+    for name, value in functions.items():
+        if value is not None:
+            raise ValueError(
+                f"NCATrainer does not take `{name}`: its loss works on hidden states and never materialises "
+                "logits, so evaluation has no predictions to pass to it. Evaluation logs eval_loss, "
+                "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
+                "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
+            )
+
+
+def _prepared_datasets(args, tokenizer, context_spec, limits, train_dataset, eval_dataset, training: bool):
+    """Both views tokenised (`prepare_dataset`; the train dataset only when `training`: a rollout has none), and the
+    reference completions checked where off-policy steps or `eval_completions='dataset'` need them."""
+
+    def prepare(dataset, split):
+        return prepare_dataset(dataset, tokenizer, context_spec, limits, split, args.dataset_num_proc)
+
+    if training:
+        train_dataset = prepare(train_dataset, "train")
+    if isinstance(eval_dataset, dict):
+        eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
+    else:
+        eval_dataset = prepare(eval_dataset, "eval")
+    if training and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
+        _check_references(train_dataset, "train")
+    if args.eval_completions == "dataset":
+        for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
+            if dataset is not None:
+                _check_references(dataset, f"eval {name}".strip())
+    return train_dataset, eval_dataset
+
+
+def _probe_collator(data_collator, train_dataset, eval_dataset) -> None:
+    """A custom collator must produce NCA's batch keys: tried on the first prepared row (`check_collator`)."""
+    probe = train_dataset if train_dataset is not None else eval_dataset
+    split = "train" if train_dataset is not None else "eval"
+    if isinstance(probe, dict):
+        split, probe = next(iter(probe.items()))
+    first = next(iter(probe), None) if probe is not None else None
+    if first is not None:
+        check_collator(data_collator, first, split)
+
+
+@contextmanager
+def _gkd_init_adjusted(args: NCAConfig, student: nn.Module, teacher: nn.Module, teacher_loaded_here: bool):
+    """The span of `GKDTrainer.__init__`: its hint to use DistillationTrainer dropped (it has no context views), the
+    teacher's init kwargs hidden when the teacher was loaded here from a name (GKD refuses them with a built
+    teacher), its vocabulary check shown the student's size (`_gkd_vocab_check_passes`) and a `SelfTeacher` kept
+    out of DeepSpeed (`_self_teacher_kept_out_of_deepspeed`)."""
+    gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
+    gkd_logger.addFilter(_drop_migration_hint)
+    teacher_init_kwargs = args.teacher_model_init_kwargs
+    if teacher_loaded_here:
+        args.teacher_model_init_kwargs = None  # used by resolve_teacher
+    try:
+        with _gkd_vocab_check_passes(student, teacher), _self_teacher_kept_out_of_deepspeed():
+            yield
+    finally:
+        gkd_logger.removeFilter(_drop_migration_hint)
+        args.teacher_model_init_kwargs = teacher_init_kwargs
 
 
 @contextmanager
