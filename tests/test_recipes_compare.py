@@ -317,8 +317,8 @@ def test_fewer_than_two_pairs_give_no_interval_and_say_why():
 def test_compare_over_organisms_and_seeds(tmp_path, monkeypatch):
     """Two organisms (each pretrained once, here a 3-step one so the test is quick) x two training seeds: one base row
     per organism, students paired by (organism, seed), and a job shorter than logging_steps still draws its curves."""
-    from trl_nca import organism
     from trl_nca.cli import compare
+    from trl_nca.models import organism
 
     monkeypatch.setenv("TRL_NCA_CACHE", str(tmp_path / "cache"))
     tiny = organism.OrganismSpec(steps=3, hidden_size=32, num_layers=1, num_heads=2, batch_size=4)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..views import ContextSpec
+from ..core.views import ContextSpec
 
 
 USER_TEMPLATE = "{context}\n\n{prompt}"  # the context goes right before the question, inside the user turn
@@ -271,7 +271,7 @@ def island_facts(seed: int = 0, num_islands: int = 12) -> BuiltinTask:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# organism_shift: the model organism's language (trl_nca.organism)
+# organism_shift: the model organism's language (trl_nca.models.organism)
 
 ORGANISM_CONTEXT = "rule shift"
 
@@ -282,7 +282,7 @@ def organism_shift(seed: int = 0, num_train: int = 512, num_test: int = 240) -> 
     Only the organism (`model_name_or_path: organism`) speaks this language. Each row also carries `twice`, the
     answer with the rule applied twice, so a report can count how often a student shifts twice once the rule is back.
     """
-    from ..organism import answer_line, query_line
+    from ..models.organism import answer_line, query_line
 
     rng = random.Random(f"organism_shift:{seed}")
     taken: set[tuple[int, ...]] = set()
