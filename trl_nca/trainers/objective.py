@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -21,8 +21,112 @@ from torch import nn
 from ..core.losses import LMHead, token_divergences
 from ..core.prefix import PrefixSharing, weights_fingerprint
 from ..core.schedule import BetaSchedule, schedule_from_config
-from ..core.views import View, build_view
+from ..core.views import View, build_view, position_ids_from_mask
 from .teacher import SelfTeacher
+
+
+@dataclass(frozen=True)
+class BatchViews:
+    """The student's two views of a batch, built once (`batch_views`): the no-context view `x` (the prompt as the
+    dataset gives it) and the context view `c`, each `[left-padded prompt | shared completion]`, and the completion
+    mask both share. The teacher reads `c`."""
+
+    x: View
+    c: View
+    completion_mask: torch.Tensor
+
+    def joint(self, pad_token_id: int) -> tuple[View, torch.Tensor]:
+        """Both views as one: [no-context rows; context rows], each view left-padded (`pad_token_id`, masked out) to
+        the wider prompt, and the completion mask of those rows."""
+        width = max(self.x.prompt_width, self.c.prompt_width)
+        ids, masks = [], []
+        for view in (self.x, self.c):
+            extra = width - view.prompt_width
+            ids.append(torch.nn.functional.pad(view.input_ids, (extra, 0), value=pad_token_id))
+            masks.append(torch.nn.functional.pad(view.attention_mask, (extra, 0), value=0))
+        mask = torch.cat(masks)
+        view = View(torch.cat(ids), mask, position_ids_from_mask(mask), width)
+        return view, self.completion_mask.repeat(2, 1)
+
+
+def batch_views(batch: Mapping[str, Any]) -> BatchViews:
+    """The two views of a batch with NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`), on its completion ids."""
+    completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+    return BatchViews(
+        x=build_view(batch["prompts"], batch["prompt_attention_mask"], completion_ids, completion_mask),
+        c=build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask),
+        completion_mask=completion_mask,
+    )
+
+
+# Which half of a micro-batch run in sequence (`nca_sequential_views`) a plan is for; None: the whole micro-batch.
+Half = Literal["no_context", "context", None]
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """What one call of the objective runs on a batch, decided once (`plan_views`) before any forward.
+
+    `no_context`, `context`: the student's views that run. `joint`: both as one forward (`nca_joint_forward`).
+    `context_grad`: the context view runs with gradient (else under `torch.no_grad`: monitoring only). `side_stream`:
+    it runs on a side random stream (`side_rng`), where it runs only to measure a gradient, so the step's own random
+    draws stay those of a run without the measurement. `teacher`: the teacher scores the context view.
+    `teacher_reuses_context`: a live self-teacher may take the student's context states instead of a forward of its
+    own. `terms`: the per-token terms computed (`core.losses.token_divergences`)."""
+
+    no_context: bool
+    context: bool
+    joint: bool
+    context_grad: bool
+    side_stream: bool
+    teacher: bool
+    teacher_reuses_context: bool
+    terms: tuple[str, ...]
+
+
+def plan_views(
+    nca_active: bool,
+    nca_monitor: bool,
+    joint_forward: bool,
+    need_context: bool,
+    measure_gradients: bool = False,
+    entropy: bool = False,
+    half: Half = None,
+) -> ViewPlan:
+    """The `ViewPlan` of a batch.
+
+    A whole micro-batch runs the no-context view and the teacher, and the context view with `need_context` (the NCA
+    term, `nca_monitor` or a gradient measurement: `NCAObjective.need_context`). The views run jointly only for the
+    NCA term with `nca_joint_forward`. The context view carries gradient for the NCA term or a measurement; run only
+    to measure (NCA and monitoring off), it draws from the side random stream and a live self-teacher scores with a
+    forward of its own, as in a run without the measurement. The halves of a micro-batch in sequence: the no-context
+    half runs the no-context view and the teacher ("opd"), the context half the context view with gradient ("nca",
+    "view_kl", against the first half's states). `entropy` adds the no-context view's "entropy" where it runs.
+    """
+    extra = ("entropy",) if entropy else ()
+    if half == "no_context":
+        return ViewPlan(
+            no_context=True, context=False, joint=False, context_grad=False, side_stream=False, teacher=True,
+            teacher_reuses_context=False, terms=("opd", *extra),
+        )  # fmt: skip
+    if half == "context":
+        return ViewPlan(
+            no_context=False, context=True, joint=False, context_grad=True, side_stream=False, teacher=False,
+            teacher_reuses_context=False, terms=("nca", "view_kl"),
+        )  # fmt: skip
+    if half is not None:
+        raise ValueError(f"half must be 'no_context', 'context' or None, got {half!r}.")
+    only_measured = measure_gradients and not (nca_active or nca_monitor)
+    return ViewPlan(
+        no_context=True,
+        context=need_context,
+        joint=need_context and nca_active and joint_forward,
+        context_grad=need_context and (nca_active or measure_gradients),
+        side_stream=need_context and only_measured,
+        teacher=True,
+        teacher_reuses_context=need_context and not only_measured,
+        terms=(("opd", "nca", "view_kl") if need_context else ("opd",)) + extra,
+    )
 
 
 @dataclass
@@ -107,23 +211,25 @@ class NCAObjective:
             accelerator.backward(first)
         return context_loss() + first.detach()
 
+    def plan(
+        self, need_context: bool, measure_gradients: bool = False, entropy: bool = False, half: Half = None
+    ) -> ViewPlan:
+        """What a batch runs (`plan_views`) under this objective's NCA term, `nca_monitor` and `nca_joint_forward`."""
+        return plan_views(
+            self.active, self.args.nca_monitor, self.args.joint_forward, need_context, measure_gradients, entropy, half
+        )
+
     def no_context_terms(
         self, student: nn.Module, teacher: nn.Module, batch: Mapping[str, Any], entropy: bool = False
     ) -> tuple[dict[str, torch.Tensor], NoContextHalf]:
         """The no-context half of a micro-batch run in sequence: per-token "opd" (and "entropy") from the student's
         no-context view and the teacher, and what the context half needs (`NoContextHalf`)."""
-        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
-        view_x = build_view(batch["prompts"], batch["prompt_attention_mask"], completion_ids, completion_mask)
-        view_c = build_view(
-            batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask
-        )
-        h_x = self.states(student, view_x, completion_mask, "student's no-context view")
+        plan = self.plan(need_context=False, entropy=entropy, half="no_context")
+        views = batch_views(batch)
+        h_x, _ = self.student_states(student, views, plan)
         student_head = LMHead.from_model(student)
-        h_t, teacher_head = self.teacher_states(teacher, view_c, completion_mask, None, student_head)
-        terms = token_divergences(
-            h_x, h_t, student_head, teacher_head, self.spec, terms=("opd", "entropy") if entropy else ("opd",),
-            vocab_chunk=self.args.loss_vocab_chunk_size, token_chunk=self.args.loss_token_chunk_size,
-        )  # fmt: skip
+        h_t, teacher_head = self.teacher_states(teacher, views.c, views.completion_mask, None, student_head)
+        terms = self.divergences(plan, h_x, h_t, student_head, teacher_head)
         anchor_states = h_t if self.spec.nca_target == "teacher" else None
         return terms, NoContextHalf(h_x.detach(), anchor_states, teacher_head)
 
@@ -132,16 +238,9 @@ class NCAObjective:
     ) -> dict[str, torch.Tensor]:
         """The context half of a micro-batch run in sequence: per-token "nca" and "view_kl" from the student's context
         view against the no-context half's (detached) states."""
-        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
-        view_c = build_view(
-            batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask
-        )
-        h_c = self.states(student, view_c, completion_mask, "student's context view")
-        return token_divergences(
-            half.h_x, half.h_t, LMHead.from_model(student), half.teacher_head, self.spec, h_c=h_c,
-            terms=("nca", "view_kl"), vocab_chunk=self.args.loss_vocab_chunk_size,
-            token_chunk=self.args.loss_token_chunk_size,
-        )  # fmt: skip
+        plan = self.plan(need_context=True, half="context")
+        _, h_c = self.student_states(student, batch_views(batch), plan)
+        return self.divergences(plan, half.h_x, half.h_t, LMHead.from_model(student), half.teacher_head, h_c)
 
     def token_divergences(
         self,
@@ -156,57 +255,46 @@ class NCAObjective:
 
         `student` is the unwrapped student, `teacher` the unwrapped teacher (a model or a `SelfTeacher`). With
         `measure_gradients` and the NCA term off, the context view runs only to measure a gradient, on a side random
-        stream. `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient).
+        stream. `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient). Which views run,
+        and how, is the batch's `ViewPlan` (`plan_views`).
         """
-        completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
-        view_c = build_view(
-            batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask
-        )
-        h_c = None
-        only_measured = measure_gradients and not (self.active or self.args.nca_monitor)
-        if need_context and self.active and self.args.joint_forward:
-            h_x, h_c = self.joint_hidden(student, batch)
-        else:
-            view_x = build_view(batch["prompts"], batch["prompt_attention_mask"], completion_ids, completion_mask)
-            h_x = self.states(student, view_x, completion_mask, "student's no-context view")
-            if need_context:
-                with nullcontext() if self.active or measure_gradients else torch.no_grad():
-                    with side_rng(h_x) if only_measured else nullcontext():
-                        h_c = self.states(student, view_c, completion_mask, "student's context view")
+        plan = self.plan(need_context, measure_gradients, entropy)
+        views = batch_views(batch)
+        h_x, h_c = self.student_states(student, views, plan)
         student_head = LMHead.from_model(student)
-        h_t, teacher_head = self.teacher_states(
-            teacher, view_c, completion_mask, None if only_measured else h_c, student_head
-        )
-        names = ("opd", "nca", "view_kl") if need_context else ("opd",)
-        if entropy:
-            names += ("entropy",)
-        return token_divergences(
-            h_x,
-            h_t,
-            student_head,
-            teacher_head,
-            self.spec,
-            h_c=h_c,
-            terms=names,
-            vocab_chunk=self.args.loss_vocab_chunk_size,
-            token_chunk=self.args.loss_token_chunk_size,
-        )
+        reused = h_c if plan.teacher_reuses_context else None
+        h_t, teacher_head = self.teacher_states(teacher, views.c, views.completion_mask, reused, student_head)
+        return self.divergences(plan, h_x, h_t, student_head, teacher_head, h_c)
 
-    def joint_hidden(self, student: nn.Module, batch: Mapping[str, Any]):
+    def student_states(
+        self, student: nn.Module, views: BatchViews, plan: ViewPlan
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The student's states (h_x, h_c) of the views `plan` runs (None for one it does not), in its order: both in
+        one forward (`plan.joint`), or the no-context view, then the context view with or without gradient
+        (`plan.context_grad`) and on the side random stream or not (`plan.side_stream`)."""
+        if plan.joint:
+            return self.joint_hidden(student, views)
+        mask = views.completion_mask
+        h_x = self.states(student, views.x, mask, "student's no-context view") if plan.no_context else None
+        h_c = None
+        if plan.context:
+            with nullcontext() if plan.context_grad else torch.no_grad():
+                with side_rng(h_x) if plan.side_stream else nullcontext():
+                    h_c = self.states(student, views.c, mask, "student's context view")
+        return h_x, h_c
+
+    def divergences(
+        self, plan: ViewPlan, h_x, h_t, student_head: LMHead, teacher_head: LMHead, h_c=None
+    ) -> dict[str, torch.Tensor]:
+        """`core.losses.token_divergences` of the plan's terms, in this objective's tiles."""
+        return token_divergences(
+            h_x, h_t, student_head, teacher_head, self.spec, h_c=h_c, terms=plan.terms,
+            vocab_chunk=self.args.loss_vocab_chunk_size, token_chunk=self.args.loss_token_chunk_size,
+        )  # fmt: skip
+
+    def joint_hidden(self, student: nn.Module, views: BatchViews) -> tuple[torch.Tensor, torch.Tensor]:
         """Both student views in one forward: [no-context rows; context rows], prompts left-padded to one width."""
-        pad = self.pad_token_id
-        width = max(batch["prompts"].shape[1], batch["context_prompts"].shape[1])
-        prompts, masks = [], []
-        for ids_key, mask_key in (
-            ("prompts", "prompt_attention_mask"),
-            ("context_prompts", "context_prompt_attention_mask"),
-        ):
-            extra = width - batch[ids_key].shape[1]
-            prompts.append(torch.nn.functional.pad(batch[ids_key], (extra, 0), value=pad))
-            masks.append(torch.nn.functional.pad(batch[mask_key], (extra, 0), value=0))
-        completion_ids = batch["completion_ids"].repeat(2, 1)
-        completion_mask = batch["completion_mask"].repeat(2, 1)
-        view = build_view(torch.cat(prompts), torch.cat(masks), completion_ids, completion_mask)
+        view, completion_mask = views.joint(self.pad_token_id)
         hidden = self.states(student, view, completion_mask, "student's joint views")
         num_tokens = hidden.shape[0] // 2  # rows are ordered: all no-context tokens, then all context tokens
         return hidden[:num_tokens], hidden[num_tokens:]
