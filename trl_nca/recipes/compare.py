@@ -39,6 +39,7 @@ import yaml
 
 from ..inputs import InputError, sha256_text
 from ..tasks import BuiltinTask, get_task
+from .ranges import read_against_ranges
 
 
 logger = logging.getLogger(__name__)
@@ -756,10 +757,12 @@ def execute(plan: Plan) -> dict[str, Any]:
         "tracking": tracking,
         "report": str(root / "paired_eval" / "report.md"),
     }
+    summary["range_reading"] = read_against_ranges(summary)
     summary["figures"] = write_figures(summary, root)
     (root / "comparison.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (root / "comparison.md").write_text(
-        f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence}\n\n## Statistics over runs\n\n{stats_text}\n"
+        f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence} {summary['range_reading']}\n\n"
+        f"## Statistics over runs\n\n{stats_text}\n"
     )
     summary["table"] = table
     summary["statistics_table"] = stats_text
