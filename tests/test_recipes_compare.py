@@ -395,8 +395,9 @@ def _summary(harms_by_method, methods=None, lr=2e-3):
                 "training": {"learning_rate": lr, "max_steps": 100}, "evaluation": {"temperature": 1.0}}  # fmt: skip
     per_seed = {"base": [{"seed": None, "harm": None, "acc_x": 0.0, "acc_xc": 1.0}]}
     for method, harms in harms_by_method.items():
-        per_seed[method] = [{"seed": s, "harm": h, "acc_x": 1.0, "acc_xc": 1.0 - (h or 0.0)}
-                           for s, h in enumerate(harms)]
+        per_seed[method] = [
+            {"seed": s, "harm": h, "acc_x": 1.0, "acc_xc": 1.0 - (h or 0.0)} for s, h in enumerate(harms)
+        ]
     return {"methods": methods or {m: {} for m in harms_by_method}, "settings": settings, "per_seed": per_seed}
 
 

@@ -61,6 +61,17 @@ def spread(summary: dict) -> str:
         cells = [f"{100 * d['median']:.1f} ({100 * d['min']:.1f}-{100 * d['max']:.1f})" if d else "n/a"
                  for d in (stats[k] for k in ("harm", "acc_x", "acc_xc"))]  # fmt: skip
         lines.append(f"| {method} | {stats['runs']} | " + " | ".join(cells) + " |")
+    baseline = summary["statistics"]["baseline"]
+    for method, by_key in summary["statistics"]["paired"].items():
+        d = by_key["harm"]
+        if d["ci"] is None:
+            continue
+        low, high = d["ci"]
+        ties = f", {d['ties']} equal" if d["ties"] else ""
+        lines += ["", f"{method}'s harm was below {baseline}'s in {d['below']} of {d['n']} paired runs{ties}; "
+                  f"{baseline} - {method} harm {100 * d['mean']:.1f} points on average, 95% bootstrap interval "
+                  f"[{100 * low:.1f}, {100 * high:.1f}], exact sign test p = {d['sign_test_p']:.2g}, exact "
+                  f"permutation test p = {d['permutation_p']:.2g}."]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -84,8 +84,7 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
                 low, high = bounds
                 if not low - 1e-9 <= value <= high + 1e-9:
                     outside.append(
-                        f"{method} seed {row.get('seed')}: {NAMES[key]} {_pct(value)} against "
-                        f"{_pct(low)}-{_pct(high)}"
+                        f"{method} seed {row.get('seed')}: {NAMES[key]} {_pct(value)} against {_pct(low)}-{_pct(high)}"
                     )
     runs = ", ".join(f"{m} {e['runs']}" for m, e in match["methods"].items())
     where = f"the range documented in docs/results.md {match['section']} ({match['name']}: {runs} runs)"
