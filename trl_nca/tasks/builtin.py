@@ -11,7 +11,11 @@ Two families, one per kind of context in the paper:
   question forms never used in training, so a student can only answer them without the context by having
   internalised the sheets.
 
-Why these two: the embedded SmolLM2-135M-Instruct follows a context placed in the user turn, hardly a system message,
+Three more, `organism_shift`, `organism_flip` and `organism_facts`, speak the model organism's digit language
+(`trl_nca.organism`): one fixed rule for every item (the instruction family), or per item the one fact of a small
+knowledge base that changes its answer (the knowledge family).
+
+Why the first two: the embedded SmolLM2-135M-Instruct follows a context placed in the user turn, hardly a system message,
 answers letter-only multiple choice at chance, and follows short instructions or fact sheets right before the question
 far better than long shared ones. The measurements that chose them are in `docs/results.md`.
 
@@ -409,7 +413,7 @@ def task_names() -> list[str]:
 
 
 def get_task(name: str, seed: int = 0, **kwargs: Any) -> BuiltinTask:
-    """A built-in task by name (`reply_in_french`, `island_facts`), generated from `seed`."""
+    """A built-in task by name (one of `task_names()`), generated from `seed`."""
     if name not in TASKS:
         raise ValueError(f"Unknown built-in task {name!r}; choose one of {task_names()}.")
     return TASKS[name](seed=seed, **kwargs)
