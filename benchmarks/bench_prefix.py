@@ -117,7 +117,7 @@ def measure(fn, warmup, steps, device):
 
 
 def run_shape(base, tok, shape, cli, device):
-    from trl_nca.views import render_prompt_ids
+    from trl_nca.core.views import render_prompt_ids
 
     batch_size = cli.batch or (4 if shape == "quickstart" else 8)
     context_tokens = cli.context_tokens or (200 if shape == "quickstart" else 0)
@@ -139,10 +139,10 @@ def run_shape(base, tok, shape, cli, device):
 def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
     """Time the passes of one trainer with sharing off, then on, into `rows`; with nca_beta > 0 also return the
     longest no-context prompt and context view, and the teacher's shared prefix length."""
-    from trl_nca.losses import LMHead
-    from trl_nca.views import build_view
+    from trl_nca.core.losses import LMHead
+    from trl_nca.core.views import build_view
 
-    model, sharing = trainer.model, trainer.prefix_sharing
+    model, sharing = trainer.model, trainer.nca.prefix_sharing
     mask = batch["completion_mask"]
     view_c = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], batch["completion_ids"], mask)
     items = mask.sum()
@@ -150,7 +150,7 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
 
     def teacher():
         with torch.no_grad():
-            trainer._teacher_states(view_c, mask, None, head)
+            trainer.nca.teacher_states(trainer._teacher(), view_c, mask, None, head)
 
     def context_view():
         states = lambda m, v, k: sharing.completion_states(m, v, k, "student's context view")  # noqa: E731

@@ -81,12 +81,12 @@ def context_view_backward(model, view, completion_mask, states=None) -> None:
     """One forward+backward of the student's context view with the NCA term the trainer computes on it (tiled over
     the vocabulary like the trainer's loss, against the view's own detached distribution): what the context view
     adds to a step, on its own. `states(model, view, mask)` gives the completion states (default: unshared)."""
-    from trl_nca.losses import DivergenceSpec, LMHead, token_divergences
-    from trl_nca.views import completion_states
+    from trl_nca.core.losses import DivergenceSpec, LMHead, token_divergences
+    from trl_nca.core.views import completion_states
 
     h = (states or completion_states)(model, view, completion_mask)
     head = LMHead.from_model(model)
-    nca = token_divergences(h.detach(), None, head, head, DivergenceSpec(), h_c=h, want=("nca",))["nca"]
+    nca = token_divergences(h.detach(), None, head, head, DivergenceSpec(), h_c=h, terms=("nca",))["nca"]
     nca.sum().backward()
 
 
@@ -121,7 +121,7 @@ def load(model_name: str, device: str):
 
         tok = make_tiny_tokenizer()
         return make_tiny_model(tok, seed=0, num_layers=4, hidden_size=128).to(device), tok
-    from trl_nca.models import resolve_model_name_or_path
+    from trl_nca.models.names import resolve_model_name_or_path
 
     path = resolve_model_name_or_path(model_name)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -266,9 +266,9 @@ def manual_view_step(base_model, tok, data, batch, new_tokens, device, lora, vie
     view (the student-only reference)."""
     from peft import LoraConfig, get_peft_model
 
-    from trl_nca.data import Limits, NCACollator, prepare_dataset
-    from trl_nca.losses import LMHead
-    from trl_nca.views import ContextSpec, build_view, completion_states
+    from trl_nca.core.losses import LMHead
+    from trl_nca.core.views import ContextSpec, build_view, completion_states
+    from trl_nca.trainers.data import Limits, NCACollator, prepare_dataset
 
     model = copy.deepcopy(base_model)
     if lora:

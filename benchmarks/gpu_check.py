@@ -82,7 +82,7 @@ MACHINE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "pl
                   "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
 # Imports the check needs; deepspeed is optional (ZeRO launches), reported either way.
 REQUIRED_IMPORTS = ("torch", "transformers", "accelerate", "peft", "datasets", "trl", "trl.experimental.gkd",
-                    "trl_nca", "trl_nca.trainer", "trl_nca.eval.compare")  # fmt: skip
+                    "trl_nca", "trl_nca.trainers.trainer", "trl_nca.eval.compare")  # fmt: skip
 DEEPSPEED_ABSENT = (
     "deepspeed is not installed: PyPI ships deepspeed (>=0.17, as trl-nca's `deepspeed` extra needs) only as a source "
     "distribution, whose build needs torch and compiles its ops against the local CUDA toolkit, so it cannot travel "
@@ -380,8 +380,8 @@ def build_dataset(tok, rows: int, context_tokens: int):
     lengths of the first row's prompt without and with the context."""
     from datasets import Dataset
 
-    from trl_nca.data import Limits, prepare_dataset
-    from trl_nca.views import ContextSpec
+    from trl_nca.core.views import ContextSpec
+    from trl_nca.trainers.data import Limits, prepare_dataset
 
     words = CONTEXT_WORDS.split()
     context, i = "", 0

@@ -29,8 +29,8 @@ from trl_nca.eval import (
     run_provenance,
     write_report,
 )
-from trl_nca.models import resolve_model_name_or_path
-from trl_nca.script_options import resume_checkpoint, student_init_kwargs
+from trl_nca.models.names import resolve_model_name_or_path
+from trl_nca.trainers.script_options import resume_checkpoint, student_init_kwargs
 
 
 GAME = "frozenlake"

@@ -17,9 +17,9 @@ from trl_nca import NCAConfig, NCATrainer
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.inputs import read_context
-from trl_nca.models import resolve_model_name_or_path
-from trl_nca.script_options import resume_checkpoint, student_init_kwargs
+from trl_nca.models.names import resolve_model_name_or_path
 from trl_nca.tasks import build_prepared
+from trl_nca.trainers.script_options import resume_checkpoint, student_init_kwargs
 
 
 @dataclass

@@ -4,15 +4,15 @@ python scripts/config_reference.py          # rewrite the block between the mark
 python scripts/config_reference.py --check  # exit 1 if the page is not up to date (tests/test_docs.py does this)
 
 The tables show each field's `metadata["help"]`, the same text as `--help` and the class docstrings
-(`trl_nca.field_docs`), with the type as written and the default.
+(`trl_nca.trainers.field_docs`), with the type as written and the default.
 """
 
 import sys
 from dataclasses import fields
 from pathlib import Path
 
-from trl_nca import field_docs
-from trl_nca.config import NCAConfig, NCADistillationConfig, NCAFields
+from trl_nca.trainers import field_docs
+from trl_nca.trainers.config import NCAConfig, NCADistillationConfig, NCAFields
 
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"

@@ -1,6 +1,6 @@
 """A griffe extension (mkdocs.yml: mkdocstrings' `extensions`): the API pages show the docstring that a class
-decorated with `trl_nca.field_docs.document_fields` has at run time, its fields' help texts included. griffe reads
-the source without running it, so it would otherwise show the written part only."""
+decorated with `trl_nca.trainers.field_docs.document_fields` has at run time, its fields' help texts included. griffe
+reads the source without running it, so it would otherwise show the written part only."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from trl_nca.analysis import (
     prepare_prompts,
     update_norms,
 )
-from trl_nca.losses import DivergenceSpec
+from trl_nca.core.losses import DivergenceSpec
+from trl_nca.core.views import ContextSpec
 from trl_nca.testing import CONTEXT, FLOAT64, float64_model, make_tiny_model
-from trl_nca.views import ContextSpec
 
 
 def ragged_items(tok):
@@ -349,7 +349,7 @@ def test_cli_on_the_records_of_trl_nca_eval(tiny_setup, tmp_path):
     ],
 )
 def test_cli_bad_input_is_one_clear_error(tiny_setup, tmp_path, capsys, extra, message):
-    from trl_nca.analysis.cli import main
+    from trl_nca.cli.analyze import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--model", tiny_setup["model"], "--output-dir", str(tmp_path), *extra])
@@ -360,7 +360,7 @@ def test_cli_bad_input_is_one_clear_error(tiny_setup, tmp_path, capsys, extra, m
 @pytest.mark.slow
 def test_cli_on_the_model_organism(tmp_path):
     """The organism (pretrained once, cached) on its built-in task: runs, and its context changes the views."""
-    from trl_nca.analysis.cli import main
+    from trl_nca.cli.analyze import main
 
     out = tmp_path / "out"
     assert main([

@@ -7,7 +7,7 @@ import logging
 import pytest
 from datasets import Dataset
 
-import trl_nca.trainer
+import trl_nca.trainers.setup
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.cli import main as cli_main
 from trl_nca.testing import ONE_STEP, cloned_parameters, make_tiny_model, make_tiny_tokenizer, record_batches, run_args
@@ -91,7 +91,7 @@ def test_context_template_is_checked_at_config_time(tmp_path, template, match):
 
 
 def test_a_template_the_placement_does_not_use_is_reported(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="trl_nca.config"):
+    with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.config"):
         args(tmp_path, context_template="Notes: {context}\n{prompt}", context_text="c")
     assert "context_template is set but context_placement='system' does not use it" in caplog.text
 
@@ -154,7 +154,7 @@ def test_malformed_rows_name_the_row_before_the_model_is_loaded(tok, tmp_path, t
     def no_model_work(*a, **k):
         raise AssertionError("the model was loaded before the dataset was checked")
 
-    monkeypatch.setattr(trl_nca.trainer, "create_model_from_path", no_model_work)
+    monkeypatch.setattr(trl_nca.trainers.setup, "create_model_from_path", no_model_work)
     with pytest.raises((ValueError, TypeError), match=match):
         build(tok, tmp_path, dataset, model=tiny_dir, context_text="c")
 
@@ -205,8 +205,8 @@ def test_off_policy_without_reference_completions(tok, tmp_path):
 
 def tokenised(tok, n=2, **overrides):
     """A dataset that already holds NCA's token columns (e.g. prepared once and saved)."""
-    from trl_nca.data import Limits, tokenize_example
-    from trl_nca.views import ContextSpec
+    from trl_nca.core.views import ContextSpec
+    from trl_nca.trainers.data import Limits, tokenize_example
 
     rows = [
         tokenize_example({"prompt": f"Question {i}?", "context": "Be brief."}, i, tok, ContextSpec(), Limits(4))
@@ -331,11 +331,11 @@ def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher
     import torch
     from transformers import AutoModelForCausalLM
 
-    import trl_nca.teacher
+    import trl_nca.trainers.teacher
 
-    compared, check = [], trl_nca.teacher.check_same_vocabulary
+    compared, check = [], trl_nca.trainers.teacher.check_same_vocabulary
     monkeypatch.setattr(
-        trl_nca.teacher,
+        trl_nca.trainers.teacher,
         "check_same_vocabulary",
         lambda student, teacher: compared.append(teacher) or check(student, teacher),
     )
@@ -392,10 +392,10 @@ def test_resume_true_without_a_checkpoint_is_an_error(tok, tmp_path):
 
 # --- evaluation: 2, 9, 12, 13, 15 and the model resolver ---------------------------------------------------------------
 
+from trl_nca.cli.eval import main as eval_main  # noqa: E402
+from trl_nca.core.views import ContextSpec  # noqa: E402
 from trl_nca.eval import GenerationSettings, PairedEvaluator  # noqa: E402
-from trl_nca.eval.cli import main as eval_main  # noqa: E402
 from trl_nca.eval.errors import EvalInputError  # noqa: E402
-from trl_nca.views import ContextSpec  # noqa: E402
 
 
 def qa_rows(n=3):
@@ -555,9 +555,11 @@ def test_missing_models_get_our_message_in_every_command(tiny_dir, tmp_path, cap
 
 def test_eval_cli_accepts_embedded_like_train(tiny_dir, tmp_path, monkeypatch):
     """One resolver for every command: `trl-nca eval --model embedded` loads the embedded model's folder."""
-    import trl_nca.models
+    import trl_nca.models.names
 
-    monkeypatch.setattr(trl_nca.models, "embedded_model_path", lambda: tiny_dir)  # stands in for the converted cache
+    monkeypatch.setattr(
+        trl_nca.models.names, "embedded_model_path", lambda: tiny_dir
+    )  # stands in for the converted cache
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
     argv = ["--model", "embedded", "--dataset", str(data), "--context-text", "c", "--max-new-tokens", "3",
@@ -569,7 +571,7 @@ def test_eval_cli_accepts_embedded_like_train(tiny_dir, tmp_path, monkeypatch):
 
 
 def test_custom_scorer_help_says_it_runs_code(capsys):
-    from trl_nca.eval.cli import build_parser
+    from trl_nca.cli.eval import build_parser
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
-from trl_nca.distillation import _nca_batch
-from trl_nca.teacher import SelfTeacher
+from trl_nca.core.views import build_view
 from trl_nca.testing import (
     CONTEXT,
     FLOAT64,
@@ -25,7 +24,8 @@ from trl_nca.testing import (
     record_batches,
     run_args,
 )
-from trl_nca.views import build_view
+from trl_nca.trainers.distillation import _nca_batch
+from trl_nca.trainers.teacher import SelfTeacher
 
 
 def ragged(model, tok):
@@ -235,9 +235,9 @@ def test_lora_self_teacher_is_the_adapter_disabled_student(tok, tmp_path):
     inputs = nca_batch(calls[-1])
     trainer.model.eval()
     with torch.no_grad():
-        self_terms = trainer._token_divergences(trainer.model, inputs, need_context=True)
+        self_terms = trainer.nca.token_divergences(trainer.model, trainer._teacher(), inputs, need_context=True)
         trainer.teacher_model, kept = initial, trainer.teacher_model
-        copy_terms = trainer._token_divergences(trainer.model, inputs, need_context=True)
+        copy_terms = trainer.nca.token_divergences(trainer.model, trainer._teacher(), inputs, need_context=True)
         trainer.teacher_model = kept
     assert self_terms["opd"].abs().sum() > 0  # the adapter was trained: the student moved away from its teacher
     KL32.close(self_terms["opd"], copy_terms["opd"])  # per-token KLs of two float32 teachers with the same weights
@@ -278,7 +278,9 @@ def _student_forwards_in_loss(tok, tmp_path, nca_beta):
     trainer.train()
     forwards = []
     handle = student.model.register_forward_hook(lambda *a: forwards.append(1))
-    trainer._token_divergences(student, nca_batch(calls[0]), need_context=trainer.nca.need_context())
+    trainer.nca.token_divergences(
+        student, trainer._teacher(), nca_batch(calls[0]), need_context=trainer.nca.need_context()
+    )
     handle.remove()
     return len(forwards)
 

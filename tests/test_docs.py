@@ -41,7 +41,7 @@ def test_every_field_says_the_same_in_help_docstring_and_page(config_class, caps
     the API pages show) and docs/configuration.md carry that same text."""
     from trl import TrlParser
 
-    from trl_nca.field_docs import changed_defaults, field_names
+    from trl_nca.trainers.field_docs import changed_defaults, field_names
 
     names = field_names(config_class)
     changed = changed_defaults(config_class)

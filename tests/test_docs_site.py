@@ -63,7 +63,7 @@ def test_site_builds_strictly(tmp_path):
     for page in ("index.html", "api/trainer/index.html", "reference/troubleshooting/index.html"):
         assert (site / page).is_file(), page
     api = (site / "api" / "losses" / "index.html").read_text("utf-8")
-    assert 'id="trl_nca.losses.token_divergences"' in api  # mkdocstrings rendered the docstrings
+    assert 'id="trl_nca.core.losses.token_divergences"' in api  # mkdocstrings rendered the docstrings
     from trl_nca import NCAConfig, NCADistillationConfig
 
     for page, config_class in (("config", NCAConfig), ("distillation", NCADistillationConfig)):
@@ -169,8 +169,8 @@ def test_troubleshooting_lists_every_error_of_the_code():
     for site in sites:  # each message appears, with the function that raises it
         assert f"<code>{site.where}</code><br>line {site.line}<" in rendered, site
     # The guards of the build: a module that no group claims, and a quoted message that the code does not raise.
-    unclaimed = page.replace(" trl_nca.teacher ", " trl_nca.nothing ")
-    with pytest.raises(RuntimeError, match="module trl_nca.teacher raises errors and is claimed by 0"):
+    unclaimed = page.replace(" trl_nca.trainers.teacher ", " trl_nca.nothing ")
+    with pytest.raises(RuntimeError, match="module trl_nca.trainers.teacher raises errors and is claimed by 0"):
         hooks.render_troubleshooting(unclaimed, sites)
     stale = page.replace("`is not UTF-8 text`", "`is not Latin-1 text`")
     with pytest.raises(RuntimeError, match="'is not Latin-1 text' occurs in no error message"):
@@ -206,7 +206,7 @@ def test_cli_reference_shows_every_command():
     hooks = _hooks()
     page = (DOCS / "reference" / "cli.md").read_text("utf-8")
     commands = re.findall(r"<!-- cli: ?([\w-]*) -->", page)
-    usage = (ROOT / "trl_nca" / "cli.py").read_text("utf-8")
+    usage = (ROOT / "trl_nca" / "cli" / "__init__.py").read_text("utf-8")
     listed = re.search(r"usage: trl-nca \{([\w,]+)\}", usage).group(1).split(",")
     assert sorted(c for c in commands if c) == sorted(listed)
     rendered = hooks.render_cli(page.replace("<!-- cli: train -->", ""))  # train's parser is slow to build: below

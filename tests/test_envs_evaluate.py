@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from trl_nca.core.sampling import GenerationSettings
 from trl_nca.envs import FrozenLakeEnv, heldout_seeds, load_experience, solve
 from trl_nca.eval.games import evaluate_game, game_summary, paired_game_records, run_game_eval
 from trl_nca.eval.records import PairedRecord
-from trl_nca.sampling import GenerationSettings
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer, scripted_generate
 
 
@@ -96,7 +96,7 @@ def test_run_game_eval_resumes_from_its_records(tiny, tmp_path, monkeypatch):
 
 
 def test_eval_cli_accepts_a_game(tiny_dir, tmp_path):
-    from trl_nca.eval.cli import main
+    from trl_nca.cli.eval import main
 
     code = main(
         ["--model", tiny_dir, "--game", "frozenlake", "--game-option", "num_seeds=2", "--max-new-tokens", "4",

@@ -2,6 +2,8 @@
 
 import pytest
 
+from trl_nca.core.sampling import Generated, HFBackend, generate_fn
+from trl_nca.core.views import add_context, render_prompt_ids
 from trl_nca.envs import (
     FrozenLakeEnv,
     GameRollout,
@@ -13,9 +15,7 @@ from trl_nca.envs import (
     solve,
     training_seeds,
 )
-from trl_nca.sampling import Generated, HFBackend, generate_fn
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer, scripted_generate
-from trl_nca.views import add_context, render_prompt_ids
 
 
 @pytest.fixture(scope="module")

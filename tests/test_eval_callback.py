@@ -9,10 +9,10 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.views import ContextSpec
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.callback import PairedEvalCallback, preserved_rng_state
 from trl_nca.testing import CONTEXT, CPU, make_tiny_model, run_args
-from trl_nca.views import ContextSpec
 
 
 def train_dataset(n=4):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from trl_nca.eval.cli import build_parser, main, parse_model_specs
+from trl_nca.cli.eval import build_parser, main, parse_model_specs
 from trl_nca.eval.errors import EvalInputError
 from trl_nca.testing import CONTEXT
 
@@ -146,7 +146,7 @@ def test_model_specs():
 
 
 def test_game_runs_default_to_opcd_game_sampling():
-    from trl_nca.eval.cli import _generation_settings, build_parser
+    from trl_nca.cli.eval import _generation_settings, build_parser
 
     game = _generation_settings(build_parser().parse_args(["--model", "m", "--game", "sokoban"]))
     assert (game.temperature, game.top_p, game.top_k, game.max_new_tokens) == (0.7, 0.8, 20, 1024)

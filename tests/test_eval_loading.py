@@ -62,7 +62,7 @@ def test_bad_model_specs_name_the_fix(models, adapters, inline, match):
 def test_both_commands_name_the_same_model_alike():
     """`--model PATH --adapter ADAPTER` (eval) and `--model PATH:ADAPTER` (analyze) give the same spec."""
     from trl_nca.analysis import parse_model_specs as analyze_specs
-    from trl_nca.eval.cli import parse_model_specs as eval_specs
+    from trl_nca.cli.eval import parse_model_specs as eval_specs
 
     evaluated = eval_specs(["base=Qwen/Q", "Qwen/Q"], ["none", "runs/nca"])
     analysed = analyze_specs(["Qwen/Q", "Qwen/Q:runs/nca"])
@@ -70,9 +70,9 @@ def test_both_commands_name_the_same_model_alike():
 
 
 def test_resolution_checks_every_model_and_adapter_before_loading(tiny_dir, tmp_path, monkeypatch):
-    import trl_nca.models
+    import trl_nca.models.names
 
-    monkeypatch.setattr(trl_nca.models, "embedded_model_path", lambda: tiny_dir)
+    monkeypatch.setattr(trl_nca.models.names, "embedded_model_path", lambda: tiny_dir)
     (tmp_path / "ad").mkdir()
     specs = [ModelSpec("base", "embedded"), ModelSpec("nca", "embedded", str(tmp_path / "ad"))]
     assert triples(resolve_model_specs(specs)) == [("base", tiny_dir, None), ("nca", tiny_dir, str(tmp_path / "ad"))]
@@ -174,8 +174,8 @@ def test_bad_context_options_are_one_input_error(options, match):
 
 def test_eval_and_analyze_build_the_same_context_from_the_same_options(tmp_path):
     """Both commands read their context options with the one builder, so the same options give the same context."""
-    from trl_nca.analysis.cli import build_parser as analyze_parser
-    from trl_nca.eval.cli import build_parser as eval_parser
+    from trl_nca.cli.analyze import build_parser as analyze_parser
+    from trl_nca.cli.eval import build_parser as eval_parser
 
     path = tmp_path / "c.txt"
     path.write_text("Answer in French.")

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
+from trl_nca.core.sampling import HFBackend, PerRowSampler
+from trl_nca.core.views import ContextSpec, add_context, render_prompt_ids
 from trl_nca.eval import GenerationSettings, ModelRun, PairedEvaluator, write_report
 from trl_nca.eval.errors import EvalInputError
 from trl_nca.eval.store import load_records
-from trl_nca.sampling import HFBackend, PerRowSampler
 from trl_nca.testing import CONTEXT, make_tiny_model
-from trl_nca.views import ContextSpec, add_context, render_prompt_ids
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from trl_nca.core.sampling import GenerationSettings
+from trl_nca.core.views import ContextSpec
 from trl_nca.eval import EvalInputError, PairedEvaluator, check_game_options, run_paired, run_provenance
 from trl_nca.eval.runner import run_key
-from trl_nca.sampling import GenerationSettings
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
-from trl_nca.views import ContextSpec
 
 
 SETTINGS = GenerationSettings(max_new_tokens=3, temperature=0.7, top_p=0.8, top_k=20, batch_size=4)

@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trl_nca.core.sampling import HFBackend, generate_fn
+from trl_nca.core.views import ContextSpec
 from trl_nca.eval import GenerationSettings, PairedEvaluator, compute_metrics
 from trl_nca.eval.errors import EvalInputError
 from trl_nca.eval.metrics import mcnemar_exact, sign_flip_test
 from trl_nca.eval.paired import sample_seed
 from trl_nca.eval.records import PairedRecord, ViewOutcome
-from trl_nca.sampling import HFBackend, generate_fn
 from trl_nca.testing import CONTEXT, make_tiny_model
-from trl_nca.views import ContextSpec
 
 
 # Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
@@ -150,7 +150,7 @@ def test_callback_passes_samples_per_view(tok, model):
 
 
 def test_cli_samples_per_view(tmp_path, tiny_dir, capsys):
-    from trl_nca.eval.cli import main
+    from trl_nca.cli.eval import main
 
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(3)))

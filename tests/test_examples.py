@@ -74,7 +74,7 @@ def test_two_steps_on_the_embedded_model(tmp_path):
 
     from trl_nca import NCAConfig, NCATrainer
     from trl_nca.cli import read_context
-    from trl_nca.models import embedded_model_path
+    from trl_nca.models.names import embedded_model_path
 
     path = embedded_model_path()
     ds = Dataset.from_dict({"prompt": ["Which organ produces insulin? (A) Liver (B) Pancreas"] * 4})
@@ -144,7 +144,7 @@ def test_examples_merge_model_init_kwargs_with_model_config():
     from trl import ModelConfig, TrlParser
 
     from trl_nca import NCAConfig
-    from trl_nca.script_options import student_init_kwargs
+    from trl_nca.trainers.script_options import student_init_kwargs
 
     parser = TrlParser((_example("medmcqa").ScriptArguments, NCAConfig, ModelConfig))
     base = ["--output_dir", "x", "--bf16", "false", "--use_cpu", "true"]

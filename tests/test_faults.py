@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import trl_nca.trainer
+import trl_nca.trainers.trainer
 from trl_nca.cli import main as cli_main
 from trl_nca.cli import train as cli_train
 
@@ -24,18 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 KILL_AFTER_SAVE = """
 import os, signal, sys
 from transformers import TrainerCallback
-import trl_nca.trainer
+import trl_nca.trainers.trainer
 
 class KillAfterSave(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if state.global_step == int(os.environ["KILL_AT"]):
             os.kill(os.getpid(), signal.SIGKILL)
 
-init = trl_nca.trainer.NCATrainer.__init__
+init = trl_nca.trainers.trainer.NCATrainer.__init__
 def patched(self, *a, **k):
     init(self, *a, **k)
     self.add_callback(KillAfterSave())
-trl_nca.trainer.NCATrainer.__init__ = patched
+trl_nca.trainers.trainer.NCATrainer.__init__ = patched
 from trl_nca.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -58,13 +58,13 @@ def weights(folder):
 def count_steps(monkeypatch):
     """Counts the optimizer steps a run actually computes (one micro-batch per step here)."""
     calls = []
-    original = trl_nca.trainer.NCATrainer.training_step
+    original = trl_nca.trainers.trainer.NCATrainer.training_step
 
     def counted(self, *args, **kwargs):
         calls.append(self.state.global_step)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(trl_nca.trainer.NCATrainer, "training_step", counted)
+    monkeypatch.setattr(trl_nca.trainers.trainer.NCATrainer, "training_step", counted)
     return calls
 
 
@@ -118,7 +118,7 @@ def test_cli_resume_mistakes_are_one_line_errors(tiny_dir, tmp_path, capsys):
 KILL_MID_GAME = """
 import os, signal, sys
 from pathlib import Path
-import trl_nca.sampling as generation
+import trl_nca.core.sampling as generation
 
 original = generation.HFBackend.generate
 def generate(self, *args, **kwargs):
@@ -127,7 +127,7 @@ def generate(self, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return original(self, *args, **kwargs)
 generation.HFBackend.generate = generate
-from trl_nca.eval.cli import main
+from trl_nca.cli.eval import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -141,7 +141,7 @@ def game_argv(tiny_dir, output_dir):
 
 @pytest.mark.slow  # the killed evaluation is a process of its own
 def test_game_evaluation_killed_mid_run_resumes_to_the_same_records(tiny_dir, tmp_path):
-    from trl_nca.eval.cli import main as eval_main
+    from trl_nca.cli.eval import main as eval_main
 
     assert eval_main(game_argv(tiny_dir, tmp_path / "uninterrupted")) == 0
     expected = {

@@ -1,5 +1,5 @@
 """FSDP is refused at init, before any model loads, with an error that names ZeRO-3: under FSDP the teacher and the
-frozen copies of the student would be neither sharded nor placed (`trl_nca.launch.refuse_fsdp`). Launched as a user
+frozen copies of the student would be neither sharded nor placed (`trl_nca.core.launch.refuse_fsdp`). Launched as a user
 would launch an FSDP2 config, on 2 CPU processes (where accelerate would otherwise set up no distributed training)."""
 
 import os

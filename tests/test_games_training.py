@@ -21,14 +21,14 @@ def test_two_step_game_training(tmp_path, game):
         rollout=rollout,
     )
     played = []
-    original = trainer._play
+    original = trainer._play_episodes
 
     def spy(batch):
         out = original(batch)
         played.append((batch["seed"].tolist(), out))
         return out
 
-    trainer._play = spy
+    trainer._play_episodes = spy
     trainer.train()
     # The seed schedule: step k plays rollout.seeds(k), in order.
     assert [seeds for seeds, _ in played] == [rollout.seeds(0), rollout.seeds(1)]

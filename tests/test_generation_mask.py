@@ -9,7 +9,7 @@ from datasets import Dataset
 from trl.experimental.gkd import GKDTrainer
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.sampling import mask_through_eos
+from trl_nca.core.sampling import mask_through_eos
 from trl_nca.testing import CPU, make_tiny_model, make_tiny_tokenizer, run_args
 
 

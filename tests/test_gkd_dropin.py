@@ -14,9 +14,9 @@ from trl.experimental.gkd import GKDConfig, GKDTrainer
 from trl.experimental.utils import DataCollatorForChatML
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.data import NCACollator
+from trl_nca.core.views import build_view, render_prompt_ids
 from trl_nca.testing import CONTEXT, CPU, KL32, make_tiny_model, record_batches, run_args
-from trl_nca.views import build_view, render_prompt_ids
+from trl_nca.trainers.data import NCACollator
 
 
 LONG = " ".join(f"rule {i}: push the box onto the target." for i in range(120))  # well over 1024 tokens
@@ -54,7 +54,7 @@ def test_configs_that_train_under_gkd_train_under_nca(tok, tmp_path, case, caplo
     gkd.train()
     assert gkd.state.global_step == 1
 
-    with caplog.at_level(logging.WARNING, logger="trl_nca.data"):
+    with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.data"):
         nca = NCATrainer(
             model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
             args=run_args(NCAConfig, tmp_path / "nca" / "out", SHARED, **config), train_dataset=dataset, processing_class=tok,

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from peft import LoraConfig
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.gradients import compare_gradients, loss_gradients
+from trl_nca.core.gradients import compare_gradients, loss_gradients
+from trl_nca.core.views import build_view
 from trl_nca.testing import FLOAT64, SHORT_RUN, float64_model, make_tiny_model, prompt_dataset, ragged_answers, run_args
-from trl_nca.views import build_view
 
 
 def make_args(tmp_path, **fields):

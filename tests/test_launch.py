@@ -105,7 +105,7 @@ def test_fsdp_is_refused_before_any_model_loads(launch, tiny_dir, tmp_path, trai
 
 
 def test_agreement_in_one_process_communicates_nothing():
-    from trl_nca.launch import agreed_max, agreed_min, distributed_world, rank0_choice
+    from trl_nca.core.launch import agreed_max, agreed_min, distributed_world, rank0_choice
 
     assert distributed_world() == 1
     assert agreed_min([3, 0]) == [3, 0] and agreed_max([True, 2]) == [1, 2]

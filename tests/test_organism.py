@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from trl_nca import organism as O
+from trl_nca.core.views import add_context, render_prompt_ids, split_example
+from trl_nca.models import organism as O
 from trl_nca.tasks import get_task
-from trl_nca.views import add_context, render_prompt_ids, split_example
 
 
 def test_rules_and_their_composition():
@@ -192,8 +192,8 @@ def test_the_organism_alias_runs_on_one_thread(monkeypatch):
     """Loading the organism by its alias moves torch to one thread, unless the user chose a number."""
     import torch
 
-    import trl_nca.models as M
-    from trl_nca.models import resolve_model_name_or_path
+    import trl_nca.models.names as M
+    from trl_nca.models.names import resolve_model_name_or_path
 
     before = torch.get_num_threads()
 

@@ -1,4 +1,5 @@
-"""Shared-prefix reuse (`trl_nca.prefix`, `NCAConfig.share_prefix`) equals the unshared forward, values and gradients.
+"""Shared-prefix reuse (`trl_nca.core.prefix`, `NCAConfig.share_prefix`) equals the unshared forward, values and
+gradients.
 
 Exactness is checked in float64 to 1e-10. The stock Llama and Qwen2 RMSNorm cast to float32 inside even a float64
 model, so a gradient summed over the rows before the norm's backward (shared prefix) and one summed after it
@@ -14,12 +15,12 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca import prefix as prefix_module
+from trl_nca.core import prefix as prefix_module
+from trl_nca.core.prefix import PrefixSharing, shared_prefix_length, split_view
+from trl_nca.core.views import View, build_view, completion_states, left_pad, right_pad
 from trl_nca.envs.rollout import GameRollout
-from trl_nca.prefix import PrefixSharing, shared_prefix_length, split_view
 from trl_nca.testing import CONTEXT as TEST_CONTEXT
 from trl_nca.testing import FLOAT64, SHORT_RUN, float64_model, make_tiny_model, make_tiny_tokenizer, run_args
-from trl_nca.views import View, build_view, completion_states, left_pad, right_pad
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
@@ -237,14 +238,14 @@ def test_fallback_runs_unshared_and_logs_why_once(tok, caplog, case, message):
         return
     torch.manual_seed(0)
     reference = completion_states(model, view, mask) if case != "dropout" else None
-    with caplog.at_level(logging.INFO, logger="trl_nca.prefix"):
+    with caplog.at_level(logging.INFO, logger="trl_nca.core.prefix"):
         for _ in range(2):
             torch.manual_seed(0)
             out = sharing.completion_states(model, view, mask, "teacher")
             assert sharing.last_shared["teacher"] == 0
             if reference is not None:
                 assert torch.equal(out, reference)
-    records = [r for r in caplog.records if r.name == "trl_nca.prefix"]
+    records = [r for r in caplog.records if r.name == "trl_nca.core.prefix"]
     assert len(records) == 1, [r.getMessage() for r in records]
     assert message in records[0].getMessage() and "teacher" in records[0].getMessage()
 
@@ -303,9 +304,9 @@ def build_trainer(tok, tmp_path, share, teacher="separate", architecture="llama"
 
 def terms_and_grads(trainer):
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    batch = trainer._complete(batch, on_policy=False)
+    batch = trainer._with_completions(batch, on_policy=False)
     trainer.model.zero_grad()
-    terms = trainer._token_divergences(trainer.model, batch, need_context=True)
+    terms = trainer.nca.token_divergences(trainer.model, trainer._teacher(), batch, need_context=True)
     (terms["opd"].sum() + terms["nca"].sum()).backward()
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return {k: v.detach() for k, v in terms.items()}, grads
@@ -330,7 +331,7 @@ def test_trainer_terms_and_gradients_equal_unshared(tok, tmp_path, placement, pe
             tok, tmp_path, share, teacher, architecture, context_placement=placement,
             per_row_context=per_row_context, nca_joint_forward=joint,
         )  # fmt: skip
-        results.append((terms_and_grads(trainer), dict(trainer.prefix_sharing.last_shared)))
+        results.append((terms_and_grads(trainer), dict(trainer.nca.prefix_sharing.last_shared)))
     ((t0, g0), shared0), ((t1, g1), shared1) = results
     assert not any(shared0.values())
     context_tokens = len(tok(CONTEXT)["input_ids"])
@@ -365,8 +366,8 @@ def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher, chec
         trainer.train()
         finals.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
         if share:
-            assert trainer.prefix_sharing.last_shared["teacher"] > 0
-            assert trainer.prefix_sharing.last_shared["student's context view"] > 0
+            assert trainer.nca.prefix_sharing.last_shared["teacher"] > 0
+            assert trainer.nca.prefix_sharing.last_shared["student's context view"] > 0
     assert any(not torch.equal(finals[0][n], before[n]) for n in before)
     for name in finals[0]:
         FLOAT64.close(finals[1][name], finals[0][name])
@@ -386,7 +387,9 @@ def _prefix_passes(model):
 @pytest.mark.parametrize("teacher", ["separate", "lora_self"])
 def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teacher):
     trainer = build_trainer(tok, tmp_path, True, teacher)
-    batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False)
+    batch = trainer._with_completions(
+        trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
+    )
     view = build_view(
         batch["context_prompts"], batch["context_prompt_attention_mask"], batch["completion_ids"],
         batch["completion_mask"],
@@ -404,27 +407,27 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
 
     calls, handle = _prefix_passes(model)
     try:
-        first, _ = trainer._teacher_states(view, mask, None, head)
+        first, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
         FLOAT64.close(first, unshared())
         # the student's (trainable) weights change: a step of the optimizer, in place
         with torch.no_grad():
             for p in trainer.model.parameters():
                 if p.requires_grad:
                     p.add_(0.01)
-        again, _ = trainer._teacher_states(view, mask, None, head)
+        again, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
         assert calls.count(1) == 1  # the prefix ran once for both calls
         FLOAT64.close(again, unshared())
         # the teacher's own weights change: the prefix is recorded again
         with torch.no_grad():
             frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
             frozen[3].mul_(1.5)
-        changed, _ = trainer._teacher_states(view, mask, None, head)
+        changed, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
         assert calls.count(1) == 2
         FLOAT64.close(changed, unshared())
         assert (changed - first).abs().max() > 1e-6
         # another context (another prefix): recorded again
         plain = build_view(batch["prompts"], batch["prompt_attention_mask"], batch["completion_ids"], mask)
-        trainer._teacher_states(plain, mask, None, head)
+        trainer.nca.teacher_states(trainer._teacher(), plain, mask, None, head)
         assert calls.count(1) == 3
     finally:
         handle.remove()
@@ -432,7 +435,9 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
 
 def test_live_self_teacher_never_keeps_its_prefix(tok, tmp_path):
     trainer = build_trainer(tok, tmp_path, True, teacher="live_self", self_teacher="live")
-    batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False)
+    batch = trainer._with_completions(
+        trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
+    )
     view = build_view(
         batch["context_prompts"], batch["context_prompt_attention_mask"], batch["completion_ids"],
         batch["completion_mask"],
@@ -440,7 +445,7 @@ def test_live_self_teacher_never_keeps_its_prefix(tok, tmp_path):
     calls, handle = _prefix_passes(trainer.model)
     try:
         for _ in range(2):
-            trainer._teacher_states(view, batch["completion_mask"], None, None)
+            trainer.nca.teacher_states(trainer._teacher(), view, batch["completion_mask"], None, None)
     finally:
         handle.remove()
     assert calls.count(1) == 2
@@ -462,7 +467,7 @@ def test_game_rollout_training_equals_unshared(tmp_path):
         trainer.train()
         finals.append({n: p.detach().clone() for n, p in model.named_parameters()})
         if share:
-            assert trainer.prefix_sharing.last_shared["student's context view"] > 50
+            assert trainer.nca.prefix_sharing.last_shared["student's context view"] > 50
     for name in finals[0]:
         FLOAT64.close(finals[1][name], finals[0][name])
 
@@ -471,6 +476,6 @@ def test_config_switch(tok, tmp_path):
     assert NCAConfig(output_dir=str(tmp_path)).share_prefix is True
     trainer = build_trainer(tok, tmp_path, False)
     terms_and_grads(trainer)
-    assert trainer.prefix_sharing.last_shared and not any(trainer.prefix_sharing.last_shared.values())
+    assert trainer.nca.prefix_sharing.last_shared and not any(trainer.nca.prefix_sharing.last_shared.values())
     with pytest.raises(ValueError, match="share_prefix_min_tokens must be an integer >= 1"):
         make_args(tmp_path, share_prefix_min_tokens=0)

@@ -317,8 +317,8 @@ def test_fewer_than_two_pairs_give_no_interval_and_say_why():
 def test_compare_over_organisms_and_seeds(tmp_path, monkeypatch):
     """Two organisms (each pretrained once, here a 3-step one so the test is quick) x two training seeds: one base row
     per organism, students paired by (organism, seed), and a job shorter than logging_steps still draws its curves."""
-    from trl_nca import organism
     from trl_nca.cli import compare
+    from trl_nca.models import organism
 
     monkeypatch.setenv("TRL_NCA_CACHE", str(tmp_path / "cache"))
     tiny = organism.OrganismSpec(steps=3, hidden_size=32, num_layers=1, num_heads=2, batch_size=4)
@@ -430,3 +430,19 @@ def test_the_shipped_ranges_are_those_of_the_committed_results():
         summary = json.loads((data / f"{entry['name']}.json").read_text())
         harms = [r["harm"] for r in summary["per_seed"]["opd"] if r["harm"] is not None]
         assert entry["methods"]["opd"]["harm"] == [min(harms), max(harms)]
+
+
+def test_lora_target_modules_are_recorded_in_one_order():
+    """A set's order changes with the process's hash seed: the settings a resume compares write it sorted, and
+    summaries that wrote it as a set's string (trl-nca 0.1.0) still compare equal."""
+    from peft import LoraConfig
+
+    from trl_nca.recipes.compare import _differences, _peft_settings
+    from trl_nca.recipes.ranges import canonical
+
+    modules = ["v_proj", "q_proj", "down_proj", "k_proj"]
+    assert _peft_settings(LoraConfig(target_modules=modules))["target_modules"] == sorted(modules)
+    old = {"peft": {"target_modules": "{'v_proj', 'q_proj'}", "r": 8}}
+    assert _differences(old, {"peft": {"target_modules": ["q_proj", "v_proj"], "r": 8}}) == []
+    assert _differences(old, {"peft": {"target_modules": ["k_proj", "q_proj"], "r": 8}})  # other modules still differ
+    assert canonical({"a": "{'not a set'"}) == {"a": "{'not a set'"}

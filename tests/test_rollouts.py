@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.rollouts import Rollout, RolloutBatch, RolloutSample
+from trl_nca.core.views import ContextSpec
 from trl_nca.testing import ROLLOUT_RUN, make_tiny_model, make_tiny_tokenizer, run_args
-from trl_nca.views import ContextSpec
+from trl_nca.trainers.rollouts import Rollout, RolloutBatch, RolloutSample
 
 
 class CountingRollout:
@@ -25,7 +25,7 @@ class CountingRollout:
         return [100 * step + j for j in range(self.episodes_per_step)]
 
     def rollout(self, seeds, generate, tokenizer):
-        from trl_nca.views import render_prompt_ids
+        from trl_nca.core.views import render_prompt_ids
 
         self.calls.append(list(seeds))
         samples, lengths = [], []
@@ -53,14 +53,14 @@ def test_a_rollout_that_is_not_a_game_trains(tmp_path):
         rollout=rollout,
     )
     batches = []
-    original = trainer._play
+    original = trainer._play_episodes
 
     def spy(batch):
         out = original(batch)
         batches.append(out)
         return out
 
-    trainer._play = spy
+    trainer._play_episodes = spy
     trainer.train()
     assert rollout.calls == [rollout.seeds(0), rollout.seeds(1)]  # the rollout's schedule, in order
     for batch in batches:
@@ -75,7 +75,7 @@ def test_a_rollout_that_is_not_a_game_trains(tmp_path):
 
 def test_an_object_that_is_not_a_rollout_is_refused(tmp_path):
     tok = make_tiny_tokenizer()
-    with pytest.raises(TypeError, match=r"rollout must implement trl_nca\.rollouts\.Rollout .*got a dict"):
+    with pytest.raises(TypeError, match=r"rollout must implement trl_nca\.trainers\.rollouts\.Rollout .*got a dict"):
         NCATrainer(
             model=make_tiny_model(tok, 0),
             args=run_args(NCAConfig, tmp_path, ROLLOUT_RUN, max_new_tokens=5),

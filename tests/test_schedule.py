@@ -8,7 +8,7 @@ import torch
 from test_trainer import make_args
 
 from trl_nca import NCATrainer
-from trl_nca.schedule import BetaSchedule
+from trl_nca.core.schedule import BetaSchedule
 from trl_nca.testing import STORED32, cloned_parameters, make_tiny_model, prompt_dataset
 
 

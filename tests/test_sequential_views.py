@@ -11,8 +11,8 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
-from trl_nca.objective import resolve_sequential_views
 from trl_nca.testing import CONTEXT, FLOAT64, STORED32, float64_model, make_tiny_model
+from trl_nca.trainers.objective import resolve_sequential_views
 
 
 def references(n=4):
@@ -124,7 +124,7 @@ class SavedActivations:
 def saved_peak(trainer) -> int:
     """Peak bytes of saved activations over one training step of `trainer` on its first four rows."""
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    batch = {**trainer._complete(batch, on_policy=False), "completions_ready": True, "on_policy": False}
+    batch = {**trainer._with_completions(batch, on_policy=False), "completions_ready": True, "on_policy": False}
     meter = SavedActivations(trainer.model)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         trainer.training_step(trainer.model, batch)

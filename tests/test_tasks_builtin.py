@@ -2,6 +2,7 @@
 
 import pytest
 
+from trl_nca.core.views import add_context, render_prompt_ids, split_example
 from trl_nca.eval.scorers import (
     ContainsScorer,
     LanguageScorer,
@@ -15,7 +16,6 @@ from trl_nca.eval.scorers import (
 from trl_nca.tasks import get_task, task_names
 from trl_nca.tasks.builtin import FRENCH_TEST_FORMS, FRENCH_TRAIN_FORMS, ISLAND_ATTRIBUTES, island_sheet
 from trl_nca.testing import make_tiny_tokenizer
-from trl_nca.views import add_context, render_prompt_ids, split_example
 
 
 @pytest.mark.parametrize("name", task_names())

@@ -3,8 +3,8 @@
 import torch
 from peft import LoraConfig, get_peft_model
 
-from trl_nca.teacher import adapter_is_identity
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
+from trl_nca.trainers.teacher import adapter_is_identity
 
 
 def test_adapter_identity_with_a_lora_on_the_embeddings():

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.views import build_view
 from trl_nca.testing import FLOAT64, REFERENCE_BATCH, float64_model, make_tiny_model, ragged_answers, run_args
-from trl_nca.views import build_view
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
@@ -135,7 +135,7 @@ def test_live_self_teacher_keeps_both_views(tok, tmp_path):
 def _check_against_reference(trainer, teacher_logits, anchor, training_step=False):
     student = trainer.model
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
-    batch = trainer._complete(batch, on_policy=False)
+    batch = trainer._with_completions(batch, on_policy=False)
     assert batch["completion_mask"].sum(1).unique().numel() == 3  # ragged completions
 
     student.zero_grad()

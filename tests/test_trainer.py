@@ -9,6 +9,7 @@ from datasets import Dataset
 from trl.experimental.gkd import GKDTrainer
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.views import build_view, completion_states
 from trl_nca.testing import (
     CONTEXT,
     FLOAT64,
@@ -22,7 +23,6 @@ from trl_nca.testing import (
     ragged_answers,
     run_args,
 )
-from trl_nca.views import build_view, completion_states
 
 
 def make_args(tmp_path, **fields):
@@ -140,7 +140,7 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
         model=student, teacher_model=teacher, args=args, train_dataset=messages_dataset(3), processing_class=tok
     )
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
-    batch = trainer._complete(batch, on_policy=False)
+    batch = trainer._with_completions(batch, on_policy=False)
     loss = trainer.compute_loss(student, batch)
 
     cids, cmask = batch["completion_ids"], batch["completion_mask"]
@@ -170,7 +170,7 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
                 outputs.append(output[0])
 
         handle = student.model.register_forward_hook(keep, with_kwargs=True)
-        terms = trainer._token_divergences(student, batch, need_context=True)
+        terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
         handle.remove()
         assert len(outputs) == 2
         terms[term].sum().backward()
@@ -278,7 +278,7 @@ def test_lora_self_teacher_is_initial_model(tok, tmp_path):
     trainer = NCATrainer(
         model=student, args=args, train_dataset=prompt_dataset(), processing_class=tok, peft_config=peft_config
     )
-    from trl_nca.teacher import SelfTeacher
+    from trl_nca.trainers.teacher import SelfTeacher
 
     assert isinstance(trainer._teacher(), SelfTeacher)
     probe = torch.tensor([[3, 17, 40, 8, 99, 120]])
@@ -447,8 +447,10 @@ def test_live_self_teacher_scores_with_current_weights(tok, tmp_path):
     student = make_tiny_model(tok, 0)
     args = make_args(tmp_path, self_teacher="live", lmbda=0.0, nca_beta=0.5)
     trainer = NCATrainer(model=student, args=args, train_dataset=messages_dataset(2), processing_class=tok)
-    batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(2)]), on_policy=False)
-    terms = trainer._token_divergences(student, batch, need_context=True)
+    batch = trainer._with_completions(
+        trainer.data_collator([trainer.train_dataset[i] for i in range(2)]), on_policy=False
+    )
+    terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
     # Teacher == q_c (detached), so OPD = KL(q_x || q_c) = the monitored view KL, and equals NCA in value.
     torch.testing.assert_close(terms["opd"], terms["view_kl"])
     torch.testing.assert_close(terms["opd"].detach(), terms["nca"].detach())
@@ -476,7 +478,7 @@ def test_seq_kd_teacher_writes_completions_from_the_context_view(tok, tmp_path, 
         return original(model, prompts, mask, teacher=teacher)
 
     trainer._generate = spy
-    out = trainer._complete(trainer._prepare_inputs(batch), on_policy=False)
+    out = trainer._with_completions(trainer._prepare_inputs(batch), on_policy=False)
     assert torch.equal(calls[0][0], batch["context_prompts"])  # sampled from the context view
     assert (calls[0][1] is not None) == lora  # the adapter-disabled student generates as the teacher
     assert out["completion_ids"].shape[1] > 0
@@ -495,8 +497,10 @@ def test_joint_forward_equals_two_forwards(tok, tmp_path):
             train_dataset=messages_dataset(3),
             processing_class=tok,
         )  # fmt: skip
-        batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False)
-        terms = trainer._token_divergences(student, batch, need_context=True)
+        batch = trainer._with_completions(
+            trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False
+        )
+        terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
         (terms["opd"].sum() + terms["nca"].sum()).backward()
         results.append((terms, {n: p.grad.clone() for n, p in student.named_parameters()}))
     (t0, g0), (t1, g1) = results

@@ -13,8 +13,8 @@ from datasets import Dataset
 from torch import nn
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.views import build_view
 from trl_nca.testing import CONTEXT, FLOAT64, REFERENCE_BATCH, float64_model, make_tiny_model, ragged_answers, run_args
-from trl_nca.views import build_view
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
@@ -58,7 +58,9 @@ def test_loss_and_gradients_over_the_common_rows(tok, tmp_path, wider, spec):
         model=student, teacher_model=teacher, args=make_args(tmp_path, **spec), train_dataset=ragged_answers(),
         processing_class=tok,
     )  # fmt: skip
-    batch = trainer._complete(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False)
+    batch = trainer._with_completions(
+        trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False
+    )
     loss = trainer.compute_loss(student, batch)
     loss.backward()
     got = {n: p.grad.clone() for n, p in student.named_parameters()}
@@ -127,7 +129,7 @@ def test_sampling_never_emits_ids_past_the_common_rows(tok, tmp_path, wider):
     trainer = NCATrainer(model=student, teacher_model=teacher, args=args, train_dataset=prompts, processing_class=tok)
     batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]))
     torch.manual_seed(0)
-    out = trainer._complete(batch, on_policy=not seq_kd)
+    out = trainer._with_completions(batch, on_policy=not seq_kd)
     ids = out["completion_ids"][out["completion_mask"].bool()]
     assert ids.numel() >= 3 and int(ids.max()) < rows
     trainer.train()

@@ -2,11 +2,11 @@
 
 __version__ = "0.1.0"
 
-from .config import NCAConfig, NCADistillationConfig
-from .distillation import NCADistillationTrainer
-from .losses import DivergenceSpec, token_divergences
-from .trainer import NCATrainer
-from .views import ContextSpec
+from .core.losses import DivergenceSpec, token_divergences
+from .core.views import ContextSpec
+from .trainers.config import NCAConfig, NCADistillationConfig
+from .trainers.distillation import NCADistillationTrainer
+from .trainers.trainer import NCATrainer
 
 
 __all__ = [

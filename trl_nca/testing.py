@@ -218,10 +218,10 @@ def ragged_answers(n: int = 3, words_per_row: int = 3):
 
 
 def scripted_generate(tokenizer, reply):
-    """A `trl_nca.sampling.GenerateFn` that answers every prompt with `reply(prompt_text)`: a scripted policy for
+    """A `trl_nca.core.sampling.GenerateFn` that answers every prompt with `reply(prompt_text)`: a scripted policy for
     tests of rollouts and evaluations. `prompt_text` is the whole rendered prompt (chat markers included); each
     completion is the reply's tokens followed by the end-of-turn token, and its text is the reply."""
-    from .sampling import Generated
+    from .core.sampling import Generated
 
     def generate(prompts, seeds):
         out = []

@@ -17,7 +17,7 @@ import deepspeed
 import ds_train
 from accelerate import Accelerator
 
-import trl_nca.objective
+import trl_nca.trainers.objective
 
 
 def main():
@@ -33,7 +33,7 @@ def main():
             counts[phase[0] or "elsewhere"] += 1
         return gathered_parameters(params, *args, **kwargs)
 
-    token_divergences = trl_nca.objective.token_divergences
+    token_divergences = trl_nca.trainers.objective.token_divergences
 
     @functools.wraps(token_divergences)
     def counting_token_divergences(h_x, h_t, student, teacher, *args, **kwargs):
@@ -57,7 +57,7 @@ def main():
             phase[0] = None
 
     deepspeed.zero.GatheredParameters = counting_gathered_parameters
-    trl_nca.objective.token_divergences = counting_token_divergences
+    trl_nca.trainers.objective.token_divergences = counting_token_divergences
     Accelerator.backward = counting_backward
     ds_train.NCAConfig = functools.partial(ds_train.NCAConfig, loss_vocab_chunk_size=64, loss_token_chunk_size=2)
     ds_train.main()

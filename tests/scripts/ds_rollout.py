@@ -16,9 +16,9 @@ import os
 import torch
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.rollouts import RolloutBatch, RolloutSample
+from trl_nca.core.views import ContextSpec
 from trl_nca.testing import make_tiny_tokenizer
-from trl_nca.views import ContextSpec
+from trl_nca.trainers.rollouts import RolloutBatch, RolloutSample
 
 
 class UnevenRollout:

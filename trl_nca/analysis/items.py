@@ -1,7 +1,7 @@
 """The prompts and completions the measures run on: from a dataset or built-in task, sampled here or read from the
 records of `trl-nca eval` / `trl-nca compare`.
 
-Prompts are rendered with `trl_nca.views` (`split_example`, `add_context`, `render_prompt_ids`), the functions the
+Prompts are rendered with `trl_nca.core.views` (`split_example`, `add_context`, `render_prompt_ids`), the functions the
 trainer and the evaluation use, so both views are exactly the ones a model saw there.
 
 Evaluation records (`records.jsonl`) keep, per item, the response text of each view, its token count, whether it hit
@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example
 from ..inputs import InputError
-from ..views import ContextSpec, add_context, render_prompt_ids, split_example
 from .measures import AnalysisItem
 
 
@@ -285,10 +285,10 @@ def sample_items(
     desc: str = "sampling",
 ) -> list[AnalysisItem]:
     """One completion per prompt, sampled from `model` WITHOUT the context (as training samples), with the paired
-    evaluation's sampler (`trl_nca.sampling`: per-item seeds, independent of the batch)."""
+    evaluation's sampler (`trl_nca.core.sampling`: per-item seeds, independent of the batch)."""
     from tqdm.auto import tqdm
 
-    from ..sampling import HFBackend, item_seed
+    from ..core.sampling import HFBackend, item_seed
 
     backend = HFBackend(model, tokenizer)
     was_training = model.training

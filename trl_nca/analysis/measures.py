@@ -1,18 +1,18 @@
 """The mechanistic measures: what distilling a context did inside a model, on fixed prompts and completions.
 
 Every measure runs on `AnalysisItem`s: a prompt rendered without and with the context, and ONE completion (token
-ids) shared by both views. The views are aligned exactly as `NCATrainer` aligns them (`trl_nca.views`): each view is
-`[left-padded prompt of that view | the same right-padded completion ids]`, positions restart at 0 on each row's
+ids) shared by both views. The views are aligned exactly as `NCATrainer` aligns them (`trl_nca.core.views`): each view
+is `[left-padded prompt of that view | the same right-padded completion ids]`, positions restart at 0 on each row's
 first real token, and the hidden state at column `prompt_width - 1 + t` is the one that predicts completion token t.
 
 - `compare_views`: per layer, the cosine similarity of the two views' hidden states at those positions (the output
   of each decoder layer; the last one is after the final norm, as Transformers returns it), and the per-token
   KL(q_x || q_c) between the two views' next-token distributions along the completion, computed in vocabulary
-  chunks by `trl_nca.losses.token_divergences` (no (batch x sequence x vocabulary) tensor).
+  chunks by `trl_nca.core.losses.token_divergences` (no (batch x sequence x vocabulary) tensor).
 - `update_norms`: per layer and module type, ||W_student - W_base||_F / ||W_base||_F, from full weights or from a
   PEFT adapter (LoRA deltas B @ A * scaling as PEFT computes them, or a merged copy for other adapters).
 - `opd_nca_gradient_cosine`: the cosine between the gradients of the OPD and the NCA token means (the trainer's
-  divergences, `trl_nca.losses.DivergenceSpec`) flattened over the trainable parameters, on a batch of items.
+  divergences, `trl_nca.core.losses.DivergenceSpec`) flattened over the trainable parameters, on a batch of items.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ..gradients import compare_gradients, loss_gradients
-from ..losses import DivergenceSpec, LMHead, token_divergences
-from ..views import View, build_view, completion_hidden, left_pad, right_pad
+from ..core.gradients import compare_gradients, loss_gradients
+from ..core.losses import DivergenceSpec, LMHead, token_divergences
+from ..core.views import View, build_view, completion_hidden, left_pad, right_pad
 
 
 @dataclass
@@ -302,7 +302,7 @@ def _compare_batch(model, batch: _Batch, start: int, head: LMHead, spec: Diverge
     ]
     h_x = completion_hidden(states_x.last, batch.view_x, mask)
     h_c = completion_hidden(states_c.last, batch.view_c, mask)
-    kl = token_divergences(h_x, h_x, head, head, spec, h_c=h_c, want=("view_kl",), vocab_chunk=vocab_chunk)["view_kl"]
+    kl = token_divergences(h_x, h_x, head, head, spec, h_c=h_c, terms=("view_kl",), vocab_chunk=vocab_chunk)["view_kl"]
     row, position = mask.bool().nonzero(as_tuple=True)  # row-major: the order of completion_hidden
     stats = _TokenStats(torch.stack(per_layer, dim=1).cpu(), kl.double().cpu(), (row + start).cpu(), position.cpu())
     return _BatchComparison(stats, batch.completion_ids[row, position], kl, h_x, h_c)
@@ -670,5 +670,5 @@ def _opd_and_nca_terms(student, teacher, batch: _Batch, student_head, teacher_he
     with torch.no_grad():
         h_t = completion_hidden(_decoder(teacher, batch.view_c, False).last, batch.view_c, mask)
     return token_divergences(
-        h_x, h_t, student_head, teacher_head, spec, h_c=h_c, want=("opd", "nca"), vocab_chunk=vocab_chunk
+        h_x, h_t, student_head, teacher_head, spec, h_c=h_c, terms=("opd", "nca"), vocab_chunk=vocab_chunk
     )

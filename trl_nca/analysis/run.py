@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..core.losses import DivergenceSpec
 from ..eval import loading
 from ..eval.loading import ModelSpec
 from ..inputs import InputError
-from ..losses import DivergenceSpec
 from .items import AnalysisInputError
 from .measures import AnalysisItem, compare_views, opd_nca_gradient_cosine, update_norms
 

@@ -2,8 +2,8 @@
 
 Environments (`SokobanEnv`, `FrozenLakeEnv`, `make_env`), BFS solvers and the oracle ceiling, per-step prompts and the
 action parser, OPCD seed formulas, shipped experience texts and batched rollouts for training (`play_episodes`,
-`GameRollout`, which implements `trl_nca.rollouts.Rollout`). Paired win-rate evaluation lives with the evaluation:
-`trl_nca.eval.evaluate_game`. See docs/games.md.
+`GameRollout`, which implements `trl_nca.trainers.rollouts.Rollout`). Paired win-rate evaluation lives with the
+evaluation: `trl_nca.eval.evaluate_game`. See docs/games.md.
 """
 
 from .base import DIRECTIONS, EpisodeOutcome, GameEnv, TurnRecord

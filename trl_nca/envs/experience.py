@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..sampling import GenerateFn, check_generated, item_seed
-from ..views import render_prompt_ids
+from ..core.sampling import GenerateFn, check_generated, item_seed
+from ..core.views import render_prompt_ids
 from .base import GameEnv
 from .prompts import format_action, game_rules
 from .registry import GAMES, game_class, load_experience, make_env, parse_game_options
@@ -143,7 +143,7 @@ def extract_experience(
 ) -> ExperienceResult:
     """Extract an experience from the model's own games; see the module docstring for the procedure.
 
-    `generate` is a `trl_nca.sampling.GenerateFn` (e.g. `generate_fn(HFBackend(model, tokenizer), settings)`). The
+    `generate` is a `trl_nca.core.sampling.GenerateFn` (e.g. `generate_fn(HFBackend(model, tokenizer), settings)`). The
     returned `text` is None when no lesson set beat playing without context.
     """
     game = game_class(game).name

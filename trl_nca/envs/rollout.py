@@ -1,6 +1,6 @@
 """Batched game rollouts: play many episodes at once and turn every model call into a training sample.
 
-At each step all episodes still running are prompted together, in ONE call of a `trl_nca.sampling.GenerateFn`; the
+At each step all episodes still running are prompted together, in ONE call of a `trl_nca.core.sampling.GenerateFn`; the
 caller's generate function samples the completions (so the trainer keeps control of the policy, sampling settings and
 devices). Every call becomes a sample holding the prompt without context, the experience string for the context view,
 and the completion token ids exactly as generated, which the trainer scores under both views without re-tokenising
@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..rollouts import RolloutBatch, RolloutSample
-from ..sampling import GenerateFn, GenerationSettings, check_generated, item_seed
-from ..views import ContextSpec, add_context, render_prompt_ids
+from ..core.sampling import GenerateFn, GenerationSettings, check_generated, item_seed
+from ..core.views import ContextSpec, add_context, render_prompt_ids
+from ..trainers.rollouts import RolloutBatch, RolloutSample
 from .base import GameEnv
 from .prompts import build_step_messages, parse_action
 from .registry import game_class, load_experience, make_env
@@ -107,7 +107,7 @@ def play_episodes(
 ) -> RolloutResult:
     """Play every env to the end, batching all live episodes of a step into one `generate` call.
 
-    `generate(prompt_ids, seeds)` (a `trl_nca.sampling.GenerateFn`) gets the chat prompts of the live episodes,
+    `generate(prompt_ids, seeds)` (a `trl_nca.core.sampling.GenerateFn`) gets the chat prompts of the live episodes,
     rendered with `tokenizer` (and `chat_template_kwargs`); with `context`, they are already the context view built by
     `spec` (default: `default_game_spec()`). Each prompt's seed is `call_seed(sampling_seed, env, seed_prefix)`. The
     replies' text is read by `parse_action`. Episodes last at most `min(env.max_calls, max_calls)` calls. Each sample
@@ -158,9 +158,9 @@ def play_episodes(
 class GameRollout:
     """A game played by the student at each optimizer step: `NCATrainer(..., rollout=GameRollout(...))`.
 
-    Implements `trl_nca.rollouts.Rollout`. `seeds(step)` are `episodes_per_step` training maps following the OPCD
-    training formula (`training_seed(j, round=seed_round_offset + step)`), so every step plays new maps and no step ever
-    plays a held-out evaluation map; `rollout(seeds, generate, tokenizer)` plays them without the experience and
+    Implements `trl_nca.trainers.rollouts.Rollout`. `seeds(step)` are `episodes_per_step` training maps following the
+    OPCD training formula (`training_seed(j, round=seed_round_offset + step)`), so every step plays new maps and no step
+    ever plays a held-out evaluation map; `rollout(seeds, generate, tokenizer)` plays them without the experience and
     returns one sample per model call, whose context view puts `experience` (default: the game's shipped text) where
     `spec` says (default: the top of the user message). Its metrics are those of `RolloutResult.stats` but the counts.
     """
@@ -199,8 +199,8 @@ class GameRollout:
         return [make_env(self.game, int(seed), max_calls=self.max_calls, **self.env_kwargs) for seed in seeds]
 
     def rollout(self, seeds: Sequence[int], generate: GenerateFn, tokenizer) -> RolloutBatch:
-        """The `trl_nca.rollouts.Rollout` step: play the maps of `seeds` without the experience; every model call
-        becomes a sample carrying the experience for its context view."""
+        """The `trl_nca.trainers.rollouts.Rollout` step: play the maps of `seeds` without the experience; every model
+        call becomes a sample carrying the experience for its context view."""
         result = play_episodes(
             self._new_envs(seeds), generate, tokenizer, None, self.spec, self.max_calls, sample_context=self.experience
         )

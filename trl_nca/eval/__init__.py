@@ -6,7 +6,7 @@ sampling; the paired outcomes give accuracy per view, harm, help, McNemar's test
 (`trl_nca.eval.runner`): one resume mechanism, one run key, one provenance record.
 """
 
-from ..sampling import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
+from ..core.sampling import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
 from .compare import TrainedModels, compare_base_and_student, models_after_training
 from .errors import EvalInputError
 from .games import GameEvaluation, check_game_options, evaluate_game, game_summary, run_game_eval

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from transformers import TrainerCallback
 
-from ..sampling import GenerationSettings
-from ..views import ContextSpec
+from ..core.sampling import GenerationSettings
+from ..core.views import ContextSpec
 from .metrics import compute_metrics, flatten_metrics
 from .paired import PairedEvaluator
 from .records import PairedRecord

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..sampling import GenerationSettings
+from ..core.sampling import GenerationSettings
 from .loading import load_model, release_memory
 from .paired import PairedEvaluator
 from .report import ModelRun, write_report

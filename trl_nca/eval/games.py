@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checks import shown
+from ..core.checks import shown
+from ..core.sampling import GenerateFn, GenerationSettings, check_generated
+from ..core.views import ContextSpec, add_context, render_prompt_ids
 from ..envs import (
     GAME_MAX_NEW_TOKENS,
     GAME_TEMPERATURE,
@@ -50,8 +52,6 @@ from ..envs.base import MAX_STEPS
 from ..envs.prompts import format_action
 from ..envs.seeds import DEFAULT_HELDOUT
 from ..inputs import sha256_text
-from ..sampling import GenerateFn, GenerationSettings, check_generated
-from ..views import ContextSpec, add_context, render_prompt_ids
 from .errors import EvalInputError
 from .metrics import compute_metrics
 from .records import PairedRecord, ViewOutcome

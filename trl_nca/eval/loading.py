@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from ..core.views import ContextSpec
 from ..inputs import BUILTIN_CONTEXTS, read_context
-from ..views import ContextSpec
 from .errors import EvalInputError
 
 
@@ -178,7 +178,7 @@ def _check_unique_names(specs: Sequence[ModelSpec]) -> None:
 
 
 def resolve_model_specs(specs: Sequence[ModelSpec]) -> list[ModelSpec]:
-    """The specs with each PATH resolved by `trl_nca.models.resolve_model_name_or_path` ('embedded', 'organism',
+    """The specs with each PATH resolved by `trl_nca.models.names.resolve_model_name_or_path` ('embedded', 'organism',
     missing folders, Hub ids while offline) and each adapter checked, before any model is loaded."""
     resolved = []
     for spec in specs:
@@ -190,8 +190,8 @@ def resolve_model_specs(specs: Sequence[ModelSpec]) -> list[ModelSpec]:
 
 
 def resolve_model_path(name: str, what: str = "Model") -> str:
-    """`trl_nca.models.resolve_model_name_or_path`, the resolver of every command, raising `EvalInputError`."""
-    from ..models import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
+    """`trl_nca.models.names.resolve_model_name_or_path`, the resolver of every command, raising `EvalInputError`."""
+    from ..models.names import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
 
     try:
         return resolve_model_name_or_path(name, what)

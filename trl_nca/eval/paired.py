@@ -2,8 +2,9 @@
 
 `PairedEvaluator` validates and prepares a dataset and is the dataset task of the evaluation runner
 (`trl_nca.eval.runner`), which writes, resumes and identifies runs the same way for game episodes. Prompts are built
-with `trl_nca.views` (`split_example`, `add_context`, `render_prompt_ids`), the same functions the trainer uses, so the
-evaluation sees exactly the prompts of training. See `trl_nca.sampling` for what is guaranteed about the samples.
+with `trl_nca.core.views` (`split_example`, `add_context`, `render_prompt_ids`), the same functions the trainer uses, so
+the evaluation sees exactly the prompts of training. See `trl_nca.core.sampling` for what is guaranteed about the
+samples.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
+from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example
 from ..inputs import sha256_text
-from ..sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
-from ..views import ContextSpec, add_context, render_prompt_ids, split_example
 from .errors import EvalInputError
 from .loading import load_model, load_tokenizer
 from .records import PairedRecord, ViewOutcome
@@ -70,7 +71,7 @@ class PairedEvaluator:
     Args:
         dataset: a `datasets.Dataset` or a list of dicts, with a `prompt` (string or messages) or `messages` column,
             or the column named by `prompt_column`.
-        context: where the context comes from and where it goes (`trl_nca.views.ContextSpec`).
+        context: where the context comes from and where it goes (`trl_nca.core.views.ContextSpec`).
         scorer: a registry name (`"mcq"`, `"mcq_strict"`, `"yesno"`, `"exact"`, `"normalized"`), a `Scorer`, or a
             callable `fn(text, label)`.
         label_column: the column holding each item's label.
@@ -128,6 +129,7 @@ class PairedEvaluator:
         self._validate()
         self._items: list[EvalItem] | None = None
         self._tokenizer_id: int | None = None
+        self._scorer_errors = 0  # scorer failures of the run in progress (counted per `play`)
 
     def _validate(self) -> None:
         columns = column_names(self.rows)
@@ -370,7 +372,7 @@ class PairedEvaluator:
 
     def _note_scorer_error(self, scorer: str, item_id: str, view: str, score) -> None:
         """Count a scorer error; the first one of a run is logged with its traceback."""
-        self._scorer_errors = getattr(self, "_scorer_errors", 0) + 1
+        self._scorer_errors += 1
         if self._scorer_errors == 1:
             logger.warning(
                 "Scorer %r failed on item %r (view %s): %s. The response counts as wrong and as a format failure; "

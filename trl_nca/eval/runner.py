@@ -11,7 +11,8 @@ played once without and once with the experience). The runner does the rest, the
 - one resume mechanism: with an output file, records are appended as they finish (`store.append_records`); a rerun
   loads them, refuses a file of another run (other key) or of changed items (other item fingerprint), and plays only
   the items not yet there, so an interrupted run ends with the records of an uninterrupted one;
-- one generate-function type (`trl_nca.sampling.GenerateFn`), built from the backend with the run's sampling settings.
+- one generate-function type (`trl_nca.core.sampling.GenerateFn`), built from the backend with the run's sampling
+settings.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, HFBackend, generate_fn
 from ..inputs import sha256_text
-from ..sampling import GenerateFn, GenerationBackend, GenerationSettings, HFBackend, generate_fn
 from .errors import EvalInputError
 from .provenance import library_versions, model_identity
 from .records import PairedRecord
@@ -91,7 +92,7 @@ def run_provenance(
 
 def run_key(provenance: Mapping[str, Any]) -> str:
     """A short hash of what must match for records to be resumed: the provenance without the library versions and
-    the batch size (samples do not depend on it, see `trl_nca.sampling`)."""
+    the batch size (samples do not depend on it, see `trl_nca.core.sampling`)."""
     keyed = {k: v for k, v in provenance.items() if k != "versions"}
     keyed["generation"] = {k: v for k, v in dict(keyed.get("generation") or {}).items() if k != "batch_size"}
     return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]

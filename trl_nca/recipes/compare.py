@@ -39,7 +39,7 @@ import yaml
 
 from ..inputs import InputError, sha256_text
 from ..tasks import BuiltinTask, get_task
-from .ranges import read_against_ranges
+from .ranges import canonical, json_default, read_against_ranges
 
 
 logger = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ def train_run(
     task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None
 ):
     """Train one student; returns the trainer (its model holds the trained adapter)."""
-    from ..trainer import NCATrainer
+    from ..trainers.trainer import NCATrainer
 
     model = _load_base(model_path, model_init_kwargs)
     trainer = NCATrainer(
@@ -431,7 +431,8 @@ def conclusion(task: str, aggregated: dict[str, dict[str, Any]]) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """`value` as JSON values; a set becomes a sorted list (its own order changes with every process's hash seed)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=json_default))
 
 
 def training_settings(config, skip: Sequence[str] = ()) -> dict[str, Any]:
@@ -449,7 +450,7 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
     """(setting, old value, new value) for every setting that differs, nested dicts flattened as `a.b`."""
     out = []
     for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, "<not set>"), new.get(key, "<not set>")
+        a, b = canonical(old.get(key, "<not set>")), new.get(key, "<not set>")
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")
         elif a != b:
@@ -508,15 +509,15 @@ class Plan:
 
 
 def _organism_spec(alias: str, seed: int):
-    from ..organism import spec_for_alias
+    from ..models.organism import spec_for_alias
 
     return dataclasses.replace(spec_for_alias(alias), seed=seed)
 
 
 def _model_paths(model_name: str, organism_seeds: Sequence[int] | None) -> dict[int | None, str]:
     """Resolve the model (pretraining an organism the first time it is asked for): the last step of the plan."""
-    from ..models import resolve_model_name_or_path
-    from ..organism import organism_model_path, use_one_cpu_thread
+    from ..models.names import resolve_model_name_or_path
+    from ..models.organism import organism_model_path, use_one_cpu_thread
 
     if organism_seeds is None:
         return {None: resolve_model_name_or_path(model_name)}
@@ -530,11 +531,6 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     Raises `CompareInputError` (or the `ValueError` of an invalid config value) naming the problem. The last step
     resolves the model, which pretrains the organism the first time it is asked for (into its cache, not the output).
     """
-    from trl import get_peft_config
-
-    from ..eval import GenerationSettings, PairedEvaluator
-    from ..organism import ORGANISM_ALIASES
-
     task = get_task(args.task, seed=args.task_seed)
     check_arguments(args, task)
     methods = check_methods([parse_method(m) for m in args.methods], config)
@@ -543,32 +539,12 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     if baseline not in names:
         raise CompareInputError(f"`baseline: {baseline}` is not one of the methods {names}.")
     model_name = model_args.model_name_or_path or "embedded"
-    if args.organism_seeds is not None and model_name.strip().lower() not in ORGANISM_ALIASES:
-        raise CompareInputError(
-            f"`organism_seeds` pretrains one organism per seed, so it needs model_name_or_path: organism (or "
-            f"organism-quick), not {model_name!r}. Drop organism_seeds, or use the organism."
-        )
-    peft_config = get_peft_config(model_args)
-    if peft_config is None:
-        raise CompareInputError("The comparison trains LoRA students (self-distillation from the adapter-off model): "
-                                "set use_peft: true.")  # fmt: skip
+    peft_config = _checked_peft_config(args, model_args, model_name)
     model_init_kwargs = {"dtype": model_args.dtype or "float32", **(config.model_init_kwargs or {})}
     train_rows = task.train if args.num_train is None else task.train[: args.num_train]
     test_rows = task.test if args.eval_items is None else task.test[: args.eval_items]
-    generation = GenerationSettings(
-        max_new_tokens=args.eval_max_new_tokens or config.max_new_tokens,
-        temperature=args.eval_temperature,
-        top_p=args.eval_top_p,
-        top_k=args.eval_top_k,
-        seed=args.eval_seed,
-        batch_size=args.eval_batch_size,
-    )
-    evaluator = PairedEvaluator(
-        test_rows, context=task.context, scorer=task.scorer, id_column="id", generation=generation,
-        samples_per_view=args.eval_samples_per_view,
-    )  # fmt: skip
+    evaluator = _evaluator(args, config, task, test_rows)
     root = Path(config.output_dir)
-    organisms: list[int | None] = list(args.organism_seeds) if args.organism_seeds is not None else [None]
     # what shaped every student (the method's overrides and the seeds are per run) and what shaped the evaluation
     student = {
         "task": task.name,
@@ -582,10 +558,58 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
         "track_every": args.track_every,
         "track_items": args.track_items,
     }
-    evaluation = {k: v for k, v in generation.to_dict().items() if k != "batch_size"}
+    evaluation = {k: v for k, v in evaluator.generation.to_dict().items() if k != "batch_size"}
     evaluation["samples_per_view"] = args.eval_samples_per_view
     # the shared training config; each run's seed and the task's context are the comparison's own (per run)
     settings = {"student": student, "training": training_settings(config, RECIPE_FIELDS), "evaluation": evaluation}
+    runs = _planned_runs(args, config, task, methods, root, student)
+    _check_output_folder(root, settings, runs)
+    model_paths = _model_paths(model_name, args.organism_seeds)
+    settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
+    _check_model_paths(root / "settings.json", settings["model_paths"])
+    return Plan(args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config, list(train_rows),
+                list(test_rows), evaluator, settings, runs)  # fmt: skip
+
+
+def _checked_peft_config(args: CompareArguments, model_args, model_name: str):
+    """The students' LoRA config; `organism_seeds` only with the organism."""
+    from trl import get_peft_config
+
+    from ..models.organism import ORGANISM_ALIASES
+
+    if args.organism_seeds is not None and model_name.strip().lower() not in ORGANISM_ALIASES:
+        raise CompareInputError(
+            f"`organism_seeds` pretrains one organism per seed, so it needs model_name_or_path: organism (or "
+            f"organism-quick), not {model_name!r}. Drop organism_seeds, or use the organism."
+        )
+    peft_config = get_peft_config(model_args)
+    if peft_config is None:
+        raise CompareInputError("The comparison trains LoRA students (self-distillation from the adapter-off model): "
+                                "set use_peft: true.")  # fmt: skip
+    return peft_config
+
+
+def _evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):
+    """The paired evaluator of the base models and the students, with the comparison's sampling settings."""
+    from ..eval import GenerationSettings, PairedEvaluator
+
+    generation = GenerationSettings(
+        max_new_tokens=args.eval_max_new_tokens or config.max_new_tokens,
+        temperature=args.eval_temperature,
+        top_p=args.eval_top_p,
+        top_k=args.eval_top_k,
+        seed=args.eval_seed,
+        batch_size=args.eval_batch_size,
+    )
+    return PairedEvaluator(
+        test_rows, context=task.context, scorer=task.scorer, id_column="id", generation=generation,
+        samples_per_view=args.eval_samples_per_view,
+    )  # fmt: skip
+
+
+def _planned_runs(args, config, task, methods, root: Path, student: dict[str, Any]) -> list[Run]:
+    """One run per method, organism seed and training seed, each with its folder, checked config and settings."""
+    organisms: list[int | None] = list(args.organism_seeds) if args.organism_seeds is not None else [None]
     runs = []
     for method in methods:
         for organism in organisms:
@@ -596,9 +620,13 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
                 run_args = run_config(config, task, method, seed, folder, args.monitor_opd)  # validates the values
                 run_settings = {**student, "organism_seed": organism, "training": training_settings(run_args)}
                 runs.append(Run(name, method, organism, seed, folder, run_args, run_settings))
+    return runs
 
+
+def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Run]) -> None:
+    """An existing output folder must hold this comparison: its settings and every finished student's."""
     saved = root / "settings.json"
-    if saved.exists():  # the resolved model paths are compared after resolving, below
+    if saved.exists():  # the resolved model paths are compared after resolving (`_check_model_paths`)
         old = {k: v for k, v in json.loads(saved.read_text()).items() if k != "model_paths"}
         _refuse_mismatch("a comparison", saved, old, settings)
     for run in runs:
@@ -614,15 +642,16 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
         _refuse_mismatch(f"the student {run.name}", done, old, run.settings)
     if not saved.exists() and any((run.folder / "done.json").exists() for run in runs):
         raise CompareInputError(f"{root} holds finished students but no settings.json; use a new output_dir.")
-    model_paths = _model_paths(model_name, args.organism_seeds)
-    settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
-    if saved.exists():  # the model the name resolves to (e.g. the organism of another trl-nca version)
+
+
+def _check_model_paths(saved: Path, model_paths: dict[str, str]) -> None:
+    """The models the names resolve to (e.g. the organism of another trl-nca version) must be those of the saved
+    comparison, where both have them."""
+    if saved.exists():
         old = json.loads(saved.read_text()).get("model_paths", {})
-        common = sorted(set(old) & set(settings["model_paths"]))
+        common = sorted(set(old) & set(model_paths))
         _refuse_mismatch("a comparison", saved, {"model_paths": {k: old[k] for k in common}},
-                         {"model_paths": {k: settings["model_paths"][k] for k in common}})  # fmt: skip
-    return Plan(args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config, list(train_rows),
-                list(test_rows), evaluator, settings, runs)  # fmt: skip
+                         {"model_paths": {k: model_paths[k] for k in common}})  # fmt: skip
 
 
 def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]:
@@ -631,98 +660,145 @@ def run_comparison(args: CompareArguments, config, model_args) -> dict[str, Any]
     return execute(plan_comparison(args, config, model_args))
 
 
+@dataclass
+class Evaluated:
+    """What `execute` has evaluated so far: every model's records (`runs`), which method, organism and seed each
+    run is (`identity`), and each student's training time, compact log history and tracking rows."""
+
+    runs: list[Any] = field(default_factory=list)
+    identity: dict[str, tuple[str, int | None, int | None]] = field(default_factory=dict)
+    train_seconds: dict[str, float] = field(default_factory=dict)
+    histories: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    tracking: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
 def execute(plan: Plan) -> dict[str, Any]:
     """Train, evaluate and report a checked comparison; returns the summary written to `comparison.json`."""
-    from transformers import AutoTokenizer
-
-    from ..eval import ModelRun, PairedEvalCallback, write_report
-    from ..eval.report import summarize_run
-    from .plots import write_figures
-    from .statistics import STAT_KEYS, compare_to_baseline, distributions, render_statistics
-
     start = time.perf_counter()
-    args, task, root, evaluator = plan.args, plan.task, plan.root, plan.evaluator
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "settings.json").write_text(json.dumps(plan.settings, indent=2, sort_keys=True) + "\n")
-    (root / "task.json").write_text(
+    _write_plan(plan)
+    evaluated = Evaluated()
+    tokenizers = _evaluate_bases(plan, evaluated)
+    for run in plan.runs:
+        _evaluate_student(plan, run, tokenizers[run.organism], evaluated)
+    return _report(plan, evaluated, start)
+
+
+def _write_plan(plan: Plan) -> None:
+    """The comparison's settings and task, written before anything runs."""
+    task = plan.task
+    plan.root.mkdir(parents=True, exist_ok=True)
+    (plan.root / "settings.json").write_text(json.dumps(plan.settings, indent=2, sort_keys=True) + "\n")
+    (plan.root / "task.json").write_text(
         json.dumps({"task": task.name, "family": task.family, "description": task.description, **task.info,
                     "num_train": len(plan.train_rows), "num_test": len(plan.test_rows)}, indent=2, default=str) + "\n"
     )  # fmt: skip
 
-    runs: list[ModelRun] = []
-    identity: dict[str, tuple[str, int | None, int | None]] = {}  # run name -> (method, organism, seed)
+
+def _evaluate_bases(plan: Plan, evaluated: Evaluated) -> dict[int | None, Any]:
+    """Evaluate each base model (one per organism seed); returns their tokenizers, which the students share."""
+    from transformers import AutoTokenizer
+
+    from ..eval import ModelRun
+
     tokenizers = {}
     for organism, model_path in plan.model_paths.items():
         tokenizers[organism] = tokenizer = AutoTokenizer.from_pretrained(model_path)
         base = _load_base(model_path, plan.model_init_kwargs)
-        prov = evaluator.provenance(base, model_path)
+        prov = plan.evaluator.provenance(base, model_path)
         path = plan.base_folder(organism) / "records.jsonl"
-        records = evaluator.run(base, tokenizer, output_path=path, provenance=prov)
+        records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov)
         name = plan.base_name(organism)
-        runs.append(ModelRun(name, records, provenance=prov, records_path=str(path)))
-        identity[name] = ("base", organism, None)
+        evaluated.runs.append(ModelRun(name, records, provenance=prov, records_path=str(path)))
+        evaluated.identity[name] = ("base", organism, None)
         del base
+    return tokenizers
 
-    histories: dict[str, dict[str, list[Any]]] = {}
-    train_seconds: dict[str, float] = {}
-    tracking: dict[str, list[dict[str, Any]]] = {}
-    for run in plan.runs:
-        model_path, tokenizer = plan.model_paths[run.organism], tokenizers[run.organism]
-        records_path = run.folder / "eval" / "records.jsonl"
-        done_path = run.folder / "done.json"
-        if done_path.exists():
-            done = json.loads(done_path.read_text())
-            from peft import PeftModel
 
-            student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
-        else:
-            tracker = None
-            if args.track_every > 0:
-                tracker = PairedEvalCallback(
-                    plan.test_rows, context=task.context, scorer=task.scorer, id_column="id",
-                    eval_steps=args.track_every, num_items=args.track_items, generation=evaluator.generation,
-                    eval_on_start=True, final_report=False, n_bootstrap=0,
-                )  # fmt: skip
-            t0 = time.perf_counter()
-            trainer = train_run(
-                task, run.config, model_path, plan.model_init_kwargs, tokenizer, copy.deepcopy(plan.peft_config),
-                plan.train_rows,
-                tracker,
-            )  # fmt: skip
-            trainer.save_model(str(run.folder))
-            done = {
-                "method": run.method.name,
-                "overrides": run.method.overrides,
-                "organism_seed": run.organism,
-                "seed": run.seed,
-                "settings": run.settings,
-                "train_seconds": round(time.perf_counter() - t0, 1),
-                "log_history": trainer.state.log_history,
-                "tracking": [] if tracker is None else tracker.summary_rows(),
-            }
-            student = trainer.accelerator.unwrap_model(trainer.model)
-            done_path.write_text(json.dumps(done, indent=2, default=str) + "\n")
-        train_seconds[run.name] = done["train_seconds"]
-        histories[run.name] = compact_history(done["log_history"])
-        tracking[run.name] = [
-            {k: row[k] for k in ("step", "acc_x", "acc_xc", "harm_count", "help_count") if k in row}
-            for row in done.get("tracking", [])
-        ]
-        prov = evaluator.provenance(student, model_path, adapter=str(run.folder))
-        records = evaluator.run(student, tokenizer, output_path=records_path, provenance=prov)
-        runs.append(ModelRun(run.name, records, provenance=prov, records_path=str(records_path)))
-        identity[run.name] = (run.method.name, run.organism, run.seed)
-        del student
+def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
+    """Train the student of `run` (or load it, when its folder holds a finished one), then evaluate it."""
+    from ..eval import ModelRun
 
-    report = write_report(runs, root / "paired_eval", title=f"{task.name}: base vs students, paired")
+    model_path = plan.model_paths[run.organism]
+    records_path = run.folder / "eval" / "records.jsonl"
+    done_path = run.folder / "done.json"
+    if done_path.exists():
+        done = json.loads(done_path.read_text())
+        from peft import PeftModel
+
+        student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
+    else:
+        done, student = _train_student(plan, run, model_path, tokenizer)
+        done_path.write_text(json.dumps(done, indent=2, default=str) + "\n")
+    evaluated.train_seconds[run.name] = done["train_seconds"]
+    evaluated.histories[run.name] = compact_history(done["log_history"])
+    evaluated.tracking[run.name] = [
+        {k: row[k] for k in ("step", "acc_x", "acc_xc", "harm_count", "help_count") if k in row}
+        for row in done.get("tracking", [])
+    ]
+    prov = plan.evaluator.provenance(student, model_path, adapter=str(run.folder))
+    records = plan.evaluator.run(student, tokenizer, output_path=records_path, provenance=prov)
+    evaluated.runs.append(ModelRun(run.name, records, provenance=prov, records_path=str(records_path)))
+    evaluated.identity[run.name] = (run.method.name, run.organism, run.seed)
+    del student
+
+
+def _train_student(plan: Plan, run: Run, model_path: str, tokenizer):
+    """Train and save the student of `run`; returns its `done.json` record and the trained model."""
+    from ..eval import PairedEvalCallback
+
+    args, task = plan.args, plan.task
+    tracker = None
+    if args.track_every > 0:
+        tracker = PairedEvalCallback(
+            plan.test_rows, context=task.context, scorer=task.scorer, id_column="id",
+            eval_steps=args.track_every, num_items=args.track_items, generation=plan.evaluator.generation,
+            eval_on_start=True, final_report=False, n_bootstrap=0,
+        )  # fmt: skip
+    t0 = time.perf_counter()
+    trainer = train_run(
+        task, run.config, model_path, plan.model_init_kwargs, tokenizer, copy.deepcopy(plan.peft_config),
+        plan.train_rows,
+        tracker,
+    )  # fmt: skip
+    trainer.save_model(str(run.folder))
+    done = {
+        "method": run.method.name,
+        "overrides": run.method.overrides,
+        "organism_seed": run.organism,
+        "seed": run.seed,
+        "settings": run.settings,
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "log_history": trainer.state.log_history,
+        "tracking": [] if tracker is None else tracker.summary_rows(),
+    }
+    return done, trainer.accelerator.unwrap_model(trainer.model)
+
+
+def _per_seed_rows(task: BuiltinTask, evaluated: Evaluated) -> dict[str, list[dict[str, Any]]]:
+    """Every evaluated model's metrics as one row, grouped by method (the base models under "base")."""
+    from ..eval.report import summarize_run
+
     per_seed: dict[str, list[dict[str, Any]]] = {}
-    for run in runs:
-        method, organism, seed = identity[run.name]
+    for run in evaluated.runs:
+        method, organism, seed = evaluated.identity[run.name]
         metrics = summarize_run(run, n_bootstrap=0)["metrics"]
         row = {k: metrics.get(k) for k in SUMMARY_KEYS}
         row.update(diagnostic_rates(task, run.records))
         row.update(regime=metrics.get("regime"), organism=organism, seed=seed)
         per_seed.setdefault(method, []).append(row)
+    return per_seed
+
+
+def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
+    """The paired report, the table, the statistics over runs and the figures; returns the summary written to
+    `comparison.json`."""
+    from ..eval import write_report
+    from .plots import write_figures
+    from .statistics import STAT_KEYS, compare_to_baseline, distributions, render_statistics
+
+    args, task, root = plan.args, plan.task, plan.root
+    report = write_report(evaluated.runs, root / "paired_eval", title=f"{task.name}: base vs students, paired")
+    per_seed = _per_seed_rows(task, evaluated)
     extra = ("regime", "organism", "seed")
     keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
     aggregated = aggregate(per_seed, keys)
@@ -744,7 +820,7 @@ def execute(plan: Plan) -> dict[str, Any]:
         "num_train": len(plan.train_rows),
         "num_test": len(plan.test_rows),
         "settings": plan.settings,
-        "evaluation": {**evaluator.generation.to_dict(), "samples_per_view": args.eval_samples_per_view},
+        "evaluation": {**plan.evaluator.generation.to_dict(), "samples_per_view": args.eval_samples_per_view},
         "columns": keys,
         "aggregated": aggregated,
         "per_seed": per_seed,
@@ -752,9 +828,9 @@ def execute(plan: Plan) -> dict[str, Any]:
         "conclusion": sentence,
         "versions": report["versions"],
         "wall_seconds": round(time.perf_counter() - start, 1),  # this invocation (a resumed one skips finished work)
-        "train_seconds": train_seconds,  # each run's training time, measured when it ran
-        "curves": histories,
-        "tracking": tracking,
+        "train_seconds": evaluated.train_seconds,  # each run's training time, measured when it ran
+        "curves": evaluated.histories,
+        "tracking": evaluated.tracking,
         "report": str(root / "paired_eval" / "report.md"),
     }
     summary["range_reading"] = read_against_ranges(summary)

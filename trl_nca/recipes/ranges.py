@@ -10,6 +10,7 @@ same settings (the README's main job is one), whether each of its runs lies with
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Mapping
 from importlib import resources
@@ -24,9 +25,31 @@ STUDENT_KEYS = ("task", "task_seed", "train_rows", "train_rows_sha256", "model",
                 "monitor_opd")  # fmt: skip
 
 
+def json_default(value: Any) -> Any:
+    """The JSON form of what `json` cannot write: a set as a sorted list, anything else as its string."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)
+
+
+def canonical(value: Any) -> Any:
+    """`value` with every set written as a string by trl-nca 0.1.0's summaries (e.g. LoRA's `target_modules`,
+    `"{'v_proj', 'q_proj'}"`, in the process's own hash order) read back as the sorted list written since."""
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    if isinstance(value, str) and value.startswith("{'") and value.endswith("'}"):
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+        if isinstance(parsed, set):
+            return sorted(parsed, key=str)
+    return value
+
+
 def matching_settings(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a `comparison.json` summary that decides whether a documented range applies to it."""
-    settings = summary["settings"]
+    settings = canonical(summary["settings"])
     return {
         "methods": summary["methods"],
         "student": {k: settings["student"].get(k) for k in STUDENT_KEYS},

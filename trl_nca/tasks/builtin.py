@@ -12,7 +12,7 @@ Two families, one per kind of context in the paper:
   internalised the sheets.
 
 Three more, `organism_shift`, `organism_flip` and `organism_facts`, speak the model organism's digit language
-(`trl_nca.organism`): one fixed rule for every item (the instruction family), or per item the one fact of a small
+(`trl_nca.models.organism`): one fixed rule for every item (the instruction family), or per item the one fact of a small
 knowledge base that changes its answer (the knowledge family).
 
 Why the first two: the embedded SmolLM2-135M-Instruct follows a context placed in the user turn, hardly a system message,
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..views import ContextSpec
+from ..core.views import ContextSpec
 
 
 USER_TEMPLATE = "{context}\n\n{prompt}"  # the context goes right before the question, inside the user turn
@@ -275,7 +275,7 @@ def island_facts(seed: int = 0, num_islands: int = 12) -> BuiltinTask:
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# the model organism's language (trl_nca.organism): one rule for every item, or one fact per item
+# the model organism's language (trl_nca.models.organism): one rule for every item, or one fact per item
 
 ORGANISM_CONTEXT = "rule shift"
 
@@ -297,7 +297,7 @@ def _digit_queries(rng: random.Random, counts: dict[str, int], accept: Callable[
 
 
 def _organism_rule_task(rule: str, seed: int, num_train: int, num_test: int) -> BuiltinTask:
-    from ..organism import answer_line, query_line, rule_line
+    from ..models.organism import answer_line, query_line, rule_line
 
     context = rule_line(rule)
     rng = random.Random(f"organism_{rule}:{seed}")
@@ -363,7 +363,7 @@ def organism_facts(seed: int = 0, num_train: int = 512, num_test: int = 240, num
     answer is the query with the fact applied. Held-out items ask new queries about the same facts, so a student can
     only answer them without the context by having internalised the knowledge base. Scorer `normalized`.
     """
-    from ..organism import answer_line, fact_line, query_line
+    from ..models.organism import answer_line, fact_line, query_line
 
     facts = knowledge_base(seed, num_facts)
     rng = random.Random(f"organism_facts:{seed}")

@@ -1,7 +1,7 @@
 """`trl-nca analyze`: the paper's mechanistic measures for a base model and its students, from the command line.
 
 `build_parser()` declares the options, `run_analyze(args)` runs them (raising `AnalysisInputError` on bad input),
-`main(argv)` is the entry point (`python -m trl_nca.analysis.cli` works too).
+`main(argv)` is the entry point (`python -m trl_nca.cli.analyze` works too).
 """
 
 from __future__ import annotations
@@ -14,15 +14,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..analysis.items import (
+    AnalysisInputError,
+    PromptItem,
+    end_token_id,
+    items_from_records,
+    prepare_prompts,
+    sample_items,
+)
+from ..analysis.measures import AnalysisItem
+from ..analysis.report import write_analysis
+from ..analysis.run import AnalysisOptions, analyze_model, load_model, parse_model_specs
+from ..core.sampling import GenerationSettings
 from ..eval import loading
-from ..eval.cli import json_object_arg
 from ..eval.loading import ContextChoice, ModelSpec
 from ..inputs import InputError
-from ..sampling import GenerationSettings
-from .items import AnalysisInputError, PromptItem, end_token_id, items_from_records, prepare_prompts, sample_items
-from .measures import AnalysisItem
-from .report import write_analysis
-from .run import AnalysisOptions, analyze_model, load_model, parse_model_specs
+from .eval import json_object_arg
 
 
 EPILOG = """\
@@ -393,7 +400,7 @@ def load_reference(plan: AnalysisPlan, args) -> Reference:
 
 
 def _check_same_tokenizer(tokenizer, spec: ModelSpec, args) -> None:
-    from ..teacher import check_same_vocabulary
+    from ..trainers.teacher import check_same_vocabulary
 
     other = loading.load_tokenizer(spec.path, trust_remote_code=args.trust_remote_code)
     try:

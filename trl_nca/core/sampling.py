@@ -4,7 +4,7 @@
 
     generate(prompts, seeds) -> list[Generated]
 
-`prompts` are token ids of chat prompts rendered with their generation prompt (`trl_nca.views.render_prompt_ids`),
+`prompts` are token ids of chat prompts rendered with their generation prompt (`trl_nca.core.views.render_prompt_ids`),
 `seeds` one random seed per prompt; each `Generated` holds the completion's token ids (through the end-of-turn token,
 if the model ended its turn), its text (decoded without special tokens) and whether it hit the token budget. The
 trainer's generate function samples with GKD's settings and the process random state (which a checkpoint restores)
@@ -274,7 +274,9 @@ def check_generated(generated: Any, expected: int) -> list[Generated]:
         raise ValueError(f"`generate` must return one Generated per prompt: sent {expected}, got {got}.")
     for item in generated:
         if not isinstance(item, Generated):
-            raise TypeError(f"`generate` must return `trl_nca.sampling.Generated` objects, got {type(item).__name__}.")
+            raise TypeError(
+                f"`generate` must return `trl_nca.core.sampling.Generated` objects, got {type(item).__name__}."
+            )
         if any(not isinstance(t, int) or isinstance(t, bool) for t in item.token_ids):
             raise TypeError("`generate` must return token ids as integers.")
     return list(generated)

@@ -12,43 +12,23 @@ from typing import Any
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from trl.experimental.gkd import GKDTrainer
-from trl.models.utils import _ForwardRedirection, prepare_deepspeed, unwrap_model_for_generation
+from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
-from trl.trainer.utils import create_model_from_path
 
+from ..core.gradients import compare_gradients, loss_gradients
+from ..core.launch import agreed_max, rank0_choice
+from ..core.sampling import Generated, mask_through_eos
+from ..core.views import ContextSpec, left_pad
+from .checkpoints import resume
 from .config import NCAConfig
-from .data import (
-    Limits,
-    NCACollator,
-    check_collator,
-    check_examples,
-    check_tokenizer,
-    prepare_dataset,
-    tokenize_example,
-)
-from .gradients import compare_gradients, loss_gradients
-from .launch import agreed_max, placed_init_kwargs, rank0_choice
-from .models import resolve_model_name_or_path
-from .objective import (
-    NCA_PAPER,
-    NCAObjective,
-    ScheduleCheckpoint,
-    batch_stats,
-    checked_launch,
-    load_schedule,
-    named_datasets,
-    position_limit,
-    record_means,
-    resolve_resume,
-    token_mean_eval_loss,
-)
+from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
 from .rollouts import Rollout
-from .sampling import Generated, mask_through_eos
-from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
-from .views import ContextSpec, left_pad
+from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
+from .stats import batch_stats
+from .teacher import SelfTeacher
 
 
 logger = logging.getLogger(__name__)
@@ -63,7 +43,8 @@ class NCATrainer(GKDTrainer):
     Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
     prompt alone; the teacher scores it with the context; the student is trained on
 
-        OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student | prompt + context)
+        OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student | prompt +
+        context)
 
     averaged over every completion token of the optimizer step (across gradient accumulation and processes).
 
@@ -78,7 +59,7 @@ class NCATrainer(GKDTrainer):
         train_dataset: a dataset in GKD's `messages` format or prompt-only (`prompt` as a string or a list of
             messages), with the context in `args.context_column` unless `args.context_text` is set.
         eval_dataset: the same format as `train_dataset` (or a dict of such datasets).
-        rollout: episodes played by the student instead of a dataset: any `trl_nca.rollouts.Rollout`, e.g.
+        rollout: episodes played by the student instead of a dataset: any `trl_nca.trainers.rollouts.Rollout`, e.g.
             `trl_nca.envs.GameRollout` for the text games. Every optimizer step plays the `rollout.episodes_per_step`
             seeds of `rollout.seeds(step)` (per_device_train_batch_size x gradient_accumulation_steps x processes)
             with the student, without the context; every sample it returns (one per model call) is scored with the
@@ -91,6 +72,7 @@ class NCATrainer(GKDTrainer):
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
     _name = "NCA"
     _paper = NCA_PAPER
+    logs_completion_stats = True  # completions/mean_length, clipped_ratio, on_policy: GKD logs none of them
     # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
 
@@ -116,53 +98,24 @@ class NCATrainer(GKDTrainer):
             args = NCAConfig(output_dir="nca-output")
         elif not isinstance(args, NCAConfig):
             raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
-        for name, value in (
-            ("compute_metrics", compute_metrics),
-            ("preprocess_logits_for_metrics", preprocess_logits_for_metrics),
-        ):
-            if value is not None:
-                raise ValueError(
-                    f"NCATrainer does not take `{name}`: its loss works on hidden states and never materialises "
-                    "logits, so evaluation has no predictions to pass to it. Evaluation logs eval_loss, "
-                    "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
-                    "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
-                )
-        model = resolve_model_name_or_path(model, "Student model")
-        state = checked_launch(args, "NCATrainer")
-        if rollout is None:  # empty or malformed datasets fail here, before any model is loaded
-            for split, dataset in named_datasets(train_dataset, eval_dataset):
-                check_examples(dataset, args.context_spec, split)
-        model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        if isinstance(model, str):
-            model = create_model_from_path(
-                model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
-            )
-            args.model_init_kwargs = None  # used here; SFTTrainer would warn that the model is already built
-        if processing_class is None:
-            if not model_id:
-                raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
-            processing_class = AutoTokenizer.from_pretrained(model_id)
-        check_tokenizer(processing_class)
-
-        if teacher_model is None and args.teacher_model_name_or_path is not None:
-            teacher_model = args.teacher_model_name_or_path
-        teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
-        teacher_loaded_here = isinstance(teacher_model, str)
-        teacher_model = resolve_teacher(
-            teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
-            self_teacher=args.self_teacher, peft_config=peft_config, get_student=lambda: self.model,
-            init_kwargs=placed_init_kwargs(args.teacher_model_init_kwargs, "the teacher", state, args.device),
-            trust_remote_code=args.trust_remote_code,
-        )  # fmt: skip
-        self._common_rows = check_output_rows(model, teacher_model, processing_class)
-
-        limits = Limits(
-            max_new_tokens=args.max_new_tokens,
-            max_length=args.max_length,
-            max_context_length=args.max_context_length or position_limit(model, teacher_model),
-            truncate_context=args.truncate_context,
+        _refuse_metric_functions(
+            compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
         )
-        self.limits = limits
+        models = resolve_models(
+            "NCATrainer", args, model, teacher_model, processing_class=processing_class,
+            teacher_processing_class=teacher_processing_class, peft_config=peft_config,
+            get_student=lambda: self.model,
+            datasets=named_datasets(train_dataset, eval_dataset) if rollout is None else (),
+            max_new_tokens=args.max_new_tokens, max_length=args.max_length,
+            teacher_init_kwargs=args.teacher_model_init_kwargs,
+        )  # fmt: skip
+        model, processing_class, teacher_model = models.student, models.tokenizer, models.teacher
+        self.limits = limits = models.limits
+        # Set by `train` when it resumes from a checkpoint folder; `get_batch_samples` restores that checkpoint's
+        # random state before sampling, and `_load_rng_state` then skips Trainer's second restore.
+        self._resume_rng_from: str | None = None
+        self._rng_restored_early = False
+        self._grad_cosine_step: int | None = None  # the optimizer step whose gradient cosine was logged last
 
         self.rollout = rollout
         context_spec = args.context_spec
@@ -171,80 +124,35 @@ class NCATrainer(GKDTrainer):
             data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
         self.context_spec = context_spec
 
-        def prepare(dataset, split):
-            return prepare_dataset(dataset, processing_class, context_spec, limits, split, args.dataset_num_proc)
-
-        if rollout is None:
-            train_dataset = prepare(train_dataset, "train")
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
-        else:
-            eval_dataset = prepare(eval_dataset, "eval")
-        if rollout is None and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
-            _check_references(train_dataset, "train")
-        if args.eval_completions == "dataset":
-            for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
-                if dataset is not None:
-                    _check_references(dataset, f"eval {name}".strip())
+        train_dataset, eval_dataset = _prepared_datasets(
+            args, processing_class, context_spec, limits, train_dataset, eval_dataset, training=rollout is None
+        )
         if data_collator is None:
             data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
         elif rollout is None:
-            probe = train_dataset if train_dataset is not None else eval_dataset
-            split = "train" if train_dataset is not None else "eval"
-            if isinstance(probe, dict):
-                split, probe = next(iter(probe.items()))
-            first = next(iter(probe), None) if probe is not None else None
-            if first is not None:
-                check_collator(data_collator, first, split)
+            _probe_collator(data_collator, train_dataset, eval_dataset)
 
-        gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
-        gkd_logger.addFilter(_drop_migration_hint)  # GKD suggests DistillationTrainer, which has no context views
-        teacher_init_kwargs = args.teacher_model_init_kwargs
-        if teacher_loaded_here:
-            args.teacher_model_init_kwargs = None  # used by resolve_teacher; GKD refuses them with a built teacher
-        try:
-            with _gkd_vocab_check_passes(model, teacher_model), _self_teacher_kept_out_of_deepspeed():
-                super().__init__(
-                    model,
-                    teacher_model=teacher_model,
-                    args=args,
-                    data_collator=data_collator,
-                    train_dataset=train_dataset,
-                    eval_dataset=eval_dataset,
-                    processing_class=processing_class,
-                    callbacks=callbacks,
-                    optimizers=optimizers,
-                    peft_config=peft_config,
-                    formatting_func=formatting_func,
-                )
-        finally:
-            gkd_logger.removeFilter(_drop_migration_hint)
-            args.teacher_model_init_kwargs = teacher_init_kwargs
-        # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside settle_teacher) gathers it first.
-        settled = settle_teacher(self._teacher(), self.model)  # the student is PEFT-wrapped only now
-        if settled is not None:
-            if self.is_deepspeed_enabled:  # as GKD prepares a teacher: sharded under ZeRO-3, whole otherwise
-                self.teacher_model = prepare_deepspeed(settled, self.accelerator)
-            else:
-                self.teacher_model = self.accelerator.prepare_model(settled, evaluation_mode=True)
+        with _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here):
+            super().__init__(
+                model,
+                teacher_model=teacher_model,
+                args=args,
+                data_collator=data_collator,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+                formatting_func=formatting_func,
+            )
+        # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
+        # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
+        finish_setup(self, self._teacher(), models.common_rows, placed=True)
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
         self.generation_config.use_cache = True
-        # Output layers of different sizes: the loss lives on the first `common` rows, so sampling (by the student or,
-        # with seq_kd, the teacher) never emits an id past them, which the other model could not score.
-        common, widest = self._common_rows
-        if widest > common:
-            self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
-            self.generation_config.suppress_tokens = list(range(common, widest))
-        # The objective (views, teacher, divergences, anchor schedule) is shared with NCADistillationTrainer.
-        self.nca = NCAObjective(
-            args, processing_class.pad_token_id, self.model, self._teacher(), deepspeed=self.is_deepspeed_enabled
-        )
-        self.nca_schedule = self.nca.schedule
-        self._nca_active = self.nca.active  # the NCA term can be on: the context view carries gradient
-        self.add_callback(ScheduleCheckpoint(self.nca_schedule))
-        self.divergence_spec = self.nca.spec
         self._redirect = _ForwardRedirection()
         self._lockstep_generation = self.accelerator.num_processes > 1 and is_deepspeed_zero3_enabled()
         if args.log_grad_cosine_steps:
@@ -253,23 +161,21 @@ class NCATrainer(GKDTrainer):
     @property
     def nca_beta(self) -> float:
         """The anchor weight of the optimizer step in progress (`NCAConfig.nca_beta_schedule`)."""
-        return self.nca_schedule.value
+        return self.nca.schedule.value
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        resume_from_checkpoint = resume(resume_from_checkpoint, self.args.output_dir, self.nca.schedule)
         self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        if self._resume_rng_from is not None:
-            load_schedule(self.nca_schedule, self._resume_rng_from)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _load_rng_state(self, checkpoint):
         # On a mid-epoch resume Trainer restores the RNG only after fetching the first batches; we sample there, so
         # the state was already restored in get_batch_samples and must not be rewound a second time.
         self._resume_rng_from = None
-        if getattr(self, "_rng_restored_early", False):
+        if self._rng_restored_early:
             self._rng_restored_early = False
             return
         super()._load_rng_state(checkpoint)
@@ -282,23 +188,23 @@ class NCATrainer(GKDTrainer):
         then gives the same update as one large batch.
         """
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if getattr(self, "_resume_rng_from", None) is not None:
+        if self._resume_rng_from is not None:
             self._load_rng_state(self._resume_rng_from)  # resumed runs sample exactly what the uninterrupted run did
             self._rng_restored_early = True
         if self.rollout is not None:
-            batches = [self._play(batch) for batch in batches]
+            batches = [self._play_episodes(batch) for batch in batches]
         else:
-            batches = [self._complete(self._prepare_inputs(batch)) for batch in batches]
+            batches = [self._with_completions(self._prepare_inputs(batch)) for batch in batches]
         if not batches:
             return batches, None
         tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
         # The logged terms of this step are summed over its micro-batches and divided once, like the loss.
-        self._step_sums, self._step_batches_left = None, len(batches)
+        self.step_stats.open_step(len(batches))
         return batches, tokens
 
-    def _complete(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
+    def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
         """Replace the batch's completions by student samples (probability `lmbda`), teacher samples (`seq_kd`), or
         keep the dataset's reference completions, as GKD does."""
         if on_policy is None:  # every process draws; all follow rank 0, so all run the same forwards (ZeRO-3)
@@ -348,9 +254,9 @@ class NCATrainer(GKDTrainer):
         return completion, mask_through_eos(completion, self.generation_config.eos_token_id)
 
     def _generate_for_rollout(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
-        """The trainer's `trl_nca.sampling.GenerateFn`: one completion per prompt, sampled by the student with GKD's
-        generation settings. The seeds are not used: sampling draws from the process random state, which checkpoints
-        restore, so a resumed run samples what an uninterrupted run did."""
+        """The trainer's `trl_nca.core.sampling.GenerateFn`: one completion per prompt, sampled by the student with
+        GKD's generation settings. The seeds are not used: sampling draws from the process random state, which
+        checkpoints restore, so a resumed run samples what an uninterrupted run did."""
         self._generate_calls_agreed(generating=True)
         ids, mask = left_pad(prompts, self.processing_class.pad_token_id)
         completion, completion_mask = self._generate(
@@ -373,7 +279,7 @@ class NCATrainer(GKDTrainer):
             return bool(agreed_max([int(generating)], self.args.device)[0])
         return generating
 
-    def _play(self, batch: dict[str, Any]) -> dict[str, Any]:
+    def _play_episodes(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Play the episodes of a micro-batch of rollout seeds; every sample the rollout returns becomes one row."""
         seeds = [int(seed) for seed in batch["seed"]]
         played = self.rollout.rollout(seeds, self._generate_for_rollout, self.processing_class)
@@ -408,23 +314,32 @@ class NCATrainer(GKDTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if not inputs.get("completions_ready"):
-            inputs = self._complete(self._prepare_inputs(inputs))
+            inputs = self._with_completions(self._prepare_inputs(inputs))
             num_items_in_batch = inputs["completion_mask"].sum() * self.current_gradient_accumulation_steps
         # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples.
         with self.nca.training_step():
             return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        measure = self._grad_cosine_due()
+        measure_gradients = self._grad_cosine_due()
         if self.nca.in_sequence():
-            loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure)
+            loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure_gradients)
             return (loss, None) if return_outputs else loss
-        need_context = self.nca.need_context(measure)
+        need_context = self.nca.need_context(measure_gradients)
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
-        terms = self._redirect(model, unwrapped, self._token_divergences, unwrapped, inputs, need_context, measure)
-        if measure:
+        terms = self._redirect(
+            model,
+            unwrapped,
+            self.nca.token_divergences,
+            unwrapped,
+            self._teacher(),
+            inputs,
+            need_context,
+            measure_gradients,
+        )
+        if measure_gradients:
             self._log_grad_cosine(unwrapped, terms)
         total = self.nca.total(terms)
         loss = total * self._loss_scale(num_items_in_batch, terms["opd"].numel())
@@ -439,15 +354,15 @@ class NCATrainer(GKDTrainer):
             return self.accelerator.num_processes / num_items_in_batch.clamp_min(1)
         return 1.0 / max(tokens, 1)
 
-    def _views_in_sequence(self, model, inputs, num_items_in_batch, measure: bool) -> torch.Tensor:
+    def _views_in_sequence(self, model, inputs, num_items_in_batch, measure_gradients: bool) -> torch.Tensor:
         """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
         (`nca_sequential_views`; `NCAObjective.backward_in_sequence`). Each half runs inside its own redirected
         forward of the wrapped model, so DDP sees two ordinary forward/backward pairs, the first under `no_sync`.
-        With `measure` each half's term gradient is taken before its backward, for `log_grad_cosine_steps`."""
+        With `measure_gradients` each half's term gradient is taken before its backward, for `log_grad_cosine_steps`."""
         unwrapped = self.accelerator.unwrap_model(model)
         tokens = int(inputs["completion_mask"].sum())
         scale = self._loss_scale(num_items_in_batch, tokens)
-        params = [p for p in unwrapped.parameters() if p.requires_grad] if measure else []
+        params = [p for p in unwrapped.parameters() if p.requires_grad] if measure_gradients else []
         halves = {}
 
         def no_context_half(student):  # the carried states stay out of what the wrapped forward returns
@@ -456,14 +371,14 @@ class NCATrainer(GKDTrainer):
 
         def no_context_loss():
             opd = self._redirect(model, unwrapped, no_context_half, unwrapped)["opd"].sum()
-            if measure:
+            if measure_gradients:
                 halves["opd_gradient"] = loss_gradients(opd / max(tokens, 1), params)
             return opd * scale
 
         def context_loss():
             context = self._redirect(model, unwrapped, self.nca.context_terms, unwrapped, inputs, halves["carry"])
             halves["terms"].update(context)
-            if measure:
+            if measure_gradients:
                 nca_gradient = loss_gradients(context["nca"].sum() / max(tokens, 1), params)
                 self._record_grad_cosine(halves.pop("opd_gradient"), nca_gradient)
             return self.nca.beta * context["nca"].sum() * scale
@@ -472,27 +387,13 @@ class NCATrainer(GKDTrainer):
         self._log_terms(halves["terms"], self.nca.total(halves["terms"]), inputs)
         return loss
 
-    @property
-    def prefix_sharing(self):
-        """The shared-prefix reuse of every forward (`NCAConfig.share_prefix`; `trl_nca.prefix.PrefixSharing`)."""
-        return self.nca.prefix_sharing
-
-    def _teacher_states(self, view, completion_mask, h_c, student_head):
-        """The teacher's completion hidden states and LM head on `view` (`NCAObjective.teacher_states`)."""
-        return self.nca.teacher_states(self._teacher(), view, completion_mask, h_c, student_head)
-
-    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool, measure=False):
-        """Per-token terms of a batch (`trl_nca.objective.NCAObjective.token_divergences`, with this trainer's
-        teacher)."""
-        return self.nca.token_divergences(student, self._teacher(), inputs, need_context, measure)
-
     def _grad_cosine_due(self) -> bool:
         """Whether this micro-batch is the first of an optimizer step at which `log_grad_cosine_steps` measures."""
         every = self.args.log_grad_cosine_steps
         if not every or not self.model.training or not torch.is_grad_enabled():
             return False
         step = self.state.global_step
-        return step % every == 0 and getattr(self, "_grad_cosine_step", None) != step
+        return step % every == 0 and self._grad_cosine_step != step
 
     def _log_grad_cosine(self, student: nn.Module, terms: dict[str, torch.Tensor]) -> None:
         """Log the cosine between the gradients of the OPD and NCA token means of this micro-batch, over the trainable
@@ -515,42 +416,20 @@ class NCATrainer(GKDTrainer):
     def _teacher(self) -> nn.Module:
         return self.accelerator.unwrap_model(self.teacher_model)
 
-    # Logged terms: token means over the optimizer step (`trl_nca.objective.STAT_NAMES`, `record_means`).
+    # Logged terms: token means over the optimizer step (`trl_nca.trainers.stats.StepStats`).
 
     def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
         stats = batch_stats(terms, total, lengths, clipped, inputs.get("on_policy", True))
-        if not self.model.training:
-            self._eval_sums = stats if getattr(self, "_eval_sums", None) is None else self._eval_sums + stats
-            return
-        left = getattr(self, "_step_batches_left", 0)
-        if left <= 0:  # a micro-batch outside get_batch_samples' accounting (training_step sampled it itself)
-            self._end_step(stats)
-            return
-        self._step_sums = stats if self._step_sums is None else self._step_sums + stats
-        self._step_batches_left = left - 1
-        if self._step_batches_left == 0:
-            self._end_step(self._step_sums)
-            self._step_sums = None
-
-    def _end_step(self, stats: torch.Tensor) -> None:
-        """Log the step's token means and the anchor weight it used, then set the weight of the next step. Runs in the
-        step's last micro-batch, after its loss is built, so every micro-batch of a step uses the same weight."""
-        means = self._record_means(stats, "train")
-        self._metrics["train"]["nca_beta"].append(self.nca_beta)
-        self.nca_schedule.update(means)
-
-    def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
-        """Sum the statistics over processes, append their token means to the logged metrics and return them."""
-        return record_means(stats, self.accelerator, self._metrics[mode], self._nca_active or self.args.nca_monitor)
+        self.step_stats.add(stats, training=self.model.training)
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
     ):
         """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
         (Trainer would average per-batch means)."""
-        self._eval_sums = None
+        self.step_stats.open_eval()
         if self.args.eval_completions == "dataset":
             logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
         else:
@@ -559,8 +438,7 @@ class NCATrainer(GKDTrainer):
                 description,
             )
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        sums, self._eval_sums = self._eval_sums, None
-        return token_mean_eval_loss(output, sums, self._record_means, self.args.device, metric_key_prefix)
+        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id
@@ -576,17 +454,80 @@ class NCATrainer(GKDTrainer):
         if self.args.eval_completions == "dataset":
             inputs = self._dataset_completions(inputs, "eval_completions='dataset'")
         else:
-            inputs = self._complete(inputs, on_policy=True)
+            inputs = self._with_completions(inputs, on_policy=True)
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
 
 
+def _refuse_metric_functions(**functions) -> None:
+    for name, value in functions.items():
+        if value is not None:
+            raise ValueError(
+                f"NCATrainer does not take `{name}`: its loss works on hidden states and never materialises "
+                "logits, so evaluation has no predictions to pass to it. Evaluation logs eval_loss, "
+                "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
+                "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
+            )
+
+
+def _prepared_datasets(args, tokenizer, context_spec, limits, train_dataset, eval_dataset, training: bool):
+    """Both views tokenised (`prepare_dataset`; the train dataset only when `training`: a rollout has none), and the
+    reference completions checked where off-policy steps or `eval_completions='dataset'` need them."""
+
+    def prepare(dataset, split):
+        return prepare_dataset(dataset, tokenizer, context_spec, limits, split, args.dataset_num_proc)
+
+    if training:
+        train_dataset = prepare(train_dataset, "train")
+    if isinstance(eval_dataset, dict):
+        eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
+    else:
+        eval_dataset = prepare(eval_dataset, "eval")
+    if training and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
+        _check_references(train_dataset, "train")
+    if args.eval_completions == "dataset":
+        for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
+            if dataset is not None:
+                _check_references(dataset, f"eval {name}".strip())
+    return train_dataset, eval_dataset
+
+
+def _probe_collator(data_collator, train_dataset, eval_dataset) -> None:
+    """A custom collator must produce NCA's batch keys: tried on the first prepared row (`check_collator`)."""
+    probe = train_dataset if train_dataset is not None else eval_dataset
+    split = "train" if train_dataset is not None else "eval"
+    if isinstance(probe, dict):
+        split, probe = next(iter(probe.items()))
+    first = next(iter(probe), None) if probe is not None else None
+    if first is not None:
+        check_collator(data_collator, first, split)
+
+
+@contextmanager
+def _gkd_init_adjusted(args: NCAConfig, student: nn.Module, teacher: nn.Module, teacher_loaded_here: bool):
+    """The span of `GKDTrainer.__init__`: its hint to use DistillationTrainer dropped (it has no context views), the
+    teacher's init kwargs hidden when the teacher was loaded here from a name (GKD refuses them with a built
+    teacher), its vocabulary check shown the student's size (`_gkd_vocab_check_passes`) and a `SelfTeacher` kept
+    out of DeepSpeed (`_self_teacher_kept_out_of_deepspeed`)."""
+    gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
+    gkd_logger.addFilter(_drop_migration_hint)
+    teacher_init_kwargs = args.teacher_model_init_kwargs
+    if teacher_loaded_here:
+        args.teacher_model_init_kwargs = None  # used by resolve_teacher
+    try:
+        with _gkd_vocab_check_passes(student, teacher), _self_teacher_kept_out_of_deepspeed():
+            yield
+    finally:
+        gkd_logger.removeFilter(_drop_migration_hint)
+        args.teacher_model_init_kwargs = teacher_init_kwargs
+
+
 @contextmanager
 def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
     """GKDTrainer refuses a teacher whose `config.vocab_size` differs from the student's; NCATrainer supports output
-    layers padded to different sizes (checked by `trl_nca.teacher.check_output_rows`). Show GKD's check the student's value, only
-    for the duration of its `__init__`."""
+    layers padded to different sizes (checked by `trl_nca.trainers.teacher.check_output_rows`). Show GKD's check the
+    student's value, only for the duration of its `__init__`."""
     config = getattr(teacher, "config", None)
     if isinstance(teacher, SelfTeacher) or config is None:
         yield
@@ -654,8 +595,8 @@ def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
     """The rollout's seeds of every optimizer step as a dataset (played in order), and its context placement."""
     if not isinstance(rollout, Rollout):
         raise TypeError(
-            f"rollout must implement trl_nca.rollouts.Rollout (spec, episodes_per_step, seeds(step), rollout(seeds, "
-            f"generate, tokenizer)), e.g. trl_nca.envs.GameRollout; got a {type(rollout).__name__}."
+            "rollout must implement trl_nca.trainers.rollouts.Rollout (spec, episodes_per_step, seeds(step), "
+            f"rollout(seeds, generate, tokenizer)), e.g. trl_nca.envs.GameRollout; got a {type(rollout).__name__}."
         )
     if train_dataset is not None:
         raise ValueError("Give either a train_dataset or a rollout, not both.")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 
-from .views import (
+from ..core.views import (
     ContextSpec,
     add_context,
     left_pad,
@@ -259,7 +259,7 @@ def check_collator(collator, example: Mapping[str, Any], split: str) -> None:
     how = (
         f"NCATrainer's batches need the keys {list(BATCH_KEYS)}: left-padded prompts of both views with their "
         "attention masks, right-padded reference completions with their mask, and a boolean `has_reference` per row. "
-        "Use the default collator (data_collator=None, `trl_nca.data.NCACollator`) or one that extends it."
+        "Use the default collator (data_collator=None, `trl_nca.trainers.data.NCACollator`) or one that extends it."
     )
     try:
         batch = collator([dict(example)])
@@ -287,7 +287,7 @@ class NCACollator:
         if missing:
             raise KeyError(
                 f"The batch lacks {missing}: pass datasets through NCATrainer (which tokenises them) or "
-                "`trl_nca.data.prepare_dataset`."
+                "`trl_nca.trainers.data.prepare_dataset`."
             )
         prompts, prompt_mask = left_pad([e["prompt_ids"] for e in examples], self.pad_token_id)
         context_prompts, context_mask = left_pad([e["context_prompt_ids"] for e in examples], self.pad_token_id)

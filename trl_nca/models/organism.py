@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .inputs import default_cache_dir
+from ..inputs import default_cache_dir
 
 
 logger = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ def _encode_batch(tokenizer, pairs: list[tuple[str, str]]):
     """Right-padded input ids and labels (-100 outside the assistant's answer and its end-of-turn token)."""
     import torch
 
-    from .views import render_prompt_ids
+    from ..core.views import render_prompt_ids
 
     rows, labels = [], []
     for user, answer in pairs:

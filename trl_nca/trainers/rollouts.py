@@ -6,8 +6,8 @@ processes) and, for each micro-batch of seeds, calls
 
     batch = r.rollout(seeds, generate, tokenizer)
 
-with its own `generate` (a `trl_nca.sampling.GenerateFn`: the student samples with GKD's generation settings, without
-the context) and the student's tokenizer. The rollout plays its episodes and returns a `RolloutBatch`: one
+with its own `generate` (a `trl_nca.core.sampling.GenerateFn`: the student samples with GKD's generation settings,
+without the context) and the student's tokenizer. The rollout plays its episodes and returns a `RolloutBatch`: one
 `RolloutSample` per model call (the chat prompt without the context, the privileged context, the completion token ids
 exactly as generated) and scalar metrics. The trainer renders each sample's two views (`r.spec` says where the context
 goes), appends the same completion ids to both, scores them like dataset samples and logs the metrics as
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from .sampling import GenerateFn
-from .views import ContextSpec, Message
+from ..core.sampling import GenerateFn
+from ..core.views import ContextSpec, Message
 
 
 @dataclass

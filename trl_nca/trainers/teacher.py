@@ -6,8 +6,8 @@ not give the initial model (an adapter that was already trained, PiSSA/OLoRA-sty
 adapter, random B), the teacher is a frozen merged copy of the student as it was at the start.
 
 Resolution has two phases, both here: `resolve_teacher` runs before `GKDTrainer.__init__` (which needs the teacher),
-and `settle_teacher` after it, because TRL applies a `peft_config` to the student inside that `__init__`: only then can
-the adapter be inspected.
+and `replacement_teacher` after it, because TRL applies a `peft_config` to the student inside that `__init__`: only then
+can the adapter be inspected.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def resolve_teacher(
     return frozen_copy(student)
 
 
-def settle_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module | None:
+def replacement_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module | None:
     """Phase 2, after the trainer's init has wrapped the student: a frozen merged copy of the student as it is now
     when the teacher is its initial weights but disabling its adapter would not give them (a trained adapter, a
     PiSSA-style init, random B); None when the teacher stays as it is."""
@@ -250,7 +250,7 @@ def check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tupl
     """(common, widest) output rows of student and teacher; the common rows must cover every token of the tokenizer.
 
     Models sharing a tokenizer may pad their output layers differently (Qwen2.5-7B: 152064 rows, Qwen2.5-3B: 151936,
-    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.losses`).
+    for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.core.losses`).
     """
     student_rows = output_rows(student)
     teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else output_rows(teacher)

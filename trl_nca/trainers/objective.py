@@ -1,51 +1,28 @@
 """The NCA objective on one batch, shared by both trainers (`NCATrainer` on GKD, `NCADistillationTrainer` on TRL's
 `DistillationTrainer`): the student's two views and the teacher on the same completion ids, the per-token terms, the
-step's total, the logged token means, the anchor schedule's checkpoint, and the checks both trainers run.
+step's total and the anchor weight, and the views' forward and backward run in sequence where that is exact.
 
-A batch is a mapping with NCA's view keys (`trl_nca.data.VIEW_KEYS`): the left-padded prompts of both views with
-their attention masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the collator and
-`model.generate`; Distillation: TRL's generation, vLLM or `generate`, plus the context prompts rendered here); from
-the batch on, both compute exactly the same thing with the same code.
+A batch is a mapping with NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`): the left-padded prompts of both views
+with their attention masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the
+collator and `model.generate`; Distillation: TRL's generation, vLLM or `generate`, plus the context prompts rendered
+here); from the batch on, both compute exactly the same thing with the same code.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import textwrap
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoConfig, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from .launch import refuse_fsdp
-from .losses import LMHead, token_divergences
-from .prefix import PrefixSharing, weights_fingerprint
-from .schedule import STATE_FILE as SCHEDULE_STATE_FILE
-from .schedule import BetaSchedule, schedule_from_config
+from ..core.losses import LMHead, token_divergences
+from ..core.prefix import PrefixSharing, weights_fingerprint
+from ..core.schedule import BetaSchedule, schedule_from_config
+from ..core.views import View, build_view
 from .teacher import SelfTeacher
-from .views import View, build_view
-
-
-# The paper both trainers cite in their model cards (TRL reads a trainer's `_paper`).
-NCA_PAPER = {
-    "title": "When Context Returns: Toward Robust Internalization in On-Policy Distillation",
-    "id": "2606.11627",
-    # docstyle-ignore
-    "citation": textwrap.dedent("""\
-        @article{wang2026when,
-            title        = {{When Context Returns: Toward Robust Internalization in On-Policy Distillation}},
-            author       = {Xun Wang and Ruishuo Chen and Zhuoran Li and Yu Chen and Longbo Huang},
-            year         = 2026,
-            journal      = {arXiv preprint arXiv:2606.11627},
-        }"""),
-}
 
 
 @dataclass
@@ -62,9 +39,10 @@ class NoContextHalf:
 class NCAObjective:
     """OPD + nca_beta * NCA on a batch of both views, from hidden states (no (batch x sequence x vocabulary) logits).
 
-    `args` is a config with the NCA fields (`trl_nca.config.NCAFields`: `NCAConfig` or `NCADistillationConfig`);
-    `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from `args`). `student` and
-    `teacher` (the models as the trainer holds them) and `deepspeed` decide `nca_sequential_views`.
+    `args` is a config with the NCA fields (`trl_nca.trainers.config.NCAFields`: `NCAConfig` or
+    `NCADistillationConfig`); `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from
+    `args`). `student` and `teacher` (the models as the trainer holds them) and `deepspeed` decide
+    `nca_sequential_views`.
     """
 
     def __init__(self, args, pad_token_id: int, student: nn.Module | None = None, teacher=None, deepspeed=False):
@@ -88,9 +66,9 @@ class NCAObjective:
         """The anchor weight of the optimizer step in progress."""
         return self.schedule.value
 
-    def need_context(self, measure: bool = False) -> bool:
+    def need_context(self, measure_gradients: bool = False) -> bool:
         """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement."""
-        return self.active or self.args.nca_monitor or measure
+        return self.active or self.args.nca_monitor or measure_gradients
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The summed loss of the batch's tokens: sum OPD + nca_beta * sum NCA (when the term is on)."""
@@ -143,7 +121,7 @@ class NCAObjective:
         student_head = LMHead.from_model(student)
         h_t, teacher_head = self.teacher_states(teacher, view_c, completion_mask, None, student_head)
         terms = token_divergences(
-            h_x, h_t, student_head, teacher_head, self.spec, want=("opd", "entropy") if entropy else ("opd",),
+            h_x, h_t, student_head, teacher_head, self.spec, terms=("opd", "entropy") if entropy else ("opd",),
             vocab_chunk=self.args.loss_vocab_chunk_size, token_chunk=self.args.loss_token_chunk_size,
         )  # fmt: skip
         anchor_states = h_t if self.spec.nca_target == "teacher" else None
@@ -161,7 +139,7 @@ class NCAObjective:
         h_c = self.states(student, view_c, completion_mask, "student's context view")
         return token_divergences(
             half.h_x, half.h_t, LMHead.from_model(student), half.teacher_head, self.spec, h_c=h_c,
-            want=("nca", "view_kl"), vocab_chunk=self.args.loss_vocab_chunk_size,
+            terms=("nca", "view_kl"), vocab_chunk=self.args.loss_vocab_chunk_size,
             token_chunk=self.args.loss_token_chunk_size,
         )  # fmt: skip
 
@@ -171,35 +149,37 @@ class NCAObjective:
         teacher: nn.Module,
         batch: Mapping[str, Any],
         need_context: bool,
-        measure: bool = False,
+        measure_gradients: bool = False,
         entropy: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Per-token "opd" (and "nca", "view_kl" with `need_context`) of the batch's valid completion tokens.
 
         `student` is the unwrapped student, `teacher` the unwrapped teacher (a model or a `SelfTeacher`). With
-        `measure` and the NCA term off, the context view runs only to measure a gradient, on a side random stream.
-        `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient).
+        `measure_gradients` and the NCA term off, the context view runs only to measure a gradient, on a side random
+        stream. `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient).
         """
         completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
         view_c = build_view(
             batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask
         )
         h_c = None
-        side = measure and not (self.active or self.args.nca_monitor)
+        only_measured = measure_gradients and not (self.active or self.args.nca_monitor)
         if need_context and self.active and self.args.joint_forward:
             h_x, h_c = self.joint_hidden(student, batch)
         else:
             view_x = build_view(batch["prompts"], batch["prompt_attention_mask"], completion_ids, completion_mask)
             h_x = self.states(student, view_x, completion_mask, "student's no-context view")
             if need_context:
-                with nullcontext() if self.active or measure else torch.no_grad():
-                    with side_rng(h_x) if side else nullcontext():
+                with nullcontext() if self.active or measure_gradients else torch.no_grad():
+                    with side_rng(h_x) if only_measured else nullcontext():
                         h_c = self.states(student, view_c, completion_mask, "student's context view")
         student_head = LMHead.from_model(student)
-        h_t, teacher_head = self.teacher_states(teacher, view_c, completion_mask, None if side else h_c, student_head)
-        want = ("opd", "nca", "view_kl") if need_context else ("opd",)
+        h_t, teacher_head = self.teacher_states(
+            teacher, view_c, completion_mask, None if only_measured else h_c, student_head
+        )
+        names = ("opd", "nca", "view_kl") if need_context else ("opd",)
         if entropy:
-            want += ("entropy",)
+            names += ("entropy",)
         return token_divergences(
             h_x,
             h_t,
@@ -207,7 +187,7 @@ class NCAObjective:
             teacher_head,
             self.spec,
             h_c=h_c,
-            want=want,
+            terms=names,
             vocab_chunk=self.args.loss_vocab_chunk_size,
             token_chunk=self.args.loss_token_chunk_size,
         )
@@ -319,176 +299,3 @@ def resolve_sequential_views(
             "applies) or False; with both views' graphs at once the step's peak memory is their sum."
         )
     return not reasons and (bool(requested) or not full_fine_tuning)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Logged terms. `loss` is the token mean over an optimizer step (all micro-batches and processes), and over the whole
-# set in evaluation; `opd_loss`, `nca_loss` and `view_kl` are token means over the same tokens, so that
-# loss = opd_loss + nca_beta * nca_loss holds to float precision. Each micro-batch adds its sums to a vector
-# (`STAT_NAMES`); the vector is summed over processes and divided once per step or per evaluation.
-
-STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped", "sampled_rows")
-
-
-def batch_stats(
-    terms: Mapping[str, torch.Tensor], total: torch.Tensor, lengths: torch.Tensor, clipped: torch.Tensor, on_policy
-) -> torch.Tensor:
-    """The sums of one micro-batch as a vector ordered like `STAT_NAMES` (float64, float32 on MPS)."""
-    # float64 keeps token counts exact and sums precise (MPS has no float64)
-    zero = total.detach().new_zeros((), dtype=torch.float32 if total.device.type == "mps" else torch.float64)
-    values = {
-        "loss": total.detach(),
-        **{k: terms[k].detach().sum() if k in terms else zero for k in ("opd", "nca", "view_kl")},
-        "tokens": lengths.sum(),
-        "rows": torch.tensor(lengths.numel(), device=lengths.device),
-        "clipped": clipped.sum(),
-        "sampled_rows": torch.tensor(lengths.numel() if on_policy else 0, device=lengths.device),
-    }
-    return torch.stack([values[k].to(zero.dtype) for k in STAT_NAMES])
-
-
-def record_means(
-    stats: torch.Tensor, accelerator, metrics: Mapping[str, list], show_nca: bool, completions: bool = True
-) -> dict[str, float]:
-    """Sum the statistics over processes, append their token means to `metrics` (a trainer's `_metrics[mode]`) and
-    return the means the anchor schedule reads. `completions=False` leaves the completion statistics to the base
-    trainer (TRL's `DistillationTrainer` logs them itself)."""
-    if accelerator.num_processes > 1:
-        stats = accelerator.gather(stats.unsqueeze(0)).sum(0)
-    total = dict(zip(STAT_NAMES, stats.tolist()))
-    tokens, rows = max(total["tokens"], 1), max(total["rows"], 1)
-    names = {"opd": "opd_loss"}
-    if show_nca:
-        names.update(nca="nca_loss", view_kl="view_kl")
-    for key, name in names.items():
-        metrics[name].append(total[key] / tokens)
-    if completions:
-        metrics["completions/mean_length"].append(total["tokens"] / rows)
-        metrics["completions/clipped_ratio"].append(total["clipped"] / rows)
-        metrics["completions/on_policy"].append(total["sampled_rows"] / rows)
-    return {"loss": total["loss"] / tokens, "opd_loss": total["opd"] / tokens, "view_kl": total["view_kl"] / tokens}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checkpoints: the anchor schedule's state and resuming.
-
-
-def token_mean_eval_loss(output, sums: torch.Tensor | None, record, device, metric_key_prefix: str):
-    """Finish an evaluation loop: log the summed statistics of its batches (`sums`; None when this process had no
-    batch, which still joins the other processes' sum) through `record(sums, "eval")`, and make the loop's
-    `<prefix>_loss` their token mean over the whole evaluation set instead of Trainer's mean of batch means."""
-    if sums is None:
-        sums = torch.zeros(len(STAT_NAMES), dtype=torch.float64, device=device)
-    means = record(sums, "eval")
-    if f"{metric_key_prefix}_loss" in output.metrics:
-        output.metrics[f"{metric_key_prefix}_loss"] = means["loss"]
-    return output
-
-
-class ScheduleCheckpoint(TrainerCallback):
-    """Writes the anchor schedule's state into every checkpoint folder (read back by `load_schedule` on resume)."""
-
-    def __init__(self, schedule: BetaSchedule):
-        self.schedule = schedule
-
-    def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            if folder.is_dir():
-                (folder / SCHEDULE_STATE_FILE).write_text(json.dumps(self.schedule.state_dict()) + "\n")
-
-
-def load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
-    """Restore the anchor schedule saved in a checkpoint; a checkpoint without one must come from a constant one."""
-    path = Path(checkpoint) / SCHEDULE_STATE_FILE
-    if path.is_file():
-        schedule.load_state_dict(json.loads(path.read_text()))
-    elif schedule.kind != "constant":
-        raise ValueError(
-            f"{checkpoint} holds no {SCHEDULE_STATE_FILE}, so the {schedule.kind!r} anchor schedule cannot be resumed "
-            "exactly (the checkpoint was written by a run with nca_beta_schedule='constant' or an older trl-nca)."
-        )
-
-
-def resolve_resume(resume_from_checkpoint, output_dir: str):
-    """`resume_from_checkpoint=True` as the last checkpoint-N folder of `output_dir` (an error naming the folder when
-    there is none, never a silent fresh start); anything else unchanged."""
-    if resume_from_checkpoint is True:
-        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if last is None:
-            raise ValueError(
-                f"resume_from_checkpoint=True, but output_dir {output_dir!r} holds no checkpoint-N "
-                "folder. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
-            )
-        return last
-    return resume_from_checkpoint
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checks both trainers run.
-
-
-def named_datasets(train_dataset, eval_dataset):
-    """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
-    pairs = [("train", train_dataset)]
-    if isinstance(eval_dataset, dict):
-        pairs += [(f"eval {name!r}", ds) for name, ds in eval_dataset.items()]
-    else:
-        pairs.append(("eval", eval_dataset))
-    return [(split, ds) for split, ds in pairs if ds is not None]
-
-
-def position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
-    """The smaller of the student's and teacher's `max_position_embeddings`, if they declare one."""
-    configs = [model.config]
-    if isinstance(teacher, str):
-        configs.append(AutoConfig.from_pretrained(teacher))
-    elif hasattr(teacher, "config"):
-        configs.append(teacher.config)
-    limits = []
-    for config in configs:
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        if getattr(config, "max_position_embeddings", None):
-            limits.append(int(config.max_position_embeddings))
-    return min(limits) if limits else None
-
-
-def checked_launch(args, trainer: str):
-    """The launch's `accelerate.PartialState`, checked before any model loads: FSDP is refused
-    (`trl_nca.launch.refuse_fsdp`) and every launched process must take part (`check_process_count`). Reading
-    `args.device` sets up the process group, as `Trainer` would a moment later."""
-    from accelerate import PartialState
-
-    _ = args.device
-    state = args.distributed_state or PartialState()
-    refuse_fsdp(args, trainer)
-    check_process_count(state)
-    return state
-
-
-def check_process_count(accelerator) -> None:
-    """Every process must take part in one distributed run. Two silent failures of accelerate on a machine without
-    GPUs are refused: DeepSpeed joined the processes but accelerate counts one (every process then trains on the same
-    rows), or accelerate counts them but sets up no distributed training (each process trains its own copy, FSDP on a
-    CPU)."""
-    from accelerate.utils import DistributedType
-
-    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return
-    world = torch.distributed.get_world_size()
-    if world != accelerator.num_processes:
-        raise RuntimeError(
-            f"{world} processes were launched, but accelerate counts {accelerator.num_processes}: each would train on "
-            "the same rows. This happens under DeepSpeed on a machine without GPUs, where accelerate is given no "
-            "process-group backend. Launch with `accelerate launch --config_file examples/accelerate/zero2.yaml` (or "
-            "zero3.yaml) and set `ddp_backend='gloo'` in the config; a `deepspeed=` config in the training arguments "
-            "cannot name the backend there."
-        )
-    if world > 1 and accelerator.distributed_type == DistributedType.NO:
-        raise RuntimeError(
-            f"{world} processes were launched, but accelerate set up no distributed training: each would train its "
-            "own copy of the model without synchronising gradients. On a machine without GPUs accelerate applies "
-            "neither FSDP nor DDP to a non-CPU launch: use `examples/accelerate/ddp.yaml` with `--use_cpu true` (DDP "
-            "over gloo), or DeepSpeed "
-            "(examples/accelerate/zero2.yaml, zero3.yaml) with `ddp_backend='gloo'`."
-        )

@@ -3,8 +3,8 @@
 TRL samples every completion from the student's no-context prompt, once per gradient-accumulation window, and counts
 the window's completion tokens; this trainer adds the context prompts of the same rows, and replaces the loss method
 (which TRL runs inside its forward redirection) by the NCA objective shared with `NCATrainer`
-(`trl_nca.objective.NCAObjective`): the student's two views and the teacher are scored locally on the same completion
-ids, so vLLM never sees the context.
+(`trl_nca.trainers.objective.NCAObjective`): the student's two views and the teacher are scored locally on the same
+completion ids, so vLLM never sees the context.
 """
 
 from __future__ import annotations
@@ -15,30 +15,15 @@ from typing import Any
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 from trl import DistillationTrainer
-from trl.models import prepare_deepspeed
-from trl.trainer.utils import create_model_from_path
 
+from ..core.views import left_pad, split_example
+from .checkpoints import resume
 from .config import NCADistillationConfig
-from .data import Limits, check_examples, check_tokenizer, prepare_dataset
-from .launch import placed_init_kwargs
-from .models import resolve_model_name_or_path
-from .objective import (
-    NCA_PAPER,
-    NCAObjective,
-    ScheduleCheckpoint,
-    batch_stats,
-    checked_launch,
-    load_schedule,
-    named_datasets,
-    position_limit,
-    record_means,
-    resolve_resume,
-    token_mean_eval_loss,
-)
-from .teacher import SelfTeacher, check_output_rows, resolve_teacher, settle_teacher
-from .views import left_pad, split_example
+from .data import prepare_dataset
+from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
+from .stats import batch_stats
 
 
 logger = logging.getLogger(__name__)
@@ -73,6 +58,7 @@ class NCADistillationTrainer(DistillationTrainer):
     _tag_names = ["trl", "distillation", "trl-nca", "nca", "context-distillation"]
     _name = "NCA (DistillationTrainer)"
     _paper = NCA_PAPER
+    logs_completion_stats = False  # DistillationTrainer logs the completion lengths itself
 
     def __init__(
         self,
@@ -98,65 +84,32 @@ class NCADistillationTrainer(DistillationTrainer):
                 "scored on the sampled completion, which tool calls would interleave with tool results. Train tool "
                 "use with DistillationTrainer, or drop `tools`."
             )
-        model = resolve_model_name_or_path(model, "Student model")
-        state = checked_launch(args, "NCADistillationTrainer")
-        for split, dataset in named_datasets(train_dataset, eval_dataset):  # before any model is loaded
-            check_examples(dataset, args.context_spec, split)
-        model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        if isinstance(model, str):
-            model = create_model_from_path(
-                model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
-            )
-            args.model_init_kwargs = None  # used here; DistillationTrainer would warn that the model is already built
-        if processing_class is None:
-            if not model_id:
-                raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
-            processing_class = AutoTokenizer.from_pretrained(model_id)
-        if not isinstance(processing_class, PreTrainedTokenizerBase):
-            raise TypeError(
-                f"NCADistillationTrainer is text-only: `processing_class` must be a tokenizer, got a "
-                f"{type(processing_class).__name__}. Pass the processor's `.tokenizer` for a text-only student."
-            )
-        check_tokenizer(processing_class)
-
-        if teacher_model is None and args.teacher_model_name_or_path is not None:
-            teacher_model = args.teacher_model_name_or_path
-        teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
         init_kwargs = dict(args.teacher_model_init_kwargs or {})
         if args.teacher_model_revision is not None:
             init_kwargs.setdefault("revision", args.teacher_model_revision)
-        teacher = resolve_teacher(
-            teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
-            self_teacher=args.self_teacher, peft_config=peft_config, get_student=lambda: self.model,
-            init_kwargs=placed_init_kwargs(init_kwargs, "the teacher", state, args.device),
-            trust_remote_code=args.trust_remote_code,
+        models = resolve_models(
+            "NCADistillationTrainer", args, model, teacher_model, processing_class=processing_class,
+            teacher_processing_class=teacher_processing_class, peft_config=peft_config,
+            get_student=lambda: self.model, datasets=named_datasets(train_dataset, eval_dataset),
+            max_new_tokens=args.max_completion_length, teacher_init_kwargs=init_kwargs, text_only=True,
         )  # fmt: skip
-        common, widest = self._common_rows = check_output_rows(model, teacher, processing_class)
-        if widest > common and args.use_vllm:
-            raise ValueError(
-                f"The student's output layer has more rows ({widest}) than the teacher's ({common}), and vLLM cannot "
-                "be told to never sample the ids the teacher cannot score. Sample with `use_vllm=False`, or use a "
-                "teacher whose output layer is at least as wide as the student's."
-            )
-
-        self.limits = Limits(
-            max_new_tokens=args.max_completion_length,
-            max_context_length=args.max_context_length or position_limit(model, teacher),
-            truncate_context=args.truncate_context,
-        )
+        model, processing_class, teacher = models.student, models.tokenizer, models.teacher
+        _check_vllm_can_sample(models.common_rows, args.use_vllm)
+        self.limits = models.limits
+        # The no-context half's results while a micro-batch runs its views in sequence (`_views_in_sequence`).
+        self._sequence: dict[str, Any] | None = None
+        # The last loss call's terms, read by `compute_loss` after TRL's forward redirection returns.
+        self._last_terms: tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor] | None = None
         self.context_spec = args.context_spec
 
-        def prepare(dataset, split):
-            if dataset is None:
-                return None
-            dataset = prepare_dataset(dataset, processing_class, self.context_spec, self.limits, split)
-            return _with_chat_prompt(dataset)
-
-        train_dataset = prepare(train_dataset, "train")
+        train_dataset = _prepared(train_dataset, processing_class, self.context_spec, self.limits, "train")
         if isinstance(eval_dataset, dict):
-            eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
+            eval_dataset = {
+                name: _prepared(ds, processing_class, self.context_spec, self.limits, f"eval {name}")
+                for name, ds in eval_dataset.items()
+            }
         else:
-            eval_dataset = prepare(eval_dataset, "eval")
+            eval_dataset = _prepared(eval_dataset, processing_class, self.context_spec, self.limits, "eval")
 
         # The teacher is prepared here, not by DistillationTrainer: a self-teacher has no parameters of its own, and
         # teachers whose output layer is padded to another size than the student's are supported (the divergences
@@ -172,36 +125,15 @@ class NCADistillationTrainer(DistillationTrainer):
             optimizers=optimizers,
             peft_config=peft_config,
         )
-        teacher = settle_teacher(teacher, self.model) or teacher  # the student is PEFT-wrapped only now
-        if isinstance(teacher, SelfTeacher):
-            self.teacher_model = teacher  # calls the student, which the accelerator already wraps
-        elif self.is_deepspeed_enabled:
-            self.teacher_model = prepare_deepspeed(teacher, self.accelerator)
-        else:
-            self.teacher_model = self.accelerator.prepare_model(teacher, evaluation_mode=True)
-        if widest > common:  # sampling never emits an id past the common rows, which the teacher could not score
-            self.generation_kwargs["suppress_tokens"] = list(range(common, widest))
-            self.generation_config.suppress_tokens = list(range(common, widest))
-
-        self.nca = NCAObjective(
-            args, processing_class.pad_token_id, self.model, self._teacher(), deepspeed=self.is_deepspeed_enabled
-        )
-        self.nca_schedule = self.nca.schedule
-        self.add_callback(ScheduleCheckpoint(self.nca_schedule))
-        self._step_sums = None
-        self._eval_sums = None
-        self._last_terms = None
-        self._sequence = None  # the no-context half's results while a micro-batch runs its views in sequence
+        finish_setup(self, teacher, models.common_rows, placed=False)
 
     @property
     def nca_beta(self) -> float:
         """The anchor weight of the optimizer step in progress (`nca_beta_schedule`)."""
-        return self.nca_schedule.value
+        return self.nca.schedule.value
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
-        if isinstance(resume_from_checkpoint, str):
-            load_schedule(self.nca_schedule, resume_from_checkpoint)
+        resume_from_checkpoint = resume(resume_from_checkpoint, self.args.output_dir, self.nca.schedule)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _set_signature_columns_if_needed(self):
@@ -284,6 +216,10 @@ class NCADistillationTrainer(DistillationTrainer):
         return loss
 
     def training_step(self, model, inputs, num_items_in_batch):
+        # DistillationTrainer counts micro-batches in `_step`: a window of gradient_accumulation_steps of them (one
+        # sampling) is one optimizer step, whose terms are logged as token means over all its micro-batches.
+        if self._step % self.args.gradient_accumulation_steps == 0:
+            self.step_stats.open_step(self.args.gradient_accumulation_steps)
         with self.nca.training_step():
             return super().training_step(model, inputs, num_items_in_batch)
 
@@ -299,41 +235,38 @@ class NCADistillationTrainer(DistillationTrainer):
         self._last_terms = None
         lengths = completion_mask.sum(1)
         stats = batch_stats(terms, total, lengths, torch.zeros_like(lengths), on_policy=True)
-        if not self.model.training:
-            self._eval_sums = stats if self._eval_sums is None else self._eval_sums + stats
-            return out
-        # DistillationTrainer counts micro-batches in `_step`; a window of gradient_accumulation_steps of them is one
-        # optimizer step, whose terms are logged as token means over all its micro-batches.
-        position = self._step % self.args.gradient_accumulation_steps
-        self._step_sums = stats if position == 0 or self._step_sums is None else self._step_sums + stats
-        if position == self.args.gradient_accumulation_steps - 1:
-            means = self._record_means(self._step_sums, "train")
-            self._metrics["train"]["nca_beta"].append(self.nca_beta)
-            self.nca_schedule.update(means)
-            self._step_sums = None
+        self.step_stats.add(stats, training=self.model.training)
         return out
-
-    def _token_divergences(self, student: nn.Module, inputs: dict[str, Any], need_context: bool):
-        """Per-token terms of a batch in NCA's view keys (`trl_nca.objective.NCAObjective.token_divergences`)."""
-        return self.nca.token_divergences(student, self._teacher(), inputs, need_context)
-
-    def _record_means(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
-        show_nca = self.nca.active or self.args.nca_monitor
-        return record_means(stats, self.accelerator, self._metrics[mode], show_nca, completions=False)
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
     ):
         """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
         (Trainer would average per-batch means)."""
-        self._eval_sums = None
+        self.step_stats.open_eval()
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        sums, self._eval_sums = self._eval_sums, None
-        return token_mean_eval_loss(output, sums, self._record_means, self.args.device, metric_key_prefix)
+        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
+
+
+def _check_vllm_can_sample(common_rows: tuple[int, int], use_vllm: bool) -> None:
+    common, widest = common_rows
+    if widest > common and use_vllm:
+        raise ValueError(
+            f"The student's output layer has more rows ({widest}) than the teacher's ({common}), and vLLM cannot "
+            "be told to never sample the ids the teacher cannot score. Sample with `use_vllm=False`, or use a "
+            "teacher whose output layer is at least as wide as the student's."
+        )
+
+
+def _prepared(dataset, tokenizer, context_spec, limits, split: str):
+    """Both views tokenised (`prepare_dataset`), and every row's `prompt` as chat messages."""
+    if dataset is None:
+        return None
+    return _with_chat_prompt(prepare_dataset(dataset, tokenizer, context_spec, limits, split))
 
 
 def _nca_batch(inputs: dict[str, Any]) -> dict[str, Any]:
-    """DistillationTrainer's micro-batch in NCA's view keys (`trl_nca.data.VIEW_KEYS`)."""
+    """DistillationTrainer's micro-batch in NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`)."""
     return {
         "prompts": inputs["prompt_ids"],
         "prompt_attention_mask": inputs["prompt_mask"],

@@ -2,7 +2,7 @@
 
 The rows of a micro-batch usually begin with the same tokens: the chat template's opening, a system message, a
 context shared by the whole batch (one system prompt for a dataset, one experience text for every game step). A view
-(`trl_nca.views.View`: left-padded prompts, then the shared completion block) is split into
+(`trl_nca.core.views.View`: left-padded prompts, then the shared completion block) is split into
 
     prefix  the longest run of tokens that every row's prompt starts with, one row, positions 0..P-1
     suffix  each row's remaining prompt tokens, left-padded again, then the same completion block; positions continue
@@ -300,7 +300,7 @@ class PrefixSharing:
     def completion_states(
         self, model: nn.Module, view: View, completion_mask: torch.Tensor, what: str, persist: Hashable | None = None
     ) -> torch.Tensor:
-        """`trl_nca.views.completion_states` of `view`, with its shared prefix run once when that is exact.
+        """`trl_nca.core.views.completion_states` of `view`, with its shared prefix run once when that is exact.
 
         `persist`: a key that stays equal while the model's weights do (see `weights_fingerprint`); without gradient,
         the prefix's keys and values are then kept for the next call with the same key and the same prefix tokens.

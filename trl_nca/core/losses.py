@@ -197,7 +197,7 @@ def _opd_terms(ls: torch.Tensor, lt: torch.Tensor, beta: float) -> torch.Tensor:
     return beta * _kl(lt, lm) + (1.0 - beta) * _kl(ls, lm)
 
 
-def _tile_terms(ls, lt, lc, mask, spec: DivergenceSpec, want) -> list[torch.Tensor]:
+def _tile_terms(ls, lt, lc, mask, spec: DivergenceSpec, terms) -> list[torch.Tensor]:
     """Per-token partial sums over one vocabulary slice of the requested divergences, from the slice's
     log-probabilities `ls` (q_x), `lt` (f) and `lc` (q_c, or None); `mask` is the top-k support in the slice."""
 
@@ -205,17 +205,17 @@ def _tile_terms(ls, lt, lc, mask, spec: DivergenceSpec, want) -> list[torch.Tens
         return (terms if mask is None else terms * mask).sum(-1)
 
     out = []
-    if "opd" in want:
+    if "opd" in terms:
         out.append(total(_opd_terms(ls, lt, spec.beta)))
-    if "nca" in want:
+    if "nca" in terms:
         anchor = lt if spec.nca_target == "teacher" else (ls.detach() if spec.nca_stop_gradient else ls)
         nca = _kl(anchor, lc)
         if spec.nca_divergence == "symmetric_kl":
             nca = nca + _kl(lc, anchor)
         out.append(total(nca))
-    if "view_kl" in want:
+    if "view_kl" in terms:
         out.append(total(_kl(ls.detach(), lc.detach())))
-    if "entropy" in want:
+    if "entropy" in terms:
         lx = ls.detach()
         out.append(total(-(lx.exp() * lx)))  # entropy of q_x, -sum_v q_x(v) log q_x(v), no gradient
     return out
@@ -233,7 +233,7 @@ class _Tiling:
     student: LMHead
     teacher: LMHead
     spec: DivergenceSpec
-    want: tuple[str, ...]
+    terms: tuple[str, ...]
     vocab_chunk: int
     token_chunk: int
 
@@ -283,9 +283,9 @@ class _TiledDivergences(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h_x, h_c, h_t, weight, bias, tiling: _Tiling):
-        student, teacher, spec, want = tiling.student, tiling.teacher, tiling.spec, tiling.want
+        student, teacher, spec, terms = tiling.student, tiling.teacher, tiling.spec, tiling.terms
         inv_t, vocab_chunk = tiling.inv_t, tiling.vocab_chunk
-        sums = {name: h_x.new_zeros(h_x.shape[0], dtype=_acc(h_x)) for name in want}
+        sums = {name: h_x.new_zeros(h_x.shape[0], dtype=_acc(h_x)) for name in terms}
         lses = {view: h_x.new_empty(h_x.shape[0], dtype=_acc(h_x)) for view in ("x", "c", "t")}
         support = None
         if spec.top_k:
@@ -307,13 +307,13 @@ class _TiledDivergences(torch.autograd.Function):
                 lt = None if ht is None else tiling.log_probs(teacher, ht, lses["t"][rows], start)[1]
                 lc = None if hc is None else tiling.log_probs(student, hc, lses["c"][rows], start)[1]
                 mask = None if sup is None else _support_mask(sup, start, ls.shape[1])
-                for name, part in zip(want, _tile_terms(ls, lt, lc, mask, spec, want)):
+                for name, part in zip(terms, _tile_terms(ls, lt, lc, mask, spec, terms)):
                     sums[name][rows] += part
         ctx.save_for_backward(h_x, h_c, h_t, lses["x"], lses["c"], lses["t"], support)
         ctx.tiling = tiling
         ctx.set_materialize_grads(False)
-        outputs = tuple(sums[name] for name in want)
-        ctx.mark_non_differentiable(*(out for name, out in zip(want, outputs) if name not in _DIFFERENTIABLE))
+        outputs = tuple(sums[name] for name in terms)
+        ctx.mark_non_differentiable(*(out for name, out in zip(terms, outputs) if name not in _DIFFERENTIABLE))
         return outputs
 
     @staticmethod
@@ -324,7 +324,7 @@ class _TiledDivergences(torch.autograd.Function):
         student, teacher, spec = tiling.student, tiling.teacher, tiling.spec
         need_x, need_c, need_w, need_b = (ctx.needs_input_grad[i] for i in (0, 1, 3, 4))
         coefficients = {
-            name: grad for name, grad in zip(tiling.want, grad_outputs) if name in _DIFFERENTIABLE and grad is not None
+            name: grad for name, grad in zip(tiling.terms, grad_outputs) if name in _DIFFERENTIABLE and grad is not None
         }
         grad_x = torch.zeros_like(h_x, dtype=_acc(h_x)) if need_x else None
         grad_c = torch.zeros_like(h_c, dtype=_acc(h_c)) if need_c else None
@@ -374,7 +374,7 @@ def token_divergences(
     teacher: LMHead,
     spec: DivergenceSpec,
     h_c: torch.Tensor | None = None,
-    want: tuple[str, ...] = ("opd", "nca", "view_kl"),
+    terms: tuple[str, ...] = ("opd", "nca", "view_kl"),
     vocab_chunk: int = 8192,
     token_chunk: int = 2048,
 ) -> dict[str, torch.Tensor]:
@@ -382,30 +382,31 @@ def token_divergences(
 
     `h_x`, `h_c` are the student's hidden states of the same completion tokens in the no-context and context views,
     `h_t` the teacher's. The teacher is a constant: neither `h_t` nor the teacher's head receives gradient, also when
-    the teacher's head is the student's own (a live self-teacher). `want` selects among "opd", "nca", "view_kl"
+    the teacher's head is the student's own (a live self-teacher). `terms` selects among "opd", "nca", "view_kl"
     (KL(q_x || q_c), no gradient, for monitoring) and "entropy" (of q_x, no gradient; over the support with top-k);
     "nca" and "view_kl" need `h_c`. Gradients reach `h_x` only through OPD (and NCA without stop-gradient)
     and `h_c` only through NCA.
 
     `h_t` may be None when no requested term reads the teacher ("nca" with the student anchor, "view_kl", "entropy"):
-    the context-view half of views run in sequence (`trl_nca.objective`). The teacher's head still sets the common rows.
+    the context-view half of views run in sequence (`trl_nca.trainers.objective`). The teacher's head still sets the
+    common rows.
 
     Under DeepSpeed ZeRO-3 the heads are gathered once for the forward and once for the backward, whatever the number
     of tiles; the head's weight gradient is one buffer that every tile adds its rows to.
     """
     # In the order _tile_terms appends them; the context terms only with a context view.
     order = ("opd", "nca", "view_kl", "entropy")
-    want = tuple(w for w in order if w in want and (w in ("opd", "entropy") or h_c is not None))
-    if h_t is None and ("opd" in want or ("nca" in want and spec.nca_target == "teacher")):
-        raise ValueError(f"token_divergences needs the teacher's states (h_t) for {want} with {spec}.")
+    terms = tuple(w for w in order if w in terms and (w in ("opd", "entropy") or h_c is not None))
+    if h_t is None and ("opd" in terms or ("nca" in terms and spec.nca_target == "teacher")):
+        raise ValueError(f"token_divergences needs the teacher's states (h_t) for {terms} with {spec}.")
     # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
     vocab = min(student.vocab_size, teacher.vocab_size)
     student = replace(student, rows=vocab)
     # The teacher is a constant in every parameter, also when its head is the student's (live self-teacher).
     teacher = replace(teacher, constant=True, rows=vocab)
-    tiling = _Tiling(student, teacher, spec, want, vocab_chunk, token_chunk)
+    tiling = _Tiling(student, teacher, spec, terms, vocab_chunk, token_chunk)
     weight, bias = (None, None) if student.constant else (student.weight, student.bias)
     # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes.
     with student.gathered(teacher):
         outputs = _TiledDivergences.apply(h_x, h_c, None if h_t is None else h_t.detach(), weight, bias, tiling)
-    return dict(zip(want, outputs))
+    return dict(zip(terms, outputs))

@@ -1,8 +1,8 @@
 """The trainers' configurations: `NCAFields` (the NCA fields, declared once), `NCAConfig` (on GKD's `GKDConfig`) and
 `NCADistillationConfig` (on TRL's `DistillationConfig`).
 
-Each field is documented once, in its `metadata["help"]`; `trl_nca.field_docs.document_fields` writes the same text
-into the class docstrings (see that module for how a new field is added)."""
+Each field is documented once, in its `metadata["help"]`; `trl_nca.trainers.field_docs.document_fields` writes the same
+text into the class docstrings (see that module for how a new field is added)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import ClassVar, Literal
 from trl import DistillationConfig
 from trl.import_utils import TRLExperimentalWarning
 
-from .checks import check_integer, check_number
+from ..core.checks import check_integer, check_number
+from ..core.losses import DivergenceSpec
+from ..core.schedule import SCHEDULES, schedule_from_config
+from ..core.views import ContextSpec
 from .field_docs import document_fields
-from .losses import DivergenceSpec
-from .schedule import SCHEDULES, schedule_from_config
-from .views import ContextSpec
 
 
 with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on purpose (see docs/design.md)
@@ -49,8 +49,8 @@ class NCAFields:
     `NCADistillationTrainer`). A subclass names its support-size field in `_support_size_name` and declares it."""
 
     _support_size_name: ClassVar[str] = "top_k"
-    # The docstring's sections (trl_nca.field_docs): each opens at the field named here and runs to the next one, so a
-    # new field belongs to the section it is declared in.
+    # The docstring's sections (trl_nca.trainers.field_docs): each opens at the field named here and runs to the next
+    # one, so a new field belongs to the section it is declared in.
     _doc_sections: ClassVar[dict[str, str]] = {
         "nca_beta": "Parameters that control the NCA term",
         "context_column": "Parameters that control the context",
@@ -102,7 +102,7 @@ class NCAFields:
             "over `nca_warmup_steps`); `'adaptive'` (beyond the paper: starts at `nca_adaptive_init` and is "
             "multiplied after each step by `1 + clip(view_kl / (nca_adaptive_target * opd_loss) - 1, -0.2, 0.2) / "
             "nca_adaptive_horizon`, within `[nca_adaptive_min, nca_beta]`, so the anchor grows once the no-context "
-            "view has caught up with the teacher and the context view drifts; see `trl_nca.schedule`). Saved in "
+            "view has caught up with the teacher and the context view drifts; see `trl_nca.core.schedule`). Saved in "
             "checkpoints, restored on resume."
         },
     )
@@ -243,7 +243,7 @@ class NCAFields:
             "and values across steps while the prefix stays the same. Where it would not be exact the forward runs "
             "unshared and the reason is logged once: sliding-window or chunked attention layers, attention "
             "implementations other than `'eager'` and `'sdpa'`, active dropout, reentrant gradient checkpointing, a "
-            "model whose forward takes no cache. See `trl_nca.prefix`."
+            "model whose forward takes no cache. See `trl_nca.core.prefix`."
         },
     )
     share_prefix_min_tokens: int = field(
@@ -402,10 +402,10 @@ class NCAConfig(NCAFields, GKDConfig):
 
         OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)
 
-    where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of [`~trl.experimental.gkd.GKDConfig`]
-    keep their meaning; the fields below are specific to NCA (declared once, in [`NCAFields`], and shared with
-    [`NCADistillationConfig`]), or are GKD's with another default. `bf16=None` resolves to `True` only when a CUDA
-    device with bfloat16 support is present, so the same config runs on a CPU-only machine.
+    where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of
+    [`~trl.experimental.gkd.GKDConfig`] keep their meaning; the fields below are specific to NCA (declared once, in
+    [`NCAFields`], and shared with [`NCADistillationConfig`]), or are GKD's with another default. `bf16=None` resolves
+    to `True` only when a CUDA device with bfloat16 support is present, so the same config runs on a CPU-only machine.
 
     Shared fields whose effect differs from `GKDTrainer` (a config that trains under `GKDTrainer` also trains under
     `NCATrainer`; where the effect differs, the trainer says so):
@@ -421,7 +421,8 @@ class NCAConfig(NCAFields, GKDConfig):
         - `compute_metrics` and `preprocess_logits_for_metrics` are refused: the loss never materialises logits, so
           evaluation has no predictions to give them. Use the logged `eval_*` terms, or
           `trl_nca.eval.PairedEvalCallback` for task accuracy with and without the context.
-        - A custom `data_collator` must produce NCA's batch keys (`trl_nca.data.BATCH_KEYS`); the trainer probes it
+        - A custom `data_collator` must produce NCA's batch keys (`trl_nca.trainers.data.BATCH_KEYS`); the trainer
+        probes it
           on one example at init. GKD's chat collator does not.
     """
 

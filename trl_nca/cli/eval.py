@@ -1,7 +1,7 @@
 """`trl-nca eval`: paired with/without-context evaluation of one or several models from the command line.
 
 `add_eval_arguments(parser)` declares the options, `run_eval(args)` runs them (raising `EvalInputError` on bad input),
-and `main(argv)` makes `python -m trl_nca.eval.cli ...` work on its own.
+and `main(argv)` makes `python -m trl_nca.cli.eval ...` work on its own.
 """
 
 from __future__ import annotations
@@ -14,18 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
 from ..envs import game_generation_settings
 from ..envs.registry import parse_game_options
+from ..eval import loading
+from ..eval.errors import EvalInputError
+from ..eval.games import check_game_options
+from ..eval.loading import ModelSpec
+from ..eval.paired import PairedEvaluator
+from ..eval.report import ModelRun, safe_name, write_report
+from ..eval.runner import PairedTask, run_paired, run_provenance
+from ..eval.scorers import SCORERS
 from ..inputs import load_rows
-from ..sampling import GenerationSettings, VLLMBackend, vllm_available
-from . import loading
-from .errors import EvalInputError
-from .games import check_game_options
-from .loading import ModelSpec
-from .paired import PairedEvaluator
-from .report import ModelRun, safe_name, write_report
-from .runner import PairedTask, run_paired, run_provenance
-from .scorers import SCORERS
 
 
 EPILOG = """\
@@ -396,7 +396,7 @@ def build_parser(prog: str = "trl-nca eval") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of `python -m trl_nca.eval.cli`: exit status 0 on success, 2 with a one-line error on bad input."""
+    """Entry point of `python -m trl_nca.cli.eval`: exit status 0 on success, 2 with a one-line error on bad input."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

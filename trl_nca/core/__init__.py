@@ -1,0 +1,3 @@
+"""The core: the divergences on hidden states, the two views and their alignment, exact shared-prefix reuse, the anchor
+weight's schedule, gradient cosines, sampling, launch checks and number checks. Pure torch (and Transformers models
+called as modules): nothing here knows a Trainer."""

@@ -1,0 +1,227 @@
+"""What both trainers do to get ready, written once: the student, its tokenizer, the teacher and the token budgets
+resolved before the base trainer's `__init__` (`resolve_models`), and the wiring after it (`finish_setup`: the
+teacher placed, the NCA objective, the anchor schedule's checkpoint, the step statistics), with the checks both run.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+from trl.models.utils import prepare_deepspeed
+from trl.trainer.utils import create_model_from_path
+
+from ..core.launch import placed_init_kwargs, refuse_fsdp
+from ..models.names import resolve_model_name_or_path
+from .checkpoints import ScheduleCheckpoint
+from .data import Limits, check_examples, check_tokenizer
+from .objective import NCAObjective
+from .stats import StepStats
+from .teacher import SelfTeacher, check_output_rows, replacement_teacher, resolve_teacher
+
+
+# The paper both trainers cite in their model cards (TRL reads a trainer's `_paper`).
+NCA_PAPER = {
+    "title": "When Context Returns: Toward Robust Internalization in On-Policy Distillation",
+    "id": "2606.11627",
+    # docstyle-ignore
+    "citation": textwrap.dedent("""\
+        @article{wang2026when,
+            title        = {{When Context Returns: Toward Robust Internalization in On-Policy Distillation}},
+            author       = {Xun Wang and Ruishuo Chen and Zhuoran Li and Yu Chen and Longbo Huang},
+            year         = 2026,
+            journal      = {arXiv preprint arXiv:2606.11627},
+        }"""),
+}
+
+
+@dataclass
+class TrainerModels:
+    """The models and budgets a trainer hands to its base class: the built `student`, its `tokenizer`, the `teacher`
+    (phase 1 of `resolve_teacher`), whether the teacher was loaded here from a name (`teacher_loaded_here`), the
+    output rows both models share and the wider one's (`common_rows`), and the token budgets (`limits`)."""
+
+    student: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    teacher: nn.Module
+    teacher_loaded_here: bool
+    common_rows: tuple[int, int]
+    limits: Limits
+
+
+def resolve_models(
+    trainer: str,
+    args,
+    model: nn.Module | str | None,
+    teacher_model: nn.Module | str | None,
+    *,
+    processing_class,
+    teacher_processing_class,
+    peft_config,
+    get_student: Callable[[], nn.Module],
+    datasets: Iterable[tuple[str, Any]],
+    max_new_tokens: int,
+    max_length: int | None = None,
+    teacher_init_kwargs: dict[str, Any] | None = None,
+    text_only: bool = False,
+) -> TrainerModels:
+    """Everything before the base trainer's `__init__`, in the order that fails cheapest first.
+
+    The launch is checked (`checked_launch`) and the `datasets` ((split, dataset) pairs) are checked before any model
+    loads; then the student (a name is loaded with `args.model_init_kwargs`, placed on this process's device), its
+    tokenizer (loaded from where the student came from when not given; with `text_only` it must be a tokenizer, not a
+    processor), the teacher (`teacher_model`, else `args.teacher_model_name_or_path`, loaded with
+    `teacher_init_kwargs`; None: a self-teacher, see `resolve_teacher`; `get_student` returns the trainer's student
+    once it is wrapped), their common output rows and the token budgets.
+    """
+    model = resolve_model_name_or_path(model, "Student model")
+    state = checked_launch(args, trainer)
+    for split, dataset in datasets:  # empty or malformed datasets fail here, before any model is loaded
+        check_examples(dataset, args.context_spec, split)
+    model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+    if isinstance(model, str):
+        model = create_model_from_path(
+            model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
+        )
+        args.model_init_kwargs = None  # used here; the base trainer would warn that the model is already built
+    if processing_class is None:
+        if not model_id:
+            raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
+        processing_class = AutoTokenizer.from_pretrained(model_id)
+    if text_only and not isinstance(processing_class, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"{trainer} is text-only: `processing_class` must be a tokenizer, got a "
+            f"{type(processing_class).__name__}. Pass the processor's `.tokenizer` for a text-only student."
+        )
+    check_tokenizer(processing_class)
+
+    if teacher_model is None and args.teacher_model_name_or_path is not None:
+        teacher_model = args.teacher_model_name_or_path
+    teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
+    teacher_loaded_here = isinstance(teacher_model, str)
+    teacher = resolve_teacher(
+        teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
+        self_teacher=args.self_teacher, peft_config=peft_config, get_student=get_student,
+        init_kwargs=placed_init_kwargs(teacher_init_kwargs, "the teacher", state, args.device),
+        trust_remote_code=args.trust_remote_code,
+    )  # fmt: skip
+    common_rows = check_output_rows(model, teacher, processing_class)
+    limits = Limits(
+        max_new_tokens=max_new_tokens,
+        max_length=max_length,
+        max_context_length=args.max_context_length or position_limit(model, teacher),
+        truncate_context=args.truncate_context,
+    )
+    return TrainerModels(model, processing_class, teacher, teacher_loaded_here, common_rows, limits)
+
+
+def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], placed: bool) -> None:
+    """Everything after the base trainer's `__init__`, which has wrapped the student (PEFT, accelerate).
+
+    The teacher: a frozen merged copy replaces the adapter-disabled self-teacher where disabling the adapter would not
+    give the initial weights (`replacement_teacher`); a teacher not yet `placed` by the base class is placed as TRL
+    places teachers (a `SelfTeacher` as it is: it calls the student, which the accelerator already wraps; under
+    DeepSpeed an engine, sharded under ZeRO-3; else prepared for evaluation). With output layers of different sizes,
+    sampling never emits an id past the common rows (the other model could not score it). Then `trainer.nca` (the
+    objective shared by both trainers), the anchor schedule's checkpoint callback, and `trainer.step_stats`.
+    """
+    replacement = replacement_teacher(teacher, trainer.model)
+    if replacement is not None or not placed:
+        teacher = replacement if replacement is not None else teacher
+        if isinstance(teacher, SelfTeacher):
+            trainer.teacher_model = teacher
+        elif trainer.is_deepspeed_enabled:
+            trainer.teacher_model = prepare_deepspeed(teacher, trainer.accelerator)
+        else:
+            trainer.teacher_model = trainer.accelerator.prepare_model(teacher, evaluation_mode=True)
+    common, widest = common_rows
+    if widest > common:
+        trainer.generation_kwargs["suppress_tokens"] = list(range(common, widest))
+        trainer.generation_config.suppress_tokens = list(range(common, widest))
+    args = trainer.args
+    trainer.nca = NCAObjective(
+        args,
+        trainer.processing_class.pad_token_id,
+        trainer.model,
+        trainer.accelerator.unwrap_model(trainer.teacher_model),
+        deepspeed=trainer.is_deepspeed_enabled,
+    )
+    trainer.add_callback(ScheduleCheckpoint(trainer.nca.schedule))
+    trainer.step_stats = StepStats(
+        trainer.accelerator,
+        trainer._metrics,
+        trainer.nca.schedule,
+        show_nca=trainer.nca.active or args.nca_monitor,
+        completions=trainer.logs_completion_stats,
+    )
+
+
+def named_datasets(train_dataset, eval_dataset):
+    """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
+    pairs = [("train", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        pairs += [(f"eval {name!r}", ds) for name, ds in eval_dataset.items()]
+    else:
+        pairs.append(("eval", eval_dataset))
+    return [(split, ds) for split, ds in pairs if ds is not None]
+
+
+def position_limit(model: nn.Module, teacher: nn.Module | str) -> int | None:
+    """The smaller of the student's and teacher's `max_position_embeddings`, if they declare one."""
+    configs = [model.config]
+    if isinstance(teacher, str):
+        configs.append(AutoConfig.from_pretrained(teacher))
+    elif hasattr(teacher, "config"):
+        configs.append(teacher.config)
+    limits = []
+    for config in configs:
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if getattr(config, "max_position_embeddings", None):
+            limits.append(int(config.max_position_embeddings))
+    return min(limits) if limits else None
+
+
+def checked_launch(args, trainer: str):
+    """The launch's `accelerate.PartialState`, checked before any model loads: FSDP is refused
+    (`trl_nca.core.launch.refuse_fsdp`) and every launched process must take part (`check_process_count`). Reading
+    `args.device` sets up the process group, as `Trainer` would a moment later."""
+    from accelerate import PartialState
+
+    _ = args.device
+    state = args.distributed_state or PartialState()
+    refuse_fsdp(args, trainer)
+    check_process_count(state)
+    return state
+
+
+def check_process_count(accelerator) -> None:
+    """Every process must take part in one distributed run. Two silent failures of accelerate on a machine without
+    GPUs are refused: DeepSpeed joined the processes but accelerate counts one (every process then trains on the same
+    rows), or accelerate counts them but sets up no distributed training (each process trains its own copy, FSDP on a
+    CPU)."""
+    from accelerate.utils import DistributedType
+
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    world = torch.distributed.get_world_size()
+    if world != accelerator.num_processes:
+        raise RuntimeError(
+            f"{world} processes were launched, but accelerate counts {accelerator.num_processes}: each would train on "
+            "the same rows. This happens under DeepSpeed on a machine without GPUs, where accelerate is given no "
+            "process-group backend. Launch with `accelerate launch --config_file examples/accelerate/zero2.yaml` (or "
+            "zero3.yaml) and set `ddp_backend='gloo'` in the config; a `deepspeed=` config in the training arguments "
+            "cannot name the backend there."
+        )
+    if world > 1 and accelerator.distributed_type == DistributedType.NO:
+        raise RuntimeError(
+            f"{world} processes were launched, but accelerate set up no distributed training: each would train its "
+            "own copy of the model without synchronising gradients. On a machine without GPUs accelerate applies "
+            "neither FSDP nor DDP to a non-CPU launch: use `examples/accelerate/ddp.yaml` with `--use_cpu true` (DDP "
+            "over gloo), or DeepSpeed "
+            "(examples/accelerate/zero2.yaml, zero3.yaml) with `ddp_backend='gloo'`."
+        )
