@@ -2,7 +2,8 @@
 
 Every `data/<name>.json` is the `comparison.json` that `trl-nca compare` wrote for one experiment. In results.md, a
 block between `<!-- table:<name> -->` and `<!-- /table -->` is replaced by that run's table (mean ± standard deviation
-over seeds, then one row per seed), and `<!-- figures:<name> -->` ... `<!-- /figures -->` by links to its figures,
+over seeds, then one row per seed), `<!-- statistics:<name> -->` by its statistics over runs (medians, quartiles, the
+paired differences and their tests), and `<!-- figures:<name> -->` ... `<!-- /figures -->` by links to its figures,
 drawn into docs/results/figures/ (not committed: run this script, or build the documentation site, to see them).
 The experiments of section 8 (`RANGED`) also give the README's block `<!-- ranges:<name> -->` (the spread over their
 runs) and `trl_nca/resources/documented_ranges.json`, which `trl-nca compare` reads a new run against.
@@ -27,7 +28,7 @@ DATA = HERE / "data"
 FIGURES = HERE / "figures"
 README = HERE.parents[1] / "README.md"
 RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
-BLOCK = re.compile(r"<!-- (table|figures|ranges):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL)
+BLOCK = re.compile(r"<!-- (table|figures|ranges|statistics):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL)
 RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
 
 
@@ -45,11 +46,19 @@ def table(summary: dict) -> str:
 
 
 def figure_links(name: str) -> str:
-    titles = {"comparison": "accuracy without and with the context", "curves": "training curves",
+    titles = {"comparison": "accuracy without and with the context", "harm": "harm per run", "curves": "training curves",
               "tracking": "held-out accuracy along training"}  # fmt: skip
     summary = load(name)
-    kinds = ["comparison", "curves"] + (["tracking"] if any(summary.get("tracking", {}).values()) else [])
+    kinds = ["comparison"] + (["harm"] if "harm" in summary.get("figures", {}) and summary["statistics"]["paired"] else [])
+    kinds += ["curves"] + (["tracking"] if any(summary.get("tracking", {}).values()) else [])
     return "\n".join(f"![{name}: {titles[k]}](results/figures/{name}-{k}.png)" for k in kinds)
+
+
+def statistics(summary: dict) -> str:
+    from trl_nca.recipes.compare import COLUMN_NAMES
+    from trl_nca.recipes.statistics import render_statistics
+
+    return render_statistics(summary["statistics"], COLUMN_NAMES)
 
 
 def spread(summary: dict) -> str:
@@ -86,7 +95,7 @@ def ranges_file() -> str:
 def render(text: str) -> str:
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
-        body = {"table": table, "ranges": spread}[kind](load(name)) if kind != "figures" else figure_links(name)
+        body = {"table": table, "ranges": spread, "statistics": statistics}[kind](load(name)) if kind != "figures" else figure_links(name)
         return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"
 
     return BLOCK.sub(replace, text)
