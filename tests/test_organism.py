@@ -76,6 +76,76 @@ def test_task_rows_match_the_language():
     assert tok.convert_ids_to_tokens(with_rule)[2:4] == ["rule", "shift"]
 
 
+def test_the_facts_dialect_leaves_the_language_without_facts_as_it_was():
+    # the committed results were made with this organism: its cache key, vocabulary and pretraining turns stay
+    assert O.OrganismSpec().key() == "7e7ef19d6991"
+    rng = random.Random("golden")
+    assert [O.sample_turn(rng, O.OrganismSpec()) for _ in range(3)] == [
+        ("rule shift\nrule shift\nmap 5 2 9", "7 4 1"),
+        ("map 2 7 6 3", "2 7 6 3"),
+        ("rule flip\nrule shift\nmap 1 9 0 8 4", "9 1 0 2 6"),
+    ]
+    plain, facts = O.make_tokenizer().get_vocab(), O.make_tokenizer(facts=True).get_vocab()
+    assert "fact" not in plain and len(plain) == 22
+    assert facts == {**plain, "fact": 22}  # one word more, at the end: every other id unchanged
+    assert O.OrganismSpec(facts=True).key() != O.OrganismSpec().key()
+    assert O.spec_for_alias("organism-facts").facts
+
+
+def test_fact_lines_rewrite_their_digit_before_the_rules():
+    assert O.fact_line(4, 7) == "fact 4 7"
+    assert O.answer_line([4, 0, 4], [], {4: 7}) == "7 0 7"
+    assert O.answer_line([4, 0], ["shift"], {4: 7}) == "8 1"  # the fact first, then the rule
+    for source, target in ((3, 3), (10, 1), (1, -1)):
+        with pytest.raises(ValueError, match="A fact maps one digit to another digit"):
+            O.fact_line(source, target)
+    spec = O.OrganismSpec(facts=True)
+    rng = random.Random(0)
+    changed = 0
+    tok = O.make_tokenizer(facts=True)
+    for _ in range(300):
+        user, answer = O.sample_turn(rng, spec)
+        lines = user.split("\n")
+        facts = {int(line.split()[1]): int(line.split()[2]) for line in lines if line.startswith("fact ")}
+        rules = [line.split()[1] for line in lines if line.startswith("rule ")]
+        digits = [int(d) for d in lines[-1].split()[1:]]
+        assert len(facts) == sum(line.startswith("fact ") for line in lines) <= 2  # distinct source digits
+        assert answer == O.answer_line(digits, rules, facts)
+        changed += answer != O.answer_line(digits, rules)
+        assert tok.unk_token_id not in tok(user, add_special_tokens=False)["input_ids"]
+    assert changed > 100  # most facts are about a digit of the query
+
+
+def test_flip_task_shows_the_rule_applied_twice_as_the_query():
+    task = get_task("organism_flip")
+    assert task.context.text == "rule flip" and len(task.test) == 240
+    assert not {r["prompt"] for r in task.train} & {r["prompt"] for r in task.test}
+    for row in task.test:
+        digits = [int(d) for d in row["prompt"].split()[1:]]
+        assert row["answer"] == " ".join(str(9 - d) for d in digits)
+        assert row["twice"] == " ".join(map(str, digits))  # flipping twice restores the query
+
+
+def test_facts_task_gives_each_query_the_one_fact_that_changes_it():
+    from trl_nca.tasks.builtin import knowledge_base
+
+    task = get_task("organism_facts", seed=3)
+    facts = knowledge_base(3)
+    assert task.info["facts"] == {str(k): v for k, v in facts.items()} and len(facts) == 4
+    assert not set(facts.values()) & set(facts)  # a fact's digit is no source: applying it twice changes nothing
+    assert task.context.column == "context" and task.info["model"] == "organism-facts"
+    assert not {r["prompt"] for r in task.train} & {r["prompt"] for r in task.test}
+    used = set()
+    for row in task.train + task.test:
+        digits = [int(d) for d in row["prompt"].split()[1:]]
+        (source,) = {d for d in digits if d in facts}
+        used.add(source)
+        assert row["context"] == O.fact_line(source, facts[source])
+        assert row["answer"] == O.answer_line(digits, [], {source: facts[source]}) != O.answer_line(digits, [])
+    assert used == set(facts)
+    assert get_task("organism_facts", seed=3).test == task.test and get_task("organism_facts", seed=4).test != task.test
+
+
 def test_organism_checkpoint_is_cached_and_loadable(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

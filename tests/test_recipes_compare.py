@@ -383,3 +383,66 @@ def test_diagnostic_rates_count_every_sample_of_a_view():
         PairedRecord(second["id"], view("x", second["twice"]), view("x", "x")),
     ]
     assert diagnostic_rates(task, records) == {"twice_x": 3 / 4, "twice_xc": 1 / 4}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The reading of a comparison against the ranges docs/results.md documents
+
+
+def _summary(harms_by_method, methods=None, lr=2e-3):
+    settings = {"student": {"task": "organism_shift", "model": "organism", "peft": {"r": 8}, "monitor_opd": True,
+                            "track_every": 10},
+                "training": {"learning_rate": lr, "max_steps": 100}, "evaluation": {"temperature": 1.0}}  # fmt: skip
+    per_seed = {"base": [{"seed": None, "harm": None, "acc_x": 0.0, "acc_xc": 1.0}]}
+    for method, harms in harms_by_method.items():
+        per_seed[method] = [
+            {"seed": s, "harm": h, "acc_x": 1.0, "acc_xc": 1.0 - (h or 0.0)} for s, h in enumerate(harms)
+        ]
+    return {"methods": methods or {m: {} for m in harms_by_method}, "settings": settings, "per_seed": per_seed}
+
+
+def test_a_run_is_read_against_the_range_documented_for_its_settings():
+    from trl_nca.recipes.ranges import ranges_of, read_against_ranges
+
+    documented = _summary({"opd": [0.02, 0.5, 0.1], "nca": [0.0, 0.03, None]})
+    entry = ranges_of("org10-shift", documented, "section 8")
+    assert entry["methods"]["opd"] == {"runs": 3, "harm": [0.02, 0.5], "acc_x": [1.0, 1.0], "acc_xc": [0.5, 0.98]}
+    assert entry["methods"]["nca"]["harm"] == [0.0, 0.03]  # an undefined harm is no bound
+    within = _summary({"opd": [0.3, 0.02], "nca": [0.01]})
+    within["settings"]["student"]["track_every"] = 0  # tracking shapes no student
+    assert read_against_ranges(within, [entry]) == (
+        "Every run is within the range documented in docs/results.md section 8 (org10-shift: opd 3, nca 3 runs)."
+    )
+    outside = read_against_ranges(_summary({"opd": [0.3], "nca": [0.2]}), [entry])
+    assert outside.startswith("Outside the range documented") and "nca seed 0: harm 20.0% against 0.0%-3.0%" in outside
+    assert "opd seed" not in outside
+    for other in (_summary({"opd": [0.3]}, lr=1e-3), _summary({"opd": [0.3]}, methods={"opd": {"nca_beta": 0.1}})):
+        assert read_against_ranges(other, [entry]).startswith("No range is documented for these settings")
+
+
+def test_the_shipped_ranges_are_those_of_the_committed_results():
+    from trl_nca.recipes.ranges import documented_ranges
+
+    experiments = documented_ranges()
+    assert {e["name"] for e in experiments} >= {"org10-shift"}
+    data = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"
+    for entry in experiments:
+        summary = json.loads((data / f"{entry['name']}.json").read_text())
+        harms = [r["harm"] for r in summary["per_seed"]["opd"] if r["harm"] is not None]
+        assert entry["methods"]["opd"]["harm"] == [min(harms), max(harms)]
+
+
+def test_lora_target_modules_are_recorded_in_one_order():
+    """A set's order changes with the process's hash seed: the settings a resume compares write it sorted, and
+    summaries that wrote it as a set's string (trl-nca 0.1.0) still compare equal."""
+    from peft import LoraConfig
+
+    from trl_nca.recipes.compare import _differences, _peft_settings
+    from trl_nca.recipes.ranges import canonical
+
+    modules = ["v_proj", "q_proj", "down_proj", "k_proj"]
+    assert _peft_settings(LoraConfig(target_modules=modules))["target_modules"] == sorted(modules)
+    old = {"peft": {"target_modules": "{'v_proj', 'q_proj'}", "r": 8}}
+    assert _differences(old, {"peft": {"target_modules": ["q_proj", "v_proj"], "r": 8}}) == []
+    assert _differences(old, {"peft": {"target_modules": ["k_proj", "q_proj"], "r": 8}})  # other modules still differ
+    assert canonical({"a": "{'not a set'"}) == {"a": "{'not a set'"}

@@ -2,8 +2,11 @@
 
 Every `data/<name>.json` is the `comparison.json` that `trl-nca compare` wrote for one experiment. In results.md, a
 block between `<!-- table:<name> -->` and `<!-- /table -->` is replaced by that run's table (mean ± standard deviation
-over seeds, then one row per seed), and `<!-- figures:<name> -->` ... `<!-- /figures -->` by links to its figures,
+over seeds, then one row per seed), `<!-- statistics:<name> -->` by its statistics over runs (medians, quartiles, the
+paired differences and their tests), and `<!-- figures:<name> -->` ... `<!-- /figures -->` by links to its figures,
 drawn into docs/results/figures/ (not committed: run this script, or build the documentation site, to see them).
+The experiments of section 8 (`RANGED`) also give the README's block `<!-- ranges:<name> -->` (the spread over their
+runs) and `trl_nca/resources/documented_ranges.json`, which `trl-nca compare` reads a new run against.
 
     python docs/results/build.py            # rewrite the blocks and draw the figures
     python docs/results/build.py --check    # exit 1 if results.md is out of date with the data (used by the tests)
@@ -23,7 +26,10 @@ HERE = Path(__file__).resolve().parent
 PAGE = HERE.parent / "results.md"
 DATA = HERE / "data"
 FIGURES = HERE / "figures"
-BLOCK = re.compile(r"<!-- (table|figures):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL)
+README = HERE.parents[1] / "README.md"
+RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
+BLOCK = re.compile(r"<!-- (table|figures|ranges|statistics):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL)
+RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
 
 
 def load(name: str) -> dict:
@@ -40,17 +46,56 @@ def table(summary: dict) -> str:
 
 
 def figure_links(name: str) -> str:
-    titles = {"comparison": "accuracy without and with the context", "curves": "training curves",
+    titles = {"comparison": "accuracy without and with the context", "harm": "harm per run", "curves": "training curves",
               "tracking": "held-out accuracy along training"}  # fmt: skip
     summary = load(name)
-    kinds = ["comparison", "curves"] + (["tracking"] if any(summary.get("tracking", {}).values()) else [])
+    kinds = ["comparison"] + (["harm"] if "harm" in summary.get("figures", {}) and summary["statistics"]["paired"] else [])
+    kinds += ["curves"] + (["tracking"] if any(summary.get("tracking", {}).values()) else [])
     return "\n".join(f"![{name}: {titles[k]}](results/figures/{name}-{k}.png)" for k in kinds)
+
+
+def statistics(summary: dict) -> str:
+    from trl_nca.recipes.compare import COLUMN_NAMES
+    from trl_nca.recipes.statistics import render_statistics
+
+    return render_statistics(summary["statistics"], COLUMN_NAMES)
+
+
+def spread(summary: dict) -> str:
+    """Per method: runs, then median (min-max) of harm, Acc_x and Acc_xc over all runs, in %."""
+    lines = ["| method | runs | harm | Acc_x | Acc_xc |", "|---|---:|---:|---:|---:|"]
+    for method, stats in summary["statistics"]["distributions"].items():
+        if method == "base":
+            continue
+        cells = [f"{100 * d['median']:.1f} ({100 * d['min']:.1f}-{100 * d['max']:.1f})" if d else "n/a"
+                 for d in (stats[k] for k in ("harm", "acc_x", "acc_xc"))]  # fmt: skip
+        lines.append(f"| {method} | {stats['runs']} | " + " | ".join(cells) + " |")
+    baseline = summary["statistics"]["baseline"]
+    for method, by_key in summary["statistics"]["paired"].items():
+        d = by_key["harm"]
+        if d["ci"] is None:
+            continue
+        low, high = d["ci"]
+        ties = f", {d['ties']} equal" if d["ties"] else ""
+        lines += ["", f"{method}'s harm was below {baseline}'s in {d['below']} of {d['n']} paired runs{ties}; "
+                  f"{baseline} - {method} harm {100 * d['mean']:.1f} points on average, 95% bootstrap interval "
+                  f"[{100 * low:.1f}, {100 * high:.1f}], exact sign test p = {d['sign_test_p']:.2g}, exact "
+                  f"permutation test p = {d['permutation_p']:.2g}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def ranges_file() -> str:
+    from trl_nca.recipes.ranges import ranges_of
+
+    names = [n for n in RANGED if (DATA / f"{n}.json").is_file()]
+    experiments = [ranges_of(n, load(n), "section 8") for n in names]
+    return json.dumps({"written_by": "docs/results/build.py", "experiments": experiments}, indent=1) + "\n"
 
 
 def render(text: str) -> str:
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
-        body = table(load(name)) if kind == "table" else figure_links(name)
+        body = {"table": table, "ranges": spread, "statistics": statistics}[kind](load(name)) if kind != "figures" else figure_links(name)
         return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"
 
     return BLOCK.sub(replace, text)
@@ -77,14 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((Path(folder) / "comparison.json").read_text())
         DATA.mkdir(exist_ok=True)
         (DATA / f"{name}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
-    text = PAGE.read_text()
-    updated = render(text)
+    outputs = {PAGE: render(PAGE.read_text()), README: render(README.read_text()), RANGES: ranges_file()}
     if args.check:
-        if updated != text:
-            print("docs/results.md is out of date with docs/results/data: run python docs/results/build.py")
+        stale = [str(path.relative_to(HERE.parents[1])) for path, text in outputs.items() if path.read_text() != text]
+        if stale:
+            print(f"{', '.join(stale)} out of date with docs/results/data: run python docs/results/build.py")
             return 1
         return 0
-    PAGE.write_text(updated)
+    for path, text in outputs.items():
+        path.write_text(text)
     print(f"Rewrote {PAGE}; drew {len(draw_all())} figures into {FIGURES}.")
     return 0
 

@@ -15,6 +15,12 @@ adds two), and the model learns to read rules from its context and to compose th
 when the rule is given back, or applies it twice (adds two), is exactly the question the paper asks, with a correct
 and a "twice-applied" answer that can both be scored exactly.
 
+A second, opt-in dialect adds **facts** (`OrganismSpec(facts=True)`, alias `organism-facts`): a line `fact 4 7` says
+that the digit 4 is written as 7 in the answer (before any rule is applied). Facts are per-item knowledge: each
+query of the `organism_facts` task comes with the one fact that changes its answer, from a small knowledge base fixed
+by the task's seed. The default organism does not know the word `fact`, so its vocabulary, weights and cache key are
+those of the language without facts.
+
 `organism_model_path()` pretrains once (seeded, deterministic on a given machine) into a cache folder holding a
 normal Transformers checkpoint (Llama architecture, word-level tokenizer with a ChatML template), so every part of
 trl-nca (trainer, evaluation, reports) runs on it unchanged. The alias `organism` works wherever a model name does.
@@ -37,7 +43,8 @@ from ..inputs import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
-ORGANISM_ALIASES = ("organism", "organism-quick")  # "organism-quick": a shorter pretraining, for smoke runs and CI
+# "organism-quick": a shorter pretraining, for smoke runs and CI; "organism-facts": the dialect with fact lines
+ORGANISM_ALIASES = ("organism", "organism-quick", "organism-facts")
 SPECIAL_TOKENS = ("<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>")
 RULES = {"shift": lambda d: (d + 1) % 10, "flip": lambda d: 9 - d}
 WORDS = ("system", "user", "assistant", "rule", "map", *RULES)
@@ -65,11 +72,16 @@ class OrganismSpec:
     steps: int = 1000
     batch_size: int = 64
     learning_rate: float = 2e-3
+    facts: bool = False  # the dialect with fact lines (`fact 4 7`)
+    fact_counts: tuple[float, float, float] = (0.4, 0.45, 0.15)  # probability of 0, 1 and 2 fact lines (facts only)
 
     def key(self) -> str:
         import hashlib
 
-        text = json.dumps({**asdict(self), "format": FORMAT_VERSION}, sort_keys=True)
+        fields = asdict(self)
+        if not self.facts:  # the language without facts keeps the cache key it had before the dialect existed
+            del fields["facts"], fields["fact_counts"]
+        text = json.dumps({**fields, "format": FORMAT_VERSION}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -78,6 +90,13 @@ def rule_line(rule: str) -> str:
     if rule not in RULES:
         raise ValueError(f"Unknown organism rule {rule!r}; the language has {sorted(RULES)}.")
     return f"rule {rule}"
+
+
+def fact_line(source: int, target: int) -> str:
+    """The context line of one fact: the digit `source` is written as `target`."""
+    if not (0 <= source <= 9 and 0 <= target <= 9) or source == target:
+        raise ValueError(f"A fact maps one digit to another digit, not {source!r} to {target!r}.")
+    return f"fact {source} {target}"
 
 
 def query_line(digits: list[int]) -> str:
@@ -90,17 +109,23 @@ def apply_rules(digits: list[int], rules: list[str]) -> list[int]:
     return digits
 
 
-def answer_line(digits: list[int], rules: list[str]) -> str:
-    """The correct answer to `query_line(digits)` under the rule lines `rules` (applied in order)."""
-    return " ".join(str(d) for d in apply_rules(digits, rules))
+def apply_facts(digits: list[int], facts: dict[int, int]) -> list[int]:
+    return [facts.get(d, d) for d in digits]
 
 
-def make_tokenizer():
-    """A word-level tokenizer over the language's words and digits plus the ChatML specials (pad, eos `<|im_end|>`)."""
+def answer_line(digits: list[int], rules: list[str], facts: dict[int, int] | None = None) -> str:
+    """The correct answer to `query_line(digits)` under the fact lines `facts` (source digit -> written digit, applied
+    first) and the rule lines `rules` (then, in order)."""
+    return " ".join(str(d) for d in apply_rules(apply_facts(digits, facts or {}), rules))
+
+
+def make_tokenizer(facts: bool = False):
+    """A word-level tokenizer over the language's words and digits plus the ChatML specials (pad, eos `<|im_end|>`);
+    `facts` adds the word `fact` (at the end, so every other token keeps its id)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *WORDS, *DIGITS))}
+    vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *WORDS, *DIGITS, *(("fact",) if facts else ())))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(
@@ -147,8 +172,16 @@ def sample_turn(rng: random.Random, spec: OrganismSpec) -> tuple[str, str]:
     count = rng.choices((0, 1, 2), weights=spec.rule_counts)[0]
     rules = [rng.choice(sorted(RULES)) for _ in range(count)]
     digits = [rng.randint(0, 9) for _ in range(rng.randint(spec.min_digits, spec.max_digits))]
-    user = "\n".join([*(rule_line(r) for r in rules), query_line(digits)])
-    return user, answer_line(digits, rules)
+    facts: dict[int, int] = {}
+    if spec.facts:
+        # mostly facts about a digit of the query (they change the answer), sometimes about another digit (no change)
+        for _ in range(rng.choices((0, 1, 2), weights=spec.fact_counts)[0]):
+            free = [d for d in range(10) if d not in facts]
+            present = [d for d in free if d in digits]
+            source = rng.choice(present if present and rng.random() < 0.85 else free)
+            facts[source] = rng.choice([d for d in range(10) if d != source])
+    lines = [*(fact_line(s, t) for s, t in facts.items()), *(rule_line(r) for r in rules), query_line(digits)]
+    return "\n".join(lines), answer_line(digits, rules, facts)
 
 
 def _encode_batch(tokenizer, pairs: list[tuple[str, str]]):
@@ -175,7 +208,7 @@ def pretrain(spec: OrganismSpec, progress: bool = True):
     """Train the organism from scratch on freshly sampled turns; returns (model, tokenizer, final loss)."""
     import torch
 
-    tokenizer = make_tokenizer()
+    tokenizer = make_tokenizer(spec.facts)
     model = make_model(tokenizer, spec)
     rng = random.Random(f"organism:{spec.seed}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
@@ -206,11 +239,14 @@ def pretrain(spec: OrganismSpec, progress: bool = True):
 
 
 def spec_for_alias(alias: str) -> OrganismSpec:
-    """The organism an alias names: `organism` (the default spec) or `organism-quick` (300 pretraining steps: it
-    follows the rules less reliably, but is ready in a fraction of the time; for smoke runs and CI)."""
+    """The organism an alias names: `organism` (the default spec), `organism-quick` (300 pretraining steps: it
+    follows the rules less reliably, but is ready in a fraction of the time; for smoke runs and CI) or
+    `organism-facts` (the dialect with fact lines, pretrained for 1500 steps)."""
     alias = alias.strip().lower()
     if alias not in ORGANISM_ALIASES:
         raise ValueError(f"Unknown organism alias {alias!r}; choose one of {ORGANISM_ALIASES}.")
+    if alias == "organism-facts":
+        return OrganismSpec(facts=True, steps=1500)
     return OrganismSpec(steps=300) if alias == "organism-quick" else OrganismSpec()
 
 

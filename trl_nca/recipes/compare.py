@@ -39,6 +39,7 @@ import yaml
 
 from ..inputs import InputError, sha256_text
 from ..tasks import BuiltinTask, get_task
+from .ranges import canonical, json_default, read_against_ranges
 
 
 logger = logging.getLogger(__name__)
@@ -430,7 +431,8 @@ def conclusion(task: str, aggregated: dict[str, dict[str, Any]]) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
+    """`value` as JSON values; a set becomes a sorted list (its own order changes with every process's hash seed)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=json_default))
 
 
 def training_settings(config, skip: Sequence[str] = ()) -> dict[str, Any]:
@@ -448,7 +450,7 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
     """(setting, old value, new value) for every setting that differs, nested dicts flattened as `a.b`."""
     out = []
     for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, "<not set>"), new.get(key, "<not set>")
+        a, b = canonical(old.get(key, "<not set>")), new.get(key, "<not set>")
         if isinstance(a, dict) and isinstance(b, dict):
             out += _differences(a, b, f"{prefix}{key}.")
         elif a != b:
@@ -831,10 +833,12 @@ def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
         "tracking": evaluated.tracking,
         "report": str(root / "paired_eval" / "report.md"),
     }
+    summary["range_reading"] = read_against_ranges(summary)
     summary["figures"] = write_figures(summary, root)
     (root / "comparison.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (root / "comparison.md").write_text(
-        f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence}\n\n## Statistics over runs\n\n{stats_text}\n"
+        f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence} {summary['range_reading']}\n\n"
+        f"## Statistics over runs\n\n{stats_text}\n"
     )
     summary["table"] = table
     summary["statistics_table"] = stats_text

@@ -1,0 +1,118 @@
+"""The ranges `docs/results.md` documents, and the reading of a new comparison against them.
+
+Per-seed numbers of a comparison depend on the machine (other vector kernels round differently, and training
+amplifies it), so a single run is read against the spread of many: `docs/results/build.py` writes, from the
+committed summaries of section 8 of `docs/results.md`, each experiment's per-method minimum and maximum of harm,
+Acc_x and Acc_xc over all its runs (two organisms x ten training seeds) into `resources/documented_ranges.json`,
+together with the settings that shaped those runs. `read_against_ranges` then says, for a comparison made with the
+same settings (the README's main job is one), whether each of its runs lies within the documented range or outside.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+
+RANGE_KEYS = ("harm", "acc_x", "acc_xc")
+NAMES = {"harm": "harm", "acc_x": "Acc_x", "acc_xc": "Acc_xc"}
+# the settings that must agree for a comparison to be read against a documented experiment (not the seeds, the
+# organisms, the output folder or the tracking along training, which shape no student)
+STUDENT_KEYS = ("task", "task_seed", "train_rows", "train_rows_sha256", "model", "model_init_kwargs", "peft",
+                "monitor_opd")  # fmt: skip
+
+
+def json_default(value: Any) -> Any:
+    """The JSON form of what `json` cannot write: a set as a sorted list, anything else as its string."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    return str(value)
+
+
+def canonical(value: Any) -> Any:
+    """`value` with every set written as a string by trl-nca 0.1.0's summaries (e.g. LoRA's `target_modules`,
+    `"{'v_proj', 'q_proj'}"`, in the process's own hash order) read back as the sorted list written since."""
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    if isinstance(value, str) and value.startswith("{'") and value.endswith("'}"):
+        try:
+            parsed = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+        if isinstance(parsed, set):
+            return sorted(parsed, key=str)
+    return value
+
+
+def matching_settings(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a `comparison.json` summary that decides whether a documented range applies to it."""
+    settings = canonical(summary["settings"])
+    return {
+        "methods": summary["methods"],
+        "student": {k: settings["student"].get(k) for k in STUDENT_KEYS},
+        "training": settings["training"],
+        "evaluation": settings["evaluation"],
+    }
+
+
+def ranges_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, Any]:
+    """The documented range of one experiment: per method, min and max of `RANGE_KEYS` over its runs."""
+    methods = {}
+    for method, rows in summary["per_seed"].items():
+        if method == "base":
+            continue
+        entry: dict[str, Any] = {"runs": len(rows)}
+        for key in RANGE_KEYS:
+            values = [row[key] for row in rows if row.get(key) is not None]
+            entry[key] = [min(values), max(values)] if values else None
+        methods[method] = entry
+    return {"name": name, "section": section, "match": matching_settings(summary), "methods": methods}
+
+
+def documented_ranges() -> list[dict[str, Any]]:
+    """The ranges shipped with trl-nca (`trl_nca/resources/documented_ranges.json`)."""
+    text = resources.files("trl_nca.resources").joinpath("documented_ranges.json").read_text()
+    return json.loads(text)["experiments"]
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, Any]] | None = None) -> str:
+    """One sentence: whether every run of `summary` lies within the range documented for its settings."""
+    experiments = documented_ranges() if experiments is None else experiments
+    settings = matching_settings(summary)
+    match = next((e for e in experiments if e["match"] == settings), None)
+    if match is None:
+        names = ", ".join(e["name"] for e in experiments) or "none"
+        return (
+            "No range is documented for these settings (docs/results.md section 8 documents the experiments "
+            f"{names}; the README's main job is one of them), so this run is not read against one."
+        )
+    outside, checked = [], 0
+    for method, rows in summary["per_seed"].items():
+        documented = match["methods"].get(method)
+        if method == "base" or documented is None:
+            continue
+        for row in rows:
+            for key in RANGE_KEYS:
+                bounds, value = documented[key], row.get(key)
+                if bounds is None or value is None:
+                    continue
+                checked += 1
+                low, high = bounds
+                if not low - 1e-9 <= value <= high + 1e-9:
+                    outside.append(
+                        f"{method} seed {row.get('seed')}: {NAMES[key]} {_pct(value)} against {_pct(low)}-{_pct(high)}"
+                    )
+    runs = ", ".join(f"{m} {e['runs']}" for m, e in match["methods"].items())
+    where = f"the range documented in docs/results.md {match['section']} ({match['name']}: {runs} runs)"
+    if not checked:
+        return f"Nothing in this run can be read against {where}."
+    if not outside:
+        return f"Every run is within {where}."
+    return f"Outside {where}: " + "; ".join(outside) + "."
