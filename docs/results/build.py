@@ -49,7 +49,9 @@ def figure_links(name: str) -> str:
     titles = {"comparison": "accuracy without and with the context", "harm": "harm per run", "curves": "training curves",
               "tracking": "held-out accuracy along training"}  # fmt: skip
     summary = load(name)
-    kinds = ["comparison"] + (["harm"] if "harm" in summary.get("figures", {}) and summary["statistics"]["paired"] else [])
+    kinds = ["comparison"] + (
+        ["harm"] if "harm" in summary.get("figures", {}) and summary["statistics"]["paired"] else []
+    )
     kinds += ["curves"] + (["tracking"] if any(summary.get("tracking", {}).values()) else [])
     return "\n".join(f"![{name}: {titles[k]}](results/figures/{name}-{k}.png)" for k in kinds)
 
@@ -95,7 +97,11 @@ def ranges_file() -> str:
 def render(text: str) -> str:
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
-        body = {"table": table, "ranges": spread, "statistics": statistics}[kind](load(name)) if kind != "figures" else figure_links(name)
+        body = (
+            {"table": table, "ranges": spread, "statistics": statistics}[kind](load(name))
+            if kind != "figures"
+            else figure_links(name)
+        )
         return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"
 
     return BLOCK.sub(replace, text)
