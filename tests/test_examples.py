@@ -11,6 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none", "--gradient_checkpointing", "false"]
+# bfloat16 weights with eager attention: torch's CPU flash attention for bfloat16 raises ("pack_vnni2 is only supported
+# when avx512 is supported") on an AVX-512 CPU whose kernels are forced onto avx2 or default (ATEN_CPU_CAPABILITY)
+BF16_EAGER = '{"dtype": "bfloat16", "attn_implementation": "eager"}'
 
 
 def _example(name: str):
@@ -32,8 +35,7 @@ def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
     out = tmp_path / "out"
     args = ["--model_name_or_path", tiny_dir, "--dataset_path", str(data), "--max_steps", "1",
             "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--eval_limit", "2",
-            "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU,
-            "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
+            "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU, "--model_init_kwargs", BF16_EAGER]  # fmt: skip
     monkeypatch.chdir(tmp_path)
     _example("medmcqa").main(args)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
@@ -96,7 +98,7 @@ def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
     out = tmp_path / "out"
     args = ["--model_name_or_path", tiny_dir, "--max_steps", "1", "--per_device_train_batch_size",
             "2", "--max_new_tokens", "6", "--max_length", "4096", "--eval_seeds", "2", "--eval_max_new_tokens", "6",
-            "--output_dir", str(out), *CPU, "--model_init_kwargs", '{"dtype": "bfloat16"}']  # fmt: skip
+            "--output_dir", str(out), *CPU, "--model_init_kwargs", BF16_EAGER]  # fmt: skip
     monkeypatch.chdir(tmp_path)
     _example("frozenlake").main(args)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
