@@ -398,7 +398,11 @@ def _summary(harms_by_method, methods=None, lr=2e-3):
         per_seed[method] = [
             {"seed": s, "harm": h, "acc_x": 1.0, "acc_xc": 1.0 - (h or 0.0)} for s, h in enumerate(harms)
         ]
-    return {"methods": methods or {m: {} for m in harms_by_method}, "settings": settings, "per_seed": per_seed}
+    from trl_nca.recipes.statistics import STAT_KEYS, distributions
+
+    statistics = {"distributions": distributions(per_seed, STAT_KEYS)}
+    return {"methods": methods or {m: {} for m in harms_by_method}, "settings": settings, "per_seed": per_seed,
+            "statistics": statistics}  # fmt: skip
 
 
 def test_a_run_is_read_against_the_range_documented_for_its_settings():
@@ -414,7 +418,7 @@ def test_a_run_is_read_against_the_range_documented_for_its_settings():
         "Every run is within the range documented in docs/results.md section 8 (org10-shift: opd 3, nca 3 runs)."
     )
     outside = read_against_ranges(_summary({"opd": [0.3], "nca": [0.2]}), [entry])
-    assert outside.startswith("Outside the range documented") and "nca seed 0: harm 20.0% against 0.0%-3.0%" in outside
+    assert outside.startswith("Outside the range documented") and "nca seed 0: Harm 20.0% against 0.0%-3.0%" in outside
     assert "opd seed" not in outside
     for other in (_summary({"opd": [0.3]}, lr=1e-3), _summary({"opd": [0.3]}, methods={"opd": {"nca_beta": 0.1}})):
         assert read_against_ranges(other, [entry]).startswith("No range is documented for these settings")

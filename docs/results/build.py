@@ -57,20 +57,21 @@ def figure_links(name: str) -> str:
 
 
 def statistics(summary: dict) -> str:
-    from trl_nca.recipes.compare import COLUMN_NAMES
-    from trl_nca.recipes.statistics import render_statistics
+    from trl_nca.recipes.statistics import COLUMN_NAMES, render_statistics
 
     return render_statistics(summary["statistics"], COLUMN_NAMES)
 
 
 def spread(summary: dict) -> str:
-    """Per method: runs, then median (min-max) of harm, Acc_x and Acc_xc over all runs, in %."""
-    lines = ["| method | runs | harm | Acc_x | Acc_xc |", "|---|---:|---:|---:|---:|"]
+    """Per method: runs, then median (min-max) of each statistic (harm, Acc_x, Acc_xc) over all runs, in %."""
+    from trl_nca.recipes.statistics import COLUMN_NAMES, STAT_KEYS
+
+    lines = ["| method | runs | " + " | ".join(COLUMN_NAMES[k] for k in STAT_KEYS) + " |", "|---|---:|---:|---:|---:|"]
     for method, stats in summary["statistics"]["distributions"].items():
         if method == "base":
             continue
         cells = [f"{100 * d['median']:.1f} ({100 * d['min']:.1f}-{100 * d['max']:.1f})" if d else "n/a"
-                 for d in (stats[k] for k in ("harm", "acc_x", "acc_xc"))]  # fmt: skip
+                 for d in (stats[k] for k in STAT_KEYS)]  # fmt: skip
         lines.append(f"| {method} | {stats['runs']} | " + " | ".join(cells) + " |")
     baseline = summary["statistics"]["baseline"]
     for method, by_key in summary["statistics"]["paired"].items():

@@ -40,6 +40,7 @@ import yaml
 from ..inputs import InputError, sha256_text
 from ..tasks import BuiltinTask, get_task
 from .ranges import canonical, json_default, read_against_ranges
+from .statistics import COLUMN_NAMES
 
 
 logger = logging.getLogger(__name__)
@@ -379,10 +380,6 @@ def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
     if spread and stat["n"] > 1:
         text += f" ± {100 * stat['std']:.1f}"
     return text
-
-
-COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": "Harm", "help": "Help",
-                "both_correct": "BothCorrect", "length_change": "Length change"}  # fmt: skip
 
 
 def render_table(

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from .statistics import COLUMN_NAMES, STAT_KEYS
 
-RANGE_KEYS = ("harm", "acc_x", "acc_xc")
-NAMES = {"harm": "harm", "acc_x": "Acc_x", "acc_xc": "Acc_xc"}
+
 # the settings that must agree for a comparison to be read against a documented experiment (not the seeds, the
 # organisms, the output folder or the tracking along training, which shape no student)
 STUDENT_KEYS = ("task", "task_seed", "train_rows", "train_rows_sha256", "model", "model_init_kwargs", "peft",
@@ -33,8 +33,8 @@ def json_default(value: Any) -> Any:
 
 
 def canonical(value: Any) -> Any:
-    """`value` with every set written as a string by trl-nca 0.1.0's summaries (e.g. LoRA's `target_modules`,
-    `"{'v_proj', 'q_proj'}"`, in the process's own hash order) read back as the sorted list written since."""
+    """`value` with every set that older summaries wrote as a string (e.g. LoRA's `target_modules`,
+    `"{'v_proj', 'q_proj'}"`, in the writing process's own hash order) read back as the sorted list written now."""
     if isinstance(value, dict):
         return {k: canonical(v) for k, v in value.items()}
     if isinstance(value, str) and value.startswith("{'") and value.endswith("'}"):
@@ -59,16 +59,14 @@ def matching_settings(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def ranges_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, Any]:
-    """The documented range of one experiment: per method, min and max of `RANGE_KEYS` over its runs."""
+    """The documented range of one experiment: per method, the min and max over its runs of each statistic of its
+    summary (`STAT_KEYS`: harm, Acc_x, Acc_xc), read from the summary's own distributions."""
     methods = {}
-    for method, rows in summary["per_seed"].items():
-        if method == "base":
-            continue
-        entry: dict[str, Any] = {"runs": len(rows)}
-        for key in RANGE_KEYS:
-            values = [row[key] for row in rows if row.get(key) is not None]
-            entry[key] = [min(values), max(values)] if values else None
-        methods[method] = entry
+    for method, stats in summary["statistics"]["distributions"].items():
+        if method != "base":
+            methods[method] = {"runs": stats["runs"]} | {
+                key: None if stats[key] is None else [stats[key]["min"], stats[key]["max"]] for key in STAT_KEYS
+            }
     return {"name": name, "section": section, "match": matching_settings(summary), "methods": methods}
 
 
@@ -99,7 +97,7 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
         if method == "base" or documented is None:
             continue
         for row in rows:
-            for key in RANGE_KEYS:
+            for key in STAT_KEYS:
                 bounds, value = documented[key], row.get(key)
                 if bounds is None or value is None:
                     continue
@@ -107,7 +105,7 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
                 low, high = bounds
                 if not low - 1e-9 <= value <= high + 1e-9:
                     outside.append(
-                        f"{method} seed {row.get('seed')}: {NAMES[key]} {_pct(value)} against {_pct(low)}-{_pct(high)}"
+                        f"{method} seed {row.get('seed')}: {COLUMN_NAMES[key]} {_pct(value)} against {_pct(low)}-{_pct(high)}"
                     )
     runs = ", ".join(f"{m} {e['runs']}" for m, e in match["methods"].items())
     where = f"the range documented in docs/results.md {match['section']} ({match['name']}: {runs} runs)"

@@ -30,6 +30,8 @@ from ..eval.metrics import mcnemar_exact, sign_flip_test
 
 MIN_PAIRS = 2
 STAT_KEYS = ("harm", "acc_x", "acc_xc")
+COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": "Harm", "help": "Help",
+                "both_correct": "BothCorrect", "length_change": "Length change"}  # fmt: skip
 
 
 def _value(row: Mapping[str, Any], key: str) -> float | None:
