@@ -264,23 +264,24 @@ def test_distribution_median_quartiles_and_range():
 def test_paired_difference_sign_test_permutation_test_and_count():
     from trl_nca.recipes.statistics import paired_difference, render_statistics
 
-    opd = rows([0.5, 0.4, 0.3, 0.2, 0.6])
-    nca = rows([0.1, 0.0, 0.35, 0.05, 0.1])
+    opd = rows([0.5, 0.4, 0.3, 0.2, 0.6, 0.45])
+    nca = rows([0.1, 0.0, 0.35, 0.05, 0.1, 0.45])
     d = paired_difference(opd, nca, "harm", n_resamples=2000)
-    # differences 0.4, 0.4, -0.05, 0.15, 0.5: NCA lower in 4 of 5
-    assert [p["difference"] for p in d["pairs"]] == pytest.approx([0.4, 0.4, -0.05, 0.15, 0.5])
-    assert (d["n"], d["below"], d["above"], d["ties"]) == (5, 4, 1, 0)
-    assert d["mean"] == pytest.approx(0.28) and d["median"] == pytest.approx(0.4)
-    # sign test: 2 P(X <= 1), X ~ Binomial(5, 1/2) = 2 (1 + 5) / 32
+    # differences 0.4, 0.4, -0.05, 0.15, 0.5, 0: NCA lower in 4 of 6, one tie
+    assert [p["difference"] for p in d["pairs"]] == pytest.approx([0.4, 0.4, -0.05, 0.15, 0.5, 0.0])
+    assert (d["n"], d["below"], d["above"], d["ties"]) == (6, 4, 1, 1)
+    assert d["mean"] == pytest.approx(1.4 / 6) and d["median"] == pytest.approx(0.275)
+    # sign test, the tie left out: 2 P(X <= 1), X ~ Binomial(5, 1/2) = 2 (1 + 5) / 32
     assert d["sign_test_p"] == pytest.approx(12 / 32)
-    # permutation: flipping a subset S gives sum 1.4 - 2 sum(S); |.| >= 1.4 only for S = {}, {-0.05}, all, all but -0.05
-    assert d["permutation_p"] == pytest.approx(4 / 32)
+    # permutation: flipping a subset S gives sum 1.4 - 2 sum(S); |.| >= 1.4 only for S = {}, {-0.05}, all, all but
+    # -0.05, each with or without the tie
+    assert d["permutation_p"] == pytest.approx(8 / 64)
     low, high = d["ci"]
     assert -0.05 <= low < d["mean"] < high <= 0.5
-    same = paired_difference(rows([0.3, 0.3]), rows([0.2, 0.2]), "harm")
-    assert same["ci"] == pytest.approx([0.1, 0.1]) and same["sign_test_p"] == pytest.approx(0.5)
+    same = paired_difference(rows([0.3] * 6), rows([0.2] * 6), "harm")
+    assert same["ci"] == pytest.approx([0.1, 0.1]) and same["sign_test_p"] == pytest.approx(1 / 32)
     statistics = {"keys": ["harm"], "baseline": "opd", "distributions": {}, "paired": {"nca": {"harm": d}}}
-    assert "nca's harm is below opd's in 4 of 5 paired runs." in render_statistics(statistics)
+    assert "nca's harm is below opd's in 4 of 6 paired runs (1 equal)." in render_statistics(statistics)
 
 
 def test_pairs_are_organism_and_seed_and_undefined_values_are_left_out():
@@ -291,7 +292,7 @@ def test_pairs_are_organism_and_seed_and_undefined_values_are_left_out():
     d = paired_difference(opd, nca, "harm")
     assert [(p["organism"], p["seed"]) for p in d["pairs"]] == [(0, 0), (0, 1), (1, 0)]
     assert [p["difference"] for p in d["pairs"]] == pytest.approx([0.3, 0.2, 0.0]) and d["undefined"] == [[1, 1]]
-    assert (d["below"], d["above"], d["ties"]) == (2, 0, 1) and d["sign_test_p"] == pytest.approx(0.5)  # tie left out
+    assert (d["below"], d["above"], d["ties"]) == (2, 0, 1) and d["sign_test_p"] is None  # 3 pairs: no test
     statistics = {"keys": ["harm"], "baseline": "opd", "distributions": {}, "paired": {"nca": {"harm": d}}}
     assert "below opd's in 2 of 3 paired runs (1 equal); 1 pair(s) have an undefined harm" in render_statistics(
         statistics
@@ -309,7 +310,7 @@ def test_fewer_than_two_pairs_give_no_interval_and_say_why():
                               "distributions": distributions(per_seed, ("harm",))})  # fmt: skip
     assert "| opd - nca | harm | 1 | 40.0 | n/a |" in text
     assert (
-        "Note: No interval or test: they need at least 2 paired runs (same organism and training seed), and there is 1."
+        "Note: No interval or test: they need at least 6 paired runs (same organism and training seed), and there is 1."
         in text
     )
 
@@ -359,7 +360,12 @@ disable_tqdm: true
     record = json.loads((out / "org1" / "nca" / "seed1" / "eval" / "records.jsonl").read_text().splitlines()[0])
     assert record["meta"]["samples_per_view"] == 2 and len(record["x"]["extra"]["samples"]) == 1
     acc = summary["statistics"]["paired"]["nca"]["acc_x"]
-    assert acc["n"] == 4 and acc["ci"] is not None and acc["sign_test_p"] is not None
+    # four pairs: too few for an interval or a test (an exact sign test over 4 pairs cannot fall below 0.125)
+    assert (
+        acc["n"] == 4 and acc["ci"] is None and acc["sign_test_p"] is None and "at least 6 paired runs" in acc["note"]
+    )
+    organisms = summary["statistics"]["organisms"]["nca"]
+    assert [e["organism"] for e in organisms["organisms"]] == [0, 1] and "at least 6 organisms" in organisms["note"]
     assert summary["curves"]["opd/org0/seed0"]["step"] == [] and Path(summary["figures"]["curves"]).stat().st_size > 0
     assert "paired runs" in (out / "comparison.md").read_text() and summary["evaluation"]["samples_per_view"] == 2
     assert "| base | org1 |" in summary["table"] and "| nca | org1/0 |" in summary["table"]

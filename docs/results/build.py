@@ -28,8 +28,10 @@ DATA = HERE / "data"
 FIGURES = HERE / "figures"
 README = HERE.parents[1] / "README.md"
 RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
-BLOCK = re.compile(r"<!-- (table|figures|ranges|statistics):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL)
+BLOCK = re.compile(r"<!-- (table|figures|ranges|statistics|organisms):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL)
 RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
+OUTCOMES = HERE.parents[1] / "trl_nca" / "resources" / "documented_organisms.json"
+STUDIES = ("units-shift", "units-flip", "units-facts")  # section 9: the documented per-organism outcomes
 
 
 def load(name: str) -> dict:
@@ -64,7 +66,8 @@ def statistics(summary: dict) -> str:
 
 def spread(summary: dict) -> str:
     """Per method: runs, then median (min-max) of each statistic (harm, Acc_x, Acc_xc) over all runs, in %."""
-    from trl_nca.recipes.statistics import COLUMN_NAMES, STAT_KEYS
+    from trl_nca.recipes.ranges import RANGE_KEYS as STAT_KEYS
+    from trl_nca.recipes.statistics import COLUMN_NAMES
 
     lines = ["| method | runs | " + " | ".join(COLUMN_NAMES[k] for k in STAT_KEYS) + " |", "|---|---:|---:|---:|---:|"]
     for method, stats in summary["statistics"]["distributions"].items():
@@ -95,11 +98,26 @@ def ranges_file() -> str:
     return json.dumps({"written_by": "docs/results/build.py", "experiments": experiments}, indent=1) + "\n"
 
 
+def outcomes_file() -> str:
+    from trl_nca.recipes.outcomes import outcomes_of
+
+    names = [n for n in STUDIES if (DATA / f"{n}.json").is_file()]
+    experiments = [outcomes_of(n, load(n), "section 9") for n in names]
+    return json.dumps({"written_by": "docs/results/build.py", "experiments": experiments}, indent=1) + "\n"
+
+
+def organisms(summary: dict) -> str:
+    """The per-organism table and the statistics over organisms of each method against the baseline."""
+    from trl_nca.recipes.statistics import COLUMN_NAMES, render_organisms
+
+    return render_organisms(summary["statistics"]["organisms"], summary["statistics"]["baseline"], COLUMN_NAMES)
+
+
 def render(text: str) -> str:
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
         body = (
-            {"table": table, "ranges": spread, "statistics": statistics}[kind](load(name))
+            {"table": table, "ranges": spread, "statistics": statistics, "organisms": organisms}[kind](load(name))
             if kind != "figures"
             else figure_links(name)
         )
@@ -129,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
         summary = json.loads((Path(folder) / "comparison.json").read_text())
         DATA.mkdir(exist_ok=True)
         (DATA / f"{name}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
-    outputs = {PAGE: render(PAGE.read_text()), README: render(README.read_text()), RANGES: ranges_file()}
+    outputs = {PAGE: render(PAGE.read_text()), README: render(README.read_text()), RANGES: ranges_file(),
+               OUTCOMES: outcomes_file()}  # fmt: skip
     if args.check:
-        stale = [str(path.relative_to(HERE.parents[1])) for path, text in outputs.items() if path.read_text() != text]
+        stale = [str(path.relative_to(HERE.parents[1])) for path, text in outputs.items()
+                 if not path.is_file() or path.read_text() != text]  # fmt: skip
         if stale:
             print(f"{', '.join(stale)} out of date with docs/results/data: run python docs/results/build.py")
             return 1

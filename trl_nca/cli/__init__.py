@@ -189,7 +189,7 @@ def compare(argv: list[str] | None = None) -> dict:
         raise CommandLineError(str(error)) from error
     summary = execute(plan)
     minutes, seconds = divmod(int(summary["wall_seconds"]), 60)
-    print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['range_reading']}\n")
+    print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
     print(f"{summary['statistics_table']}\n")
     print(f"Figures: {', '.join(summary['figures'].values())}")
     print(f"Full paired report: {summary['report']}")

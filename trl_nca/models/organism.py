@@ -250,6 +250,94 @@ def spec_for_alias(alias: str) -> OrganismSpec:
     return OrganismSpec(steps=300) if alias == "organism-quick" else OrganismSpec()
 
 
+DIALECTS = ("rules", "facts")
+
+
+def shipped_spec(dialect: str, seed: int) -> OrganismSpec:
+    """The spec of a shipped organism: `rules` is the default organism (`organism`; tasks `organism_shift` and
+    `organism_flip`), `facts` the dialect with fact lines (`organism-facts`; task `organism_facts`), with `seed`."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"Unknown organism dialect {dialect!r}; choose one of {DIALECTS}.")
+    from dataclasses import replace
+
+    return replace(spec_for_alias("organism" if dialect == "rules" else "organism-facts"), seed=seed)
+
+
+def build_shipped(spec: OrganismSpec, out_dir: str | os.PathLike | None = None) -> dict:
+    """Pretrain `spec` on this machine, store its weights in float16 in the shipped folder (or `out_dir`) and list
+    them in its manifest; returns the manifest entry. `scripts/build_organisms.py` calls this."""
+    import torch
+    from safetensors.torch import save
+
+    from . import shipped
+
+    dialect = "facts" if spec.facts else "rules"
+    if spec != shipped_spec(dialect, spec.seed):
+        raise ValueError(f"Only the default spec of each dialect ships, with another seed; not {spec}.")
+    start = time.perf_counter()
+    model, _, loss = pretrain(spec, progress=False)
+    state = {name: tensor.detach().to(torch.float16).contiguous() for name, tensor in model.state_dict().items()}
+    name = f"organism-{dialect}-s{spec.seed}"
+    folder = Path(out_dir) if out_dir is not None else shipped.RESOURCE_DIR
+    shipped._write_atomically(folder / f"{name}.safetensors", save(state, metadata={"spec": json.dumps(asdict(spec))}))
+    entry = {
+        "file": f"{name}.safetensors",
+        "key": spec.key(),
+        "spec": asdict(spec),
+        "dtype": shipped.SHIPPED_DTYPE,
+        "sha256": shipped.file_sha256(folder / f"{name}.safetensors"),
+        "weights_digest": shipped.weights_digest(state),
+        "final_loss": round(loss, 6),
+        "seconds": round(time.perf_counter() - start, 1),
+        "built_on": {"machine": shipped.cpu_name(), "torch": torch.__version__,
+                     "threads": torch.get_num_threads()},
+    }  # fmt: skip
+    manifest = shipped.read_manifest(folder)
+    manifest.setdefault("organisms", {})[name] = entry
+    manifest["format"] = FORMAT_VERSION
+    shipped.write_manifest(manifest, folder)
+    return entry
+
+
+def _cached_matches(target: Path, entry: dict) -> bool:
+    from safetensors.torch import load_file
+
+    from . import shipped
+
+    weights = target / "model.safetensors"
+    return weights.is_file() and shipped.weights_digest(load_file(str(weights))) == entry["weights_digest"]
+
+
+def _materialise_shipped(spec: OrganismSpec, entry: dict, target: Path) -> None:
+    """Write the shipped organism `entry` as a normal float32 checkpoint into `target` (replacing what is there)."""
+    from . import shipped
+
+    state = shipped.load_reference(entry)
+    tokenizer = make_tokenizer(spec.facts)
+    model = make_model(tokenizer, spec)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"The shipped organism {entry['file']} does not fit its spec: missing {missing}, "
+                         f"unexpected {unexpected}. Rebuild it with scripts/build_organisms.py.")  # fmt: skip
+    model.eval()
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        marker = {"spec": asdict(spec), "format": FORMAT_VERSION, "final_loss": entry["final_loss"],
+                  "shipped": entry["file"], "sha256": entry["sha256"]}  # fmt: skip
+        (staging / "organism.json").write_text(json.dumps(marker, indent=2) + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first; it wrote the same shipped weights
+            if not _cached_matches(target, entry):
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def use_one_cpu_thread() -> bool:
     """Run torch on one CPU thread, unless `OMP_NUM_THREADS` is set or an accelerator is present; True if it did.
 
@@ -268,9 +356,21 @@ def use_one_cpu_thread() -> bool:
 
 def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.PathLike | None = None) -> str:
     """The folder of the pretrained organism, pretraining it first if this machine has not yet (a few minutes)."""
+    from . import shipped
+
     spec = spec or OrganismSpec()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / f"organism-{spec.key()}"
+    entry = shipped.entry_for_key(spec.key())
+    if entry is not None:  # a shipped organism: the cache holds exactly its weights, or is rebuilt from them
+        if (target / "organism.json").is_file() and _cached_matches(target, entry):
+            return str(target)
+        if target.exists():
+            logger.warning("The cached organism %s differs from the shipped %s; rebuilding it from the shipped "
+                           "weights.", target, entry["file"])  # fmt: skip
+        root.mkdir(parents=True, exist_ok=True)
+        _materialise_shipped(spec, entry, target)
+        return str(target)
     if (target / "organism.json").is_file():
         return str(target)
     root.mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,17 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from .statistics import COLUMN_NAMES, STAT_KEYS
+from .statistics import COLUMN_NAMES
 
 
 # the settings that must agree for a comparison to be read against a documented experiment (not the seeds, the
 # organisms, the output folder or the tracking along training, which shape no student)
 STUDENT_KEYS = ("task", "task_seed", "train_rows", "train_rows_sha256", "model", "model_init_kwargs", "peft",
                 "monitor_opd")  # fmt: skip
+
+
+# the statistics a documented range covers (older summaries have no BothCorrect distribution)
+RANGE_KEYS = ("harm", "acc_x", "acc_xc")
 
 
 def json_default(value: Any) -> Any:
@@ -60,12 +64,12 @@ def matching_settings(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 def ranges_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, Any]:
     """The documented range of one experiment: per method, the min and max over its runs of each statistic of its
-    summary (`STAT_KEYS`: harm, Acc_x, Acc_xc), read from the summary's own distributions."""
+    summary (`RANGE_KEYS`: harm, Acc_x, Acc_xc), read from the summary's own distributions."""
     methods = {}
     for method, stats in summary["statistics"]["distributions"].items():
         if method != "base":
             methods[method] = {"runs": stats["runs"]} | {
-                key: None if stats[key] is None else [stats[key]["min"], stats[key]["max"]] for key in STAT_KEYS
+                key: None if stats[key] is None else [stats[key]["min"], stats[key]["max"]] for key in RANGE_KEYS
             }
     return {"name": name, "section": section, "match": matching_settings(summary), "methods": methods}
 
@@ -97,7 +101,7 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
         if method == "base" or documented is None:
             continue
         for row in rows:
-            for key in STAT_KEYS:
+            for key in RANGE_KEYS:
                 bounds, value = documented[key], row.get(key)
                 if bounds is None or value is None:
                     continue

@@ -13,8 +13,15 @@ is the method's effect on that draw.
   many pairs have the method below the baseline.
 
 Pairs where a metric is undefined for either run (e.g. harm when nothing is right without the context) are left out of
-that metric and counted in `undefined`. Intervals and tests need at least `MIN_PAIRS` pairs; with fewer, only the
-values are given, with a note saying why.
+that metric and counted in `undefined`. Intervals and tests need at least `MIN_PAIRS` pairs, the fewest with which an
+exact two-sided sign test can fall below 0.05 (`fewest_pairs`); with fewer, only the values are given, with a note
+saying why (a percentile bootstrap interval from 3 pairs covers the true mean only about 75% of the time).
+
+The unit of a claim about new models is the organism (or base model), not the training seed: runs that share an
+organism are repeated measures of it. `organism_outcomes` therefore reads a comparison per organism (does the baseline
+degrade there, does the method prevent it; docs/results.md section 9.1 defines both) and over organisms: how many
+organisms show each outcome, a two-level bootstrap interval (organisms resampled, then seeds within each) of the mean
+difference, and the exact sign test over the organisms' mean differences, again only from `MIN_PAIRS` organisms.
 """
 
 from __future__ import annotations
@@ -28,8 +35,18 @@ import numpy as np
 from ..eval.metrics import mcnemar_exact, sign_flip_test
 
 
-MIN_PAIRS = 2
-STAT_KEYS = ("harm", "acc_x", "acc_xc")
+def fewest_pairs(alpha: float = 0.05) -> int:
+    """The fewest pairs with which an exact two-sided sign test can reach p < alpha (its smallest p is 2^(1-n))."""
+    n = 1
+    while 2.0 ** (1 - n) >= alpha:
+        n += 1
+    return n
+
+
+MIN_PAIRS = fewest_pairs()  # 6
+STAT_KEYS = ("harm", "acc_x", "acc_xc", "both_correct")
+ORGANISM_KEYS = ("harm", "acc_x", "both_correct")
+PREVENTED_SHARE = 0.5  # the method prevents the degradation when its mean harm is at most this share of the baseline's
 COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": "Harm", "help": "Help",
                 "both_correct": "BothCorrect", "length_change": "Length change"}  # fmt: skip
 
@@ -147,6 +164,182 @@ def compare_to_baseline(
     }
 
 
+def two_level_bootstrap_interval(
+    groups: Sequence[Sequence[float]], n_resamples: int = 10_000, seed: int = 0, confidence: float = 0.95
+) -> list[float]:
+    """Percentile bootstrap interval of the mean over groups of each group's mean, resampling groups (organisms) with
+    replacement and then, independently for each drawn group, its values (training seeds) with replacement."""
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, len(arrays), size=(n_resamples, len(arrays)))
+    means = np.empty(drawn.shape)
+    for index, values in enumerate(arrays):
+        slots = drawn == index
+        picks = rng.integers(0, values.size, size=(int(slots.sum()), values.size))
+        means[slots] = values[picks].mean(axis=1)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(means.mean(axis=1), [tail, 100 - tail])
+    return [float(low), float(high)]
+
+
+def _by_organism(rows: Sequence[Mapping[str, Any]]) -> dict[Any, dict[Any, Mapping[str, Any]]]:
+    out: dict[Any, dict[Any, Mapping[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row.get("organism"), {})[row.get("seed")] = row
+    return out
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def organism_outcomes(
+    baseline_rows: Sequence[Mapping[str, Any]],
+    method_rows: Sequence[Mapping[str, Any]],
+    keys: Sequence[str] = ORGANISM_KEYS,
+    *,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """The comparison read per organism, then over organisms (see the module docstring).
+
+    Per organism (the seeds both methods ran): each method's mean of every metric and its count of regime-A runs;
+    `degraded` when the baseline is in regime A in more than half of the seeds, `prevented` (only where it degraded)
+    when the method's mean harm is at most `PREVENTED_SHARE` of the baseline's. Over organisms: the counts, and per
+    metric the mean of the organisms' mean differences (baseline - method) with its two-level bootstrap interval and
+    the exact sign test over organisms, both only from `MIN_PAIRS` organisms.
+    """
+    ours, theirs = _by_organism(method_rows), _by_organism(baseline_rows)
+    organisms = []
+    for organism in sorted(set(ours) & set(theirs), key=lambda o: (o is None, o)):
+        seeds = sorted(set(ours[organism]) & set(theirs[organism]), key=lambda s: (s is None, s))
+        if not seeds:
+            continue
+        base = [theirs[organism][s] for s in seeds]
+        mine = [ours[organism][s] for s in seeds]
+        entry: dict[str, Any] = {"organism": organism, "seeds": seeds, "baseline": {}, "method": {}, "differences": {}}
+        for side, rows in (("baseline", base), ("method", mine)):
+            entry[side] = {key: _mean([_value(r, key) for r in rows]) for key in keys}
+            entry[side]["regime_a"] = sum(r.get("regime") == "A" for r in rows)
+        for key in keys:
+            diffs = [
+                a - b
+                for a, b in ((_value(x, key), _value(y, key)) for x, y in zip(base, mine))
+                if a is not None and b is not None
+            ]
+            entry["differences"][key] = diffs
+        entry["degraded"] = 2 * entry["baseline"]["regime_a"] > len(seeds)
+        harm_base, harm_mine = entry["baseline"].get("harm"), entry["method"].get("harm")
+        entry["prevented"] = (
+            None
+            if not entry["degraded"] or harm_base is None or harm_mine is None
+            else harm_mine <= PREVENTED_SHARE * harm_base
+        )
+        organisms.append(entry)
+    degraded = [e for e in organisms if e["degraded"]]
+    out: dict[str, Any] = {
+        "organisms": organisms,
+        "n": len(organisms),
+        "degraded": len(degraded),
+        "degraded_in_any_seed": sum(e["baseline"]["regime_a"] > 0 for e in organisms),
+        "prevented": sum(bool(e["prevented"]) for e in degraded),
+        "prevented_share": PREVENTED_SHARE,
+        "confidence": confidence,
+        "over_organisms": {},
+        "note": None,
+    }
+    for key in keys:
+        groups = [e["differences"][key] for e in organisms if e["differences"][key]]
+        means = [float(np.mean(g)) for g in groups]
+        summary: dict[str, Any] = {"n": len(groups), "mean": float(np.mean(means)) if means else None, "ci": None,
+                                   "below": sum(m > 0 for m in means), "above": sum(m < 0 for m in means),
+                                   "sign_test_p": None}  # fmt: skip
+        if len(groups) >= MIN_PAIRS:
+            summary["ci"] = two_level_bootstrap_interval(groups, n_resamples, seed, confidence)
+            summary["sign_test_p"] = mcnemar_exact(summary["below"], summary["above"])
+        out["over_organisms"][key] = summary
+    if len(organisms) < MIN_PAIRS:
+        out["note"] = (
+            f"no interval or test over organisms: they need at least {MIN_PAIRS} organisms (the fewest with which an "
+            f"exact sign test can fall below 0.05), and there {'is' if len(organisms) == 1 else 'are'} {len(organisms)}"
+        )
+    return out
+
+
+def compare_organisms(
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str, keys: Sequence[str] = ORGANISM_KEYS, **options
+) -> dict[str, dict[str, Any]]:
+    """`organism_outcomes` of every other student method against `baseline`: `{method: ...}`."""
+    return {
+        method: organism_outcomes(per_seed[baseline], rows, keys, **options)
+        for method, rows in per_seed.items()
+        if method not in (baseline, "base")
+    }
+
+
+def organism_sentence(baseline: str, method: str, outcome: Mapping[str, Any]) -> str:
+    """One sentence of the counts: how many organisms degrade under the baseline and how many the method rescues."""
+    n, degraded = outcome["n"], outcome["degraded"]
+    text = (
+        f"{baseline} degraded (regime A in most of its seeds) on {degraded} of {n} organism{'s' if n != 1 else ''} "
+        f"(regime A in at least one seed on {outcome['degraded_in_any_seed']})"
+    )
+    if degraded:
+        text += (
+            f"; {method} prevented it (harm at most {outcome['prevented_share']:.0%} of {baseline}'s) on "
+            f"{outcome['prevented']} of those {degraded}"
+        )
+    return text + "."
+
+
+def render_organisms(organisms: Mapping[str, Any], baseline: str, names: Mapping[str, str] | None = None) -> str:
+    """The Markdown of `compare_organisms`'s result: a row per organism, then the counts and the statistics over
+    organisms."""
+    names = dict(names or {})
+    lines: list[str] = []
+    for method, outcome in organisms.items():
+        keys = list(outcome["over_organisms"])
+        lines += [
+            f"Per organism, {baseline} vs {method} (rates in %, means over the organism's seeds; regime A: runs in "
+            "regime A):",
+            "",
+            f"| organism | seeds | {baseline} harm | {baseline} regime A | {method} harm | {method} regime A | "
+            f"{baseline} degraded | {method} prevented it |",
+            "|" + "---|" * 8,
+        ]
+        for e in outcome["organisms"]:
+            prevented = "-" if e["prevented"] is None else ("yes" if e["prevented"] else "no")
+            lines.append(
+                f"| {e['organism']} | {len(e['seeds'])} | {_pct(e['baseline'].get('harm'))} | "
+                f"{e['baseline']['regime_a']} | {_pct(e['method'].get('harm'))} | {e['method']['regime_a']} | "
+                f"{'yes' if e['degraded'] else 'no'} | {prevented} |"
+            )
+        lines += ["", organism_sentence(baseline, method, outcome)]
+        if outcome["note"]:
+            lines += ["", f"Note: {outcome['note'][0].upper() + outcome['note'][1:]}."]
+            continue
+        conf = int(round(100 * outcome["confidence"]))
+        lines += [
+            "",
+            f"Over organisms, {baseline} - {method} (percentage points): the mean of the organisms' mean differences, "
+            f"its two-level bootstrap {conf}% interval (organisms, then seeds) and the exact sign test over organisms.",
+            "",
+            "| metric | organisms | mean | two-level interval | sign test p | method lower on |",
+            "|" + "---|" * 6,
+        ]
+        for key in keys:
+            d = outcome["over_organisms"][key]
+            ci = "n/a" if d["ci"] is None else f"[{_pct(d['ci'][0])}, {_pct(d['ci'][1])}]"
+            lines.append(
+                f"| {names.get(key, key)} | {d['n']} | {_pct(d['mean'])} | {ci} | {_p(d['sign_test_p'])} | "
+                f"{d['below']} of {d['n']} |"
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}"
 
@@ -214,4 +407,7 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
     lines += [""] + sentences
     if notes:
         lines += ["", *(f"Note: {note[0].upper() + note[1:]}." for note in notes)]
+    organisms = statistics.get("organisms") or {}
+    if any(e["organism"] is not None for outcome in organisms.values() for e in outcome["organisms"]):
+        lines += ["", render_organisms(organisms, baseline, names)]
     return "\n".join(lines)

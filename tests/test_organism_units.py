@@ -1,0 +1,160 @@
+"""The organism as the unit (docs/results.md section 9): per-organism outcomes, the two-level bootstrap, the
+exclusion rule, and students trained in worker processes equal to a sequential run."""
+
+import json
+
+import numpy as np
+import pytest
+
+
+def rows(values, organism, regimes=None, key="harm"):
+    return [{"organism": organism, "seed": s, key: v, "regime": (regimes or "C" * len(values))[s]}
+            for s, v in enumerate(values)]  # fmt: skip
+
+
+def test_fewest_pairs_is_where_the_sign_test_can_reach_five_percent():
+    from trl_nca.eval.metrics import mcnemar_exact
+    from trl_nca.recipes.statistics import MIN_PAIRS, fewest_pairs
+
+    assert MIN_PAIRS == fewest_pairs(0.05) == 6
+    assert mcnemar_exact(MIN_PAIRS, 0) < 0.05 <= mcnemar_exact(MIN_PAIRS - 1, 0)
+
+
+def test_two_level_bootstrap_equals_a_plain_loop_over_organisms_then_seeds():
+    from trl_nca.recipes.statistics import two_level_bootstrap_interval
+
+    groups = [[0.5, 0.7], [0.0, 0.1, 0.3], [0.9, 0.2]]
+    low, high = two_level_bootstrap_interval(groups, n_resamples=4000, seed=3)
+    rng = np.random.default_rng(11)  # an independent plain implementation: the two intervals agree within noise
+    means = []
+    for _ in range(4000):
+        chosen = [groups[i] for i in rng.integers(0, len(groups), len(groups))]
+        means.append(np.mean([np.mean(rng.choice(g, len(g))) for g in chosen]))
+    ref_low, ref_high = np.percentile(means, [2.5, 97.5])
+    assert low == pytest.approx(ref_low, abs=0.03) and high == pytest.approx(ref_high, abs=0.03)
+    # one value per organism reduces it to the plain bootstrap over organisms: spread from organisms only
+    assert two_level_bootstrap_interval([[0.2], [0.2], [0.2]]) == pytest.approx([0.2, 0.2])
+    # seeds vary within organisms: the interval is wider than from the organism means alone
+    wide = two_level_bootstrap_interval([[0.0, 1.0]] * 6, n_resamples=2000)
+    assert wide[0] < 0.4 and wide[1] > 0.6
+
+
+def test_organism_outcomes_degraded_prevented_and_counts():
+    from trl_nca.recipes.statistics import MIN_PAIRS, organism_outcomes, render_organisms
+
+    opd, nca = [], []
+    # organisms 0-5: OPD in regime A in both seeds (degraded); NCA's harm a tenth of it on 0-4, equal on 5
+    for o in range(6):
+        opd += rows([0.4, 0.6], o, "AA")
+        nca += rows([0.05, 0.05] if o < 5 else [0.5, 0.5], o, "CC" if o < 5 else "AA")
+    opd += rows([0.3, 0.0], 6, "AC")  # regime A in one seed of two: not a majority, not degraded
+    nca += rows([0.0, 0.0], 6)
+    out = organism_outcomes(opd, nca, keys=("harm",), n_resamples=2000)
+    assert out["n"] == 7 and out["degraded"] == 6 and out["degraded_in_any_seed"] == 7 and out["prevented"] == 5
+    by = {e["organism"]: e for e in out["organisms"]}
+    assert by[0]["baseline"]["harm"] == pytest.approx(0.5) and by[0]["prevented"] is True
+    assert by[5]["prevented"] is False and by[6]["degraded"] is False and by[6]["prevented"] is None
+    harm = out["over_organisms"]["harm"]
+    assert harm["n"] == 7 and harm["below"] == 6 and harm["above"] == 0 and harm["sign_test_p"] == pytest.approx(1 / 32)
+    assert harm["ci"][0] > 0 and out["note"] is None
+    text = render_organisms({"nca": out}, "opd")
+    assert "opd degraded (regime A in most of its seeds) on 6 of 7 organisms" in text
+    assert "nca prevented it (harm at most 50% of opd's) on 5 of those 6" in text
+    assert "| 6 | 2 | 15.0 | 1 | 0.0 | 0 | no | - |" in text
+    # fewer organisms than MIN_PAIRS: no interval, no test, and the note says why
+    few = organism_outcomes(opd[:6], nca[:6], keys=("harm",))
+    assert few["n"] == 3 < MIN_PAIRS and few["over_organisms"]["harm"]["ci"] is None
+    assert few["over_organisms"]["harm"]["sign_test_p"] is None and "at least 6 organisms" in few["note"]
+
+
+@pytest.fixture
+def tiny_organism(tmp_path, monkeypatch):
+    from trl_nca.models import organism
+
+    monkeypatch.setenv("TRL_NCA_CACHE", str(tmp_path / "cache"))
+    tiny = organism.OrganismSpec(steps=3, hidden_size=32, num_layers=1, num_heads=2, batch_size=4)
+    monkeypatch.setattr(organism, "spec_for_alias", lambda alias: tiny)
+    return tiny
+
+
+def _config(tmp_path, out, extra=""):
+    config = tmp_path / f"{out}.yaml"
+    config.write_text(
+        f"""
+model_name_or_path: organism-quick
+task: organism_shift
+organism_seeds: [0, 1]
+seeds: [0, 1]
+num_train: 4
+eval_items: 3
+eval_samples_per_view: 2
+output_dir: {tmp_path / out}
+max_new_tokens: 4
+max_steps: 2
+logging_steps: 1
+per_device_train_batch_size: 2
+use_peft: true
+lora_r: 2
+lora_alpha: 4
+lora_target_modules: [q_proj, v_proj]
+report_to: none
+disable_tqdm: true
+{extra}
+"""
+    )
+    return str(config)
+
+
+def _records(path):
+    """The records of a file without the adapter's folder (it differs between the runs) and the run key made from it."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:
+        assert record["meta"].pop("run_key") and record["meta"].pop("adapter")
+    return records
+
+
+@pytest.mark.slow
+def test_students_in_workers_equal_a_sequential_run(tmp_path, tiny_organism):
+    from trl_nca.cli import compare
+
+    sequential = compare(["--config", _config(tmp_path, "seq")])
+    parallel = compare(["--config", _config(tmp_path, "par", "workers: 2")])
+    for run in ("org0/opd/seed0", "org0/nca/seed1", "org1/nca/seed0", "org1/opd/seed1"):
+        a, b = (_records(tmp_path / d / run / "eval" / "records.jsonl") for d in ("seq", "par"))
+        assert a == b and len(a) == 3, run
+        logs = [json.loads((tmp_path / d / run / "done.json").read_text())["log_history"] for d in ("seq", "par")]
+        drop = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+        assert [{k: v for k, v in r.items() if k not in drop} for r in logs[0]] == [
+            {k: v for k, v in r.items() if k not in drop} for r in logs[1]
+        ]
+    assert sequential["table"] == parallel["table"]
+
+
+def test_exclusion_rule_is_checked_before_any_work(tmp_path):
+    from trl_nca.recipes.compare import CompareArguments, CompareInputError, check_arguments
+    from trl_nca.tasks import get_task
+
+    task = get_task("organism_shift", num_train=4, num_test=4)
+    for value in (1.5, 0, -0.1, True):
+        with pytest.raises(CompareInputError, match="would exclude every organism or none"):
+            check_arguments(CompareArguments(organism_seeds=[0, 1], organism_min_base_acc_xc=value), task)
+    with pytest.raises(CompareInputError, match="list them in `organism_seeds`"):
+        check_arguments(CompareArguments(organism_min_base_acc_xc=0.9), task)
+    with pytest.raises(CompareInputError, match="`workers` must be an integer >= 1"):
+        check_arguments(CompareArguments(workers=0), task)
+
+
+@pytest.mark.slow
+def test_exclusion_rule_and_limit_after_the_bases(tmp_path, tiny_organism):
+    """A 3-step organism knows nothing: a rule of 0.9 excludes both organisms, with one line naming each; the limit
+    runs the first organism listed and reports the other as not run."""
+    from trl_nca.cli import compare
+    from trl_nca.recipes.compare import CompareInputError
+
+    with pytest.raises(CompareInputError, match="excluded every organism .*organism 0: excluded: base Acc_xc"):
+        compare(["--config", _config(tmp_path, "strict", "organism_min_base_acc_xc: 0.9")])
+    summary = compare(["--config", _config(tmp_path, "limited", "organism_limit: 1")])
+    assert summary["exclusion"]["0"]["verdict"] == "included"
+    assert summary["exclusion"]["1"]["verdict"] == "not run: the first 1 organisms that pass are run"
+    assert {r["organism"] for rows in summary["per_seed"].values() for r in rows} == {0}
+    assert not (tmp_path / "limited" / "org1" / "opd").exists()
