@@ -14,7 +14,7 @@ def test_quick_variant_is_the_main_job_made_small():
     """Apart from size, the quick variant trains and evaluates exactly as the main job."""
     main = yaml.safe_load((ROOT / "examples" / "configs" / "main.yaml").read_text())
     quick = yaml.safe_load((ROOT / "examples" / "configs" / "main_quick.yaml").read_text())
-    size = {"model_name_or_path", "seeds", "max_steps", "eval_items", "track_every", "track_items", "output_dir"}
+    size = {"organism_seeds", "seeds", "max_steps", "eval_items", "track_every", "track_items", "workers", "output_dir"}
     assert {k: v for k, v in main.items() if k not in size} == {k: v for k, v in quick.items() if k not in size}
     assert main["methods"] == ["opd:nca_beta=0", "nca:nca_beta=0.5"]
     readme = (ROOT / "README.md").read_text()
@@ -40,6 +40,6 @@ def test_main_job_quick_variant(tmp_path, capsys):
     assert set(saved["per_seed"]) == {"base", "opd", "nca"}
     assert saved["num_test"] == 96
     for method in ("opd", "nca"):  # the curves the results page draws, for OPD too (monitor_opd)
-        history = saved["curves"][f"{method}/seed0"]
+        history = saved["curves"][f"{method}/org0/seed0"]
         assert {"opd_loss", "nca_loss", "view_kl"} <= set(history)
         assert len(history["view_kl"]) == len(history["step"]) > 0
