@@ -69,7 +69,9 @@ class CompareArguments:
     methods: list[str] = field(
         default_factory=lambda: ["opd:nca_beta=0", "nca:nca_beta=0.5"],
         metadata={"help": "Methods as NAME:FIELD=VALUE[,FIELD=VALUE...] overrides of the training config, e.g. "
-                  "'opd:nca_beta=0' 'nca:nca_beta=0.5'."},
+                  "'opd:nca_beta=0' 'nca:nca_beta=0.5'. The key `trainer` picks the trainer: nca (NCATrainer, the "
+                  "default) or sdft (TRL's SDFTTrainer, whose overrides are SDFTConfig fields), e.g. "
+                  "'sdft:trainer=sdft'."},
     )  # fmt: skip
     baseline: str | None = field(
         default=None,
