@@ -70,7 +70,9 @@ class CompareArguments:
     methods: list[str] = field(
         default_factory=lambda: ["opd:nca_beta=0", "nca:nca_beta=0.5"],
         metadata={"help": "Methods as NAME:FIELD=VALUE[,FIELD=VALUE...] overrides of the training config, e.g. "
-                  "'opd:nca_beta=0' 'nca:nca_beta=0.5'."},
+                  "'opd:nca_beta=0' 'nca:nca_beta=0.5'. The key `trainer` picks the trainer: nca (NCATrainer, the "
+                  "default) or sdft (TRL's SDFTTrainer, whose overrides are SDFTConfig fields), e.g. "
+                  "'sdft:trainer=sdft'."},
     )  # fmt: skip
     baseline: str | None = field(
         default=None,
@@ -205,8 +207,8 @@ def check_methods(methods: Sequence[Method], config) -> list[Method]:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise CompareInputError(f"Method names must be unique; {repeated} appear more than once in {names}.")
-    known = {f.name for f in dataclasses.fields(config)}
-    actions = _field_converters(type(config))
+    from . import sdft
+
     checked = []
     for method in methods:
         if method.name.lower() == "base":
@@ -218,19 +220,44 @@ def check_methods(methods: Sequence[Method], config) -> list[Method]:
                 f"Method name {method.name!r} names a folder and a table row: use letters, digits, '.', '_' and '-' "
                 "(starting with a letter or digit), e.g. 'nca-0.5'."
             )
-        unknown = sorted(set(method.overrides) - known)
+        try:  # the reserved key `trainer` selects the trainer: nca (NCAConfig overrides) or sdft (SDFTConfig ones)
+            trainer = sdft.trainer_of(method.name, method.overrides)
+        except sdft.SDFTInputError as error:
+            raise CompareInputError(str(error)) from None
+        given = {k: v for k, v in method.overrides.items() if k != sdft.TRAINER_KEY}
+        config_class = sdft.config_class() if trainer == "sdft" else type(config)
+        recipe_fields = sdft.SDFT_RECIPE_FIELDS if trainer == "sdft" else RECIPE_FIELDS
+        unknown = sorted(set(given) - {f.name for f in dataclasses.fields(config_class)})
         if unknown:
-            raise CompareInputError(f"Method {method.name!r} sets {unknown}, which are not NCAConfig fields.")
-        reserved = sorted(set(method.overrides) & set(RECIPE_FIELDS))
+            hint = " (trainer=sdft takes SDFTConfig fields, e.g. distillation_alpha=0.5)" if trainer == "sdft" else ""
+            raise CompareInputError(
+                f"Method {method.name!r} sets {unknown}, which are not {config_class.__name__} fields{hint}."
+            )
+        reserved = sorted(set(given) & set(recipe_fields))
         if reserved:
             hint = " List the training seeds in `seeds`." if "seed" in reserved else ""
+            shared = "; for SDFT also the samples per step and the sampling" if trainer == "sdft" else ""
             raise CompareInputError(
                 f"Method {method.name!r} sets {reserved}, which the comparison sets for every run itself (the run's "
-                f"seed, folder and the task's context).{hint}"
+                f"seed, folder and the task's context{shared}).{hint}"
             )
-        overrides = {k: _convert(method.name, k, v, actions.get(k)) for k, v in method.overrides.items()}
+        actions = _field_converters(config_class)
+        overrides = {k: _convert(method.name, k, v, actions.get(k)) for k, v in given.items()}
+        if trainer == "sdft":  # recorded with the method (`trainer=nca` is the default, left out)
+            overrides = {sdft.TRAINER_KEY: "sdft", **overrides}
         checked.append(Method(method.name, overrides))
     return checked
+
+
+def _check_sdft_task(methods: Sequence[Method], task: BuiltinTask, train_rows) -> None:
+    """A `trainer=sdft` method needs a context on every training row, placed in the user turn (`recipes/sdft.py`)."""
+    from . import sdft
+
+    if any(m.overrides.get(sdft.TRAINER_KEY) == "sdft" for m in methods):
+        try:
+            sdft.check_task(task, train_rows)
+        except sdft.SDFTInputError as error:
+            raise CompareInputError(str(error)) from None
 
 
 def _check_count(name: str, value: Any, minimum: int, optional: bool = False) -> None:
@@ -294,7 +321,11 @@ def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
 
 def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir: Path, monitor_opd: bool):
     """The training config of one run: the shared config with the task's context, the method's overrides, the seed
-    and the run's folder."""
+    and the run's folder (for a `trainer=sdft` method, the `SDFTConfig` built from them: `recipes/sdft.py`)."""
+    from . import sdft
+
+    if method.overrides.get(sdft.TRAINER_KEY) == "sdft":
+        return sdft.sdft_config(config, task, method.overrides, seed, output_dir)
     context = task.context
     overrides = {
         "output_dir": str(output_dir),
@@ -329,9 +360,14 @@ def train_run(
 ):
     """Train one student; returns the trainer (its model holds the trained adapter)."""
     from ..trainers.trainer import NCATrainer
+    from . import sdft
 
     model = _load_base(model_path, model_init_kwargs)
-    trainer = NCATrainer(
+    trainer_class = NCATrainer
+    if sdft.is_sdft_config(config):
+        trainer_class = sdft.sdft_trainer  # TRL's SDFTTrainer on the task's rows as prompt + privileged_context
+        train_rows = sdft.sdft_rows(task, train_rows)
+    trainer = trainer_class(
         model=model,
         args=config,
         train_dataset=_dataset(train_rows),
@@ -570,6 +606,7 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     peft_config = _checked_peft_config(args, model_args, model_name)
     model_init_kwargs = {"dtype": model_args.dtype or "float32", **(config.model_init_kwargs or {})}
     train_rows = task.train if args.num_train is None else task.train[: args.num_train]
+    _check_sdft_task(methods, task, train_rows)
     test_rows = task.test if args.eval_items is None else task.test[: args.eval_items]
     evaluator = _evaluator(args, config, task, test_rows)
     root = Path(config.output_dir)
