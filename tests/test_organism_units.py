@@ -158,3 +158,54 @@ def test_exclusion_rule_and_limit_after_the_bases(tmp_path, tiny_organism):
     assert summary["exclusion"]["1"]["verdict"] == "not run: the first 1 organisms that pass are run"
     assert {r["organism"] for rows in summary["per_seed"].values() for r in rows} == {0}
     assert not (tmp_path / "limited" / "org1" / "opd").exists()
+
+
+def _summary(harms, methods=None, samples_per_view=4):
+    """A comparison summary over organisms 0-2 x seeds 0-1 with these OPD and NCA harms per organism."""
+    from trl_nca.recipes.statistics import compare_organisms
+
+    per_seed = {"base": [], "opd": [], "nca": []}
+    for organism, (opd, nca) in enumerate(harms):
+        for seed in (0, 1):
+            per_seed["opd"].append(
+                {"organism": organism, "seed": seed, "harm": opd, "regime": "A" if opd > 0.05 else "C"}
+            )
+            per_seed["nca"].append({"organism": organism, "seed": seed, "harm": nca, "regime": "C"})
+    settings = {"student": {"task": "organism_shift", "model": "organism", "peft": {"r": 8}, "monitor_opd": True},
+                "training": {"learning_rate": 0.002, "max_steps": 100},
+                "evaluation": {"temperature": 1.0, "samples_per_view": samples_per_view}}  # fmt: skip
+    return {
+        "methods": methods or {"opd": {"nca_beta": 0.0}, "nca": {"nca_beta": 0.5}},
+        "settings": settings,
+        "per_seed": per_seed,
+        "statistics": {"baseline": "opd", "organisms": compare_organisms(per_seed, "opd", keys=("harm",))},
+    }
+
+
+def test_a_run_is_read_per_organism_against_the_documented_outcomes():
+    from trl_nca.recipes.outcomes import outcomes_of, read_per_organism
+
+    documented = _summary([(0.4, 0.01), (0.0, 0.0), (0.3, 0.25)])
+    documented["methods"]["sdft"] = {"trainer": "sdft"}  # the study ran a third method; the job reads two of them
+    experiments = [outcomes_of("units-shift", documented, "section 9")]
+    run = _summary([(0.5, 0.0), (0.2, 0.0), (0.0, 0.0)])
+    text = read_per_organism(run, experiments)
+    assert "organism 0: opd degraded, nca prevented it (regime A in 2 of 2 opd seeds; harm 50.0% vs 0.0%); " \
+           "documented: opd degraded, nca prevented it." in text  # fmt: skip
+    assert "organism 2: opd did not degrade (regime A in 0 of 2 opd seeds; harm 0.0% vs 0.0%); documented: opd " \
+           "degraded, nca did not prevent it." in text  # fmt: skip
+    assert "opd degraded on 2 of 3 organisms, nca prevented it on 1 of those 2." in text
+    # other evaluation settings, or a method of the same name with other settings: not read against the study
+    other = read_per_organism(_summary([(0.5, 0.0)] * 3, samples_per_view=1), experiments)
+    assert "No per-organism outcome is documented for these settings" in other and "documented:" not in other
+    renamed = _summary([(0.5, 0.0)] * 3, methods={"opd": {"nca_beta": 0.0}, "nca": {"nca_beta": 1.0}})
+    assert "documented:" not in read_per_organism(renamed, experiments)
+    # without organisms (one base model) there is nothing to read per organism
+    single = _summary([(0.5, 0.0)])
+    for rows in single["per_seed"].values():
+        for row in rows:
+            row["organism"] = None
+    from trl_nca.recipes.statistics import compare_organisms
+
+    single["statistics"]["organisms"] = compare_organisms(single["per_seed"], "opd", keys=("harm",))
+    assert read_per_organism(single, experiments) == ""

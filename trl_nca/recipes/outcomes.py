@@ -19,27 +19,30 @@ from .ranges import matching_settings
 
 
 def _match(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings that must agree: those of `ranges.matching_settings` (methods, what shaped the students, the
-    training and the evaluation, samples per view included), without the organisms and seeds."""
-    return matching_settings(summary)
+    """The settings that must agree: those of `ranges.matching_settings` (what shaped the students, the training and
+    the evaluation, samples per view included), without the organisms and seeds; the methods are matched one by one
+    (a documented study may have run more methods than the comparison read against it)."""
+    return {k: v for k, v in matching_settings(summary).items() if k != "methods"}
 
 
 def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, Any]:
     """The documented per-organism outcomes of one experiment (its `statistics.organisms`)."""
     methods = {}
+    baseline = summary["statistics"]["baseline"]
     for method, outcome in summary["statistics"]["organisms"].items():
         methods[method] = {
             "n": outcome["n"],
             "degraded": outcome["degraded"],
             "prevented": outcome["prevented"],
+            "overrides": summary["methods"][method],
             "organisms": {
                 str(e["organism"]): {"degraded": e["degraded"], "prevented": e["prevented"],
                                      "baseline_harm": e["baseline"].get("harm"), "method_harm": e["method"].get("harm")}
                 for e in outcome["organisms"]
             },
         }  # fmt: skip
-    return {"name": name, "section": section, "baseline": summary["statistics"]["baseline"], "match": _match(summary),
-            "methods": methods}  # fmt: skip
+    return {"name": name, "section": section, "baseline": baseline, "baseline_overrides": summary["methods"][baseline],
+            "match": _match(summary), "methods": methods}  # fmt: skip
 
 
 def documented_outcomes() -> list[dict[str, Any]]:
@@ -66,11 +69,17 @@ def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, An
         return ""
     experiments = documented_outcomes() if experiments is None else experiments
     settings = _match(summary)
-    documented = next((e for e in experiments if e["match"] == settings), None)
     baseline = summary["statistics"]["baseline"]
+    documented = next(
+        (e for e in experiments if e["match"] == settings and e["baseline"] == baseline
+         and e["baseline_overrides"] == summary["methods"][baseline]),
+        None,
+    )  # fmt: skip
     lines = []
     for method, outcome in organisms.items():
         known = None if documented is None else documented["methods"].get(method)
+        if known is not None and known["overrides"] != summary["methods"][method]:
+            known = None  # a method of the same name with other settings: not the documented one
         for e in outcome["organisms"]:
             seeds = len(e["seeds"])
             text = (
