@@ -106,21 +106,27 @@ def outcomes_file() -> str:
     return json.dumps({"written_by": "docs/results/build.py", "experiments": experiments}, indent=1) + "\n"
 
 
-def organisms(summary: dict) -> str:
-    """The per-organism table and the statistics over organisms of each method against the baseline."""
+def organisms(summary: dict, method: str = "") -> str:
+    """The per-organism table and the statistics over organisms of each method against the baseline (of `method`
+    alone when the block names one: `<!-- organisms:units-shift.nca -->`)."""
     from trl_nca.recipes.statistics import COLUMN_NAMES, render_organisms
 
-    return render_organisms(summary["statistics"]["organisms"], summary["statistics"]["baseline"], COLUMN_NAMES)
+    outcomes = summary["statistics"]["organisms"]
+    if method:
+        outcomes = {method: outcomes[method]}
+    return render_organisms(outcomes, summary["statistics"]["baseline"], COLUMN_NAMES)
 
 
 def render(text: str) -> str:
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
-        body = (
-            {"table": table, "ranges": spread, "statistics": statistics, "organisms": organisms}[kind](load(name))
-            if kind != "figures"
-            else figure_links(name)
-        )
+        if kind == "organisms":
+            experiment, _, method = name.partition(".")
+            body = organisms(load(experiment), method)
+        elif kind == "figures":
+            body = figure_links(name)
+        else:
+            body = {"table": table, "ranges": spread, "statistics": statistics}[kind](load(name))
         return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"
 
     return BLOCK.sub(replace, text)
