@@ -75,7 +75,11 @@ def load_records(
         except (ValueError, KeyError, TypeError) as error:
             if isinstance(error, EvalInputError):
                 raise
-            raise EvalInputError(f"Line {number} of {path} is not a valid paired record: {error}") from error
+            reason = f"it has no {error.args[0]!r} field" if isinstance(error, KeyError) else str(error)
+            raise EvalInputError(
+                f"Line {number} of {path} is not a valid paired record: {reason}. Delete that line (its item is "
+                "evaluated again), or use a new output folder."
+            ) from error
         records.setdefault(record.item_id, record)
     if tail.strip():
         try:

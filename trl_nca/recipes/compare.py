@@ -641,7 +641,7 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     # the shared training config; each run's seed and the task's context are the comparison's own (per run)
     settings = {"student": student, "training": training_settings(config, RECIPE_FIELDS), "evaluation": evaluation}
     runs = _planned_runs(args, config, task, methods, root, student)
-    _check_output_folder(root, settings, runs)
+    _check_output_folder(root, settings, runs, len(test_rows))
     _check_task_fits_model(task, model_name)  # an organism by its alias, before it is pretrained
     model_paths = _model_paths(model_name, args.organism_seeds)
     _check_task_fits_model(task, model_name, model_paths)
@@ -750,9 +750,18 @@ def _done_fix(run: Run) -> str:
     return f"Delete the folder {run.folder} (its student is trained again) and run the same command again."
 
 
-def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Run]) -> None:
-    """An existing output folder must hold this comparison: its settings and every finished student's."""
+def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Run], eval_items: int) -> None:
+    """An existing output folder must hold this comparison: its settings, its number of evaluated items (in
+    `task.json`) and every finished student's settings."""
     saved = root / "settings.json"
+    task_file = root / "task.json"
+    if task_file.exists():
+        old_items = read_json_output(task_file, SETTINGS_FIX).get("num_test", eval_items)
+        if old_items != eval_items:
+            raise CompareInputError(
+                f"{task_file} holds a comparison evaluated on {old_items} held-out items, now {eval_items} (`eval_items`)"
+                ". Resuming would mix them into one table. Use a new output_dir, or set them back."
+            )
     if saved.exists():  # the resolved model paths are compared after resolving (`_check_model_paths`)
         old = {k: v for k, v in read_json_output(saved, SETTINGS_FIX).items() if k != "model_paths"}
         _refuse_mismatch("a comparison", saved, old, settings)
