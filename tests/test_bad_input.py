@@ -790,7 +790,8 @@ def one_line_error(argv, capsys, command):
         code = exit_info.code
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err, err
-    assert f"trl-nca {command}: error: " in err and err.strip().count("\n") <= 1, err
+    errors = [line for line in err.splitlines() if ": error: " in line]  # argparse's usage lines may come before
+    assert len(errors) == 1 and errors[0].startswith(f"trl-nca {command}: error: "), err
     return err
 
 
@@ -807,7 +808,7 @@ def one_line_error(argv, capsys, command):
             [],
             "`organism_seeds` holds " + str(10**23),
         ),
-        ({"eval_items": '"10"'}, [], "`eval_items` must be a whole number (or null), got '10'"),
+        ({"seeds": '["a"]'}, [], "`seeds` must be a list of whole numbers, got ['a']"),
         ({"methods": '["opd:nca_beta=[0]"]'}, [], "Method 'opd': nca_beta=[0] is not a float"),
         (
             {"methods": '["opd:nca_beta=null"]'},
@@ -898,3 +899,16 @@ def test_a_teacher_object_without_a_tokenizer_is_said_to_be_unchecked(tok, tmp_p
     with caplog.at_level(logging.WARNING):
         build(tok, tmp_path, Dataset.from_dict({"prompt": ["q"]}), teacher=teacher, context_text="c")
     assert "the vocabulary check was skipped" in caplog.text and "teacher_processing_class" in caplog.text
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_train_seed_out_of_range_is_one_line_before_loading(tiny_dir, tmp_path, capsys, seed):
+    err = one_line_error(["train", "--model_name_or_path", tiny_dir, "--seed", str(seed), "--output_dir",
+                          str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"], capsys, "train")  # fmt: skip
+    assert "seed must be an integer >= 0" in err and not (tmp_path / "t").exists()
+
+
+def test_experience_bad_input_is_one_line(tmp_path, capsys):
+    err = one_line_error(["experience", "--model", "./no/model", "--game", "frozenlake", "--episodes", "0",
+                          "--output", str(tmp_path / "x.txt")], capsys, "experience")  # fmt: skip
+    assert "--episodes must be at least 1, got 0" in err

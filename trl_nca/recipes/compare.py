@@ -31,6 +31,7 @@ import math
 import re
 import time
 import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,8 +269,6 @@ def _check_seed_list(name: str, seeds: Any) -> None:
 def _annotation_types(annotation: Any) -> tuple[tuple[type, ...], type | None, bool]:
     """(the accepted types, the element type of a list, whether None is accepted) of a field's type hint such as
     `int`, `float`, `str | None` or `list[int] | None` (those of `CompareArguments`)."""
-    import typing
-
     parts = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (
         annotation,)  # fmt: skip
     optional = type(None) in parts
@@ -280,10 +279,9 @@ def _annotation_types(annotation: Any) -> tuple[tuple[type, ...], type | None, b
 
 
 def check_types(args: CompareArguments) -> None:
-    """Every option of `args` has its declared type; a YAML config is not converted as the command line is, so
-    `organism_seeds: [1.5]`, `seeds: ["a"]` or `eval_items: "10"` are refused here, naming the option."""
-    import typing
-
+    """Every option of `args` has its declared type. The lists of a YAML config are not converted as the command
+    line converts them (nor is anything given in Python), so `organism_seeds: [1.5]` or `seeds: ["a"]` are refused
+    here, naming the option."""
     hints = typing.get_type_hints(type(args))
     for spec in dataclasses.fields(args):
         value = getattr(args, spec.name)
