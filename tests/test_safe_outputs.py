@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from trl_nca.cli import main as cli_main
-from trl_nca.inputs import OutputError, atomic_output, output_folder_lock, write_text_atomic
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +47,8 @@ def compare_config(tmp_path, tiny_dir, out, **changes):
 
 
 def test_an_interrupted_write_leaves_the_earlier_file_whole(tmp_path):
+    from trl_nca.inputs import atomic_output, write_text_atomic
+
     path = tmp_path / "done.json"
     write_text_atomic(path, '{"old": true}\n')
     with pytest.raises(KeyboardInterrupt):
@@ -60,6 +61,7 @@ def test_an_interrupted_write_leaves_the_earlier_file_whole(tmp_path):
 
 def test_a_figure_is_written_whole_in_its_format(tmp_path):
     from trl_nca.eval.plots import new_figure
+    from trl_nca.inputs import atomic_output
 
     fig = new_figure(2, 2)
     fig.add_subplot(1, 1, 1).plot([0, 1], [0, 1])
@@ -80,6 +82,8 @@ def _mount_tmpfs(folder: Path, size: str) -> bool:
 
 @pytest.mark.slow  # starts `mount` and `umount`
 def test_a_full_disk_is_one_line_naming_the_file_and_keeps_the_earlier_file(tmp_path, capsys, monkeypatch):
+    from trl_nca.inputs import OutputError, write_text_atomic
+
     disk = tmp_path / "disk"
     if not _mount_tmpfs(disk, "64k"):
         pytest.skip("cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): the full-disk case is not run")
@@ -205,6 +209,8 @@ with output_folder_lock(sys.argv[1], "trl-nca compare"):
 
 @pytest.mark.slow  # the lock's holder is a process of its own
 def test_a_locked_folder_is_refused_at_once_and_a_killed_holder_frees_it(tiny_dir, tmp_path, capsys):
+    from trl_nca.inputs import output_folder_lock
+
     out = tmp_path / "out"
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], env=child_env(), stdout=subprocess.PIPE,
                               text=True)  # fmt: skip
