@@ -769,3 +769,146 @@ def test_context_file_not_utf8_names_the_line(tmp_path):
     path.write_bytes(b"Be brief.\nNo \xff here.\n")
     with pytest.raises(InputError, match=r"Line 2 of the context file .* is not UTF-8 text: byte 0xff"):
         read_context(str(path))
+
+
+# --- issue 27: every documented bad input through every command is one line, before any work -------------------------
+
+
+def compare_yaml(tmp_path, **changes):
+    fields = {"model_name_or_path": "/nonexistent/model", "task": "reply_in_french", "seeds": "[0]",
+              "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]', "num_train": 2, "eval_items": 2, "max_steps": 1,
+              "use_peft": "true", "report_to": "none", "output_dir": str(tmp_path / "out"), **changes}  # fmt: skip
+    config = tmp_path / "compare.yaml"
+    config.write_text("".join(f"{key}: {value}\n" for key, value in fields.items()))
+    return ["compare", "--config", str(config)]
+
+
+def one_line_error(argv, capsys, command):
+    try:
+        code = cli_main(argv)
+    except SystemExit as exit_info:  # argparse's own errors
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    errors = [line for line in err.splitlines() if ": error: " in line]  # argparse's usage lines may come before
+    assert len(errors) == 1 and errors[0].startswith(f"trl-nca {command}: error: "), err
+    return err
+
+
+@pytest.mark.parametrize(
+    "changes,extra,message",
+    [
+        ({}, ["--nca_beta", "-0.5"], "nca_beta must be a finite number >= 0"),
+        ({}, ["--max_new_tokens", "0"], "max_new_tokens"),
+        ({}, ["--seeds", "-1"], "`seeds` holds -1 (int); every seed must be a whole number from 0 to 4294967295"),
+        ({"organism_seeds": "[1.5]", "model_name_or_path": "organism"}, [], "`organism_seeds` must be a list of whole"),
+        ({"organism_seeds": '["a"]', "model_name_or_path": "organism"}, [], "`organism_seeds` must be a list of whole"),
+        (
+            {"organism_seeds": f"[{10**23}]", "model_name_or_path": "organism"},
+            [],
+            "`organism_seeds` holds " + str(10**23),
+        ),
+        ({"seeds": '["a"]'}, [], "`seeds` must be a list of whole numbers, got ['a']"),
+        ({"methods": '["opd:nca_beta=[0]"]'}, [], "Method 'opd': nca_beta=[0] is not a float"),
+        (
+            {"methods": '["opd:nca_beta=null"]'},
+            [],
+            "Method 'opd': nca_beta=null is not allowed; nca_beta takes a float",
+        ),
+        ({"methods": '["opd:temperature=-1"]'}, [], "Method 'opd': temperature must be a finite number > 0"),
+        ({}, ["--eval_samples_per_view", "1000000000000"], "samples_per_view 1000000000000 is more than 1024"),
+        ({"task": "no_such_task"}, [], "`task: no_such_task` is not a built-in task; choose one of"),
+        (
+            {"model_name_or_path": "organism-quick"},
+            [],
+            "Task 'reply_in_french' does not fit model 'organism-quick': 99% of its prompt and context tokens are unknown",
+        ),
+        (
+            {"model_name_or_path": "organism", "task": "organism_facts"},
+            [],
+            "Task 'organism_facts' does not fit model 'organism': 11% of its prompt and context tokens",
+        ),
+    ],
+)
+def test_compare_bad_inputs_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, changes, extra, message):
+    import trl_nca.models.organism
+
+    def no_pretraining(*args, **kwargs):
+        raise AssertionError("an organism was pretrained before the inputs were checked")
+
+    monkeypatch.setattr(trl_nca.models.organism, "pretrain", no_pretraining)
+    monkeypatch.setattr(trl_nca.models.organism, "organism_model_path", no_pretraining)
+    err = one_line_error([*compare_yaml(tmp_path, **changes), *extra], capsys, "compare")
+    assert message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_refused_by_compare_and_train(tmp_path, tiny_dir, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    err = one_line_error(compare_yaml(tmp_path, output_dir=str(taken)), capsys, "compare")
+    assert f"output_dir {str(taken)!r} is a file, not a folder" in err
+    err = one_line_error(["train", "--model_name_or_path", tiny_dir, "--output_dir", str(taken), "--use_cpu", "true",
+                          "--bf16", "false"], capsys, "train")  # fmt: skip
+    assert f"output_dir {str(taken)!r} is a file, not a folder" in err
+
+
+def test_train_data_with_a_missing_prompt_is_one_line(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": null}\n{"prompt": "q"}\n')
+    err = one_line_error(["train", "--model_name_or_path", tiny_dir, "--dataset_name", str(data), "--context_text",
+                          "c", "--output_dir", str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"], capsys,
+                         "train")  # fmt: skip
+    assert "Row 0 of the train dataset has neither a `messages` nor a `prompt`" in err
+
+
+def test_eval_and_analyze_bad_inputs_are_one_line(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "items.jsonl"
+    data.write_text('{"prompt": "q1", "answer": "A"}\n')
+    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--samples-per-view",
+                          "1000000000000", "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    assert "samples_per_view 1000000000000 is more than 1024" in err
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["analyze", "--model", f"base={tiny_dir}", "--task", "no_such_task", "--output-dir",
+                  str(tmp_path / "a")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err and "no_such_task" in err, err
+
+
+@pytest.mark.parametrize("command", ["compare", "analyze"])
+def test_task_help_lists_every_task_of_the_registry(capsys, command):
+    from trl_nca.tasks import task_names
+
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert len(task_names()) == 5 and all(name in text for name in task_names()), text
+
+
+def test_analyze_speaks_of_the_reference_model_not_a_teacher():
+    from trl_nca.trainers.teacher import check_same_vocabulary
+
+    with pytest.raises(ValueError) as error:
+        check_same_vocabulary(make_tiny_tokenizer(), permuted_tokenizer(), names=("reference model", "model 'nca'"))
+    assert "teacher" not in str(error.value) and "The tokenizer of the model 'nca' maps 2" in str(error.value)
+
+
+def test_a_teacher_object_without_a_tokenizer_is_said_to_be_unchecked(tok, tmp_path, caplog):
+    teacher = make_tiny_model(tok, seed=1)
+    teacher.config._name_or_path = ""  # built in memory: no folder to find its tokenizer in
+    with caplog.at_level(logging.WARNING):
+        build(tok, tmp_path, Dataset.from_dict({"prompt": ["q"]}), teacher=teacher, context_text="c")
+    assert "the vocabulary check was skipped" in caplog.text and "teacher_processing_class" in caplog.text
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_train_seed_out_of_range_is_one_line_before_loading(tiny_dir, tmp_path, capsys, seed):
+    err = one_line_error(["train", "--model_name_or_path", tiny_dir, "--seed", str(seed), "--output_dir",
+                          str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"], capsys, "train")  # fmt: skip
+    assert "seed must be an integer >= 0" in err and not (tmp_path / "t").exists()
+
+
+def test_experience_bad_input_is_one_line(tmp_path, capsys):
+    err = one_line_error(["experience", "--model", "./no/model", "--game", "frozenlake", "--episodes", "0",
+                          "--output", str(tmp_path / "x.txt")], capsys, "experience")  # fmt: skip
+    assert "--episodes must be at least 1, got 0" in err

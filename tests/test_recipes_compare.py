@@ -456,3 +456,37 @@ def test_lora_target_modules_are_recorded_in_one_order():
     assert _differences(old, {"peft": {"target_modules": ["q_proj", "v_proj"], "r": 8}}) == []
     assert _differences(old, {"peft": {"target_modules": ["k_proj", "q_proj"], "r": 8}})  # other modules still differ
     assert canonical({"a": "{'not a set'"}) == {"a": "{'not a set'"}
+
+
+def test_the_range_reading_compares_like_with_like():
+    """Every setting that changes what a number means is part of the match (the evaluated items too): a run on 10
+    items is not read against ranges measured on 240, and the reading says what differs. Runs over several organisms
+    are named by organism and seed."""
+    from trl_nca.recipes.ranges import ranges_of, read_against_ranges
+
+    documented = {**_summary({"opd": [0.02, 0.5], "nca": [0.0, 0.03]}), "num_test": 240}
+    entry = ranges_of("org10-shift", documented, "section 8")
+    assert entry["match"]["evaluation"]["items"] == 240
+    assert read_against_ranges({**_summary({"opd": [0.3], "nca": [0.01]}), "num_test": 240}, [entry]).startswith(
+        "Every run is within"
+    )
+    fewer = read_against_ranges({**_summary({"opd": [0.3], "nca": [0.01]}), "num_test": 10}, [entry])
+    assert fewer.startswith("No range is documented for these settings"), fewer
+    assert "org10-shift differs in `evaluation.items` 240 documented, 10 here." in fewer
+    for key, value in (("temperature", 0.7), ("samples_per_view", 4), ("max_new_tokens", 4)):
+        other = {**_summary({"opd": [0.3]}), "num_test": 240}
+        other["settings"]["evaluation"][key] = value
+        assert read_against_ranges(other, [entry]).startswith("No range is documented"), key
+    organisms = {**_summary({"opd": [0.3], "nca": [0.2]}), "num_test": 240}
+    organisms["per_seed"]["nca"][0]["organism"] = 3
+    assert "nca org3 seed 0: Harm 20.0% against 0.0%-3.0%" in read_against_ranges(organisms, [entry])
+
+
+def test_the_main_job_with_fewer_eval_items_matches_no_documented_range():
+    from trl_nca.recipes.ranges import documented_ranges, read_against_ranges
+
+    data = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"
+    for entry in documented_ranges():
+        summary = json.loads((data / f"{entry['name']}.json").read_text())
+        assert not read_against_ranges(summary, [entry]).startswith("No range")  # the documented runs themselves
+        assert read_against_ranges({**summary, "num_test": 10}, [entry]).startswith("No range is documented")

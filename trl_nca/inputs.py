@@ -1,5 +1,6 @@
 """Reading what users hand over: dataset files and Hub datasets, context files, the built-in data; hashes, versions
-and the cache folder.
+and the cache folder; writing outputs whole (`atomic_output`, `write_text_atomic`) and reading them back
+(`read_json_output`), so a reader never sees half a file.
 
 One loader serves `trl-nca train`, `trl-nca eval`, the recipes and user code, so a file is read, and a bad byte or line
 reported, the same way everywhere. Bad input raises `InputError` (a `ValueError`) whose message names the file, the
@@ -8,9 +9,13 @@ line or the option, and the fix.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import uuid
+from collections.abc import Iterator
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,11 @@ from typing import Any
 
 class InputError(ValueError):
     """Bad user input (a missing column, an unreadable file, an unknown model): the message names it and the fix."""
+
+
+class OutputError(OSError):
+    """An output that could not be written (a full disk, a folder that is a file): the message names it and the fix.
+    The commands print it as one line, like an `InputError`."""
 
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -276,3 +286,137 @@ def load_dataset_any(name: str, split: str, config: str | None = None):
     if len(dataset) == 0:
         raise InputError(f"The dataset {name!r} (split {split!r}) has no rows; check the name, the split and the file.")
     return dataset
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Writing outputs whole
+
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def full_disk_error(path: str | os.PathLike, error: OSError) -> OutputError:
+    """The one-line error of a write that ran out of space (or quota)."""
+    return OutputError(
+        f"No space left to write {path} ({error.strerror or error}). Free some space (or choose an output folder on "
+        "another disk) and run the same command again: finished work is kept and resumed.",
+    )
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """Write `path` whole or not at all: yields a temporary path in the same folder (same suffix, so writers that read
+    the format from it, like matplotlib, still do), whose file is synced and renamed onto `path` when the block ends.
+
+    An exception (an interrupt, a full disk) removes the temporary file and leaves any earlier `path` as it was; a
+    full disk becomes an `OutputError` naming `path`.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}{path.suffix}")
+    try:
+        yield temporary
+        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        os.replace(temporary, path)
+    except OSError as error:
+        if error.errno in FULL_DISK_ERRNOS and not isinstance(error, OutputError):
+            raise full_disk_error(path, error) from error
+        raise
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+    """`Path(path).write_text(text)`, written whole or not at all (`atomic_output`)."""
+    with atomic_output(path) as temporary:
+        temporary.write_text(text, encoding=encoding)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """`Path(path).write_bytes(data)`, written whole or not at all (`atomic_output`)."""
+    with atomic_output(path) as temporary:
+        temporary.write_bytes(data)
+
+
+def read_json_output(path: str | os.PathLike, fix: str) -> Any:
+    """A JSON file an earlier run wrote; a cut or garbled one (an interrupted write or a full disk, before trl-nca
+    wrote its files whole) is an `InputError` naming the file and `fix`, what to do about it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise InputError(
+            f"{path} is cut or garbled ({getattr(error, 'msg', error)}), e.g. by an interrupted run or a full disk. "
+            f"{fix}"
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One writer per output folder
+
+LOCK_FILE = ".trl-nca.lock"
+
+
+class FolderInUseError(InputError):
+    """Another live process holds the output folder's lock; the message names the folder and that process."""
+
+
+def _lock_holder(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        text = path.read_text(encoding="utf-8").strip()
+        if text:
+            return text
+    return "pid unknown"
+
+
+@contextlib.contextmanager
+def output_folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
+    """Hold `folder`'s lock for as long as the block runs: one writer per output folder.
+
+    The lock is an OS lock (`fcntl.flock`) on `folder/.trl-nca.lock`, so it ends with its process, however it ends (a
+    SIGKILLed run leaves no stale lock). A second process asking for it meanwhile gets `FolderInUseError` at once,
+    naming the folder and the holder's pid and command. On exit the lock file is removed, and so is `folder` when this
+    call created it and it is still empty (a run refused by a later check leaves nothing behind).
+    """
+    import fcntl
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"output_dir {str(folder)!r} is a file, not a folder; give a folder path (new or existing).")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"Cannot create the output folder {str(folder)!r}: {error.strerror or error}.") from None
+    path = folder / LOCK_FILE
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise FolderInUseError(
+                f"{folder} is in use by another trl-nca run ({_lock_holder(path)}); one run writes into a folder at a "
+                "time. Wait for it to end, or give another output_dir."
+            ) from None
+        try:  # the holder before us may have removed the file between our open and our lock: lock the file now there
+            same = os.fstat(descriptor).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(descriptor)
+    try:
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"pid {os.getpid()}, {command}\n".encode())
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        os.close(descriptor)
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty

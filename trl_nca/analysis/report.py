@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..eval.plots import new_figure
+from ..inputs import atomic_output, write_text_atomic
 
 
 def plot_hidden_cosine(result: Mapping[str, Any], path: str | os.PathLike) -> str:
@@ -30,7 +31,8 @@ def plot_hidden_cosine(result: Mapping[str, Any], path: str | os.PathLike) -> st
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     figure.tight_layout()
-    figure.savefig(path)
+    with atomic_output(path) as temporary:
+        figure.savefig(temporary)
     return str(path)
 
 
@@ -50,7 +52,8 @@ def plot_view_kl(result: Mapping[str, Any], path: str | os.PathLike) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(path)
+    with atomic_output(path) as temporary:
+        figure.savefig(temporary)
     return str(path)
 
 
@@ -79,7 +82,8 @@ def plot_update_norms(result: Mapping[str, Any], path: str | os.PathLike) -> str
     figure.suptitle("Relative update ||W_student - W_base|| / ||W_base||", fontsize=10)
     figure.tight_layout()
     figure.colorbar(image, ax=axes, fraction=0.04, pad=0.02)
-    figure.savefig(path)
+    with atomic_output(path) as temporary:
+        figure.savefig(temporary)
     return str(path)
 
 
@@ -272,8 +276,6 @@ def write_analysis(result: dict[str, Any], output_dir: str | os.PathLike, plots:
         "figures": figures,
     }
     result["files"] = files
-    (output_dir / "report.md").write_text(markdown(result), encoding="utf-8")
-    (output_dir / "analysis.json").write_text(
-        json.dumps(_json_safe(result), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
-    )
+    write_text_atomic(output_dir / "report.md", markdown(result))
+    write_text_atomic(output_dir / "analysis.json", json.dumps(_json_safe(result), indent=2, ensure_ascii=False) + "\n")
     return files

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..inputs import BUILTIN_CONTEXTS, BUILTIN_DATASETS, LOCAL_FORMATS, load_dataset_any, read_context
+from ..inputs import (
+    BUILTIN_CONTEXTS,
+    BUILTIN_DATASETS,
+    FULL_DISK_ERRNOS,
+    LOCAL_FORMATS,
+    InputError,
+    OutputError,
+    full_disk_error,
+    load_dataset_any,
+    output_folder_lock,
+    read_context,
+)
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
 
 
@@ -108,15 +120,41 @@ def _paired_evaluator(script_args, dataset, context_spec):
 
 def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
-    from trl import ModelConfig, TrlParser, get_peft_config
+    from trl import ModelConfig, TrlParser
 
-    from ..models.names import EmbeddedModelUnavailableError, resolve_model_name_or_path
     from ..trainers.config import NCAConfig
-    from ..trainers.trainer import NCATrainer
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    except (ValueError, TypeError) as error:
+        raise CommandLineError(str(error)) from error
+    try:
+        lock = _main_process_lock(training_args.output_dir, "trl-nca train")
+    except (ValueError, OSError) as error:  # an output_dir that is a file or cannot be made
+        raise CommandLineError(str(error)) from error
+    with lock:  # one writer per output folder
+        return _train(script_args, training_args, model_args)
+
+
+def _main_process_lock(output_dir: str, command: str):
+    """The output folder's lock, taken by the main process of a launch (the others write into the same folder)."""
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+    return output_folder_lock(output_dir, command) if rank in ("0", "-1", "") else contextlib.nullcontext()
+
+
+class TrainingInterrupted(Exception):
+    """`trl-nca train` stopped by Ctrl-C after saving a checkpoint; `main` prints it as one line (exit status 130)."""
+
+
+def _train(script_args, training_args, model_args):
+    from trl import get_peft_config
+
+    from ..models.names import EmbeddedModelUnavailableError, resolve_model_name_or_path
+    from ..trainers.checkpoints import StopOnInterrupt
+    from ..trainers.trainer import NCATrainer
+
+    try:
         model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
         training_args.model_init_kwargs = student_init_kwargs(training_args, model_args)
         if training_args.teacher_model_name_or_path:
@@ -154,7 +192,18 @@ def train(argv: list[str] | None = None):
         )
     except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
-    trainer.train(resume_from_checkpoint=resume)
+    single_process = os.environ.get("WORLD_SIZE", "1") == "1"
+    stop = StopOnInterrupt()
+    if single_process:
+        trainer.add_callback(stop)
+    with stop.installed() if single_process else contextlib.nullcontext():
+        trainer.train(resume_from_checkpoint=resume)
+    if stop.interrupted:
+        step = trainer.state.global_step
+        raise TrainingInterrupted(
+            f"interrupted at step {step}; the run is saved in {Path(training_args.output_dir) / f'checkpoint-{step}'}. "
+            "Run the same command with --resume_from_checkpoint true to continue."
+        )
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
         trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
@@ -182,12 +231,16 @@ def compare(argv: list[str] | None = None) -> dict:
     from ..trainers.config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
-    compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    try:  # every check of the config (and of an existing output folder) runs here, before any model loads
-        plan = plan_comparison(compare_args, training_args, model_args)
-    except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
+    try:  # the config's own checks, and every check of the comparison (and of an existing output folder)
+        compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
+    except (ValueError, TypeError) as error:
         raise CommandLineError(str(error)) from error
-    summary = execute(plan)
+    with output_folder_lock(training_args.output_dir, "trl-nca compare"):  # one writer per output folder
+        try:  # before any model loads
+            plan = plan_comparison(compare_args, training_args, model_args)
+        except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
+            raise CommandLineError(str(error)) from error
+        summary = execute(plan)
     minutes, seconds = divmod(int(summary["wall_seconds"]), 60)
     print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
     print(f"{summary['statistics_table']}\n")
@@ -206,6 +259,7 @@ def experience(argv: list[str] | None = None) -> int:
     from ..envs import game_generation_settings
     from ..envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
     from ..eval import loading
+    from ..inputs import write_text_atomic
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -243,8 +297,8 @@ def experience(argv: list[str] | None = None) -> int:
     )
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text((result.text or "") + "\n", encoding="utf-8")
-    output.with_suffix(".json").write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(output, (result.text or "") + "\n")
+    write_text_atomic(output.with_suffix(".json"), json.dumps(result.to_dict(), indent=2) + "\n")
     print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
     return 0
 
@@ -268,24 +322,51 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    if command in ("train", "compare"):
-        try:
-            (train if command == "train" else compare)(rest)
-        except CommandLineError as error:
-            if os.environ.get("TRL_NCA_TRACEBACK"):
-                raise
-            print(f"trl-nca {command}: error: {error}\n(set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-            return 2
-        return 0
-    if command == "eval":
-        from .eval import main as eval_main
+    if command not in COMMANDS:
+        print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        result = COMMANDS[command](rest)  # train returns its trainer, compare its summary
+        return result if isinstance(result, int) else 0
+    except TrainingInterrupted as error:
+        print(f"trl-nca {command}: {error}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(
+            f"trl-nca {command}: interrupted; run the same command again to resume what was finished.", file=sys.stderr
+        )
+        return 130
+    except USER_ERRORS as error:
+        return _user_error(command, error)
+    except OSError as error:  # a full disk anywhere (a save of the model, a figure) is one line too
+        if error.errno not in FULL_DISK_ERRNOS:
+            raise
+        return _user_error(command, error)
 
-        return eval_main(rest) or 0
-    if command == "analyze":
-        from .analyze import main as analyze_main
 
-        return analyze_main(rest) or 0
-    if command == "experience":
-        return experience(rest)
-    print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+def _eval(argv: list[str]) -> int:
+    from .eval import main as eval_main
+
+    return eval_main(argv)
+
+
+def _analyze(argv: list[str]) -> int:
+    from .analyze import main as analyze_main
+
+    return analyze_main(argv)
+
+
+COMMANDS = {"train": train, "compare": compare, "eval": _eval, "analyze": _analyze, "experience": experience}
+# what the commands report in one line (exit status 2); any other exception keeps its traceback
+USER_ERRORS = (CommandLineError, InputError, OutputError)
+
+
+def _user_error(command: str, error: BaseException) -> int:
+    """The one error path of every command: one line on stderr, exit status 2 (`TRL_NCA_TRACEBACK=1` re-raises)."""
+    if os.environ.get("TRL_NCA_TRACEBACK"):
+        raise error
+    if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
+        error = full_disk_error(error.filename or "an output file", error)
+    message = " ".join(str(error).split())
+    print(f"trl-nca {command}: error: {message} (set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
     return 2

@@ -29,6 +29,7 @@ from ..core.sampling import GenerationSettings
 from ..eval import loading
 from ..eval.loading import ContextChoice, ModelSpec
 from ..inputs import InputError
+from ..tasks import task_names
 from .eval import json_object_arg
 
 
@@ -86,7 +87,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("prompts")
-    data.add_argument("--task", help="A built-in task (reply_in_french, island_facts, organism_shift): rows + context.")
+    data.add_argument("--task", help=f"A built-in task ({', '.join(task_names())}): rows + context.")
     data.add_argument("--task-split", default="test", choices=["train", "test"], help="Split of --task (default test).")
     data.add_argument("--task-seed", type=int, default=0, help="Seed that generates --task (default 0).")
     data.add_argument(
@@ -404,7 +405,7 @@ def _check_same_tokenizer(tokenizer, spec: ModelSpec, args) -> None:
 
     other = loading.load_tokenizer(spec.path, trust_remote_code=args.trust_remote_code)
     try:
-        check_same_vocabulary(tokenizer, other)
+        check_same_vocabulary(tokenizer, other, names=("reference model", f"model {spec.name!r}"))
     except ValueError as error:
         raise AnalysisInputError(f"Model {spec.name!r}: {error}") from error
 

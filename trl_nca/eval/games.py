@@ -51,7 +51,7 @@ from ..envs import (
 from ..envs.base import MAX_STEPS
 from ..envs.prompts import format_action
 from ..envs.seeds import DEFAULT_HELDOUT
-from ..inputs import sha256_text
+from ..inputs import sha256_text, write_text_atomic
 from .errors import EvalInputError
 from .metrics import compute_metrics
 from .records import PairedRecord, ViewOutcome
@@ -481,7 +481,7 @@ def evaluate_game(
         output_dir = Path(output_dir)
         run = ModelRun(name, records, provenance=provenance, records_path=str(records_path))
         write_report([run], output_dir, n_bootstrap=n_bootstrap)
-        (output_dir / "game_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(output_dir / "game_summary.json", json.dumps(summary, indent=2) + "\n")
     return records, summary
 
 

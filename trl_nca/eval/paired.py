@@ -65,6 +65,10 @@ def _check_column(column: str, columns: Sequence[str], what: str, option: str) -
         )
 
 
+# the most samples per item and view an evaluation takes (each is one generation per item and view)
+MAX_SAMPLES_PER_VIEW = 1024
+
+
 class PairedEvaluator:
     """Prepares a dataset once and evaluates models on it, paired without/with the context.
 
@@ -110,6 +114,12 @@ class PairedEvaluator:
         if isinstance(samples_per_view, bool) or not isinstance(samples_per_view, int) or samples_per_view < 1:
             raise EvalInputError(
                 f"samples_per_view must be an integer >= 1 (samples per item and view), got {samples_per_view!r}."
+            )
+        if samples_per_view > MAX_SAMPLES_PER_VIEW:
+            raise EvalInputError(
+                f"samples_per_view {samples_per_view} is more than {MAX_SAMPLES_PER_VIEW}: each sample is one more "
+                "generation per item and view, so the evaluation would not end in any useful time. Give at most "
+                f"{MAX_SAMPLES_PER_VIEW} (docs/evaluation.md: a few samples per view already estimate the rates)."
             )
         self.samples_per_view = samples_per_view
         self.context = context

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from ..inputs import atomic_output
+
 
 def new_figure(width: float, height: float):
     """A matplotlib figure drawn off-screen (no pyplot state), for the figures of the reports, recipes and analyses."""
@@ -60,7 +62,8 @@ def plot_accuracy(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
     ax.set_ylim(0, 115)
     ax.set_title("Accuracy per view")
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_output(path) as temporary:
+        fig.savefig(temporary)
     return str(path)
 
 
@@ -77,7 +80,8 @@ def plot_harm_help(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
     ax.set_ylim(0, 115)
     ax.set_title("Harm and help of adding the context")
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_output(path) as temporary:
+        fig.savefig(temporary)
     return str(path)
 
 
@@ -102,5 +106,6 @@ def plot_lengths(runs: Sequence[Any], path: str | os.PathLike) -> str:
     ax.set_title("Response length per view (x: without, xc: with context)")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_output(path) as temporary:
+        fig.savefig(temporary)
     return str(path)

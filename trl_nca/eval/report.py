@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..inputs import write_text_atomic
 from .metrics import compute_metrics
 from .provenance import library_versions
 from .records import PairedRecord
@@ -301,6 +302,6 @@ def write_report(
         files["harm_help_png"] = plot_harm_help(summary, output_dir / "harm_help.png")
         files["lengths_png"] = plot_lengths(runs, output_dir / "lengths.png")
     summary["files"] = files
-    Path(files["summary"]).write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    Path(files["markdown"]).write_text(render_markdown(summary), encoding="utf-8")
+    write_text_atomic(files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
+    write_text_atomic(files["markdown"], render_markdown(summary))
     return summary

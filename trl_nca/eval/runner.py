@@ -98,6 +98,46 @@ def run_key(provenance: Mapping[str, Any]) -> str:
     return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
 
 
+def _spellings(path: str | None, resolved: str | None) -> set[str | None]:
+    """What `model_identity` may have recorded as the resolved form of `path`, written elsewhere or earlier: the
+    resolved path of now, and `path` itself (as normalised when absolute: the folder it named, since moved)."""
+    found = {resolved, path}
+    if path is not None and os.path.isabs(path):
+        found.add(os.path.normpath(path))
+    return found
+
+
+def respelled_run(provenance: Mapping[str, Any], key: str) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether a record's meta, with a run key other than `key`, comes from this very run with its model or adapter
+    path spelled otherwise (`out/c0`, `$PWD/out/c0`, `out/../out/c0`, or the folder before it moved): the key of
+    this provenance with the record's spellings, everything else (weights fingerprint, tokenizer, settings) as now."""
+    memo: dict[tuple[Any, Any], set[str]] = {}
+    identity = dict(provenance.get("model") or {})
+
+    def keys(model: Any, adapter: Any) -> set[str]:
+        found = set()
+        for resolved in _spellings(model, identity.get("resolved_path")):
+            for adapter_resolved in _spellings(adapter, identity.get("adapter_resolved_path")):
+                if identity.get("adapter_resolved_path") is None:
+                    adapter_resolved = None
+                respelled = {**identity, "name_or_path": model, "resolved_path": resolved, "adapter": adapter,
+                             "adapter_resolved_path": adapter_resolved}  # fmt: skip
+                found.add(run_key({**provenance, "model": respelled}))
+        return found
+
+    def same_run(meta: Mapping[str, Any]) -> bool:
+        if identity.get("fingerprint") is None:  # nothing but the paths tells the models apart
+            return False
+        spelled = (meta.get("model"), meta.get("adapter"))
+        if not all(isinstance(value, (str, type(None))) for value in spelled):
+            return False
+        if spelled not in memo:
+            memo[spelled] = keys(*spelled)
+        return meta.get("run_key") in memo[spelled]
+
+    return same_run
+
+
 def check_resumed_items(done: Mapping[str, PairedRecord], items: Sequence[TaskItem], path) -> None:
     """Refuse to resume records whose item has changed (another prompt, label or tokenizer under the same id)."""
     if any("item_sha256" not in record.meta for record in done.values()):
@@ -144,7 +184,7 @@ def run_paired(
     key = run_key(prov)
     done: dict[str, PairedRecord] = {}
     if output_path is not None:
-        done = load_records(output_path, expected_run_key=key, repair=True)
+        done = load_records(output_path, expected_run_key=key, repair=True, same_run=respelled_run(prov, key))
         check_resumed_items(done, items, output_path)
     todo = [item for item in items if item.item_id not in done]
     fingerprints = {item.item_id: item.fingerprint for item in items}

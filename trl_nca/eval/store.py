@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
+from ..inputs import write_bytes_atomic
 from .errors import EvalInputError
 from .records import PairedRecord
 
@@ -27,7 +29,11 @@ def append_records(path: str | os.PathLike, records: Iterable[PairedRecord]) -> 
 
 
 def load_records(
-    path: str | os.PathLike, expected_run_key: str | None = None, *, repair: bool = False
+    path: str | os.PathLike,
+    expected_run_key: str | None = None,
+    *,
+    repair: bool = False,
+    same_run: Callable[[Mapping[str, Any]], bool] | None = None,
 ) -> dict[str, PairedRecord]:
     """Records of a JSONL file by item id; the file is only read unless `repair=True`.
 
@@ -35,7 +41,8 @@ def load_records(
     evaluation runner, which appends to the file next) it is also cut off the file, and a complete last record missing
     its newline gets one, so the next append starts on a fresh line. A command that was only given the file to read
     (`trl-nca analyze`, reports) never changes it. A corrupt line elsewhere, or a record from a run with another
-    `run_key`, raises `EvalInputError`. Should an id appear twice, the first record wins.
+    `run_key`, raises `EvalInputError`, unless `same_run(meta)` says the record's other key is this run's under
+    another spelling of its paths. Should an id appear twice, the first record wins.
     """
     path = Path(path)
     if not path.exists():
@@ -48,7 +55,12 @@ def load_records(
     def parse(line: bytes, number: int) -> PairedRecord:
         record = PairedRecord.from_dict(json.loads(line))
         key = record.meta.get("run_key")
-        if expected_run_key is not None and key is not None and key != expected_run_key:
+        if (
+            expected_run_key is not None
+            and key is not None
+            and key != expected_run_key
+            and not (same_run is not None and same_run(record.meta))
+        ):
             raise EvalInputError(
                 f"{path} holds records of another run (line {number}: run key {key} != {expected_run_key}, i.e. a "
                 "different model, context, scorer, sampling or game setting). Use a new output folder, or delete the file."
@@ -63,7 +75,11 @@ def load_records(
         except (ValueError, KeyError, TypeError) as error:
             if isinstance(error, EvalInputError):
                 raise
-            raise EvalInputError(f"Line {number} of {path} is not a valid paired record: {error}") from error
+            reason = f"it has no {error.args[0]!r} field" if isinstance(error, KeyError) else str(error)
+            raise EvalInputError(
+                f"Line {number} of {path} is not a valid paired record: {reason}. Delete that line (its item is "
+                "evaluated again), or use a new output folder."
+            ) from error
         records.setdefault(record.item_id, record)
     if tail.strip():
         try:
@@ -73,8 +89,7 @@ def load_records(
         except (ValueError, KeyError, TypeError):
             if repair:
                 logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
-                with path.open("r+b") as f:
-                    f.truncate(len(raw) - len(tail))
+                write_bytes_atomic(path, raw[: len(raw) - len(tail)])  # the file is whole, with or without it
             else:
                 logger.warning(
                     "Leaving out the half-written last line %d of %s (interrupted run).", len(lines) + 1, path

@@ -354,6 +354,22 @@ def use_one_cpu_thread() -> bool:
     return True
 
 
+def _sigterm_exits():
+    """Make SIGTERM raise `SystemExit` (exit status 143) instead of ending the process on the spot, so `finally`
+    clauses run; only in the main thread and where SIGTERM has its default action. Returns what puts it back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return lambda: None
+
+    def exit_143(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_143)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.PathLike | None = None) -> str:
     """The folder of the pretrained organism, pretraining it first if this machine has not yet (a few minutes)."""
     from . import shipped
@@ -374,6 +390,7 @@ def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.Pa
     if (target / "organism.json").is_file():
         return str(target)
     root.mkdir(parents=True, exist_ok=True)
+    restore_sigterm = _sigterm_exits()  # a SIGTERM (a scheduler, `kill`) still removes the staging folder below
     staging = Path(tempfile.mkdtemp(prefix=f".organism-{spec.key()}.tmp-", dir=root))
     try:
         logger.warning("Pretraining the model organism (one time, a few minutes on a CPU) into %s.", target)
@@ -391,4 +408,5 @@ def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.Pa
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        restore_sigterm()
     return str(target)

@@ -30,6 +30,8 @@ import logging
 import math
 import re
 import time
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,8 +39,8 @@ from typing import Any
 
 import yaml
 
-from ..inputs import InputError, sha256_text
-from ..tasks import BuiltinTask, get_task
+from ..inputs import InputError, read_json_output, sha256_text, write_text_atomic
+from ..tasks import BuiltinTask, get_task, task_names
 from .outcomes import read_per_organism
 from .ranges import canonical, json_default, read_against_ranges
 from .statistics import COLUMN_NAMES
@@ -56,7 +58,7 @@ class CompareArguments:
 
     task: str = field(
         default="reply_in_french",
-        metadata={"help": "Built-in task (trl_nca.tasks): reply_in_french (instruction) or island_facts (knowledge)."},
+        metadata={"help": f"Built-in task (trl_nca.tasks): one of {', '.join(task_names())}."},
     )
     task_seed: int = field(default=0, metadata={"help": "Seed that generates the task's items."})
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Training seeds; each method runs once "
@@ -184,7 +186,21 @@ def _field_converters(config_class) -> dict[str, Any]:
 
 
 def _convert(method: str, key: str, value: Any, action) -> Any:
-    if value is None or action is None or action.type is None or isinstance(value, (list, dict)):
+    if action is None:
+        return value
+    kind = getattr(action.type, "__name__", "value")
+    example = f"Write e.g. {key}={action.default!r}." if action.default is not None else ""
+    if value is None:
+        if action.default is not None:
+            raise CompareInputError(f"Method {method!r}: {key}=null is not allowed; {key} takes a {kind}. {example}")
+        return value
+    if isinstance(value, list) and action.nargs in ("+", "*"):
+        return [_convert(method, key, item, argparse.Namespace(**{**vars(action), "nargs": None})) for item in value]
+    if isinstance(value, (list, dict)):
+        if action.type in (int, float, bool) or action.choices or action.nargs in ("+", "*"):
+            raise CompareInputError(f"Method {method!r}: {key}={value!r} is not a {kind}. {example}")
+        return value
+    if action.type is None:
         return value
     text = str(value).lower() if isinstance(value, bool) else str(value)
     try:
@@ -268,9 +284,25 @@ def _check_count(name: str, value: Any, minimum: int, optional: bool = False) ->
         raise CompareInputError(f"`{name}` must be {what}, got {value!r}.")
 
 
+# seeds are numpy's and torch's random seeds: whole numbers in [0, 2**32)
+MAX_SEED = 2**32 - 1
+
+
+def _check_seed(name: str, seed: Any) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise CompareInputError(
+            f"`{name}` holds {seed!r} ({type(seed).__name__}); every seed must be a whole number from 0 to {MAX_SEED}, "
+            "e.g. [0, 1, 2]."
+        )
+
+
 def _check_seed_list(name: str, seeds: Any) -> None:
-    if seeds is None or len(seeds) == 0:
+    if seeds is None or (isinstance(seeds, (list, tuple)) and len(seeds) == 0):
         raise CompareInputError(f"Give at least one seed in `{name}`, e.g. [0, 1, 2].")
+    if not isinstance(seeds, (list, tuple)):
+        raise CompareInputError(f"`{name}` must be a list of seeds, e.g. [0, 1, 2], got {seeds!r}.")
+    for seed in seeds:
+        _check_seed(name, seed)
     repeated = sorted({s for s in seeds if list(seeds).count(s) > 1})
     if repeated:
         raise CompareInputError(
@@ -279,9 +311,47 @@ def _check_seed_list(name: str, seeds: Any) -> None:
         )
 
 
+def _annotation_types(annotation: Any) -> tuple[tuple[type, ...], type | None, bool]:
+    """(the accepted types, the element type of a list, whether None is accepted) of a field's type hint such as
+    `int`, `float`, `str | None` or `list[int] | None` (those of `CompareArguments`)."""
+    parts = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (
+        annotation,)  # fmt: skip
+    optional = type(None) in parts
+    (kind,) = [part for part in parts if part is not type(None)]
+    if typing.get_origin(kind) is list:
+        return (list,), typing.get_args(kind)[0], optional
+    return ((int, float) if kind is float else (kind,)), None, optional
+
+
+def check_types(args: CompareArguments) -> None:
+    """Every option of `args` has its declared type. The lists of a YAML config are not converted as the command
+    line converts them (nor is anything given in Python), so `organism_seeds: [1.5]` or `seeds: ["a"]` are refused
+    here, naming the option."""
+    hints = typing.get_type_hints(type(args))
+    for spec in dataclasses.fields(args):
+        value = getattr(args, spec.name)
+        kinds, element, optional = _annotation_types(hints[spec.name])
+        if value is None and optional:
+            continue
+        wrong = isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds)
+        if not wrong and element is not None:
+            wrong = any(
+                isinstance(item, bool) or not isinstance(item, (int, float) if element is float else element)
+                for item in value
+            )
+        if wrong:
+            words = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
+            expected = f"a list of {words[element].split(' ', 1)[1]}s" if element is not None else words[kinds[-1]]
+            raise CompareInputError(
+                f"`{spec.name}` must be {expected}{' (or null)' if optional else ''}, got {value!r}. {spec.metadata['help']}"
+            )
+
+
 def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
     """Every count and seed list of `args`, against the task's sizes; raises `CompareInputError`."""
     _check_seed_list("seeds", args.seeds)
+    _check_seed("task_seed", args.task_seed)
+    _check_seed("eval_seed", args.eval_seed)
     if args.organism_seeds is not None:
         _check_seed_list("organism_seeds", args.organism_seeds)
     _check_count("num_train", args.num_train, 1, optional=True)
@@ -338,7 +408,8 @@ def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir:
         "context_separator": context.separator,
         **method.overrides,
     }
-    if monitor_opd and float(overrides.get("nca_beta", config.nca_beta)) == 0:
+    beta = overrides.get("nca_beta", config.nca_beta)
+    if monitor_opd and isinstance(beta, (int, float)) and beta == 0:
         overrides.setdefault("nca_monitor", True)
     return dataclasses.replace(config, **overrides)
 
@@ -595,6 +666,10 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     Raises `CompareInputError` (or the `ValueError` of an invalid config value) naming the problem. The last step
     resolves the model, which pretrains the organism the first time it is asked for (into its cache, not the output).
     """
+    check_types(args)
+    if args.task not in task_names():
+        raise CompareInputError(f"`task: {args.task}` is not a built-in task; choose one of {task_names()}.")
+    _check_seed("task_seed", args.task_seed)
     task = get_task(args.task, seed=args.task_seed)
     check_arguments(args, task)
     methods = check_methods([parse_method(m) for m in args.methods], config)
@@ -610,6 +685,10 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     test_rows = task.test if args.eval_items is None else task.test[: args.eval_items]
     evaluator = _evaluator(args, config, task, test_rows)
     root = Path(config.output_dir)
+    if root.exists() and not root.is_dir():
+        raise CompareInputError(
+            f"output_dir {str(root)!r} is a file, not a folder; give a folder path (new or existing)."
+        )
     # what shaped every student (the method's overrides and the seeds are per run) and what shaped the evaluation
     student = {
         "task": task.name,
@@ -628,12 +707,48 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     # the shared training config; each run's seed and the task's context are the comparison's own (per run)
     settings = {"student": student, "training": training_settings(config, RECIPE_FIELDS), "evaluation": evaluation}
     runs = _planned_runs(args, config, task, methods, root, student)
-    _check_output_folder(root, settings, runs)
+    _check_output_folder(root, settings, runs, len(test_rows))
+    _check_task_fits_model(task, model_name)  # an organism by its alias, before it is pretrained
     model_paths = _model_paths(model_name, args.organism_seeds)
+    _check_task_fits_model(task, model_name, model_paths)
     settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
     _check_model_paths(root / "settings.json", settings["model_paths"])
     return Plan(args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config, list(train_rows),
                 list(test_rows), evaluator, settings, runs)  # fmt: skip
+
+
+# the most of a task's prompt and context tokens a model may not know (a byte-level tokenizer knows every text; a
+# word-level one, like the organism's, knows its own language only)
+MAX_UNKNOWN_FRACTION = 0.01
+
+
+def _check_task_fits_model(task: BuiltinTask, model_name: str, model_paths: Mapping[Any, str] | None = None) -> None:
+    """Refuse a task whose prompts and context the model's tokenizer mostly cannot represent (every unknown word
+    becomes the same unknown token in both views). Without `model_paths`, only an organism alias is checked (its
+    tokenizer needs no pretraining); with them, the tokenizer of every other model."""
+    from ..models.organism import ORGANISM_ALIASES, make_tokenizer, spec_for_alias
+
+    alias = model_name.strip().lower()
+    if (alias in ORGANISM_ALIASES) == (model_paths is not None):
+        return
+    if model_paths is None:
+        tokenizer = make_tokenizer(spec_for_alias(alias).facts)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(next(iter(model_paths.values())))
+    fraction = task.unknown_token_fraction(tokenizer)
+    if fraction <= MAX_UNKNOWN_FRACTION:
+        return
+    fitting = [
+        name for name in task_names() if get_task(name).unknown_token_fraction(tokenizer) <= MAX_UNKNOWN_FRACTION
+    ]
+    raise CompareInputError(
+        f"Task {task.name!r} does not fit model {model_name!r}: {100 * fraction:.0f}% of its prompt and context tokens "
+        f"are unknown to the model's tokenizer (each becomes {tokenizer.unk_token!r}), so the students would learn "
+        f"nothing of the task. Choose a task in the model's language ({', '.join(fitting) or 'none of the built-in tasks'}) "
+        "or another model."
+    )
 
 
 def _checked_peft_config(args: CompareArguments, model_args, model_name: str):
@@ -682,23 +797,45 @@ def _planned_runs(args, config, task, methods, root: Path, student: dict[str, An
                 folder = root / method.name / f"seed{seed}" if organism is None else (
                     root / f"org{organism}" / method.name / f"seed{seed}")  # fmt: skip
                 name = f"{method.name}/seed{seed}" if organism is None else f"{method.name}/org{organism}/seed{seed}"
-                run_args = run_config(config, task, method, seed, folder, args.monitor_opd)  # validates the values
+                try:  # validates the values
+                    run_args = run_config(config, task, method, seed, folder, args.monitor_opd)
+                except (ValueError, TypeError) as error:
+                    raise CompareInputError(f"Method {method.name!r}: {error}") from error
                 run_settings = {**student, "organism_seed": organism, "training": training_settings(run_args)}
                 runs.append(Run(name, method, organism, seed, folder, run_args, run_settings))
     return runs
 
 
-def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Run]) -> None:
-    """An existing output folder must hold this comparison: its settings and every finished student's."""
+SETTINGS_FIX = (
+    "Delete it and run the same command again (the comparison writes it anew from its settings), or use a new "
+    "output_dir."
+)
+
+
+def _done_fix(run: Run) -> str:
+    return f"Delete the folder {run.folder} (its student is trained again) and run the same command again."
+
+
+def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Run], eval_items: int) -> None:
+    """An existing output folder must hold this comparison: its settings, its number of evaluated items (in
+    `task.json`) and every finished student's settings."""
     saved = root / "settings.json"
+    task_file = root / "task.json"
+    if task_file.exists():
+        old_items = read_json_output(task_file, SETTINGS_FIX).get("num_test", eval_items)
+        if old_items != eval_items:
+            raise CompareInputError(
+                f"{task_file} holds a comparison evaluated on {old_items} held-out items, now {eval_items} (`eval_items`)"
+                ". Resuming would mix them into one table. Use a new output_dir, or set them back."
+            )
     if saved.exists():  # the resolved model paths are compared after resolving (`_check_model_paths`)
-        old = {k: v for k, v in json.loads(saved.read_text()).items() if k != "model_paths"}
+        old = {k: v for k, v in read_json_output(saved, SETTINGS_FIX).items() if k != "model_paths"}
         _refuse_mismatch("a comparison", saved, old, settings)
     for run in runs:
         done = run.folder / "done.json"
         if not done.exists():
             continue
-        old = json.loads(done.read_text()).get("settings")
+        old = read_json_output(done, _done_fix(run)).get("settings")
         if old is None:
             raise CompareInputError(
                 f"{done} was written by an older trl-nca without the settings of its student, so it cannot be checked "
@@ -713,7 +850,7 @@ def _check_model_paths(saved: Path, model_paths: dict[str, str]) -> None:
     """The models the names resolve to (e.g. the organism of another trl-nca version) must be those of the saved
     comparison, where both have them."""
     if saved.exists():
-        old = json.loads(saved.read_text()).get("model_paths", {})
+        old = read_json_output(saved, SETTINGS_FIX).get("model_paths", {})
         common = sorted(set(old) & set(model_paths))
         _refuse_mismatch("a comparison", saved, {"model_paths": {k: old[k] for k in common}},
                          {"model_paths": {k: model_paths[k] for k in common}})  # fmt: skip
@@ -822,8 +959,9 @@ def _write_plan(plan: Plan) -> None:
     """The comparison's settings and task, written before anything runs."""
     task = plan.task
     plan.root.mkdir(parents=True, exist_ok=True)
-    (plan.root / "settings.json").write_text(json.dumps(plan.settings, indent=2, sort_keys=True) + "\n")
-    (plan.root / "task.json").write_text(
+    write_text_atomic(plan.root / "settings.json", json.dumps(plan.settings, indent=2, sort_keys=True) + "\n")
+    write_text_atomic(
+        plan.root / "task.json",
         json.dumps({"task": task.name, "family": task.family, "description": task.description, **task.info,
                     "num_train": len(plan.train_rows), "num_test": len(plan.test_rows)}, indent=2, default=str) + "\n"
     )  # fmt: skip
@@ -857,13 +995,13 @@ def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> 
     records_path = run.folder / "eval" / "records.jsonl"
     done_path = run.folder / "done.json"
     if done_path.exists():
-        done = json.loads(done_path.read_text())
+        done = read_json_output(done_path, _done_fix(run))
         from peft import PeftModel
 
         student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
     else:
         done, student = _train_student(plan, run, model_path, tokenizer)
-        done_path.write_text(json.dumps(done, indent=2, default=str) + "\n")
+        write_text_atomic(done_path, json.dumps(done, indent=2, default=str) + "\n")
     evaluated.train_seconds[run.name] = done["train_seconds"]
     evaluated.histories[run.name] = compact_history(done["log_history"])
     evaluated.tracking[run.name] = [
@@ -975,10 +1113,11 @@ def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     # with organisms, the reading is per organism against the documented outcomes; else against the documented ranges
     summary["reading"] = summary["organism_reading"] or summary["range_reading"]
     summary["figures"] = write_figures(summary, root)
-    (root / "comparison.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (root / "comparison.md").write_text(
+    write_text_atomic(root / "comparison.json", json.dumps(summary, indent=2, default=str) + "\n")
+    write_text_atomic(
+        root / "comparison.md",
         f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence} {summary['reading']}\n\n"
-        f"## Statistics over runs\n\n{stats_text}\n"
+        f"## Statistics over runs\n\n{stats_text}\n",
     )
     summary["table"] = table
     summary["statistics_table"] = stats_text

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..eval.plots import new_figure
+from ..inputs import atomic_output
 
 
 def _method(run_name: str) -> str:
@@ -50,7 +51,8 @@ def plot_comparison(
     ax.legend(loc="upper left", fontsize=8, frameon=False, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_output(path) as temporary:
+        fig.savefig(temporary)
     return str(path)
 
 
@@ -86,7 +88,8 @@ def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str 
         ax.text(0.5, 0.5, "No training loss was logged\n(each job ran fewer steps than logging_steps).",
                 ha="center", va="center", fontsize=9)  # fmt: skip
         ax.set_axis_off()
-        fig.savefig(path)
+        with atomic_output(path) as temporary:
+            fig.savefig(temporary)
         return str(path)
     fig = new_figure(3.5 * len(keys), 3.2)
     for i, key in enumerate(keys):
@@ -98,7 +101,8 @@ def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str 
         if i == 0:
             ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_output(path) as temporary:
+        fig.savefig(temporary)
     return str(path)
 
 
@@ -120,7 +124,8 @@ def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str
         if i == 0:
             ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_output(path) as temporary:
+        fig.savefig(temporary)
     return str(path)
 
 
@@ -146,7 +151,8 @@ def plot_harm(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | o
     ax.set_title(title or "Harm per run: P(wrong with the context | right without it)")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    with atomic_output(path) as temporary:
+        fig.savefig(temporary)
     return str(path)
 
 

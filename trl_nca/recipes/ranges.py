@@ -52,14 +52,42 @@ def canonical(value: Any) -> Any:
 
 
 def matching_settings(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a `comparison.json` summary that decides whether a documented range applies to it."""
+    """The part of a `comparison.json` summary that decides whether a documented range applies to it: everything
+    that changes what its numbers mean. The methods; what shaped the students (task, training rows, model, LoRA) and
+    their training (budget `max_steps`, learning rate, `max_new_tokens`, sampling temperature, ...); the evaluation's
+    sampling (reply budget, temperature, top-p, top-k, seed, samples per view) and the number of evaluated items."""
     settings = canonical(summary["settings"])
     return {
         "methods": summary["methods"],
         "student": {k: settings["student"].get(k) for k in STUDENT_KEYS},
         "training": settings["training"],
-        "evaluation": settings["evaluation"],
+        "evaluation": {**settings["evaluation"], "items": summary.get("num_test")},
     }
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def _differences(documented: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+    """`setting` (documented value, this run's) for every setting where the two differ."""
+    old, new = _flat(documented), _flat(settings)
+    return [
+        f"`{key}` {old.get(key, '<not set>')!r} documented, {new.get(key, '<not set>')!r} here"
+        for key in sorted(set(old) | set(new))
+        if old.get(key, "<not set>") != new.get(key, "<not set>")
+    ]
+
+
+def run_label(row: Mapping[str, Any]) -> str:
+    """A per-seed row's run: `org{o} seed {s}` over several organisms, `seed {s}` on one model."""
+    seed = f"seed {row.get('seed')}"
+    return seed if row.get("organism") is None else f"org{row['organism']} {seed}"
 
 
 def ranges_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, Any]:
@@ -91,9 +119,16 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
     match = next((e for e in experiments if e["match"] == settings), None)
     if match is None:
         names = ", ".join(e["name"] for e in experiments) or "none"
+        same_task = [e for e in experiments if e["match"]["student"].get("task") == settings["student"].get("task")]
+        nearest = ""
+        if same_task:  # name what differs from the documented experiment of this task
+            closest = min(same_task, key=lambda e: len(_differences(e["match"], settings)))
+            diffs = _differences(closest["match"], settings)
+            more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
+            nearest = f" {closest['name']} differs in " + "; ".join(diffs[:3]) + more + "."
         return (
             "No range is documented for these settings (docs/results.md section 8 documents the experiments "
-            f"{names}; the README's main job is one of them), so this run is not read against one."
+            f"{names}; the README's main job is one of them), so this run is not read against one.{nearest}"
         )
     outside, checked = [], 0
     for method, rows in summary["per_seed"].items():
@@ -109,7 +144,7 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
                 low, high = bounds
                 if not low - 1e-9 <= value <= high + 1e-9:
                     outside.append(
-                        f"{method} seed {row.get('seed')}: {COLUMN_NAMES[key]} {_pct(value)} against {_pct(low)}-{_pct(high)}"
+                        f"{method} {run_label(row)}: {COLUMN_NAMES[key]} {_pct(value)} against {_pct(low)}-{_pct(high)}"
                     )
     runs = ", ".join(f"{m} {e['runs']}" for m, e in match["methods"].items())
     where = f"the range documented in docs/results.md {match['section']} ({match['name']}: {runs} runs)"

@@ -61,6 +61,20 @@ class BuiltinTask:
             raise ValueError(f"Task {self.name!r} has the splits 'train' and 'test', not {name!r}.")
         return self.train if name == "train" else self.test
 
+    def unknown_token_fraction(self, tokenizer) -> float:
+        """The fraction of the tokens of every prompt and context (both splits) that `tokenizer` maps to its unknown
+        token: 0 for a byte-level tokenizer, near 1 for a word-level one of another language (the organism's)."""
+        unknown = getattr(tokenizer, "unk_token_id", None)
+        if unknown is None:
+            return 0.0
+        texts = [str(row["prompt"]) for row in (*self.train, *self.test)]
+        if self.context.text is not None:
+            texts.append(self.context.text)
+        elif self.context.column is not None:
+            texts += [str(row[self.context.column]) for row in (*self.train, *self.test) if self.context.column in row]
+        ids = [i for encoded in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in encoded]
+        return sum(i == unknown for i in ids) / max(len(ids), 1)
+
     def dataset(self, name: str):
         """A split as a `datasets.Dataset`."""
         from datasets import Dataset

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import sys
+import threading
 from pathlib import Path
 
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..core.schedule import STATE_FILE as SCHEDULE_STATE_FILE
 from ..core.schedule import BetaSchedule
+from ..inputs import write_text_atomic
+from .script_options import checkpoint_problem, last_complete_checkpoint
+
+
+logger = logging.getLogger(__name__)
 
 
 class ScheduleCheckpoint(TrainerCallback):
@@ -23,7 +32,7 @@ class ScheduleCheckpoint(TrainerCallback):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             if folder.is_dir():
-                (folder / SCHEDULE_STATE_FILE).write_text(json.dumps(self.schedule.state_dict()) + "\n")
+                write_text_atomic(folder / SCHEDULE_STATE_FILE, json.dumps(self.schedule.state_dict()) + "\n")
 
 
 def load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
@@ -39,16 +48,29 @@ def load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
 
 
 def resolve_resume(resume_from_checkpoint, output_dir: str):
-    """`resume_from_checkpoint=True` as the last checkpoint-N folder of `output_dir` (an error naming the folder when
-    there is none, never a silent fresh start); anything else unchanged."""
+    """`resume_from_checkpoint=True` as the last complete checkpoint-N folder of `output_dir` (incomplete ones after
+    it, cut saves, are skipped with a warning naming them; an error naming the folder when there is none, never a
+    silent fresh start); a folder that is not a complete checkpoint is an error naming it; anything else unchanged."""
     if resume_from_checkpoint is True:
-        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+        last, skipped = last_complete_checkpoint(output_dir)
         if last is None:
+            cut = f" ({', '.join(map(str, skipped))} incomplete)" if skipped else ""
             raise ValueError(
                 f"resume_from_checkpoint=True, but output_dir {output_dir!r} holds no checkpoint-N "
-                "folder. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
+                f"folder that is complete{cut}. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
             )
-        return last
+        for folder in skipped:
+            logger.warning(
+                "Skipping %s: %s. Resuming from %s; delete the incomplete folder.",
+                folder,
+                checkpoint_problem(folder),
+                last,
+            )
+        return str(last)
+    if isinstance(resume_from_checkpoint, (str, os.PathLike)) and os.path.isdir(resume_from_checkpoint):
+        problem = checkpoint_problem(resume_from_checkpoint)
+        if problem is not None:
+            raise ValueError(f"resume_from_checkpoint {str(resume_from_checkpoint)!r} cannot be resumed: {problem}.")
     return resume_from_checkpoint
 
 
@@ -59,3 +81,45 @@ def resume(resume_from_checkpoint, output_dir: str, schedule: BetaSchedule):
     if isinstance(resume_from_checkpoint, str):
         load_schedule(schedule, resume_from_checkpoint)
     return resume_from_checkpoint
+
+
+class StopOnInterrupt(TrainerCallback):
+    """Ctrl-C (SIGINT) during training ends it cleanly: the step under way finishes, a checkpoint is saved and
+    training stops, so the run resumes with `--resume_from_checkpoint true`; a second Ctrl-C stops at once (the last
+    complete checkpoint stays the one to resume). `interrupted` says whether it happened; used inside `installed()`.
+    Single-process runs only: the processes of a distributed run would stop at different steps."""
+
+    def __init__(self):
+        self.interrupted = False
+
+    def _handle(self, signum, frame) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print(
+            "Interrupted: finishing this step and saving a checkpoint (Ctrl-C again stops at once).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def installed(self):
+        """A context manager that installs the SIGINT handler (main thread only) and puts the previous one back."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def manager():
+            if threading.current_thread() is not threading.main_thread():
+                yield self
+                return
+            previous = signal.signal(signal.SIGINT, self._handle)
+            try:
+                yield self
+            finally:
+                signal.signal(signal.SIGINT, previous)
+
+        return manager()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.interrupted:
+            control.should_save = True
+            control.should_training_stop = True

@@ -330,6 +330,9 @@ class NCAFields:
         check_integer("nca_warmup_steps", self.nca_warmup_steps, low=0)
         check_integer("log_grad_cosine_steps", self.log_grad_cosine_steps, low=0, hint="0 turns it off")
         check_integer("share_prefix_min_tokens", self.share_prefix_min_tokens, low=1)
+        check_integer("seed", self.seed, low=0, hint="a random seed, below 2**32")
+        if self.seed >= 2**32:  # numpy's seeds end there
+            raise ValueError(f"seed must be an integer >= 0 and below 2**32 (a random seed), got {self.seed}.")
         if self.max_context_length is not None:
             check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
 

@@ -337,5 +337,8 @@ def check_examples(dataset, spec: ContextSpec, split: str) -> None:
             wanted = ("messages", "prompt", "completion", spec.column if spec.text is None else None)
             dataset = dataset.select_columns([c for c in column_names if c in wanted])
     for index, example in enumerate(dataset):
-        split_example(example, where=f"row {index} of the {split} dataset")
+        try:
+            split_example(example, where=f"row {index} of the {split} dataset")
+        except KeyError as error:  # a missing or empty prompt is bad input, reported like every other row problem
+            raise ValueError(error.args[0] if error.args else str(error)) from None
         spec.context_of(example, index)

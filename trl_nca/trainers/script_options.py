@@ -31,19 +31,68 @@ def student_init_kwargs(args, model_args) -> dict[str, Any]:
     return kwargs
 
 
-def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
-    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last checkpoint in `output_dir`), or a
-    checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does not exist, or
-    'true' when `output_dir` has no checkpoint, is an error (never a silent restart from step 0)."""
-    from transformers.trainer_utils import get_last_checkpoint
+TRAINER_STATE = (
+    "trainer_state.json"  # the last file Trainer writes into a checkpoint (transformers' TRAINER_STATE_NAME)
+)
 
+
+def checkpoint_problem(folder: str | Path) -> str | None:
+    """Why `folder` is not a checkpoint a run can resume from (None when it is one). Trainer writes a checkpoint's
+    `trainer_state.json` after the weights, optimizer and random states, so a folder without a readable one is a save
+    that was cut off (an interrupt, a full disk), or a model folder that was never a checkpoint."""
+    import json
+
+    state = Path(folder) / TRAINER_STATE
+    if not state.is_file():
+        if (Path(folder) / "config.json").is_file() or (Path(folder) / "adapter_config.json").is_file():
+            if not Path(folder).name.startswith("checkpoint-"):
+                return (
+                    f"it is a model folder, not a checkpoint: it holds weights but no {TRAINER_STATE} (no optimizer, "
+                    "step or random state to resume). Give a checkpoint-N folder of the run, or start a new run from "
+                    "these weights with --model_name_or_path"
+                )
+        return f"it holds no {TRAINER_STATE}: its save was cut off (an interrupted run or a full disk)"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"its {TRAINER_STATE} is cut: its save was cut off (an interrupted run or a full disk)"
+    return None
+
+
+def checkpoints_of(output_dir: str | Path) -> list[Path]:
+    """The checkpoint-N folders of `output_dir`, by step."""
+    found = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name[len("checkpoint-") :].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len("checkpoint-") :]))
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[Path]]:
+    """The last checkpoint of `output_dir` a run can resume from (or None), and the incomplete ones after it."""
+    skipped = []
+    for folder in reversed(checkpoints_of(output_dir) if Path(output_dir).is_dir() else []):
+        if checkpoint_problem(folder) is None:
+            return folder, skipped
+        skipped.append(folder)
+    return None, skipped
+
+
+def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
+    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last complete checkpoint in
+    `output_dir`), or a checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does
+    not exist or is no complete checkpoint (a cut save, a model folder), or 'true' when `output_dir` has no complete
+    checkpoint, is an error naming it (never a silent restart from step 0)."""
     if value is None or value is False:
         return None
     if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
-        if not Path(output_dir).is_dir() or get_last_checkpoint(output_dir) is None:
+        last, skipped = last_complete_checkpoint(output_dir)
+        if last is None:
+            cut = (
+                f" ({', '.join(str(p) for p in skipped)} {'is' if len(skipped) == 1 else 'are'} incomplete)"
+                if skipped
+                else ""
+            )
             raise ValueError(
-                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to resume "
-                "from. Give the checkpoint folder itself, or leave the option out to start afresh."
+                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to "
+                f"resume from that is complete{cut}. Give the checkpoint folder itself, or leave the option out to start afresh."
             )
         return True
     if str(value).strip().lower() in ("false", "none", "no", "0", ""):
@@ -52,5 +101,11 @@ def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool |
         raise ValueError(
             f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
             "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
+        )
+    problem = checkpoint_problem(value)
+    if problem is not None:
+        raise ValueError(
+            f"--resume_from_checkpoint {value!r} cannot be resumed: {problem}. Give a complete checkpoint-N folder, or "
+            "'true' for the last complete one in output_dir."
         )
     return str(value)

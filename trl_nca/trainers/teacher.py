@@ -162,10 +162,13 @@ def load_teacher_tokenizer(teacher) -> object | None:
         return None
 
 
-def check_same_vocabulary(student_tokenizer, teacher_tokenizer) -> None:
+def check_same_vocabulary(
+    student_tokenizer, teacher_tokenizer, names: tuple[str, str] = ("student", "teacher")
+) -> None:
     """The teacher must give every student token the same id: the losses compare distributions id by id.
 
-    Tokens the teacher has beyond the student's vocabulary are allowed (the student never produces them).
+    Tokens the teacher has beyond the student's vocabulary are allowed (the student never produces them). `names`
+    are the two models' roles in the message (`trl-nca analyze` compares a model with its reference, not a teacher).
     """
     student, teacher = student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
     if student == teacher:
@@ -174,10 +177,17 @@ def check_same_vocabulary(student_tokenizer, teacher_tokenizer) -> None:
     differing = [d for d in differing if d[1] != d[2]]
     if not differing:
         return
+    first, second = names
     examples = ", ".join(
-        f"{token!r} is {i} for the student and {'absent' if j is None else j} for the teacher"
+        f"{token!r} is {i} for the {first} and {'absent' if j is None else j} for the {second}"
         for token, i, j in differing[:3]
     )
+    if names != ("student", "teacher"):
+        raise ValueError(
+            f"The tokenizer of the {second} maps {len(differing)} of the {first}'s {len(student)} tokens to other ids "
+            f"({first} vocabulary {len(student)} tokens, {second} {len(teacher)}): {examples}. The measures compare "
+            "the two models' next-token distributions id by id, so both must use one tokenizer (same model family)."
+        )
     raise ValueError(
         f"The teacher's tokenizer maps {len(differing)} of the student's {len(student)} tokens to other ids "
         f"(student vocabulary {len(student)} tokens, teacher {len(teacher)}): {examples}. The losses compare the two "
@@ -220,6 +230,13 @@ def resolve_teacher(
     found = teacher_tokenizer or load_teacher_tokenizer(teacher_model)
     if found is not None:
         check_same_vocabulary(student_tokenizer, found)
+    elif isinstance(teacher_model, nn.Module) and not isinstance(teacher_model, SelfTeacher):
+        logger.warning(
+            "The teacher model's tokenizer could not be found (its config names %r), so the vocabulary check was "
+            "skipped: the losses assume the teacher gives every token the student's id. Pass the teacher's tokenizer "
+            "as `teacher_processing_class` to check it.",
+            getattr(getattr(teacher_model, "config", None), "_name_or_path", None) or "no folder",
+        )
     if isinstance(teacher_model, str):
         return load_teacher(teacher_model, init_kwargs, trust_remote_code)
     if teacher_model is not None:
