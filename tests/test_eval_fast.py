@@ -60,11 +60,12 @@ def written(records):
 def test_grouped_samples_with_a_shared_prefill_give_the_records_of_the_plain_path(tok, which, request):
     """Both changes of the fast path at once, on the base and on a LoRA student: the same records, every field."""
     model = request.getfixturevalue(which)
-    plain = evaluator(3, group_samples=False).run(
+    # batch 6: two items per call, so each row must get its own item's prefill
+    plain = evaluator(3, batch_size=6, group_samples=False).run(
         model, tok, progress=False, backend=HFBackend(model, tok, share_prompts=False)
     )
     backend = HFBackend(model, tok)
-    fast = evaluator(3).run(model, tok, progress=False, backend=backend)
+    fast = evaluator(3, batch_size=6).run(model, tok, progress=False, backend=backend)
     assert backend.prefill_rows_saved == 7 * 2 * 2  # every item's view ran its prompt once for 3 samples
     assert written(fast) == written(plain)
     assert len({s["completion"] for r in fast for s in r.x.extra["samples"]}) > 1  # the samples do differ
