@@ -19,6 +19,7 @@ of sequence of each row, over wall time). The fr-30 estimate scales the measured
 
     python benchmarks/bench_fr30.py                                  # 32 items, float32 and bfloat16
     python benchmarks/bench_fr30.py --items 16 --dtypes float32      # quicker
+    python benchmarks/bench_fr30.py --one-call --repeats 2           # one 32-row call, prefill shared or not
 """
 
 from __future__ import annotations
@@ -123,6 +124,36 @@ def evaluate(evaluator, model, tokenizer, fast: bool, calls: list):
     return time.perf_counter() - start, records
 
 
+def one_call(plan, dtype: str, repeats: int):
+    """The evaluation's unit of work at fr-30's shapes, both ways, interleaved: 8 items x 4 samples of the context view
+    in one call of 32 rows (the fast path's call) with each prompt prefilled 4 times (today's arithmetic) and once."""
+    from transformers import AutoTokenizer
+
+    from trl_nca.core.sampling import HFBackend
+    from trl_nca.eval.paired import sample_seed
+    from trl_nca.recipes.compare import _load_base
+
+    path = plan.model_paths[None]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = _load_base(path, plan.model_init_kwargs).eval()
+    items = plan.evaluator.items(tokenizer)[:8]
+    prompts = [it.prompt_ids_xc for it in items for _ in range(4)]
+    seeds = [sample_seed(it.seed, j) for it in items for j in range(4)]
+    settings = plan.evaluator.generation
+    times, outs = {False: [], True: []}, {}
+    for _ in range(repeats):
+        for share in (False, True):
+            start = time.perf_counter()
+            outs[share] = HFBackend(model, tokenizer, share_prompts=share).generate(prompts, seeds, settings)
+            times[share].append(time.perf_counter() - start)
+            tokens = sum(len(g.token_ids) for g in outs[share])
+            print(f"[{dtype}] one call, 32 rows, prefill shared={share}: {times[share][-1]:.1f} s, {tokens} tokens, "
+                  f"{tokens / times[share][-1]:.1f} tokens/s", flush=True)  # fmt: skip
+    same = sum(a.token_ids == b.token_ids for a, b in zip(outs[False], outs[True]))
+    print(f"[{dtype}] one call: speed-up {min(times[False]) / min(times[True]):.2f}x (best of {repeats}); "
+          f"{same}/32 rows identical", flush=True)  # fmt: skip
+
+
 def comparable(records):
     out = [r.to_dict() for r in records]
     for record in out:
@@ -142,6 +173,7 @@ def main():
     parser.add_argument("--steps", type=int, default=1, help="timed training steps per method")
     parser.add_argument("--repeats", type=int, default=1, help="evaluations per path and model (interleaved)")
     parser.add_argument("--skip-steps", action="store_true", help="measure the evaluation only (of the base)")
+    parser.add_argument("--one-call", action="store_true", help="only one generate call of 32 rows, both ways")
     cli = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -156,6 +188,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in cli.dtypes:
             plan = plan_for(dtype, cli.items, cli.warmup + cli.steps, Path(tmp) / dtype)
+            if cli.one_call:
+                one_call(plan, dtype, cli.repeats)
+                continue
             path = plan.model_paths[None]
             tokenizer = AutoTokenizer.from_pretrained(path)
             row = results[dtype] = {"calls": defaultdict(list)}
@@ -184,7 +219,8 @@ def main():
                 same = comparable(records[True]) == comparable(records[False])
                 changed = sum(a != b for a, b in zip(comparable(records[True]), comparable(records[False])))
                 row[f"eval {name}"] = (min(seconds[False]), min(seconds[True]), same, changed)
-        report(results, cli)
+        if not cli.one_call:
+            report(results, cli)
 
 
 def report(results, cli):
