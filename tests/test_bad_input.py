@@ -816,7 +816,7 @@ def one_line_error(argv, capsys, command):
             "Method 'opd': nca_beta=null is not allowed; nca_beta takes a float",
         ),
         ({"methods": '["opd:temperature=-1"]'}, [], "Method 'opd': temperature must be a finite number > 0"),
-        ({}, ["--eval_samples_per_view", "1000000000000"], "samples_per_view 1000000000000 is more than 1024"),
+        ({}, ["--eval_samples_per_view", "1000000000000"], "samples_per_view 1000000000000 is more than 256"),
         ({"task": "no_such_task"}, [], "`task: no_such_task` is not a built-in task; choose one of"),
         (
             {"model_name_or_path": "organism-quick"},
@@ -867,7 +867,7 @@ def test_eval_and_analyze_bad_inputs_are_one_line(tiny_dir, tmp_path, capsys):
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
     err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--samples-per-view",
                           "1000000000000", "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
-    assert "samples_per_view 1000000000000 is more than 1024" in err
+    assert "samples_per_view 1000000000000 is more than 256" in err
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["analyze", "--model", f"base={tiny_dir}", "--task", "no_such_task", "--output-dir",
                   str(tmp_path / "a")])  # fmt: skip

@@ -162,13 +162,25 @@ def _eos_ids(model, tokenizer) -> set[int]:
 
 
 class HFBackend:
-    """Left-padded batched `model.generate` with `PerRowSampler` for sampling."""
+    """Left-padded batched `model.generate` with `PerRowSampler` for sampling.
+
+    `share_prompts`: rows of one call that repeat a prompt (the k samples of an item's view, which
+    `trl_nca.eval.PairedEvaluator` sends together) share its prefill. Every distinct prompt but its last token runs
+    once, its keys and values are copied to each row that repeats it (`Cache.reorder_cache`), and `generate` continues
+    from that cache with the last prompt token. Each row keeps its own seed and random stream, so the samples are
+    those of the unshared call up to float rounding: the cached keys come from a forward of another batch shape, which
+    can flip a sample only where two candidates are within rounding of each other (as a change of batch size can; see
+    the module docstring). Calls without a repeated prompt, models that take no cache, and one-token prompts run
+    unshared.
+    """
 
     name = "hf"
 
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, *, share_prompts: bool = True):
         self.model = model
         self.tokenizer = tokenizer
+        self.share_prompts = share_prompts
+        self.prefill_rows_saved = 0  # prompt rows whose prefill was shared (for benchmarks and tests)
 
     @torch.no_grad()
     def generate(
@@ -197,11 +209,14 @@ class HFBackend:
         processors = LogitsProcessorList()
         if not settings.greedy:
             processors.append(PerRowSampler(seeds, settings, device))
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        cache = self._shared_prefill(prompts, input_ids, attention_mask) if self.share_prompts else None
         output = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             generation_config=config,
             logits_processor=processors,
+            **({} if cache is None else {_cache_argument(model): cache}),
         )
         completions = output[:, input_ids.shape[1] :].tolist()
         results = []
@@ -211,6 +226,43 @@ class HFBackend:
             truncated = end is None and len(tokens) >= settings.max_new_tokens
             results.append(Generated(tokens, tokenizer.decode(tokens, skip_special_tokens=True), truncated))
         return results
+
+    def _shared_prefill(self, prompts, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """The cache of every row's prompt but its last token, computed once per distinct prompt and copied to the
+        rows that repeat it; None when no prompt repeats or sharing does not apply (see the class docstring)."""
+        first: dict[tuple[int, ...], int] = {}
+        rows = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+        if len(first) == len(prompts) or input_ids.shape[1] < 2:
+            return None
+        argument = _cache_argument(self.model)
+        if argument is None:
+            return None
+        from transformers import DynamicCache
+
+        distinct = torch.tensor(sorted(first.values()), device=input_ids.device)
+        ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        cache = DynamicCache(config=self.model.config)
+        self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{argument: cache},
+        )  # fmt: skip
+        slot = {row: j for j, row in enumerate(sorted(first.values()))}
+        cache.reorder_cache(torch.tensor([slot[r] for r in rows], device=input_ids.device))
+        self.prefill_rows_saved += len(prompts) - len(first)
+        return cache
+
+
+def _cache_argument(model) -> str | None:
+    """The name under which `model.forward` and `generate` take a key/value cache (`cache` in transformers >= 5.2x,
+    `past_key_values` before), or None when the forward takes none or no position ids."""
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model passes them on
+    params = inspect.signature(inner.forward).parameters
+    if "position_ids" not in params:
+        return None
+    return "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
 
 
 class VLLMBackend:

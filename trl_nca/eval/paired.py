@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,10 +66,6 @@ def _check_column(column: str, columns: Sequence[str], what: str, option: str) -
         )
 
 
-# the most samples per item and view an evaluation takes (each is one generation per item and view)
-MAX_SAMPLES_PER_VIEW = 1024
-
-
 class PairedEvaluator:
     """Prepares a dataset once and evaluates models on it, paired without/with the context.
 
@@ -92,7 +89,10 @@ class PairedEvaluator:
             (`sample_seed(item seed, j)`, the item seed itself for j = 0), so the views share their random numbers
             per sample index. The record's `x` and `xc` hold sample 0 (exactly the one-sample record); samples 1..k-1
             are in `extra["samples"]` of each view, and `trl_nca.eval.metrics` turns them into per-item success
-            rates (docs/evaluation.md, "k samples per view").
+            rates (docs/evaluation.md, "k samples per view"). At most `MAX_SAMPLES_PER_VIEW`.
+        group_samples: send the k samples of an item's view in one generate call, so that `HFBackend` runs each
+            prompt's prefill once (`play`); False sends one call per sample index (the order before issue 30). The
+            samples are the same either way, up to float rounding.
     """
 
     def __init__(
@@ -110,6 +110,7 @@ class PairedEvaluator:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         context_source: str | None = None,
         samples_per_view: int = 1,
+        group_samples: bool = True,
     ):
         if isinstance(samples_per_view, bool) or not isinstance(samples_per_view, int) or samples_per_view < 1:
             raise EvalInputError(
@@ -122,6 +123,7 @@ class PairedEvaluator:
                 f"{MAX_SAMPLES_PER_VIEW} (docs/evaluation.md: a few samples per view already estimate the rates)."
             )
         self.samples_per_view = samples_per_view
+        self.group_samples = group_samples
         self.context = context
         self.context_source = context_source
         self.scorer = get_scorer(scorer)
@@ -315,25 +317,48 @@ class PairedEvaluator:
         settings: GenerationSettings,
         on_records: Callable[[list[PairedRecord]], None],
     ) -> None:
-        """Generate both views of `items` in chunks of `settings.batch_size` (each view of a chunk is one generate
-        call per sample index, both with the same seeds) and pass each chunk's scored records on."""
+        """Generate both views of `items` and pass each chunk's scored records on.
+
+        With `group_samples` (the default), a chunk is `settings.batch_size // k` items (at least one) and each view of
+        it is one generate call holding the k samples of every item next to each other, so a backend that shares the
+        prefill of repeated prompts (`HFBackend`) runs each prompt once instead of k times; otherwise a chunk is
+        `settings.batch_size` items and each view is one call per sample index. Either way sample j of both views of an
+        item uses the seed `sample_seed(item seed, j)`, so the samples are the same (see `trl_nca.core.sampling`). After
+        the first call, the time the whole evaluation will take is estimated from it and logged.
+        """
         self._scorer_errors = 0
-        for start in range(0, len(items), settings.batch_size):
-            chunk = items[start : start + settings.batch_size]
-            samples_x, samples_xc = [], []
-            for index in range(self.samples_per_view):
-                seeds = [sample_seed(item.seed, index) for item in chunk]
-                samples_x.append(generate([it.prompt_ids_x for it in chunk], seeds))
-                samples_xc.append(generate([it.prompt_ids_xc for it in chunk], seeds))
-            on_records(
-                [self._record(it, [s[i] for s in samples_x], [s[i] for s in samples_xc]) for i, it in enumerate(chunk)]
-            )
+        k = self.samples_per_view
+        per_chunk = max(1, settings.batch_size // k) if self.group_samples else settings.batch_size
+        chunks = [items[start : start + per_chunk] for start in range(0, len(items), per_chunk)]
+        calls = len(chunks) * 2 * (1 if self.group_samples else k)
+        clock = _FirstCallClock(generate, lambda seconds: self._log_estimate(len(items), calls, seconds, settings))
+        for chunk in chunks:
+            if self.group_samples:
+                seeds = [sample_seed(it.seed, j) for it in chunk for j in range(k)]
+                flat_x = clock([it.prompt_ids_x for it in chunk for _ in range(k)], seeds)
+                flat_xc = clock([it.prompt_ids_xc for it in chunk for _ in range(k)], seeds)
+                gen_x = [flat_x[i * k : (i + 1) * k] for i in range(len(chunk))]
+                gen_xc = [flat_xc[i * k : (i + 1) * k] for i in range(len(chunk))]
+            else:
+                samples_x, samples_xc = [], []
+                for index in range(k):
+                    seeds = [sample_seed(item.seed, index) for item in chunk]
+                    samples_x.append(clock([it.prompt_ids_x for it in chunk], seeds))
+                    samples_xc.append(clock([it.prompt_ids_xc for it in chunk], seeds))
+                gen_x = [[s[i] for s in samples_x] for i in range(len(chunk))]
+                gen_xc = [[s[i] for s in samples_xc] for i in range(len(chunk))]
+            on_records([self._record(it, gen_x[i], gen_xc[i]) for i, it in enumerate(chunk)])
         if self._scorer_errors:
             logger.warning(
                 "%d responses could not be scored because a scorer raised; each counts as wrong and as a format "
                 "failure. The summary and report give the count per scorer and view.",
                 self._scorer_errors,
             )
+
+    def _log_estimate(self, n_items: int, calls: int, first_call_s: float, settings: GenerationSettings) -> None:
+        """Log what the evaluation in progress will generate and about how long it will take (`estimate_line`)."""
+        if calls > 1:
+            logger.warning(estimate_line(n_items, self.samples_per_view, settings.max_new_tokens, calls, first_call_s))
 
     def _outcome(self, item: EvalItem, generated, view: str) -> ViewOutcome:
         row = self.rows[item.index]
@@ -393,6 +418,51 @@ class PairedEvaluator:
                 score.error,
                 score.traceback or "(no traceback: the scorer returned an unusable value)",
             )
+
+
+MAX_SAMPLES_PER_VIEW = 256
+"""The most samples per item and view `PairedEvaluator` accepts. At 256 the per-item success rate resolves 1/256,
+finer than any difference a few hundred items can show, and the fr-30 comparison (240 items, 7 models, 32 new tokens)
+would already generate about 27 million tokens: days on a 2-core CPU. Larger values are refused before anything is
+loaded; below the limit, the estimate line (`estimate_line`) tells what a value costs on the machine in use."""
+
+
+def estimate_line(n_items: int, samples_per_view: int, max_new_tokens: int, calls: int, first_call_s: float) -> str:
+    """The estimate a paired evaluation logs after its first generate call: what it generates, and its duration
+    extrapolated from that call (which includes one-time warm-up costs, so it errs long)."""
+    replies = n_items * 2 * samples_per_view
+    total = first_call_s * calls
+    return (
+        f"Paired evaluation: {n_items} items x 2 views x {samples_per_view} sample(s) = {replies} replies of at most "
+        f"{max_new_tokens} new tokens in {calls} generate calls; the first took {first_call_s:.1f} s, so about "
+        f"{_duration(total)} in all (measured rate, not a bound)."
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+class _FirstCallClock:
+    """A generate function that times its first call and reports the seconds once (the warm-up of the estimate)."""
+
+    def __init__(self, generate: GenerateFn, report: Callable[[float], None]):
+        self.generate, self.report, self.first = generate, report, True
+
+    def __call__(self, prompts, seeds):
+        if not self.first:
+            return self.generate(prompts, seeds)
+        start = time.perf_counter()
+        out = self.generate(prompts, seeds)
+        self.first = False
+        self.report(time.perf_counter() - start)
+        return out
 
 
 def sample_seed(seed: int, index: int) -> int:
