@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
-from ..core.launch import placed_init_kwargs, refuse_fsdp
+from ..core.launch import placed_init_kwargs, refuse_data_parallel, refuse_fsdp
 from ..models.names import resolve_model_name_or_path
 from .checkpoints import ScheduleCheckpoint
 from .data import Limits, check_examples, check_tokenizer
@@ -77,7 +77,8 @@ def resolve_models(
     tokenizer (loaded from where the student came from when not given; with `text_only` it must be a tokenizer, not a
     processor), the teacher (`teacher_model`, else `args.teacher_model_name_or_path`, loaded with
     `teacher_init_kwargs`; None: a self-teacher, see `resolve_teacher`; `get_student` returns the trainer's student
-    once it is wrapped), their common output rows and the token budgets.
+    once it is wrapped), their common output rows and the token budgets. One process that sees several GPUs is refused
+    once the student is built (`refuse_data_parallel`): Trainer would wrap it in `nn.DataParallel`.
     """
     model = resolve_model_name_or_path(model, "Student model")
     state = checked_launch(args, trainer)
@@ -89,6 +90,7 @@ def resolve_models(
             model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
         )
         args.model_init_kwargs = None  # used here; the base trainer would warn that the model is already built
+    refuse_data_parallel(args, trainer, model)  # before the teacher loads
     if processing_class is None:
         if not model_id:
             raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
