@@ -187,11 +187,23 @@ def _layer_kinds(config) -> list[str]:
     return list(kinds)
 
 
-def _active_dropout(model: nn.Module, config) -> str | None:
-    if not model.training:
+def active_dropout(model: nn.Module, config=None, training: bool | None = None) -> str | None:
+    """The first dropout of `model` that a forward in training mode draws (`training`: whether the model is in training
+    mode; default: its current mode), as "module NAME (p=P)" or "config.KEY=P"; None without one.
+
+    The dropout of a LoRA layer whose adapters are disabled is not drawn (the layer runs its base layer alone: the
+    LoRA self-teacher), so it does not count."""
+    if not (model.training if training is None else training):
         return None
+    config = _text_config(model) if config is None else config
+    skipped: set[int] = set()
+    for module in model.modules():
+        if getattr(module, "disable_adapters", False) is True and isinstance(
+            getattr(module, "lora_dropout", None), nn.Module
+        ):
+            skipped.update(id(m) for m in module.lora_dropout.modules())
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0 and id(module) not in skipped:
             return f"module {name} (p={module.p})"
     for key, value in config.to_dict().items():
         if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
@@ -296,7 +308,7 @@ class PrefixSharing:
             return "attention-implementation", (
                 f"the attention implementation {implementation!r} is not verified with it (only {SUPPORTED_ATTENTION})"
             )
-        dropout = _active_dropout(model, config)
+        dropout = active_dropout(model, config)
         if dropout is not None:
             return "dropout", f"dropout is active ({dropout}): the rows would share the prefix's dropout draws"
         if model.training:  # checkpointed layers may drop the cache in training mode, gradients or not
