@@ -122,7 +122,7 @@ def test_the_wheel_plan_names_every_requirement_the_machine_lacks(tmp_path):
         "regex-2026.5.9-cp311-cp311-manylinux_2_17_x86_64.whl: not installable on CPython 3.12 x86-64 Linux (tags "
         "cp311-cp311-manylinux_2_17_x86_64)",
         "trl-1.16.0-py3-none-any.whl requires transformers>=4.56.2, the machine has 4.50.0: fetch a wheel of it",
-        "trl-nca requires transformers<6,>=5.0, the machine has 4.50.0: fetch a wheel of it",
+        "trl-nca requires transformers<6,>=5.17, the machine has 4.50.0: fetch a wheel of it",
     ]
 
 
@@ -148,3 +148,31 @@ def test_the_requirement_walk_names_what_is_missing_or_at_the_wrong_version():
         "no-such-package-gpu-check: not installed (trl-nca requires no-such-package-gpu-check>=1)",
         f"transformers {transformers.__version__} installed, trl-nca requires transformers<5",
     ]
+
+
+def test_the_tested_floors_are_the_gpu_machines_versions_and_every_admitted_python_is_tested():
+    """.ci/run tests the fast suite once more at the floors of pyproject.toml (scripts/oldest_versions.py), which must
+    stay the lent GPU machine's transformers and accelerate for that one run to cover both; the GitHub workflow tests
+    every Python minor version that `requires-python` admits; the license is an SPDX string and LICENSE ships."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from oldest_versions import oldest
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    pins = dict(line.split("==") for line in oldest(ROOT / "pyproject.toml"))
+    machine = _gpu_check().GPU_MACHINE
+    assert pins["transformers"] == machine["transformers"] and pins["accelerate"] == machine["accelerate"]
+    assert "scripts/oldest_versions.py" in (ROOT / ".ci" / "run").read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    admitted = [
+        f"3.{minor}" for minor in range(8, 20) if SpecifierSet(project["requires-python"]).contains(f"3.{minor}.0")
+    ]
+    workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    matrix = json.loads(workflow.split("python-version: ", 1)[1].splitlines()[0])
+    assert matrix == admitted
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text()

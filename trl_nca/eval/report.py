@@ -284,7 +284,7 @@ def write_report(
             run.records_path = str(path)
     summary: dict[str, Any] = {
         "title": title,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "alpha": alpha,
         "confidence": confidence,
         "n_bootstrap": n_bootstrap,
