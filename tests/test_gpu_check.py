@@ -40,9 +40,13 @@ def test_dry_run_launches_the_example_and_times_every_model_and_variant(tmp_path
     report = json.loads(out.read_text())
     meta, runs, env, launch = report["meta"], report["runs"], report["environment"], report["launch"]
     assert env["missing"] == [] and all(status == "ok" for status in env["imports"].values())
-    # the DDP launch of examples/medmcqa.py ran to the end: training, saving, paired evaluation of both models
+    assert env["deepspeed_accelerator"] == "cpu"  # detected at run time ("cuda" on the GPU machine)
+    # the ZeRO-3 launch of examples/medmcqa.py ran to the end with LoRA: 2 steps saving checkpoints, a resume to step 3,
+    # the paired evaluation of both models
     assert launch["ok"] and launch["rc"] == 0, launch["problems"]
-    assert "--config_file examples/accelerate/ddp.yaml --num_processes 1" in launch["command"]
+    assert "--config_file examples/accelerate/zero3.yaml --num_processes 1" in launch["command"]
+    assert "--use_peft true" in launch["command"] and "--save_steps 1" in launch["command"]
+    assert "--resume_from_checkpoint true" in launch["commands"][1]
     assert launch["records"] == {"base": 8, "student": 8}
     assert meta["dry_run"] and meta["batch"] == 2 and meta["completion_tokens"] == 8 and meta["lmbda"] == 1.0
     # tiny models in the published architecture (Qwen3), at the sizes of trl_nca.testing's tiny model
@@ -176,3 +180,17 @@ def test_the_tested_floors_are_the_gpu_machines_versions_and_every_admitted_pyth
     assert matrix == admitted
     assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
     assert "Apache License" in (ROOT / "LICENSE").read_text()
+
+
+def test_a_carried_set_missing_a_wheel_is_named(tmp_path):
+    """download_wheels.sh's list (deepspeed's pure-Python wheel and its requirements included) against a wheel folder:
+    an empty folder carries nothing (the installed packages are used); a partial one names each wheel it lacks."""
+    gpu_check = _gpu_check()
+    carried = gpu_check.carried_packages()
+    assert {"trl", "datasets", "dill", "multiprocess", "deepspeed", "pydantic", "typing-extensions"} <= set(carried)
+    assert gpu_check.missing_wheels(tmp_path) == []
+    _wheel(tmp_path, "trl-1.16.0-py3-none-any.whl")
+    _wheel(tmp_path, "py_cpuinfo-9.0.0-py3-none-any.whl")
+    missing = gpu_check.missing_wheels(tmp_path)
+    assert "trl" not in missing and "py-cpuinfo" not in missing
+    assert missing == [name for name in carried if name not in ("trl", "py-cpuinfo")]
