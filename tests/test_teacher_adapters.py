@@ -55,3 +55,41 @@ def test_frozen_copy_gathers_one_module_at_a_time(monkeypatch, tied):
         assert torch.equal(copied[name], p) and copied[name].data_ptr() != p.data_ptr(), name
         assert not copied[name].requires_grad and not hasattr(copied[name], "ds_id")
     assert (copy.lm_head.weight is copy.model.embed_tokens.weight) == tied
+
+
+def test_a_wrapped_teacher_is_called_through_its_wrapper():
+    """A teacher prepared in an engine (DeepSpeed's, faked here by a module holding it as `.module`) is scored through
+    the engine's forward (TRL's forward redirection), so hooks on its top-level module run; the states are those of
+    calling the teacher directly. tests/test_deepspeed.py checks it under real 2-process ZeRO-3."""
+    from torch import nn
+
+    from trl_nca import NCAConfig
+    from trl_nca.core.views import build_view, left_pad, right_pad
+    from trl_nca.trainers.objective import NCAObjective
+
+    class Engine(nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module, self.calls = module, 0
+
+        def forward(self, *args, **kwargs):
+            self.calls += 1
+            return self.module(*args, **kwargs)
+
+    tok = make_tiny_tokenizer()
+    teacher = make_tiny_model(tok, seed=1)
+    engine = Engine(teacher)
+    root_calls = []
+    teacher.register_forward_pre_hook(lambda module, args: root_calls.append(1))
+    objective = NCAObjective(NCAConfig(output_dir="unused", report_to=[], use_cpu=True), tok.pad_token_id)
+    (prompts, prompt_mask), (completion, completion_mask) = (
+        left_pad([[5, 6, 7], [8, 9]], 0),
+        right_pad([[10, 11], [12]], 0),
+    )
+    view = build_view(prompts, prompt_mask, completion, completion_mask)
+    direct, _ = objective.teacher_states(teacher, view, completion_mask, None, None)
+    assert engine.calls == 0 and root_calls == []  # no wrapper known: the decoder is called directly
+    objective.teacher_wrapper = engine
+    routed, _ = objective.teacher_states(teacher, view, completion_mask, None, None)
+    assert engine.calls == 1 and root_calls == [1]
+    torch.testing.assert_close(routed, direct, rtol=0, atol=0)
