@@ -7,13 +7,21 @@
 #                   so no transformers wheel travels
 #   datasets 5.2.0  trl requires datasets>=4.7.0; the version tested here
 #   dill 0.4.1, multiprocess 0.70.19   datasets requires dill<0.4.2 and multiprocess<0.70.20, absent there
-#   deepspeed       only a source distribution for the versions trl-nca supports: tried, and recorded as not fetched
+#   deepspeed 0.19.8   PyPI has only its source: built here as a pure-Python wheel (`DS_BUILD_OPS=0 pip wheel
+#                   --no-deps`: no op compiled; it detects CUDA at run time, and ZeRO-2/3 with the Trainer's torch
+#                   optimizer compiles none; CPU-Adam offload would, so the offload config is not checked there)
+#   deepspeed's requirements absent there: einops, hjson, msgpack, ninja, py-cpuinfo, pydantic with pydantic-core,
+#                   annotated-types, typing-inspection, and typing-extensions>=4.16 (pydantic's floor), at the versions
+#                   tested here
 # After the download, gpu_check.py --plan-wheels checks every requirement of every wheel against the machine and the
-# other wheels, and the script exits non-zero if one is not met or a wheel could not be fetched.
+# other wheels, and the script exits non-zero if one is not met or a wheel could not be fetched or built.
 set -uo pipefail
 cd "$(dirname "$0")"
 DEST=wheels
-PACKAGES=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
+PACKAGES=(trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+          einops==0.8.2 hjson==3.1.0 msgpack==1.2.4 ninja==1.13.2 py-cpuinfo==9.0.0 pydantic==2.13.4
+          pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 typing-extensions==4.16.0)
+DEEPSPEED=deepspeed==0.19.8
 PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
           --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 mkdir -p "$DEST"
@@ -25,12 +33,13 @@ for package in "${PACKAGES[@]}"; do
         failed=1
     fi
 done
-# deepspeed: without a version floor pip would take 0.3.1.dev5 (2020), the newest binary wheel on PyPI
-if python3 -m pip download --quiet --no-deps "${PLATFORM[@]}" -d "$DEST" "deepspeed>=0.17" 2>/dev/null; then
-    echo "download_wheels: deepspeed fetched as a binary wheel"
+# deepspeed: PyPI has its source only; built without ops it is one pure-Python wheel (py3-none-any, about 2 MB)
+if DS_BUILD_OPS=0 python3 -m pip wheel --quiet --no-deps --no-build-isolation -w "$DEST" "$DEEPSPEED"; then
+    echo "download_wheels: $DEEPSPEED built as a pure-Python wheel"
 else
-    echo "deepspeed>=0.17: PyPI has no binary wheel for it (source distribution only), so it does not travel;" \
-         "ZeRO launches are not checked on the GPU machine" | tee "$DEST/NOT_FETCHED.txt"
+    echo "$DEEPSPEED: could not build its pure-Python wheel (pip's error is above); ZeRO launches are not checked" \
+         "on the GPU machine" | tee "$DEST/NOT_FETCHED.txt" >&2
+    failed=1
 fi
 echo "download_wheels: checking the wheels against the GPU machine"
 python3 gpu_check.py --plan-wheels "$DEST" || failed=1

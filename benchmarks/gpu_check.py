@@ -84,10 +84,10 @@ MACHINE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "pl
 REQUIRED_IMPORTS = ("torch", "transformers", "accelerate", "peft", "datasets", "trl", "trl.experimental.gkd",
                     "trl_nca", "trl_nca.trainers.trainer", "trl_nca.eval.compare")  # fmt: skip
 DEEPSPEED_ABSENT = (
-    "deepspeed is not installed: PyPI ships deepspeed (>=0.17, as trl-nca's `deepspeed` extra needs) only as a source "
-    "distribution, whose build needs torch and compiles its ops against the local CUDA toolkit, so it cannot travel "
-    "as a binary wheel (pip's newest binary wheel there is 0.3.1.dev5, from 2020). ZeRO launches are not checked on "
-    "this machine."
+    "deepspeed is not installed: benchmarks/download_wheels.sh builds it as a pure-Python wheel "
+    "(`DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`: no op compiled; ZeRO-2/3 with the Trainer's torch "
+    "optimizer compiles none) and carries it with its dependencies; without it the launch falls back to "
+    "examples/accelerate/ddp.yaml and ZeRO is not checked."
 )
 
 TARGETS = {"fits_gib": 80.0, "memory_ratio": 1.15, "time_ratio": 1.3}
@@ -96,7 +96,8 @@ CONTEXT_WORDS = (
     "Read the question and every option before you decide. Recall the relevant facts, rule out the options that "
     "contradict them and prefer the most specific correct option. Keep your reasoning short and factual. "
 )
-LAUNCH_CONFIG = "examples/accelerate/ddp.yaml"
+LAUNCH_CONFIG = "examples/accelerate/zero3.yaml"  # the README's launch; ddp.yaml where deepspeed is missing
+FALLBACK_LAUNCH_CONFIG = "examples/accelerate/ddp.yaml"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -193,6 +194,24 @@ def plan_wheels(wheel_dir: Path, machine: dict = GPU_MACHINE, dependencies=MACHI
     return problems
 
 
+def carried_packages(script: Path = ROOT / "benchmarks" / "download_wheels.sh") -> list[str]:
+    """The packages download_wheels.sh fetches or builds (its PACKAGES and DEEPSPEED), as canonical names."""
+    text = script.read_text()
+    listed = re.search(r"^PACKAGES=\((.*?)\)", text, re.S | re.M).group(1).split()
+    listed += re.findall(r"^DEEPSPEED=(\S+)", text, re.M)
+    return [_canonical(re.split(r"[<>=!~;\[ ]", spec, maxsplit=1)[0]) for spec in listed]
+
+
+def missing_wheels(wheel_dir: Path) -> list[str]:
+    """Packages download_wheels.sh carries that have no wheel in `wheel_dir` (none when the folder holds no wheel at
+    all: then nothing was carried and the installed packages are used)."""
+    files = list(Path(wheel_dir).glob("*.whl"))
+    if not files:
+        return []
+    present = {_canonical(f.name.split("-")[0]) for f in files}
+    return [name for name in carried_packages() if name not in present]
+
+
 def _project_dependencies() -> list[str]:
     import tomllib
 
@@ -234,16 +253,21 @@ def environment(wheel_dir: Path | None) -> dict:
     not_fetched = None
     if wheel_dir is not None and (Path(wheel_dir) / "NOT_FETCHED.txt").exists():
         not_fetched = (Path(wheel_dir) / "NOT_FETCHED.txt").read_text().strip()
+    accelerator = None
     if importlib.util.find_spec("deepspeed") is None:
         deepspeed = DEEPSPEED_ABSENT + (f" (download_wheels.sh: {not_fetched})" if not_fetched else "")
     else:
         try:
             importlib.import_module("deepspeed")
-            deepspeed = f"installed: {importlib.metadata.version('deepspeed')}"
+            from deepspeed.accelerator import get_accelerator
+
+            accelerator = get_accelerator().device_name()  # detected at run time: "cuda" on the GPU, "cpu" here
+            deepspeed = f"installed: {importlib.metadata.version('deepspeed')}, accelerator {accelerator}"
         except Exception as error:
             deepspeed = f"installed but not importable: {type(error).__name__}: {error}"
     return {
         "imports": imports, "missing": [m for m, v in imports.items() if v != "ok"], "deepspeed": deepspeed,
+        "deepspeed_accelerator": accelerator,
         "unmet_requirements": unmet_requirements(_project_dependencies()), "versions": versions(),
         "vllm": "installed, not used (NCATrainer samples with generate)" if importlib.util.find_spec("vllm")
         else "not installed",
@@ -288,38 +312,77 @@ def medmcqa_rows(n: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float) -> dict:
-    """`accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 1 examples/medmcqa.py` on the
-    tiny model of `trl_nca.testing` and 64 local rows; the launcher's torchrun sets LOCAL_RANK, so accelerate sets up
-    DDP (MULTI_GPU over NCCL on a GPU, MULTI_CPU over gloo with `--use_cpu true`) with one process."""
-    from trl_nca.testing import save_tiny_model
+def launch_model(work: Path, dry_run: bool) -> str:
+    """The launched student: on the GPU a random model of Qwen3-1.7B's published config (bf16, the tiny tokenizer,
+    whose ids the wider output layer covers); in a dry run the tiny model of `trl_nca.testing`."""
+    from trl_nca.testing import make_tiny_tokenizer, save_tiny_model
 
-    model = save_tiny_model(work / "tiny", seed=0)
-    data = work / "medmcqa.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in medmcqa_rows(64)) + "\n")
-    out = work / "medmcqa-out"
-    eval_limit = 8
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", LAUNCH_CONFIG,
-                "--num_processes", "1", "--main_process_port", "29517"]  # fmt: skip
-    script = ["examples/medmcqa.py", "--model_name_or_path", model, "--dataset_path", str(data), "--max_steps", "2",
-              "--per_device_train_batch_size", "2", "--max_new_tokens", "8", "--train_limit", "16",
-              "--eval_limit", str(eval_limit), "--eval_max_new_tokens", "8", "--eval_batch_size", "8",
-              "--output_dir", str(out), "--report_to", "none", "--save_strategy", "no"]  # fmt: skip
     if dry_run:
-        launcher += ["--mixed_precision", "no"]
-        script += ["--use_cpu", "true", "--bf16", "false"]
-    command = launcher + script
+        return save_tiny_model(work / "tiny", seed=0)
+    import torch
+
+    folder = work / "qwen3-1.7b-random"
+    tok = make_tiny_tokenizer()
+    model = build_model(SHAPES["qwen3-1.7b"], tok, "cuda", torch.bfloat16)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    del model
+    torch.cuda.empty_cache()
+    return str(folder)
+
+
+def _launch(command: list[str], timeout_s: float) -> tuple[object, str, float]:
     started = time.perf_counter()
     try:
         result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         rc, log = result.returncode, result.stdout + result.stderr
     except subprocess.TimeoutExpired as error:
         rc, log = "timeout", f"timed out after {timeout_s:.0f} s\n" + str(error.stdout or "") + str(error.stderr or "")
-    seconds = time.perf_counter() - started
-    problems = [] if rc == 0 else [f"exit code {rc}"]
-    records = {}
-    summary = out / "paired_eval" / "summary.json"
-    if rc == 0:
+    return rc, log, time.perf_counter() - started
+
+
+def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float, config: str = LAUNCH_CONFIG) -> dict:
+    """`accelerate launch --config_file examples/accelerate/zero3.yaml --num_processes 1 examples/medmcqa.py` (the
+    README's launch; `ddp.yaml` where deepspeed is missing) with LoRA on 64 local rows, twice: 2 steps that save a
+    checkpoint after each, then `--resume_from_checkpoint true` to step 3, each ending with the paired evaluation of
+    base and student. The launcher's torchrun sets LOCAL_RANK; on a CPU (dry run) DeepSpeed gets `ddp_backend gloo`."""
+    model = launch_model(work, dry_run)
+    data = work / "medmcqa.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in medmcqa_rows(64)) + "\n")
+    out = work / "medmcqa-out"
+    eval_limit = 8
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
+                "--num_processes", "1", "--main_process_port", "29517"]  # fmt: skip
+    script = ["examples/medmcqa.py", "--model_name_or_path", model, "--dataset_path", str(data),
+              "--per_device_train_batch_size", "2", "--max_new_tokens", "8", "--train_limit", "16",
+              "--eval_limit", str(eval_limit), "--eval_max_new_tokens", "8", "--eval_batch_size", "8",
+              "--output_dir", str(out), "--report_to", "none", "--save_strategy", "steps", "--save_steps", "1",
+              "--use_peft", "true", "--lora_r", "16", "--lora_alpha", "32", "--lora_target_modules",
+              *LORA_TARGETS]  # fmt: skip
+    if dry_run:
+        launcher += ["--mixed_precision", "no"]
+        script += ["--use_cpu", "true", "--bf16", "false"]
+        if "zero" in config:
+            script += ["--ddp_backend", "gloo"]
+    stages = [("train", ["--max_steps", "2"]), ("resume", ["--max_steps", "3", "--resume_from_checkpoint", "true"])]
+    problems, records, seconds, logs, commands = [], {}, 0.0, [], []
+    for stage, extra in stages:
+        command = launcher + script + extra
+        commands.append(" ".join(c if c != sys.executable else "python" for c in command))
+        rc, log, spent = _launch(command, timeout_s)
+        seconds += spent
+        logs.append(f"--- {stage} ---\n{log[-3000:]}")
+        if rc != 0:
+            problems.append(f"{stage}: exit code {rc}")
+            break
+        if stage == "train" and not (out / "checkpoint-2").is_dir():
+            problems.append(f"train: {out / 'checkpoint-2'} was not written")
+            break
+    else:
+        state = out / "checkpoint-3" / "trainer_state.json"
+        if not state.exists() or json.loads(state.read_text()).get("global_step") != 3:
+            problems.append(f"resume: {state} does not record step 3")
+        summary = out / "paired_eval" / "summary.json"
         if not summary.exists():
             problems.append(f"{summary} was not written")
         else:
@@ -332,8 +395,9 @@ def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float) -> dict:
             if records[name] != eval_limit:
                 problems.append(f"{path}: {records[name]} records, expected {eval_limit}")
     return {
-        "command": " ".join(c if c != sys.executable else "python" for c in command), "rc": rc, "seconds": seconds,
-        "records": records, "ok": not problems, "problems": problems, "log_tail": log[-6000:],
+        "command": commands[0], "commands": commands, "config": config, "rc": 0 if not problems else 1,
+        "seconds": seconds, "records": records, "ok": not problems, "problems": problems,
+        "log_tail": "\n".join(logs)[-6000:],
     }  # fmt: skip
 
 
@@ -620,8 +684,15 @@ def main(argv=None):
         out.write_text(json.dumps(_no_nan(document), indent=2, allow_nan=False))
 
     env = environment(Path(cli.wheels) if cli.wheels else None)
+    env["missing_wheels"] = missing_wheels(Path(cli.wheels)) if cli.wheels else []
     document["environment"] = env
     print_environment(env)
+    if env["missing_wheels"]:  # a carried set without one of its wheels: the GPU run would fail on it
+        print(f"gpu_check: MISSING WHEELS in {cli.wheels}: {', '.join(env['missing_wheels'])} (run "
+              "benchmarks/download_wheels.sh again)", flush=True)  # fmt: skip
+        save()
+        print(f"wrote {out}")
+        return 3
     if env["missing"]:
         save()
         print(f"wrote {out}")
@@ -647,8 +718,14 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if not cli.skip_launch:
-            print(f"gpu_check: launching examples/medmcqa.py under {LAUNCH_CONFIG}, 1 process ...", flush=True)
-            launch = launch_medmcqa(tmp, cli.dry_run, timeout_s=300 if device == "cuda" else 900)
+            config = LAUNCH_CONFIG if env["deepspeed_accelerator"] else FALLBACK_LAUNCH_CONFIG
+            if not cli.dry_run and env["deepspeed_accelerator"] not in (None, "cuda"):
+                failures.append("deepspeed accelerator")
+                print(f"gpu_check: DeepSpeed detected {env['deepspeed_accelerator']!r}, not cuda", flush=True)
+            print(
+                f"gpu_check: launching examples/medmcqa.py under {config}, 1 process, LoRA, save and resume", flush=True
+            )
+            launch = launch_medmcqa(tmp, cli.dry_run, timeout_s=240 if device == "cuda" else 900, config=config)
             document["launch"] = launch
             print(f"gpu_check: launch: {launch['command']}", flush=True)
             if launch["ok"]:

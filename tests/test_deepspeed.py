@@ -137,6 +137,19 @@ def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, mod
         assert shared[0]["student's context view"] == shared[0]["teacher"] == 0  # process 1 cannot share them
 
 
+@pytest.mark.parametrize("teacher", ["separate", "self-copy"])
+def test_zero3_teacher_runs_through_its_engine_every_step(tmp_path, models, teacher):
+    """A teacher with weights of its own (a separate model, a frozen merged copy of the student) under ZeRO-3 is called
+    through its DeepSpeed engine on every step: the engine's hooks on its top-level module run (DeepSpeed resets its
+    parameter trace and prefetches there), not only those of its decoder layers."""
+    tuning = "full" if teacher == "separate" else "lora"
+    out = _train(tmp_path / "zero", models, tuning, teacher, "zero3", "--per-device", "2", "--steps", "2")
+    for rank in range(2):
+        record = json.loads((out / f"teacher_calls_rank{rank}.json").read_text())
+        assert record["engine"] == "DeepSpeedEngine"
+        assert sorted(set(record["calls"])) == [0, 1], record  # called through the engine on each of the 2 steps
+
+
 def _assert_same_samples(out: Path, models: Path) -> None:
     """Each process sampled its own prompts under ZeRO-3 (weights gathered for generation); the unsharded model with
     the same trained weights, seed and generation settings draws the same tokens."""

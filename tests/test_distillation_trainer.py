@@ -321,3 +321,39 @@ def test_bad_input_gets_clear_errors(tok, tmp_path):
     )  # fmt: skip
     with pytest.raises(ValueError, match="rendered a prompt into .* tokens.*chat_template_kwargs"):
         trainer.train()
+
+
+@pytest.mark.parametrize("lora_dropout, disable_dropout, warned", [(0.05, False, True), (0.0, False, False),
+                                                                   (0.05, True, False)])  # fmt: skip
+def test_lora_dropout_turning_prefix_sharing_off_is_said_once(tok, tmp_path, caplog, lora_dropout, disable_dropout,
+                                                               warned):  # fmt: skip
+    """TRL's ModelConfig LoRA dropout (0.05) with DistillationConfig's `disable_dropout=False`: the student's views
+    cannot share their prefix (rows would share its dropout draws). One warning at setup says so and names the fix;
+    the LoRA self-teacher (adapter and its dropout disabled) still shares."""
+    import logging
+
+    from peft import LoraConfig
+
+    from trl_nca.core.prefix import PrefixSharing
+
+    args = make_args(tmp_path, disable_dropout=disable_dropout)
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=lora_dropout)
+    with caplog.at_level(logging.WARNING):
+        trainer = NCADistillationTrainer(
+            model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(), processing_class=tok,
+            peft_config=peft,
+        )  # fmt: skip
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if "Shared-prefix reuse (share_prefix=True) will be off" in r.getMessage()
+    ]
+    assert len(lines) == (1 if warned else 0), lines
+    if warned:
+        assert "lora_dropout" in lines[0] and "p=0.05" in lines[0] and "disable_dropout=True" in lines[0]
+    student = trainer.accelerator.unwrap_model(trainer.model)
+    student.train()
+    sharing = PrefixSharing()
+    assert (sharing.problem(student) is not None) == warned  # the student's views: dropout drawn
+    with trainer._teacher().active() as teacher:
+        assert sharing.problem(teacher) is None  # adapter disabled: its dropout is not drawn

@@ -23,7 +23,25 @@ def _example(name: str):
     return importlib.import_module(name)
 
 
-def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
+def block_matplotlib(monkeypatch):
+    """Make matplotlib unimportable in this process, as on a machine without it (`pip install trl-nca` alone)."""
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")] + ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # `import matplotlib...` now raises ImportError
+
+
+def check_figures(folder: Path, matplotlib: str, caplog) -> None:
+    """The paired report's figures exist with matplotlib; without it they are skipped and one line says so."""
+    pngs = sorted(p.name for p in folder.glob("*.png"))
+    skipped = [r for r in caplog.records if "Figures skipped" in r.getMessage()]
+    if matplotlib == "installed":
+        assert pngs == ["accuracy.png", "harm_help.png", "lengths.png"] and not skipped
+    else:
+        assert pngs == [] and len(skipped) == 1
+        assert "matplotlib is not installed" in skipped[0].getMessage() and str(folder) in skipped[0].getMessage()
+
+
+@pytest.mark.parametrize("matplotlib", ["installed", "missing"])
+def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch, caplog, matplotlib):
     subjects = ["Medicine", "Anatomy", "Pharmacology", "Dental"]
     rows = [
         {"id": f"m{i}", "question": f"Case {i}?", "opa": "a", "opb": "b", "opc": "c", "opd": "d", "cop": i % 4,
@@ -37,7 +55,10 @@ def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
             "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--eval_limit", "2",
             "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU, "--model_init_kwargs", BF16_EAGER]  # fmt: skip
     monkeypatch.chdir(tmp_path)
+    if matplotlib == "missing":
+        block_matplotlib(monkeypatch)
     _example("medmcqa").main(args)
+    check_figures(out / "paired_eval", matplotlib, caplog)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
     summary = json.loads((out / "paired_eval" / "summary.json").read_text())
     assert {m["name"] for m in summary["models"]} == {"base", "student"}
@@ -46,7 +67,8 @@ def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
         assert len(lines) == 2  # the two Anatomy/Dental test items, both views each
 
 
-def test_cli_train_with_yaml_config(tiny_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("matplotlib", ["installed", "missing"])
+def test_cli_train_with_yaml_config(tiny_dir, tmp_path, monkeypatch, caplog, matplotlib):
     from trl_nca.cli import main
 
     config = tmp_path / "run.yaml"
@@ -57,7 +79,10 @@ def test_cli_train_with_yaml_config(tiny_dir, tmp_path, monkeypatch):
         "paired_eval_limit: 2\npaired_eval_max_new_tokens: 4\n"
     )
     monkeypatch.chdir(tmp_path)
+    if matplotlib == "missing":
+        block_matplotlib(monkeypatch)
     assert main(["train", "--config", str(config), *CPU]) == 0
+    check_figures(tmp_path / "out" / "paired_eval", matplotlib, caplog)
     assert (tmp_path / "out" / "adapter_model.safetensors").exists()
     card = (tmp_path / "out" / "README.md").read_text()
     assert "trl-nca" in card

@@ -40,9 +40,13 @@ def test_dry_run_launches_the_example_and_times_every_model_and_variant(tmp_path
     report = json.loads(out.read_text())
     meta, runs, env, launch = report["meta"], report["runs"], report["environment"], report["launch"]
     assert env["missing"] == [] and all(status == "ok" for status in env["imports"].values())
-    # the DDP launch of examples/medmcqa.py ran to the end: training, saving, paired evaluation of both models
+    assert env["deepspeed_accelerator"] == "cpu"  # detected at run time ("cuda" on the GPU machine)
+    # the ZeRO-3 launch of examples/medmcqa.py ran to the end with LoRA: 2 steps saving checkpoints, a resume to step 3,
+    # the paired evaluation of both models
     assert launch["ok"] and launch["rc"] == 0, launch["problems"]
-    assert "--config_file examples/accelerate/ddp.yaml --num_processes 1" in launch["command"]
+    assert "--config_file examples/accelerate/zero3.yaml --num_processes 1" in launch["command"]
+    assert "--use_peft true" in launch["command"] and "--save_steps 1" in launch["command"]
+    assert "--resume_from_checkpoint true" in launch["commands"][1]
     assert launch["records"] == {"base": 8, "student": 8}
     assert meta["dry_run"] and meta["batch"] == 2 and meta["completion_tokens"] == 8 and meta["lmbda"] == 1.0
     # tiny models in the published architecture (Qwen3), at the sizes of trl_nca.testing's tiny model
@@ -122,7 +126,7 @@ def test_the_wheel_plan_names_every_requirement_the_machine_lacks(tmp_path):
         "regex-2026.5.9-cp311-cp311-manylinux_2_17_x86_64.whl: not installable on CPython 3.12 x86-64 Linux (tags "
         "cp311-cp311-manylinux_2_17_x86_64)",
         "trl-1.16.0-py3-none-any.whl requires transformers>=4.56.2, the machine has 4.50.0: fetch a wheel of it",
-        "trl-nca requires transformers<6,>=5.0, the machine has 4.50.0: fetch a wheel of it",
+        "trl-nca requires transformers<6,>=5.17, the machine has 4.50.0: fetch a wheel of it",
     ]
 
 
@@ -148,3 +152,45 @@ def test_the_requirement_walk_names_what_is_missing_or_at_the_wrong_version():
         "no-such-package-gpu-check: not installed (trl-nca requires no-such-package-gpu-check>=1)",
         f"transformers {transformers.__version__} installed, trl-nca requires transformers<5",
     ]
+
+
+def test_the_tested_floors_are_the_gpu_machines_versions_and_every_admitted_python_is_tested():
+    """.ci/run tests the fast suite once more at the floors of pyproject.toml (scripts/oldest_versions.py), which must
+    stay the lent GPU machine's transformers and accelerate for that one run to cover both; the GitHub workflow tests
+    every Python minor version that `requires-python` admits; the license is an SPDX string and LICENSE ships."""
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from oldest_versions import oldest
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    pins = dict(line.split("==") for line in oldest(ROOT / "pyproject.toml"))
+    machine = _gpu_check().GPU_MACHINE
+    assert pins["transformers"] == machine["transformers"] and pins["accelerate"] == machine["accelerate"]
+    assert "scripts/oldest_versions.py" in (ROOT / ".ci" / "run").read_text()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    admitted = [
+        f"3.{minor}" for minor in range(8, 20) if SpecifierSet(project["requires-python"]).contains(f"3.{minor}.0")
+    ]
+    workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    matrix = json.loads(workflow.split("python-version: ", 1)[1].splitlines()[0])
+    assert matrix == admitted
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+
+
+def test_a_carried_set_missing_a_wheel_is_named(tmp_path):
+    """download_wheels.sh's list (deepspeed's pure-Python wheel and its requirements included) against a wheel folder:
+    an empty folder carries nothing (the installed packages are used); a partial one names each wheel it lacks."""
+    gpu_check = _gpu_check()
+    carried = gpu_check.carried_packages()
+    assert {"trl", "datasets", "dill", "multiprocess", "deepspeed", "pydantic", "typing-extensions"} <= set(carried)
+    assert gpu_check.missing_wheels(tmp_path) == []
+    _wheel(tmp_path, "trl-1.16.0-py3-none-any.whl")
+    _wheel(tmp_path, "py_cpuinfo-9.0.0-py3-none-any.whl")
+    missing = gpu_check.missing_wheels(tmp_path)
+    assert "trl" not in missing and "py-cpuinfo" not in missing
+    assert missing == [name for name in carried if name not in ("trl", "py-cpuinfo")]

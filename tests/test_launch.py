@@ -110,3 +110,44 @@ def test_agreement_in_one_process_communicates_nothing():
     assert distributed_world() == 1
     assert agreed_min([3, 0]) == [3, 0] and agreed_max([True, 2]) == [1, 2]
     assert rank0_choice(True) is True and rank0_choice(0) is False
+
+
+@pytest.mark.parametrize("trainer_index", [0, 1], ids=["NCATrainer", "NCADistillationTrainer"])
+def test_one_process_seeing_several_gpus_is_refused_with_the_launch_to_use(tiny_dir, tmp_path, monkeypatch,
+                                                                           trainer_index):  # fmt: skip
+    """Without a launcher, Trainer wraps the student in `nn.DataParallel` when one process sees several GPUs (faked
+    here: `n_gpu` 8); the trainer refuses it, naming the launch, before the teacher loads."""
+    trainer_cls, config_cls = _trainers()[trainer_index]
+    args = _config(config_cls, tmp_path)
+    _ = args.device
+    args._n_gpu = 8  # what TrainingArguments counts on a machine with 8 visible GPUs and no launcher
+    monkeypatch.setattr("sys.argv", ["examples/medmcqa.py", "--use_peft"])
+    teacher_loads = []
+    monkeypatch.setattr("trl_nca.trainers.setup.resolve_teacher", lambda *a, **k: teacher_loads.append(1))
+    with pytest.raises(ValueError, match="nn.DataParallel") as error:
+        trainer_cls(model=str(tiny_dir), args=args, train_dataset=DATA)
+    assert "sees 8 GPUs" in str(error.value)
+    assert "accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 8 examples/medmcqa.py " \
+        "--use_peft" in str(error.value)  # fmt: skip
+    assert teacher_loads == []
+
+
+def test_a_student_split_over_gpus_is_not_data_parallel(tmp_path):
+    """A student dispatched over several GPUs with `device_map` runs model-parallel (Trainer sets `n_gpu` to 1 for it):
+    not refused. The trl-nca command is relaunched as `-m trl_nca.cli`."""
+    from types import SimpleNamespace
+
+    from trl_nca.core.launch import command_line, refuse_data_parallel
+
+    split = SimpleNamespace(hf_device_map={"embed": 0, "layers.0": 1, "lm_head": 1})
+    refuse_data_parallel(SimpleNamespace(n_gpu=2), "NCATrainer", split)
+    with pytest.raises(ValueError, match="--num_processes 2"):
+        refuse_data_parallel(SimpleNamespace(n_gpu=2), "NCATrainer", SimpleNamespace(hf_device_map={"": 0}))
+    import sys
+
+    argv = sys.argv
+    try:
+        sys.argv = ["/usr/bin/trl-nca", "train", "--config", "run.yaml"]
+        assert command_line() == "-m trl_nca.cli train --config run.yaml"
+    finally:
+        sys.argv = argv

@@ -9,6 +9,7 @@ weight and epsilon (`trl_nca.testing.float64_model`: the same formula, in float6
 """
 
 import logging
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -137,6 +138,55 @@ def test_shared_forward_equals_unshared(tok, architecture, mode):
     assert_same(shared, unshared, relative=1e-6 if mode == "eager" else None)
     if mode != "no_grad":
         assert any(g.abs().sum() > 0 for g in shared[1])
+
+
+def drop_cache_like_transformers_5_17(model) -> None:
+    """Make every checkpointed layer of `model` drop its key/value cache by transformers 5.17's rule: in training mode,
+    with or without gradients, unless the layer says it only reads the cache (`_can_checkpoint_with_cache`); later
+    versions drop it only when gradients are enabled. The installed version's own rule still applies underneath."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if "__call__" in GradientCheckpointingLayer.__dict__:
+        return  # a version that checkpoints `__call__` (5.17 and before) applies this rule itself, inside the checkpoint
+    for layer in model.modules():
+        if not isinstance(layer, GradientCheckpointingLayer):
+            continue
+        original = layer.forward
+
+        def forward(*args, _layer=layer, _original=original, **kwargs):
+            if _layer.gradient_checkpointing and _layer.training and not _layer._can_checkpoint_with_cache:
+                for key in ("cache", "past_key_values", "layer_past"):
+                    if kwargs.get(key) is not None:
+                        kwargs[key] = None
+            return _original(*args, **kwargs)
+
+        layer.forward = forward
+
+
+@pytest.mark.parametrize("rule", ["installed", "5.17"])
+@pytest.mark.parametrize("teacher", ["lora_adapter_off", "full"])
+def test_teacher_forward_in_training_mode_shares_under_checkpointing(tok, rule, teacher):
+    """A teacher's forward inside a training step: training mode, gradient checkpointing on, no gradient (the LoRA
+    self-teacher is the student with its adapter disabled). transformers 5.17 (the GPU machine's) drops the cache
+    there, 5.24 keeps it: the prefix is shared, and equals the unshared forward, under both rules."""
+    model = tiny(tok)
+    if teacher == "lora_adapter_off":
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, init_lora_weights=False)
+        model = get_peft_model(model, config).double()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    if rule == "5.17":
+        drop_cache_like_transformers_5_17(model)
+    view, mask = ragged_view()
+    sharing = PrefixSharing(min_tokens=1)
+    adapter_off = model.disable_adapter() if teacher == "lora_adapter_off" else nullcontext()
+    with torch.no_grad(), adapter_off:
+        unshared = completion_states(model, view, mask)
+        shared = sharing.completion_states(model, view, mask, "teacher")
+    assert sharing.last_shared["teacher"] == 40
+    FLOAT64.close(shared, unshared)
 
 
 @pytest.mark.parametrize(
@@ -349,18 +399,24 @@ def test_trainer_terms_and_gradients_equal_unshared(tok, tmp_path, placement, pe
         FLOAT64.close(g1[name], g0[name])
 
 
-@pytest.mark.parametrize("teacher, checkpointing", [("separate", False), ("lora_self", False), ("lora_self", True)])
+@pytest.mark.parametrize(
+    "teacher, checkpointing",
+    [("separate", False), ("lora_self", False), ("lora_self", True), ("lora_self", "5.17")],
+)
 def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher, checkpointing):
     """Two optimizer steps of 2 micro-batches each (SGD, no clipping): the same weights with and without sharing; the
     LoRA self-teacher keeps its prefix cache across the steps. With gradient checkpointing as the trainer turns it
-    on by default (non-reentrant), the student's views share their prefix too."""
+    on by default (non-reentrant), the student's views share their prefix too; also by transformers 5.17's rule, which
+    drops the cache of a checkpointed layer in training mode even without gradients (the self-teacher's forward)."""
     finals = []
     for share in (False, True):
         trainer = build_trainer(
             tok, tmp_path, share, teacher, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=2,
             optim="sgd", learning_rate=0.5, max_grad_norm=0.0, lr_scheduler_type="constant",
-            gradient_checkpointing=checkpointing,
+            gradient_checkpointing=bool(checkpointing),
         )  # fmt: skip
+        if checkpointing == "5.17":
+            drop_cache_like_transformers_5_17(trainer.model)
         trainer.train_dataset = trainer.train_dataset.select([0, 1, 2, 3, 0, 1, 2, 3])
         before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         trainer.train()

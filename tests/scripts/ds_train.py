@@ -16,6 +16,9 @@ passes a ZeRO config as `NCAConfig(deepspeed=...)` instead (for `torch.distribut
   long context and a long question start, those of process 1 no context and a shorter question start (prefixes of
   different lengths, one view shared on one process only), with completions of different lengths; rows are dealt to
   the processes in order.
+- `--steps N`: N optimizer steps instead of 1. Every process writes `teacher_calls_rank{R}.json`: the global step at
+  each call of the teacher's top-level module (a separate teacher under ZeRO-3 is called through its engine, whose
+  hooks sit there) and the type of the teacher the trainer holds.
 - `--sample`: after the step, every process samples completions for its own prompts with a fixed seed through the
   trainer's generation path (under ZeRO-3: with gathered weights) and saves them, with the prompts, to
   `samples_rank{R}.pt`.
@@ -60,6 +63,7 @@ def main():
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--sample", action="store_true")
     parser.add_argument("--mixed", action="store_true")
+    parser.add_argument("--steps", type=int, default=1, help="optimizer steps (the reference runs 1)")
     parser.add_argument("--zero-in-args", type=int, help="pass a ZeRO config of this stage as `deepspeed=` instead")
     parser.add_argument("--models", required=True, help="folder with `student/` and `teacher/` (save_tiny_model)")
     opts = parser.parse_args()
@@ -86,7 +90,7 @@ def main():
         ]
     data = Dataset.from_dict({"messages": rows, "context": contexts})
     args = NCAConfig(
-        output_dir=opts.out, max_steps=1, per_device_train_batch_size=opts.per_device,
+        output_dir=opts.out, max_steps=opts.steps, per_device_train_batch_size=opts.per_device,
         gradient_accumulation_steps=opts.grad_accum, lmbda=0.0, optim="sgd",
         learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=not distributed,
         report_to=[], save_strategy="no", max_new_tokens=6, seed=0, logging_steps=1, dataloader_drop_last=False,
@@ -121,8 +125,14 @@ def main():
         "zero_stage": args.deepspeed_plugin.zero_stage if args.deepspeed_plugin is not None else None,
         "loaded_partitioned": any(hasattr(p, "ds_id") for p in trainer.model.parameters()),
     }
+    teacher_calls = []  # the global step at each call of the teacher's top-level module (where DeepSpeed's hooks sit)
+    trainer.accelerator.unwrap_model(trainer.teacher_model).register_forward_pre_hook(
+        lambda module, args: teacher_calls.append(trainer.state.global_step)
+    )
     before = full_params(trainer.model)
     trainer.train()
+    with open(os.path.join(opts.out, f"teacher_calls_rank{trainer.accelerator.process_index}.json"), "w") as f:
+        json.dump({"calls": teacher_calls, "engine": type(trainer.teacher_model).__name__}, f)
     after = full_params(trainer.model)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     shared = dict(trainer.nca.prefix_sharing.last_shared)  # prefix length of each view's last forward

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..eval.plots import new_figure
+from ..eval.plots import figures_wanted, new_figure
 from ..inputs import atomic_output, write_text_atomic
 
 
@@ -258,13 +258,14 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def write_analysis(result: dict[str, Any], output_dir: str | os.PathLike, plots: bool = True) -> dict[str, Any]:
+def write_analysis(result: dict[str, Any], output_dir: str | os.PathLike, plots: bool | None = None) -> dict[str, Any]:
     """Write `analysis.json`, `report.md` and (with `plots`) `hidden_cosine.png`, `view_kl.png`, `update_norms.png`
-    into `output_dir`; returns the paths. NaN (undefined) values are written as JSON null."""
+    into `output_dir`; returns the paths. NaN (undefined) values are written as JSON null. `plots=None` draws the
+    figures when matplotlib is installed and otherwise skips them with one logged line."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     figures: dict[str, str] = {}
-    if plots:
+    if figures_wanted(plots, output_dir):
         figures["hidden_cosine"] = plot_hidden_cosine(result, output_dir / "hidden_cosine.png")
         figures["view_kl"] = plot_view_kl(result, output_dir / "view_kl.png")
         heat = plot_update_norms(result, output_dir / "update_norms.png")

@@ -206,7 +206,7 @@ def run_analyze(args: argparse.Namespace) -> dict[str, Any]:
     reference = load_reference(plan, args)
     measured = [measure_model(number, spec, plan, reference, args) for number, spec in enumerate(plan.specs)]
     result = analysis_result(plan, args, measured, wall_seconds=time.time() - started)
-    write_analysis(result, args.output_dir, plots=not args.no_plots)
+    write_analysis(result, args.output_dir, plots=False if args.no_plots else None)
     return result
 
 

@@ -384,7 +384,7 @@ def write_eval_report(runs: Sequence[ModelRun], output_dir: Path, args) -> dict[
         alpha=args.alpha,
         n_bootstrap=args.bootstrap,
         bootstrap_seed=args.bootstrap_seed,
-        plots=not args.no_plots,
+        plots=False if args.no_plots else None,  # without matplotlib: skipped, with one line saying so
         title=args.title,
         extra={"command": {k: v for k, v in vars(args).items() if not callable(v)}},
     )

@@ -131,6 +131,41 @@ def placed_init_kwargs(kwargs: dict[str, Any] | None, what: str, state, device: 
     )
 
 
+def split_over_devices(model) -> bool:
+    """Whether `model` was dispatched over several devices (`device_map`), so Trainer runs it model-parallel."""
+    devices = set((getattr(model, "hf_device_map", None) or {}).values())
+    return len(devices - {"cpu", "disk"}) > 1
+
+
+def command_line() -> str:
+    """The command this process runs, as `accelerate launch` would take it (a script path, or `-m trl_nca.cli ...` for
+    the `trl-nca` command)."""
+    import sys
+
+    argv = list(sys.argv) or ["your_script.py"]
+    if os.path.basename(argv[0]) == "trl-nca":
+        argv = ["-m", "trl_nca.cli", *argv[1:]]
+    elif not argv[0].endswith(".py"):
+        argv = ["your_script.py"]
+    return " ".join(argv)
+
+
+def refuse_data_parallel(args, trainer: str, model) -> None:
+    """One process that sees several GPUs: Trainer would wrap the student in `nn.DataParallel`, which scatters the batch
+    to replicas while the views, the teacher and the loss run on the original model (the first loss crashes or is
+    wrong). Refused with the launch that trains on all of them; a student split over the GPUs with `device_map`
+    (model-parallel, which Trainer runs without DataParallel) is allowed."""
+    n_gpu = args.n_gpu
+    if n_gpu <= 1 or split_over_devices(model):
+        return
+    raise ValueError(
+        f"{trainer} runs in one process that sees {n_gpu} GPUs, where Trainer would wrap the model in "
+        "`nn.DataParallel`, which trl-nca does not support. Start one process per GPU: `accelerate launch "
+        f"--config_file examples/accelerate/ddp.yaml --num_processes {n_gpu} {command_line()}` (or zero3.yaml "
+        "for models that need sharding), or make one GPU visible: `CUDA_VISIBLE_DEVICES=0`."
+    )
+
+
 def refuse_fsdp(args, trainer: str) -> None:
     """FSDP is refused at init, before any model loads: the teacher and the frozen copies of the student are not
     sharded or placed by `prepare_model(evaluation_mode=True)` under FSDP, so a launch would leave them whole on the

@@ -187,11 +187,23 @@ def _layer_kinds(config) -> list[str]:
     return list(kinds)
 
 
-def _active_dropout(model: nn.Module, config) -> str | None:
-    if not model.training:
+def active_dropout(model: nn.Module, config=None, training: bool | None = None) -> str | None:
+    """The first dropout of `model` that a forward in training mode draws (`training`: whether the model is in training
+    mode; default: its current mode), as "module NAME (p=P)" or "config.KEY=P"; None without one.
+
+    The dropout of a LoRA layer whose adapters are disabled is not drawn (the layer runs its base layer alone: the
+    LoRA self-teacher), so it does not count."""
+    if not (model.training if training is None else training):
         return None
+    config = _text_config(model) if config is None else config
+    skipped: set[int] = set()
+    for module in model.modules():
+        if getattr(module, "disable_adapters", False) is True and isinstance(
+            getattr(module, "lora_dropout", None), nn.Module
+        ):
+            skipped.update(id(m) for m in module.lora_dropout.modules())
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0 and id(module) not in skipped:
             return f"module {name} (p={module.p})"
     for key, value in config.to_dict().items():
         if "dropout" in key and isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
@@ -206,8 +218,9 @@ def _checkpointed_layers(decoder: nn.Module) -> list[nn.Module]:
     return [m for m in decoder.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
 
 
-def _checkpoint_problem(layers: list[nn.Module]) -> str | None:
-    """None when every checkpointed layer uses non-reentrant torch checkpointing and can be told to keep a cache."""
+def _checkpoint_problem(layers: list[nn.Module], gradients: bool) -> str | None:
+    """None when every checkpointed layer can be told to keep a cache and, for a forward with `gradients`, uses
+    non-reentrant torch checkpointing (without gradients nothing is recomputed, so any checkpoint function is fine)."""
     from torch.utils.checkpoint import checkpoint
 
     for layer in layers:
@@ -216,6 +229,8 @@ def _checkpoint_problem(layers: list[nn.Module]) -> str | None:
                 f"gradient checkpointing is on and this transformers version drops the cache inside a checkpointed "
                 f"{type(layer).__name__}"
             )
+        if not gradients:
+            continue
         func = getattr(layer, "_gradient_checkpointing_func", None)
         if not (
             isinstance(func, functools.partial)
@@ -233,7 +248,12 @@ def _checkpoint_problem(layers: list[nn.Module]) -> str | None:
 def _cache_kept_under_checkpointing(layers: list[nn.Module]) -> Iterator[None]:
     """transformers drops the cache of a checkpointed layer unless the layer says it only reads it (a recomputed layer
     would write a second time). Both caches here can be written twice with the same result (the recording layer
-    overwrites, the prefix layer stores nothing), so the layers may keep them while these passes are built."""
+    overwrites, the prefix layer stores nothing), so the layers may keep them while these passes are built.
+
+    Which forwards drop it depends on the transformers version: up to 5.17 (at least) a checkpointed layer drops the
+    cache whenever the module is in training mode, even under `no_grad` (a self-teacher's or a teacher's forward in a
+    training step); later versions only when gradients are enabled. So the layers are told in training mode, with or
+    without gradients, and sharing holds on every version `pyproject.toml` admits."""
     for layer in layers:
         layer._can_checkpoint_with_cache = True
     try:
@@ -288,11 +308,11 @@ class PrefixSharing:
             return "attention-implementation", (
                 f"the attention implementation {implementation!r} is not verified with it (only {SUPPORTED_ATTENTION})"
             )
-        dropout = _active_dropout(model, config)
+        dropout = active_dropout(model, config)
         if dropout is not None:
             return "dropout", f"dropout is active ({dropout}): the rows would share the prefix's dropout draws"
-        if torch.is_grad_enabled() and model.training:
-            problem = _checkpoint_problem(_checkpointed_layers(decoder))
+        if model.training:  # checkpointed layers may drop the cache in training mode, gradients or not
+            problem = _checkpoint_problem(_checkpointed_layers(decoder), gradients=torch.is_grad_enabled())
             if problem is not None:
                 return "checkpointing", problem
         return None
@@ -323,7 +343,7 @@ class PrefixSharing:
         decoder = model.get_decoder()
         config = _text_config(model)
         cache_arg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
-        checkpointed = _checkpointed_layers(decoder) if torch.is_grad_enabled() and model.training else []
+        checkpointed = _checkpointed_layers(decoder) if model.training else []
         with _cache_kept_under_checkpointing(checkpointed):
             prefix = self._prefix(decoder, config, split, cache_arg, what, persist)
             if prefix is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import random
@@ -208,7 +207,6 @@ class PairedEvalCallback(TrainerCallback):
             self._output_dir(args),
             alpha=self.alpha,
             n_bootstrap=self.n_bootstrap,
-            plots=importlib.util.find_spec("matplotlib") is not None,
             title=f"Paired evaluation at step {state.global_step}",
         )
 

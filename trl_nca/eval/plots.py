@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,13 +12,39 @@ import numpy as np
 from ..inputs import atomic_output
 
 
+logger = logging.getLogger(__name__)
+
+MISSING_MATPLOTLIB = "matplotlib is not installed (`pip install matplotlib`, or `pip install trl-nca[plots]`)"
+
+
+def matplotlib_available() -> bool:
+    """Whether matplotlib can be imported here (the figures need it; it is in the `plots` extra, not a dependency)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def figures_wanted(plots: bool | None, where: str | os.PathLike) -> bool:
+    """Resolve a `plots` switch: `None` draws the figures when matplotlib is installed and otherwise skips them with
+    one logged line saying so (the reports themselves never need matplotlib); `True` draws them (and `new_figure`
+    names the missing package); `False` skips them silently."""
+    if plots is not None:
+        return plots
+    if matplotlib_available():
+        return True
+    logger.warning("Figures skipped for %s: %s; the JSON and Markdown reports are written.", where, MISSING_MATPLOTLIB)
+    return False
+
+
 def new_figure(width: float, height: float):
     """A matplotlib figure drawn off-screen (no pyplot state), for the figures of the reports, recipes and analyses."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as error:
-        raise ImportError("Plots need matplotlib: `pip install matplotlib`, or disable plots.") from error
+        raise ImportError(f"Plots need matplotlib, and {MISSING_MATPLOTLIB}; or disable plots.") from error
     fig = Figure(figsize=(width, height), dpi=120)
     FigureCanvasAgg(fig)
     return fig

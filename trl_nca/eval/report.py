@@ -259,11 +259,14 @@ def write_report(
     n_bootstrap: int = 1000,
     bootstrap_seed: int = 0,
     confidence: float = 0.95,
-    plots: bool = True,
+    plots: bool | None = None,
     title: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write `summary.json`, `report.md`, the figures and any missing per-item JSONL; return the summary.
+
+    `plots=None` (default) draws the figures when matplotlib is installed and otherwise skips them with one logged line
+    (`trl_nca.eval.plots.figures_wanted`); `True` requires matplotlib; `False` skips them.
 
     Per-item records go to `<output_dir>/<model name>/records.jsonl` unless the run already has a `records_path`
     (e.g. the resumable file the evaluator appended to), which is then referenced, not rewritten.
@@ -282,7 +285,7 @@ def write_report(
             run.records_path = str(path)
     summary: dict[str, Any] = {
         "title": title,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "alpha": alpha,
         "confidence": confidence,
         "n_bootstrap": n_bootstrap,
@@ -295,7 +298,9 @@ def write_report(
         **(dict(extra) if extra else {}),
     }
     files = {"summary": str(output_dir / "summary.json"), "markdown": str(output_dir / "report.md")}
-    if plots:
+    from .plots import figures_wanted
+
+    if figures_wanted(plots, output_dir):
         from .plots import plot_accuracy, plot_harm_help, plot_lengths
 
         files["accuracy_png"] = plot_accuracy(summary, output_dir / "accuracy.png")

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..eval.plots import new_figure
+from ..eval.plots import figures_wanted, new_figure
 from ..inputs import atomic_output
 
 
@@ -159,10 +159,12 @@ def plot_harm(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | o
 def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix: str = "") -> dict[str, str]:
     """All figures of a comparison, drawn from its summary (`comparison.json`) alone, so they can be redrawn from the
     saved JSON: `{prefix}comparison.png`, `{prefix}harm.png` (harm per run), `{prefix}curves.png` and, when accuracy
-    was tracked, `{prefix}tracking.png`."""
+    was tracked, `{prefix}tracking.png`; none (and one logged line) without matplotlib."""
     from pathlib import Path
 
     folder = Path(folder)
+    if not figures_wanted(None, folder):  # without matplotlib: skipped, with one line saying so
+        return {}
     title = summary.get("title") or summary["task"]
     figures = {
         "comparison": plot_comparison(

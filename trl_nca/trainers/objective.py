@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from trl.models.utils import _ForwardRedirection
 
 from ..core.losses import LMHead, token_divergences
 from ..core.prefix import PrefixSharing, weights_fingerprint
@@ -164,6 +165,10 @@ class NCAObjective:
             deepspeed=deepspeed, full_fine_tuning=student is not None and trains_most_weights(student),
         )  # fmt: skip
         self._in_training_step = False
+        # The engine (or other wrapper) a separate teacher was prepared in (`finish_setup`): its forwards are sent
+        # through it, so DeepSpeed's hooks on the teacher's top-level module run (ZeRO-3 resets its parameter trace and
+        # prefetches there); None when the teacher is called as it is.
+        self.teacher_wrapper: nn.Module | None = None
 
     @property
     def beta(self) -> float:
@@ -316,7 +321,16 @@ class NCAObjective:
                 return self.states(model, view, completion_mask, "teacher", key), LMHead.from_model(model)
         teacher.eval()
         key = teacher_weights_key(teacher, teacher)
-        return self.states(teacher, view, completion_mask, "teacher", key), LMHead.from_model(teacher)
+        wrapper = self.teacher_wrapper
+        if wrapper is not None and wrapper is not teacher and getattr(wrapper, "module", None) is teacher:
+            # TRL's forward redirection: the wrapper's forward runs, and inside it `states` in place of the teacher's
+            # own forward, so the engine sees one ordinary forward of its module (as TRL's DistillationTrainer does)
+            states = _ForwardRedirection()(
+                wrapper, teacher, self.states, teacher, view, completion_mask, "teacher", key
+            )
+        else:
+            states = self.states(teacher, view, completion_mask, "teacher", key)
+        return states, LMHead.from_model(teacher)
 
 
 def teacher_weights_key(teacher: nn.Module, model: nn.Module):

@@ -5,6 +5,7 @@ teacher placed, the NCA objective, the anchor schedule's checkpoint, the step st
 
 from __future__ import annotations
 
+import logging
 import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
-from ..core.launch import placed_init_kwargs, refuse_fsdp
+from ..core.launch import placed_init_kwargs, refuse_data_parallel, refuse_fsdp
+from ..core.prefix import active_dropout
 from ..models.names import resolve_model_name_or_path
 from .checkpoints import ScheduleCheckpoint
 from .data import Limits, check_examples, check_tokenizer
@@ -24,6 +26,8 @@ from .objective import NCAObjective
 from .stats import StepStats
 from .teacher import SelfTeacher, check_output_rows, replacement_teacher, resolve_teacher
 
+
+logger = logging.getLogger(__name__)
 
 # The paper both trainers cite in their model cards (TRL reads a trainer's `_paper`).
 NCA_PAPER = {
@@ -77,7 +81,8 @@ def resolve_models(
     tokenizer (loaded from where the student came from when not given; with `text_only` it must be a tokenizer, not a
     processor), the teacher (`teacher_model`, else `args.teacher_model_name_or_path`, loaded with
     `teacher_init_kwargs`; None: a self-teacher, see `resolve_teacher`; `get_student` returns the trainer's student
-    once it is wrapped), their common output rows and the token budgets.
+    once it is wrapped), their common output rows and the token budgets. One process that sees several GPUs is refused
+    once the student is built (`refuse_data_parallel`): Trainer would wrap it in `nn.DataParallel`.
     """
     model = resolve_model_name_or_path(model, "Student model")
     state = checked_launch(args, trainer)
@@ -89,6 +94,7 @@ def resolve_models(
             model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
         )
         args.model_init_kwargs = None  # used here; the base trainer would warn that the model is already built
+    refuse_data_parallel(args, trainer, model)  # before the teacher loads
     if processing_class is None:
         if not model_id:
             raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
@@ -151,6 +157,8 @@ def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], plac
         trainer.accelerator.unwrap_model(trainer.teacher_model),
         deepspeed=trainer.is_deepspeed_enabled,
     )
+    trainer.nca.teacher_wrapper = trainer.teacher_model  # a DeepSpeed engine: the teacher's forwards go through it
+    warn_dropout_turns_sharing_off(trainer)
     trainer.add_callback(ScheduleCheckpoint(trainer.nca.schedule))
     trainer.step_stats = StepStats(
         trainer.accelerator,
@@ -158,6 +166,26 @@ def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], plac
         trainer.nca.schedule,
         show_nca=trainer.nca.active or args.nca_monitor,
         completions=trainer.logs_completion_stats,
+    )
+
+
+def warn_dropout_turns_sharing_off(trainer) -> None:
+    """One warning at setup when dropout the student draws in training (LoRA's `lora_dropout`, kept by
+    `disable_dropout=False`, `NCADistillationConfig`'s default) will turn `share_prefix` off for the student's views
+    (the rows would share the prefix's dropout draws), naming the settings that keep it on."""
+    if not trainer.args.share_prefix:
+        return
+    student = trainer.accelerator.unwrap_model(trainer.model)
+    dropout = active_dropout(student, training=True)
+    if dropout is None:
+        return
+    logger.warning(
+        "Shared-prefix reuse (share_prefix=True) will be off for the student's views while training: dropout is "
+        "active (%s, disable_dropout=%s), and rows sharing one prefix pass would share its dropout draws. Set "
+        "`lora_dropout=0` in the LoRA config (`--lora_dropout 0`) or `disable_dropout=True` to share the prefix; a "
+        "teacher without dropout (the LoRA self-teacher runs with its adapter, and its dropout, disabled) still shares.",
+        dropout,
+        getattr(trainer.args, "disable_dropout", None),
     )
 
 

@@ -101,14 +101,28 @@ def gathered(params: Iterable[torch.Tensor]):
 def frozen_copy(model: nn.Module) -> nn.Module:
     """A frozen, eval-mode copy of `model` as it is now; a PEFT model is merged into a plain model.
 
-    Parameters partitioned by DeepSpeed ZeRO-3 (a model loaded or trained under ZeRO-3) are gathered and the copy gets
-    plain parameters holding their full values (a whole model in memory until DeepSpeed partitions the copy in turn).
+    Parameters partitioned by DeepSpeed ZeRO-3 (a model loaded or trained under ZeRO-3) are gathered one module at a
+    time (its own parameters, not its children's), so at most one module's full weights are gathered at once (an
+    embedding or the output layer) besides the copy being built; the copy gets plain parameters holding their full
+    values (the whole model in memory until DeepSpeed partitions the copy in turn). Tied parameters stay tied.
     """
     partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]
-    with gathered(partitioned):
-        # deepcopy takes these from its memo instead of copying the DeepSpeed parameter (and its empty local data)
-        memo = {id(p): nn.Parameter(p.detach().clone(), requires_grad=False) for p in partitioned}
-        teacher = copy.deepcopy(model, memo)
+    # deepcopy takes these empty placeholders from its memo instead of copying the DeepSpeed parameter (and its empty
+    # local data); each placeholder is filled below while its module's parameters are gathered. A parameter shared by
+    # two modules (tied embeddings) has one placeholder, so the copy keeps the tie.
+    memo = {
+        id(p): nn.Parameter(torch.empty(0, dtype=p.dtype, device=p.device), requires_grad=False) for p in partitioned
+    }
+    teacher = copy.deepcopy(model, memo)
+    filled: set[int] = set()
+    for module in model.modules():
+        own = [p for p in module._parameters.values() if p is not None and id(p) in memo and id(p) not in filled]
+        if not own:
+            continue
+        with gathered(own):
+            for p in own:
+                memo[id(p)].data = p.detach().clone()
+                filled.add(id(p))
     if is_peft_model(teacher):
         teacher = teacher.merge_and_unload()
     for module in teacher.modules():
