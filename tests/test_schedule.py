@@ -152,8 +152,11 @@ def test_resume_restores_the_adaptive_weight_exactly(tok, tmp_path):
 
 
 def test_resuming_a_schedule_from_a_checkpoint_without_its_state_is_refused(tok, tmp_path):
+    from transformers import TrainerState
+
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
+    TrainerState(global_step=2).save_to_json(str(checkpoint / "trainer_state.json"))  # complete but for the schedule
     args = make_args(tmp_path, nca_beta=0.5, nca_beta_schedule="warmup", nca_warmup_steps=2)
     trainer = NCATrainer(
         model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok
