@@ -44,12 +44,14 @@ def _env():
     return env
 
 
-def _train(out: Path, models: Path, tuning: str, teacher: str, config: str | None = None, *extra: str) -> Path:
+def _train(
+    out: Path, models: Path, tuning: str, teacher: str, config: str | None = None, *extra: str, processes: int = 2
+) -> Path:
     args = [str(SCRIPT), str(out), "--tuning", tuning, "--teacher", teacher, "--models", str(models), *extra]
     if config is not None:
         launch = [
             sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-            "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
         ]  # fmt: skip
         args = launch + args
     else:
@@ -71,9 +73,9 @@ def _reference(tmp_path_factory, models, tuning: str, teacher: str, *data: str) 
     return _references[key]
 
 
-def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
+def _assert_same_step(single: Path, zero: Path, tuning: str, processes: int = 2) -> dict:
     info = json.loads((zero / "info.json").read_text())
-    assert info["processes"] == 2  # the data was split over 2 processes, not trained twice on the same rows
+    assert info["processes"] == processes  # with 2, the data was split over them, not trained twice on the same rows
     a, b = torch.load(single / "weights.pt"), torch.load(zero / "weights.pt")
     initial = torch.load(zero / "initial.pt")
     assert a.keys() == b.keys()
@@ -95,6 +97,46 @@ def _assert_same_step(single: Path, zero: Path, tuning: str) -> dict:
     assert log_zero["completions/mean_length"] == log_single["completions/mean_length"]  # a ratio of token counts
     assert log_zero["loss"] == STORED32.approx(log_zero["opd_loss"] + 0.5 * log_zero["nca_loss"])  # float32 loss
     return info
+
+
+# Gradient checkpointing on (TRL's default) in every case: reentrant checkpointing fires each weight's gradient hook
+# once per view, which DeepSpeed's reduce buckets count twice (an AssertionError at ZeRO-3, "already reduced" at ZeRO-2)
+# or, when the bucket is flushed between the two calls, overwrite (a wrong gradient without an error). A reduce bucket
+# of 1 element flushes after every gradient, so only a step that fires each hook once matches the reference.
+@pytest.mark.parametrize(
+    "config, tuning, teacher, extra, use_reentrant, joint",
+    [
+        # TRL forces use_reentrant=True for PEFT + ZeRO-3; the trainers keep it non-reentrant (DeepSpeed >= 0.19.3)
+        ("zero3", "lora", "self", ("--on-policy",), False, False),
+        ("zero3", "lora", "self", ("--on-policy", "--reentrant", "true", "--reduce-bucket", "1"), True, True),
+        ("zero3", "full", "separate", ("--reentrant", "true", "--reduce-bucket", "1"), True, True),
+        ("zero2", "lora", "self", ("--on-policy", "--reentrant", "true", "--reduce-bucket", "1"), True, True),
+        ("zero2", "full", "separate", ("--reduce-bucket", "1"), False, False),
+        ("zero3", "lora", "self", ("--trainer", "distill"), False, False),
+        ("zero3", "lora", "self", ("--trainer", "distill", "--reentrant", "true", "--reduce-bucket", "1"), True, True),
+    ],
+    ids=["zero3-lora-trl-default", "zero3-lora-reentrant", "zero3-full-reentrant-offpolicy", "zero2-lora-reentrant",
+         "zero2-full-default", "distill-zero3-lora-default", "distill-zero3-lora-reentrant"],
+)  # fmt: skip
+def test_zero_one_process_with_checkpointing_matches_without_deepspeed(
+    tmp_path, tmp_path_factory, models, config, tuning, teacher, extra, use_reentrant, joint
+):
+    data = tuple(flag for flag in extra if flag in ("--on-policy", "--trainer", "distill"))
+    single = _reference(tmp_path_factory, models, tuning, teacher, *data)
+    out = _train(tmp_path / "zero", models, tuning, teacher, config, "--per-device", "4", *extra, processes=1)
+    info = _assert_same_step(single, out, tuning, processes=1)
+    assert info["zero_stage"] == int(config[4])
+    assert (info["use_reentrant"], info["joint_forward"]) == (use_reentrant, joint)
+
+
+def test_zero3_two_processes_reentrant_small_bucket(tmp_path, tmp_path_factory, models):
+    """The joint forward under 2 processes with reentrant checkpointing and a bucket that flushes after every
+    gradient: each weight's hook fires once, and the update equals one process training on the whole batch."""
+    single = _reference(tmp_path_factory, models, "lora", "self")
+    extra = ("--per-device", "2", "--reentrant", "true", "--reduce-bucket", "1")
+    out = _train(tmp_path / "zero", models, "lora", "self", "zero3", *extra)
+    info = _assert_same_step(single, out, "lora")
+    assert info["use_reentrant"] is True and info["joint_forward"] is True
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from contextlib import nullcontext
 import torch
 from datasets import Dataset
 
-from trl_nca import NCAConfig, NCATrainer
+from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
 from trl_nca.testing import make_tiny_tokenizer
 
 
@@ -65,6 +65,13 @@ def main():
     parser.add_argument("--mixed", action="store_true")
     parser.add_argument("--steps", type=int, default=1, help="optimizer steps (the reference runs 1)")
     parser.add_argument("--zero-in-args", type=int, help="pass a ZeRO config of this stage as `deepspeed=` instead")
+    parser.add_argument("--on-policy", action="store_true", help="sample the completions (lmbda=1)")
+    parser.add_argument(
+        "--trainer", choices=["nca", "distill"], default="nca", help="NCATrainer or NCADistillationTrainer"
+    )
+    parser.add_argument("--reentrant", choices=["unset", "true", "false"], default="unset")
+    parser.add_argument("--reduce-bucket", type=int, help="DeepSpeed's reduce_bucket_size (elements)")
+    parser.add_argument("--no-checkpointing", action="store_true")
     parser.add_argument("--models", required=True, help="folder with `student/` and `teacher/` (save_tiny_model)")
     opts = parser.parse_args()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -89,11 +96,22 @@ def main():
             for i, q in enumerate(questions)
         ]
     data = Dataset.from_dict({"messages": rows, "context": contexts})
-    args = NCAConfig(
+    distill = opts.trainer == "distill"
+    if distill:  # DistillationTrainer samples every completion from the prompts (it has no off-policy steps)
+        data = Dataset.from_dict({"prompt": [r[:1] for r in rows], "context": contexts})
+    config_class, trainer_class = (
+        (NCADistillationConfig, NCADistillationTrainer) if distill else (NCAConfig, NCATrainer)
+    )
+    lengths = (
+        {"max_completion_length": 6} if distill else {"max_new_tokens": 6, "lmbda": 1.0 if opts.on_policy else 0.0}
+    )
+    args = config_class(
         output_dir=opts.out, max_steps=opts.steps, per_device_train_batch_size=opts.per_device,
-        gradient_accumulation_steps=opts.grad_accum, lmbda=0.0, optim="sgd",
+        gradient_accumulation_steps=opts.grad_accum, optim="sgd",
+        gradient_checkpointing=not opts.no_checkpointing,
+        gradient_checkpointing_kwargs=None if opts.reentrant == "unset" else {"use_reentrant": opts.reentrant == "true"},
         learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=not distributed,
-        report_to=[], save_strategy="no", max_new_tokens=6, seed=0, logging_steps=1, dataloader_drop_last=False,
+        report_to=[], save_strategy="no", seed=0, logging_steps=1, dataloader_drop_last=False, **lengths,
         train_sampling_strategy="sequential" if opts.mixed else "random",
         ddp_backend="gloo" if distributed else None,  # on a CPU, accelerate needs the backend named
         deepspeed=None if opts.zero_in_args is None else {
@@ -106,6 +124,8 @@ def main():
         # list, and with an offloaded optimizer DeepSpeed would swap in its own CPU Adam.
         args.deepspeed_plugin.deepspeed_config["zero_allow_untested_optimizer"] = True
         args.deepspeed_plugin.deepspeed_config["zero_force_ds_cpu_optimizer"] = False
+        if opts.reduce_bucket is not None:  # small enough to split a weight's two gradient-hook calls across flushes
+            args.deepspeed_plugin.deepspeed_config["zero_optimization"]["reduce_bucket_size"] = opts.reduce_bucket
     peft_config = None
     if opts.tuning == "lora":
         from peft import LoraConfig
@@ -115,7 +135,7 @@ def main():
             init_lora_weights=opts.teacher != "self-copy",
         )  # fmt: skip
         torch.manual_seed(1234)  # the random B of `self-copy` is the same in every run
-    trainer = NCATrainer(
+    trainer = trainer_class(
         model=student_path, teacher_model=teacher_path if opts.teacher == "separate" else None, args=args,
         train_dataset=data, processing_class=tok, peft_config=peft_config,
     )  # fmt: skip
@@ -124,6 +144,8 @@ def main():
         "processes": trainer.accelerator.num_processes,
         "zero_stage": args.deepspeed_plugin.zero_stage if args.deepspeed_plugin is not None else None,
         "loaded_partitioned": any(hasattr(p, "ds_id") for p in trainer.model.parameters()),
+        "use_reentrant": (trainer.args.gradient_checkpointing_kwargs or {}).get("use_reentrant"),
+        "joint_forward": trainer.args.joint_forward,
     }
     teacher_calls = []  # the global step at each call of the teacher's top-level module (where DeepSpeed's hooks sit)
     trainer.accelerator.unwrap_model(trainer.teacher_model).register_forward_pre_hook(

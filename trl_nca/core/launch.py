@@ -182,3 +182,34 @@ def refuse_fsdp(args, trainer: str) -> None:
             "teacher alike: `accelerate launch --config_file examples/accelerate/zero3.yaml ...` (ZeRO-2 when the "
             "model fits on one GPU)."
         )
+
+
+def deepspeed_requested(deepspeed_arg: Any) -> bool:
+    """Whether this process trains under DeepSpeed: a config in the training arguments, or `accelerate launch` with a
+    DeepSpeed config (which sets `ACCELERATE_USE_DEEPSPEED`)."""
+    return bool(deepspeed_arg) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
+
+
+def skip_deepspeed_shared_memory_op() -> bool:
+    """Keep DeepSpeed from compiling its CPU shared-memory collective op, which training never calls.
+
+    On a machine without a GPU, DeepSpeed's CPU accelerator JIT-compiles `deepspeed_shm_comm` (C++ with OpenMP) when
+    its communication backend starts, in every process and every fresh environment: about a minute on an idle 2-core
+    machine, 10-30 minutes under load. The op serves only `inference_all_reduce` (tensor-parallel inference); ZeRO-2/3
+    training reduces through torch.distributed (gloo on a CPU) either way. Marking the op incompatible in DeepSpeed's
+    table of compatible ops (a dict DeepSpeed builds once per process and keeps) makes the backend start without it,
+    as on a platform that lacks it. Must run before DeepSpeed's backend starts (training arguments' device setup).
+    Does nothing where DeepSpeed is not installed or the accelerator is not the CPU. Returns whether it marked it."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return False
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != "cpu":
+        return False
+    compatible = deepspeed.ops.__compatible_ops__
+    if compatible.get("deepspeed_shm_comm"):
+        compatible["deepspeed_shm_comm"] = False
+    return True

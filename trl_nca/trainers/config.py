@@ -15,9 +15,11 @@ from trl import DistillationConfig
 from trl.import_utils import TRLExperimentalWarning
 
 from ..core.checks import check_integer, check_number
+from ..core.launch import deepspeed_requested, skip_deepspeed_shared_memory_op
 from ..core.losses import DivergenceSpec
 from ..core.schedule import SCHEDULES, schedule_from_config
 from ..core.views import ContextSpec
+from .checkpointing import checkpointing_kwargs, needs_joint_forward
 from .field_docs import document_fields
 
 
@@ -209,9 +211,12 @@ class NCAFields:
         default=None,
         metadata={
             "help": "Run the student's two views as one forward of 2 x batch rows (the no-context prompts left-padded "
-            "to the context prompts' width) instead of two forwards. Needed under DDP with reentrant gradient "
-            "checkpointing, which cannot backpropagate two forwards of the same module; `None` turns it on exactly "
-            "then. Otherwise two forwards are cheaper, since the no-context view is not padded."
+            "to the context prompts' width) instead of two forwards. Needed where gradient checkpointing is "
+            "reentrant under DDP or DeepSpeed (any process count): a weight used by two forwards would reach its "
+            "gradient hook twice in one backward (`trl_nca.trainers.checkpointing`). `None` turns it on exactly then; "
+            "the trainers keep checkpointing non-reentrant unless `use_reentrant=True` is asked for (or DeepSpeed is "
+            "older than 0.19.3 under PEFT + ZeRO-3), so `None` rarely needs it. `False` where it is needed is an "
+            "error. Otherwise two forwards are cheaper, since the no-context view is not padded."
         },
     )
     nca_sequential_views: bool | None = field(
@@ -296,6 +301,8 @@ class NCAFields:
         device that has it (the same config then runs on a CPU); no pinned memory without CUDA."""
         import torch
 
+        if deepspeed_requested(self.deepspeed):
+            skip_deepspeed_shared_memory_op()  # before the base config's device setup starts DeepSpeed's backend
         if self.bf16 is None and not self.fp16:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if self.dataloader_pin_memory and not torch.cuda.is_available():
@@ -369,8 +376,7 @@ class NCAFields:
         """Whether the two student views share one forward (see `nca_joint_forward`)."""
         if self.nca_joint_forward is not None:
             return self.nca_joint_forward
-        reentrant = (self.gradient_checkpointing_kwargs or {}).get("use_reentrant", False)
-        return bool(self.gradient_checkpointing and reentrant and self.world_size > 1)
+        return needs_joint_forward(self, bool(checkpointing_kwargs(self).get("use_reentrant", False)))
 
     @property
     def context_spec(self) -> ContextSpec:

@@ -125,7 +125,7 @@ class NCADistillationTrainer(DistillationTrainer):
             optimizers=optimizers,
             peft_config=peft_config,
         )
-        finish_setup(self, teacher, models.common_rows, placed=False)
+        finish_setup(self, teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
 
     @property
     def nca_beta(self) -> float:

@@ -20,6 +20,7 @@ from trl.trainer.utils import create_model_from_path
 from ..core.launch import placed_init_kwargs, refuse_data_parallel, refuse_fsdp
 from ..core.prefix import active_dropout
 from ..models.names import resolve_model_name_or_path
+from .checkpointing import requested_reentrant, settle_checkpointing
 from .checkpoints import ScheduleCheckpoint
 from .data import Limits, check_examples, check_tokenizer
 from .objective import NCAObjective
@@ -56,6 +57,7 @@ class TrainerModels:
     teacher_loaded_here: bool
     common_rows: tuple[int, int]
     limits: Limits
+    requested_reentrant: bool | None = None  # the user's `use_reentrant`, before the base trainer changes it
 
 
 def resolve_models(
@@ -85,6 +87,7 @@ def resolve_models(
     once the student is built (`refuse_data_parallel`): Trainer would wrap it in `nn.DataParallel`.
     """
     model = resolve_model_name_or_path(model, "Student model")
+    reentrant = requested_reentrant(args)
     state = checked_launch(args, trainer)
     for split, dataset in datasets:  # empty or malformed datasets fail here, before any model is loaded
         check_examples(dataset, args.context_spec, split)
@@ -123,10 +126,12 @@ def resolve_models(
         max_context_length=args.max_context_length or position_limit(model, teacher),
         truncate_context=args.truncate_context,
     )
-    return TrainerModels(model, processing_class, teacher, teacher_loaded_here, common_rows, limits)
+    return TrainerModels(model, processing_class, teacher, teacher_loaded_here, common_rows, limits, reentrant)
 
 
-def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], placed: bool) -> None:
+def finish_setup(
+    trainer, teacher: nn.Module, common_rows: tuple[int, int], placed: bool, requested_reentrant: bool | None = None
+) -> None:
     """Everything after the base trainer's `__init__`, which has wrapped the student (PEFT, accelerate).
 
     The teacher: a frozen merged copy replaces the adapter-disabled self-teacher where disabling the adapter would not
@@ -134,8 +139,11 @@ def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], plac
     places teachers (a `SelfTeacher` as it is: it calls the student, which the accelerator already wraps; under
     DeepSpeed an engine, sharded under ZeRO-3; else prepared for evaluation). With output layers of different sizes,
     sampling never emits an id past the common rows (the other model could not score it). Then `trainer.nca` (the
-    objective shared by both trainers), the anchor schedule's checkpoint callback, and `trainer.step_stats`.
+    objective shared by both trainers), the anchor schedule's checkpoint callback, and `trainer.step_stats`. First of
+    all, gradient checkpointing is settled reentrant or not (`trl_nca.trainers.checkpointing`; `requested_reentrant`
+    is the user's own `use_reentrant`), since the objective's view plan depends on it.
     """
+    settle_checkpointing(trainer, requested_reentrant)
     replacement = replacement_teacher(teacher, trainer.model)
     if replacement is not None or not placed:
         teacher = replacement if replacement is not None else teacher

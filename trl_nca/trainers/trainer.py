@@ -148,7 +148,9 @@ class NCATrainer(GKDTrainer):
             )
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
         # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
-        finish_setup(self, self._teacher(), models.common_rows, placed=True)
+        finish_setup(
+            self, self._teacher(), models.common_rows, placed=True, requested_reentrant=models.requested_reentrant
+        )
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
