@@ -234,13 +234,19 @@ def run(kind, base_model, tok, data, args_kwargs, warmup, device, lora):
             callbacks=[timer],
             peft_config=peft,
         )
-    else:  # nca0; nca05 (nca_sequential_views's default), nca05-seq (in sequence), nca05-joint (both views at once)
+    else:  # nca0; nca05 (nca_sequential_views's default), nca05-seq (in sequence), nca05-joint (both views at once),
+        # nca05-onefwd (both views as one forward of 2 x batch rows, nca_joint_forward: what reentrant checkpointing
+        # under DeepSpeed or DDP runs; DeepSpeed runs both views before one backward, so it is set against nca05-joint)
         teacher = None if lora else copy.deepcopy(base_model)
-        sequential = {"nca05-seq": True, "nca05-joint": False}.get(kind)
+        sequential = {"nca05-seq": True, "nca05-joint": False, "nca05-onefwd": False}.get(kind)
+        one_forward = True if kind == "nca05-onefwd" else None
+        nca = dict(
+            nca_beta=0.0 if kind == "nca0" else 0.5, nca_sequential_views=sequential, nca_joint_forward=one_forward
+        )
         trainer = NCATrainer(
             model=student,
             teacher_model=teacher,
-            args=NCAConfig(**args_kwargs, nca_beta=0.0 if kind == "nca0" else 0.5, nca_sequential_views=sequential),
+            args=NCAConfig(**args_kwargs, **nca),
             train_dataset=data,
             processing_class=tok,
             callbacks=[timer],
@@ -344,10 +350,12 @@ def main():
             ("nca05/separate", "nca05", nca_data, False),
             ("nca05-seq/separate", "nca05-seq", nca_data, False),
             ("nca05-joint/separate", "nca05-joint", nca_data, False),
+            ("nca05-onefwd/separate", "nca05-onefwd", nca_data, False),
             ("nca0/lora-self", "nca0", nca_data, True),
             ("nca05/lora-self", "nca05", nca_data, True),
             ("nca05-seq/lora-self", "nca05-seq", nca_data, True),
             ("nca05-joint/lora-self", "nca05-joint", nca_data, True),
+            ("nca05-onefwd/lora-self", "nca05-onefwd", nca_data, True),
             ("ncad0/lora-self", "ncad0", nca_data, True),
         ]
         for name, kind, data, lora in configs:
@@ -393,6 +401,12 @@ def main():
                   f"both at once {rows[joint][i] / both:6.2f}  (<= 1.10)")  # fmt: skip
             print(f"{what} in sequence / both at once, {tuning:9s} {rows[nca][i] / rows[joint][i]:6.2f}  (<= 1.05)")
     print(f"mem   nca0 LoRA self / student-only    {ratio('nca0/lora-self', 'view-x/lora', 1):6.2f}  (<= 1.15)")
+    # The cost of the joint forward (reentrant checkpointing under DeepSpeed or DDP) against two forwards before one
+    # backward (non-reentrant, the trainers' default there): the no-context rows are padded to the context width.
+    for tuning in ("separate", "lora-self"):
+        one, two = f"nca05-onefwd/{tuning}", f"nca05-joint/{tuning}"
+        print(f"time  one forward / two forwards, {tuning:9s}  {ratio(one, two, 0):6.2f}   "
+              f"mem {ratio(one, two, 1):6.2f}   GFLOP {ratio(one, two, 2):6.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

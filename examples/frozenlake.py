@@ -19,6 +19,7 @@ from pathlib import Path
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.launch import end_process_group
 from trl_nca.envs import GameRollout, game_generation_settings
 from trl_nca.eval import (
     ModelRun,
@@ -102,3 +103,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # a clean exit under a launcher (trl_nca.core.launch.end_process_group)

@@ -14,6 +14,7 @@ from datasets import load_dataset
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.launch import end_process_group
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.inputs import read_context
@@ -77,3 +78,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # a clean exit under a launcher (trl_nca.core.launch.end_process_group)

@@ -129,6 +129,23 @@ def test_zero_one_process_with_checkpointing_matches_without_deepspeed(
     assert (info["use_reentrant"], info["joint_forward"]) == (use_reentrant, joint)
 
 
+def test_separate_views_with_reentrant_checkpointing_under_deepspeed_are_refused(tmp_path, models):
+    """`nca_joint_forward=False` with reentrant checkpointing under DeepSpeed cannot be exact: one line, before any
+    step."""
+    args = [str(SCRIPT), str(tmp_path / "zero"), "--tuning", "lora", "--teacher", "self", "--models", str(models),
+            "--reentrant", "true", "--joint-forward", "false"]  # fmt: skip
+    launch = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
+        "--num_processes", "1", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+    ]  # fmt: skip
+    result = subprocess.run(launch + args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode != 0
+    assert "nca_joint_forward=False cannot be exact with reentrant gradient checkpointing under DeepSpeed" in (
+        result.stderr
+    ), result.stderr[-3000:]
+    assert not (tmp_path / "zero" / "weights.pt").exists()
+
+
 def test_zero3_two_processes_reentrant_small_bucket(tmp_path, tmp_path_factory, models):
     """The joint forward under 2 processes with reentrant checkpointing and a bucket that flushes after every
     gradient: each weight's hook fires once, and the update equals one process training on the whole batch."""

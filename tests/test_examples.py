@@ -10,7 +10,7 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none", "--gradient_checkpointing", "false"]
+CPU = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
 # bfloat16 weights with eager attention: torch's CPU flash attention for bfloat16 raises ("pack_vnni2 is only supported
 # when avx512 is supported") on an AVX-512 CPU whose kernels are forced onto avx2 or default (ATEN_CPU_CAPABILITY)
 BF16_EAGER = '{"dtype": "bfloat16", "attn_implementation": "eager"}'

@@ -24,7 +24,7 @@ SMALL = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_new_to
          "--report_to", "none", "--ddp_backend", "gloo", "--eval_batch_size", "4"]  # fmt: skip
 
 
-def launch(config: str, script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+def launch(config: str, script: Path, *args: str, cwd: Path, processes: int = 2) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file examples/accelerate/<config>.yaml --num_processes 2 --mixed_precision no ...`
     as examples/accelerate/README.md says for a machine without GPUs: DeepSpeed with `--ddp_backend gloo`, DDP with
     `--use_cpu true` too (accelerate's own `--cpu` starts one process)."""
@@ -32,7 +32,7 @@ def launch(config: str, script: Path, *args: str, cwd: Path) -> subprocess.Compl
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     command = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
+        "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
         str(script), *args, *(["--use_cpu", "true"] if config == "ddp" else []),
     ]  # fmt: skip
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -77,6 +77,23 @@ def test_medmcqa_example_under_each_launcher(tiny_dir, tmp_path, config):
     _assert_paired_report(out, 8)  # the 8 Anatomy/Dental items of the first 64 rows... limited to 8
     assert result.stdout.count("## ") > 0  # the report was printed once, by the main process
     assert result.stdout.count("paired evaluation") == 1
+
+
+def test_medmcqa_example_one_process_zero3_lora_defaults(tiny_dir, tmp_path):
+    """The single-GPU recipe: one process, ZeRO-3, LoRA, TRL's defaults (gradient checkpointing on, which TRL makes
+    reentrant for PEFT + ZeRO-3; the trainer keeps it non-reentrant and says so once), on-policy NCA, then the paired
+    evaluation."""
+    data = _medmcqa_rows(tmp_path / "medmcqa.jsonl")
+    out = tmp_path / "out"
+    result = launch(
+        "zero3", EXAMPLES / "medmcqa.py", "--model_name_or_path", str(tiny_dir), "--dataset_path", str(data),
+        "--train_limit", "16", "--eval_limit", "8", "--eval_max_new_tokens", "8", "--output_dir", str(out),
+        "--use_peft", "--lora_target_modules", "q_proj", "v_proj", *SMALL, cwd=tmp_path, processes=1,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert (out / "adapter_model.safetensors").is_file()
+    _assert_paired_report(out, 8)
+    assert (result.stdout + result.stderr).count("Gradient checkpointing stays non-reentrant") == 1
 
 
 def test_sokoban_example_under_zero3(tiny_dir, tmp_path):

@@ -82,7 +82,6 @@ use_peft: true
 lora_r: 2
 lora_alpha: 4
 lora_target_modules: [q_proj, v_proj]
-gradient_checkpointing: false
 logging_steps: 1
 report_to: none
 disable_tqdm: true

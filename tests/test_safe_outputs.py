@@ -26,7 +26,7 @@ def train_argv(tiny_dir, output_dir, *extra):
         "--model_name_or_path", tiny_dir, "--dataset_name", "quickstart", "--max_train_samples", "8",
         "--per_device_train_batch_size", "2", "--max_steps", "4", "--max_new_tokens", "4", "--learning_rate", "1e-3",
         "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1", "--output_dir", str(output_dir),
-        "--bf16", "false", "--use_cpu", "true", "--report_to", "none", "--gradient_checkpointing", "false", *extra,
+        "--bf16", "false", "--use_cpu", "true", "--report_to", "none", *extra,
     ]  # fmt: skip
 
 
@@ -35,7 +35,7 @@ def compare_config(tmp_path, tiny_dir, out, **changes):
         "model_name_or_path": tiny_dir, "task": "reply_in_french", "seeds": "[0]",
         "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]', "num_train": 2, "eval_items": 2, "max_new_tokens": 3,
         "max_steps": 1, "per_device_train_batch_size": 2, "learning_rate": "1.0e-3", "use_peft": "true", "lora_r": 2,
-        "lora_alpha": 4, "lora_target_modules": "[q_proj, v_proj]", "gradient_checkpointing": "false",
+        "lora_alpha": 4, "lora_target_modules": "[q_proj, v_proj]",
         "report_to": "none", "disable_tqdm": "true", "output_dir": str(out), **changes,
     }  # fmt: skip
     config = tmp_path / f"compare-{out.name}.yaml"

@@ -14,6 +14,7 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCADistillationConfig, NCADistillationTrainer
+from trl_nca.core.launch import end_process_group
 
 
 def main():
@@ -39,3 +40,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # a clean exit under a launcher (trl_nca.core.launch.end_process_group)

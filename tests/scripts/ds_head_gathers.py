@@ -18,6 +18,7 @@ import ds_train
 from accelerate import Accelerator
 
 import trl_nca.trainers.objective
+from trl_nca.core.launch import end_process_group
 
 
 def main():
@@ -68,3 +69,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # a clean exit under a launcher (trl_nca.core.launch.end_process_group)

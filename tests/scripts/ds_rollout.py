@@ -16,6 +16,7 @@ import os
 import torch
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.launch import end_process_group
 from trl_nca.core.views import ContextSpec
 from trl_nca.testing import make_tiny_tokenizer
 from trl_nca.trainers.rollouts import RolloutBatch, RolloutSample
@@ -81,3 +82,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # a clean exit under a launcher (trl_nca.core.launch.end_process_group)

@@ -37,6 +37,7 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
+from trl_nca.core.launch import end_process_group
 from trl_nca.testing import make_tiny_tokenizer
 
 
@@ -72,6 +73,7 @@ def main():
     parser.add_argument("--reentrant", choices=["unset", "true", "false"], default="unset")
     parser.add_argument("--reduce-bucket", type=int, help="DeepSpeed's reduce_bucket_size (elements)")
     parser.add_argument("--no-checkpointing", action="store_true")
+    parser.add_argument("--joint-forward", choices=["auto", "true", "false"], default="auto")
     parser.add_argument("--models", required=True, help="folder with `student/` and `teacher/` (save_tiny_model)")
     opts = parser.parse_args()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -110,6 +112,7 @@ def main():
         gradient_accumulation_steps=opts.grad_accum, optim="sgd",
         gradient_checkpointing=not opts.no_checkpointing,
         gradient_checkpointing_kwargs=None if opts.reentrant == "unset" else {"use_reentrant": opts.reentrant == "true"},
+        nca_joint_forward=None if opts.joint_forward == "auto" else opts.joint_forward == "true",
         learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=not distributed,
         report_to=[], save_strategy="no", seed=0, logging_steps=1, dataloader_drop_last=False, **lengths,
         train_sampling_strategy="sequential" if opts.mixed else "random",
@@ -185,3 +188,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # a clean exit under a launcher (trl_nca.core.launch.end_process_group)

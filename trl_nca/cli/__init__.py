@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.launch import end_process_group
 from ..inputs import (
     BUILTIN_CONTEXTS,
     BUILTIN_DATASETS,
@@ -327,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = COMMANDS[command](rest)  # train returns its trainer, compare its summary
+        end_process_group()  # `accelerate launch trl-nca train ...`: exit without the backend's threads running
         return result if isinstance(result, int) else 0
     except TrainingInterrupted as error:
         print(f"trl-nca {command}: {error}", file=sys.stderr)

@@ -213,3 +213,18 @@ def skip_deepspeed_shared_memory_op() -> bool:
     if compatible.get("deepspeed_shm_comm"):
         compatible["deepspeed_shm_comm"] = False
     return True
+
+
+def end_process_group() -> None:
+    """End this process's `torch.distributed` group at the end of a script that trained under a launcher.
+
+    A process that exits with its process group still up leaves the backend's threads (gloo's or NCCL's work and
+    store threads) to the interpreter's teardown; a C++ thread still joinable when it is destroyed ends the process
+    with `terminate called without an active exception` (SIGABRT, exit -6) after a good run, which a launcher
+    reports as a failure. All ranks meet at a barrier first, so none tears its group down while another still
+    communicates. Does nothing without a group. Call it only after success: after an error the other ranks may never
+    reach the barrier."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()

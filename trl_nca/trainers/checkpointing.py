@@ -28,6 +28,8 @@ run as one forward (`NCAConfig.joint_forward`); `nca_joint_forward=False` there 
 from __future__ import annotations
 
 import logging
+import warnings
+from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
 
@@ -125,3 +127,19 @@ def check_joint_forward(args, reentrant: bool) -> None:
             "Set nca_joint_forward=None (both views as one forward), or gradient_checkpointing_kwargs="
             "{'use_reentrant': False}."
         )
+
+
+# transformers >= 5.23 deprecates `gradient_checkpointing_enable/disable` and `is_gradient_checkpointing` for the
+# `activation_checkpointing_*` names (FutureWarning, removal in v6). Two callers outside this package still use the old
+# names on every run: PEFT's `PeftModel.__init__` (reached through TRL's `get_peft_model` in the base trainers'
+# `__init__`, once per student) and TRL 1.16's `unwrap_model_for_generation` (around every sampling call). The user can
+# do nothing about either, so exactly these warnings are ignored around exactly those calls.
+_OLD_CHECKPOINTING_NAMES = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
+
+
+@contextmanager
+def quiet_old_checkpointing_names():
+    """Ignore transformers' FutureWarning for the old checkpointing names (see above) inside the block."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", _OLD_CHECKPOINTING_NAMES, FutureWarning)
+        yield

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from trl import DistillationTrainer
 
 from ..core.views import left_pad, split_example
+from .checkpointing import quiet_old_checkpointing_names
 from .checkpoints import resume
 from .config import NCADistillationConfig
 from .data import prepare_dataset
@@ -114,17 +115,18 @@ class NCADistillationTrainer(DistillationTrainer):
         # The teacher is prepared here, not by DistillationTrainer: a self-teacher has no parameters of its own, and
         # teachers whose output layer is padded to another size than the student's are supported (the divergences
         # use the common rows), which DistillationTrainer's vocab_size check would refuse.
-        super().__init__(
-            model,
-            teacher_model=None,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            peft_config=peft_config,
-        )
+        with quiet_old_checkpointing_names():  # PEFT's PeftModel reads an old name (trainers.checkpointing)
+            super().__init__(
+                model,
+                teacher_model=None,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+            )
         finish_setup(self, teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
 
     @property
@@ -148,7 +150,8 @@ class NCADistillationTrainer(DistillationTrainer):
     # Sampling: TRL's, from the no-context prompt; then the context prompts of the same rows.
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        output = super()._generate_and_score_completions(inputs)
+        with quiet_old_checkpointing_names():  # TRL samples through unwrap_model_for_generation (old names)
+            output = super()._generate_and_score_completions(inputs)
         prompts, prompt_mask = output["prompt_ids"], output["prompt_mask"].bool()
         for index, row in enumerate(inputs):
             sampled_from = prompts[index][prompt_mask[index]].tolist()

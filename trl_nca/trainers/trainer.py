@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -22,6 +21,7 @@ from ..core.gradients import compare_gradients, loss_gradients
 from ..core.launch import agreed_max, rank0_choice
 from ..core.sampling import Generated, mask_through_eos
 from ..core.views import ContextSpec, left_pad
+from .checkpointing import quiet_old_checkpointing_names
 from .checkpoints import resume
 from .config import NCAConfig
 from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
@@ -32,9 +32,6 @@ from .teacher import SelfTeacher
 
 
 logger = logging.getLogger(__name__)
-
-# The deprecation warnings transformers 5 raises for the checkpointing calls inside TRL's unwrap_model_for_generation.
-_TRL_CHECKPOINTING_CALLS = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
 
 
 class NCATrainer(GKDTrainer):
@@ -132,7 +129,10 @@ class NCATrainer(GKDTrainer):
         elif rollout is None:
             _probe_collator(data_collator, train_dataset, eval_dataset)
 
-        with _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here):
+        with (
+            _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here),
+            quiet_old_checkpointing_names(),
+        ):
             super().__init__(
                 model,
                 teacher_model=teacher_model,
@@ -235,9 +235,7 @@ class NCATrainer(GKDTrainer):
         the mask keeps every token up to and including the first end-of-sequence token, as GKD's
         `generate_on_policy_outputs` does (which is not called: it passes `return_dict_in_generate` next to a
         generation config, which transformers deprecates with a warning at every run)."""
-        with warnings.catch_warnings():
-            # TRL's unwrapping reads and toggles the model's checkpointing through names transformers 5 deprecates
-            warnings.filterwarnings("ignore", _TRL_CHECKPOINTING_CALLS, FutureWarning)
+        with quiet_old_checkpointing_names():  # TRL's unwrapping uses the old names
             with (
                 unwrap_model_for_generation(
                     model,
