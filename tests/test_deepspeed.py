@@ -58,6 +58,8 @@ def _train(
         args = [sys.executable, *args]
     result = subprocess.run(args, cwd=out.parent, env=_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    # DeepSpeed's CPU shared-memory op is never built or loaded (trl_nca.core.launch.skip_deepspeed_shared_memory_op)
+    assert "shm_comm_op built" not in result.stdout + result.stderr
     return out
 
 
