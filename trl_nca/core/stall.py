@@ -14,7 +14,8 @@ trailing windows of `STALL_WINDOW` optimizer steps:
 Early in every anchored run `stall` is 1 (the views agree before the no-context view has learnt); a run that
 internalises turns it to 0, a stalled one ends with it at 1, and the trainer warns once at the end of training. The
 signal is a recording: it never changes a step. Its thresholds were read off the runs of docs/results.md sections 8
-and 9 (10.7 gives how well it separates them).
+and 9; section 10.4 gives how well it separates stalled runs from the others, docs/configuration.md ("When the anchor
+stalls") how often a run stalls and what to change.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ class StallMonitor:
             f"Training ended stalled: opd_loss over the last {self.window} steps is "
             f"{100 * last.get('nca/gap_left', 0):.1f}% of its first {self.window} steps' while view_kl is "
             f"{100 * last.get('nca/view_share', 0):.1f}% of opd_loss, so the anchor holds the context view on a "
-            "no-context view that has not learnt the context (docs/results.md section 10). Evaluate Acc_x; to "
-            "avoid it, train with nca_beta_schedule='adaptive' or more max_steps."
+            "no-context view that has not learnt the context. Evaluate Acc_x; docs/configuration.md (When the anchor "
+            "stalls) says what to change."
         )
 
     def state_dict(self) -> dict[str, Any]:
