@@ -209,3 +209,23 @@ def test_a_run_is_read_per_organism_against_the_documented_outcomes():
 
     single["statistics"]["organisms"] = compare_organisms(single["per_seed"], "opd", keys=("harm",))
     assert read_per_organism(single, experiments) == ""
+
+
+def test_stalled_runs_are_counted_against_the_reference_run_of_the_same_organism_and_seed():
+    from trl_nca.recipes.statistics import render_stalls, stalled_runs
+
+    per_seed = {
+        "base": [{"organism": 0, "seed": None, "acc_x": 0.0}],
+        "opd": [{"organism": o, "seed": s, "acc_x": a} for o, s, a in ((0, 0, 1.0), (0, 1, 0.2), (1, 0, 0.5))],
+        "constant": [{"organism": o, "seed": s, "acc_x": a} for o, s, a in ((0, 0, 0.89), (0, 1, 0.19), (1, 0, 0.45))],
+        "adaptive": [{"organism": 0, "seed": 0, "acc_x": 0.9}, {"organism": 2, "seed": 0, "acc_x": 0.0}],
+    }
+    stalls = stalled_runs(per_seed, "opd")
+    # 0.89 < 0.9 x 1.0 stalls; 0.19 >= 0.9 x 0.2 and 0.45 >= 0.9 x 0.5 do not; 0.9 is not below 0.9; organism 2 has
+    # no OPD run to read it against
+    assert stalls == {
+        "constant": {"runs": 3, "stalled": [{"organism": 0, "seed": 0, "acc_x": 0.89, "reference_acc_x": 1.0}]},
+        "adaptive": {"runs": 1, "stalled": []},
+    }
+    text = render_stalls(stalls, "opd")
+    assert "| constant | 3 | 1 | 0/0 (89.0 vs 100.0) |" in text and "| adaptive | 1 | 0 | - |" in text

@@ -163,3 +163,35 @@ def test_resuming_a_schedule_from_a_checkpoint_without_its_state_is_refused(tok,
     )
     with pytest.raises(ValueError, match="holds no nca_schedule.json"):
         trainer.train(resume_from_checkpoint=str(checkpoint))
+
+
+def test_non_finite_adaptive_settings_are_refused():
+    # an infinite target would keep a gated anchor off for good, an infinite horizon would freeze the weight
+    for field in ("adaptive_target", "adaptive_horizon"):
+        for value in (math.inf, math.nan):
+            with pytest.raises(ValueError, match="must be finite and > 0"):
+                BetaSchedule("adaptive", beta=0.5, **{field: value})
+
+
+def test_a_gate_a_live_self_teacher_can_never_open_is_refused_before_training(tok, tmp_path):
+    """With self_teacher='live' and reverse-KL OPD, view_kl equals opd_loss at every step, so the gated anchor
+    (nca_adaptive_init=0) never opens at a target >= 1: one error line at construction. Below 1 it opens at once."""
+
+    def trainer(target):
+        args = make_args(
+            tmp_path, max_steps=2, nca_beta=0.5, nca_beta_schedule="adaptive", nca_adaptive_init=0.0,
+            nca_adaptive_min=0.05, nca_adaptive_target=target, self_teacher="live",
+        )  # fmt: skip
+        return NCATrainer(
+            model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok
+        )
+
+    for target in (1.0, 1.1):
+        with pytest.raises(ValueError, match="can never turn the anchor on") as error:
+            trainer(target)
+        assert "\n" not in str(error.value) and "self_teacher='initial'" in str(error.value)
+    opens = trainer(0.9)
+    opens.train()
+    steps = _logged_steps(opens)
+    assert all(s["opd_loss"] == s["view_kl"] for s in steps)  # why the gate cannot open at a target >= 1
+    assert [s["nca_beta"] for s in steps] == [0.0, 0.05]

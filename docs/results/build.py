@@ -28,7 +28,9 @@ DATA = HERE / "data"
 FIGURES = HERE / "figures"
 README = HERE.parents[1] / "README.md"
 RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
-BLOCK = re.compile(r"<!-- (table|figures|ranges|statistics|organisms):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL)
+BLOCK = re.compile(
+    r"<!-- (table|figures|ranges|statistics|organisms|anchors):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL
+)
 RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
 OUTCOMES = HERE.parents[1] / "trl_nca" / "resources" / "documented_organisms.json"
 STUDIES = ("units-shift", "units-flip", "units-facts")  # section 9: the documented per-organism outcomes
@@ -117,6 +119,23 @@ def organisms(summary: dict, method: str = "") -> str:
     return render_organisms(outcomes, summary["statistics"]["baseline"], COLUMN_NAMES)
 
 
+ANCHOR_REFERENCE = "constant"  # docs/results.md section 10: the schedules are read against the constant anchor
+
+
+def anchors(summary: dict) -> str:
+    """Section 10's readings between anchors: the stalled runs of each method (against the baseline, OPD), then per
+    schedule the statistics over organisms of `constant` - schedule."""
+    from trl_nca.recipes import statistics as st
+
+    per_seed, baseline = summary["per_seed"], summary["statistics"]["baseline"]
+    parts = [st.render_stalls(st.stalled_runs(per_seed, baseline), baseline)]
+    for method in per_seed:
+        if method not in ("base", baseline, ANCHOR_REFERENCE):
+            outcome = st.organism_outcomes(per_seed[ANCHOR_REFERENCE], per_seed[method])
+            parts.append(st.render_over_organisms(outcome, ANCHOR_REFERENCE, method, st.COLUMN_NAMES))
+    return "\n\n".join(parts)
+
+
 def render(text: str) -> str:
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
@@ -126,7 +145,7 @@ def render(text: str) -> str:
         elif kind == "figures":
             body = figure_links(name)
         else:
-            body = {"table": table, "ranges": spread, "statistics": statistics}[kind](load(name))
+            body = {"table": table, "ranges": spread, "statistics": statistics, "anchors": anchors}[kind](load(name))
         return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"
 
     return BLOCK.sub(replace, text)

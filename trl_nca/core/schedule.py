@@ -71,8 +71,11 @@ class BetaSchedule:
                     "the views drift apart) or in [nca_adaptive_min, nca_beta], got "
                     f"min={self.adaptive_min}, init={self.adaptive_init}, nca_beta={self.beta}."
                 )
-            if self.adaptive_target <= 0 or self.adaptive_horizon <= 0:
-                raise ValueError("nca_adaptive_target and nca_adaptive_horizon must be > 0.")
+            if not (0 < self.adaptive_target < math.inf and 0 < self.adaptive_horizon < math.inf):
+                raise ValueError(
+                    "nca_adaptive_target and nca_adaptive_horizon must be finite and > 0, got "
+                    f"target={self.adaptive_target}, horizon={self.adaptive_horizon}."
+                )
         if self.current is None:
             self.current = self._initial()
 
@@ -119,6 +122,21 @@ class BetaSchedule:
                 updated = self.current * (1.0 + error / self.adaptive_horizon)
                 self.current = min(max(updated, self.adaptive_min), self.beta)
         return self.value
+
+    def never_on(self, views_equal_teacher: bool) -> str | None:
+        """Why this schedule can never turn the anchor on, or None. `views_equal_teacher`: the teacher is the student's
+        own context view under the OPD divergence of `view_kl` (a live self-teacher with reverse-KL OPD), so that
+        `view_kl` equals `opd_loss` at every step and the gated anchor's ratio is exactly 1."""
+        gated = self.kind == "adaptive" and self.adaptive_init == 0 and self.beta > 0
+        if gated and views_equal_teacher and self.adaptive_target >= 1:
+            return (
+                f"nca_beta_schedule='adaptive' with nca_adaptive_init=0 can never turn the anchor on here: with "
+                "self_teacher='live' and reverse-KL OPD the teacher is the student's own context view, so view_kl equals "
+                f"opd_loss at every step and the gate (view_kl > nca_adaptive_target x opd_loss, target "
+                f"{self.adaptive_target}) never opens. Set nca_adaptive_init > 0, nca_adaptive_target < 1 or "
+                "self_teacher='initial'."
+            )
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "steps_done": self.steps_done, "current": self.current}

@@ -300,7 +300,6 @@ def render_organisms(organisms: Mapping[str, Any], baseline: str, names: Mapping
     names = dict(names or {})
     lines: list[str] = []
     for method, outcome in organisms.items():
-        keys = list(outcome["over_organisms"])
         lines += [
             f"Per organism, {baseline} vs {method} (rates in %, means over the organism's seeds; regime A: runs in "
             "regime A):",
@@ -320,24 +319,76 @@ def render_organisms(organisms: Mapping[str, Any], baseline: str, names: Mapping
         if outcome["note"]:
             lines += ["", f"Note: {outcome['note'][0].upper() + outcome['note'][1:]}."]
             continue
-        conf = int(round(100 * outcome["confidence"]))
-        lines += [
-            "",
-            f"Over organisms, {baseline} - {method} (percentage points): the mean of the organisms' mean differences, "
-            f"its two-level bootstrap {conf}% interval (organisms, then seeds) and the exact sign test over organisms.",
-            "",
-            "| metric | organisms | mean | two-level interval | sign test p | method lower on |",
-            "|" + "---|" * 6,
-        ]
-        for key in keys:
-            d = outcome["over_organisms"][key]
-            ci = "n/a" if d["ci"] is None else f"[{_pct(d['ci'][0])}, {_pct(d['ci'][1])}]"
-            lines.append(
-                f"| {names.get(key, key)} | {d['n']} | {_pct(d['mean'])} | {ci} | {_p(d['sign_test_p'])} | "
-                f"{d['below']} of {d['n']} |"
-            )
-        lines.append("")
+        lines += ["", render_over_organisms(outcome, baseline, method, names), ""]
     return "\n".join(lines).rstrip()
+
+
+def render_over_organisms(
+    outcome: Mapping[str, Any], baseline: str, method: str, names: Mapping[str, str] | None = None
+) -> str:
+    """The Markdown of an `organism_outcomes` result over organisms: per metric, the mean of the organisms' mean
+    differences `baseline - method`, its two-level interval and the sign test over organisms."""
+    names = dict(names or {})
+    if outcome["note"]:
+        return f"Note: {outcome['note'][0].upper() + outcome['note'][1:]}."
+    conf = int(round(100 * outcome["confidence"]))
+    lines = [
+        f"Over organisms, {baseline} - {method} (percentage points): the mean of the organisms' mean differences, "
+        f"its two-level bootstrap {conf}% interval (organisms, then seeds) and the exact sign test over organisms.",
+        "",
+        "| metric | organisms | mean | two-level interval | sign test p | method lower on |",
+        "|" + "---|" * 6,
+    ]
+    for key, d in outcome["over_organisms"].items():
+        ci = "n/a" if d["ci"] is None else f"[{_pct(d['ci'][0])}, {_pct(d['ci'][1])}]"
+        lines.append(
+            f"| {names.get(key, key)} | {d['n']} | {_pct(d['mean'])} | {ci} | {_p(d['sign_test_p'])} | "
+            f"{d['below']} of {d['n']} |"
+        )
+    return "\n".join(lines)
+
+
+STALL_SHARE = 0.9  # docs/results.md 10.1: a run is stalled below this share of the reference's Acc_x
+
+
+def stalled_runs(
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]], reference: str, share: float = STALL_SHARE
+) -> dict[str, dict[str, Any]]:
+    """Per method other than `reference` (and the bases): its runs paired with a reference run of the same organism
+    and training seed, and those whose Acc_x is below `share` of the reference's (stalled), each with both Acc_x."""
+    ref = {(r.get("organism"), r.get("seed")): r for r in per_seed[reference]}
+    out: dict[str, dict[str, Any]] = {}
+    for method, rows in per_seed.items():
+        if method in (reference, "base"):
+            continue
+        runs, stalled = 0, []
+        for row in rows:
+            other = ref.get((row.get("organism"), row.get("seed")))
+            if other is None or row.get("acc_x") is None or other.get("acc_x") is None:
+                continue
+            runs += 1
+            if row["acc_x"] < share * other["acc_x"]:
+                stalled.append({"organism": row.get("organism"), "seed": row.get("seed"), "acc_x": row["acc_x"],
+                                "reference_acc_x": other["acc_x"]})  # fmt: skip
+        out[method] = {"runs": runs, "stalled": stalled}
+    return out
+
+
+def render_stalls(stalls: Mapping[str, Mapping[str, Any]], reference: str, share: float = STALL_SHARE) -> str:
+    """The Markdown of `stalled_runs`: per method, its stalled runs counted and named."""
+    lines = [
+        f"Stalled runs (Acc_x below {share:.0%} of {reference}'s on the same organism and training seed):",
+        "",
+        f"| method | runs | stalled | stalled runs: organism/seed (Acc_x vs {reference}'s, in %) |",
+        "|---|---|---|---|",
+    ]
+    for method, entry in stalls.items():
+        named = ", ".join(
+            f"{s['organism']}/{s['seed']} ({_pct(s['acc_x'])} vs {_pct(s['reference_acc_x'])})"
+            for s in entry["stalled"]
+        )
+        lines.append(f"| {method} | {entry['runs']} | {len(entry['stalled'])} | {named or '-'} |")
+    return "\n".join(lines)
 
 
 def _pct(value: float | None) -> str:

@@ -1,4 +1,5 @@
-"""Checkpoints of both trainers: the anchor schedule's state saved beside Trainer's, and resuming from it."""
+"""Checkpoints of both trainers: the anchor schedule's state (and the stall signal's) saved beside Trainer's, and
+resuming from them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..core.schedule import STATE_FILE as SCHEDULE_STATE_FILE
 from ..core.schedule import BetaSchedule
+from ..core.stall import STATE_FILE as STALL_STATE_FILE
+from ..core.stall import StallMonitor
 from ..inputs import write_text_atomic
 from .script_options import checkpoint_problem, last_complete_checkpoint
 
@@ -23,16 +26,25 @@ logger = logging.getLogger(__name__)
 
 
 class ScheduleCheckpoint(TrainerCallback):
-    """Writes the anchor schedule's state into every checkpoint folder (read back by `load_schedule` on resume)."""
+    """Writes the anchor schedule's state into every checkpoint folder (read back by `load_schedule` on resume), and
+    the stall signal's when there is one (`trl_nca.core.stall`; read back by `resume`). At the end of training, a run
+    whose stall signal is on gets one warning (`StallMonitor.message`)."""
 
-    def __init__(self, schedule: BetaSchedule):
+    def __init__(self, schedule: BetaSchedule, stall: StallMonitor | None = None):
         self.schedule = schedule
+        self.stall = stall
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
             if folder.is_dir():
                 write_text_atomic(folder / SCHEDULE_STATE_FILE, json.dumps(self.schedule.state_dict()) + "\n")
+                if self.stall is not None:
+                    write_text_atomic(folder / STALL_STATE_FILE, json.dumps(self.stall.state_dict()) + "\n")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.stall is not None and self.stall.stalled and state.is_world_process_zero:
+            logger.warning(self.stall.message())
 
 
 def load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
@@ -74,12 +86,16 @@ def resolve_resume(resume_from_checkpoint, output_dir: str):
     return resume_from_checkpoint
 
 
-def resume(resume_from_checkpoint, output_dir: str, schedule: BetaSchedule):
+def resume(resume_from_checkpoint, output_dir: str, schedule: BetaSchedule, stall: StallMonitor | None = None):
     """What a trainer's `train` passes on to `Trainer.train` (`resolve_resume`), with the anchor schedule restored
-    from the checkpoint folder it names."""
+    from the checkpoint folder it names, and the stall signal where the checkpoint holds its state (a checkpoint of
+    an older trl-nca does not: the signal then measures from the resumed step)."""
     resume_from_checkpoint = resolve_resume(resume_from_checkpoint, output_dir)
     if isinstance(resume_from_checkpoint, str):
         load_schedule(schedule, resume_from_checkpoint)
+        path = Path(resume_from_checkpoint) / STALL_STATE_FILE
+        if stall is not None and path.is_file():
+            stall.load_state_dict(json.loads(path.read_text()))
     return resume_from_checkpoint
 
 

@@ -135,7 +135,9 @@ class NCADistillationTrainer(DistillationTrainer):
         return self.nca.schedule.value
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resume(resume_from_checkpoint, self.args.output_dir, self.nca.schedule)
+        resume_from_checkpoint = resume(
+            resume_from_checkpoint, self.args.output_dir, self.nca.schedule, self.step_stats.stall
+        )
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
     def _set_signature_columns_if_needed(self):

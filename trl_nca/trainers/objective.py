@@ -155,13 +155,17 @@ class NCAObjective:
         self.pad_token_id = pad_token_id
         self.schedule: BetaSchedule = schedule_from_config(args)
         self.spec = args.divergence_spec
+        live_teacher = isinstance(teacher, SelfTeacher) and teacher.mode == "live"
+        never_on = self.schedule.never_on(views_equal_teacher=live_teacher and self.spec.beta == 1.0)
+        if never_on is not None:
+            raise ValueError(never_on)
         # Whether the NCA term can be on at all (the context view then carries gradient).
         self.active = self.schedule.active
         # Every forward of a view runs the token prefix its rows share once, where that is exact (`share_prefix`).
         self.prefix_sharing = PrefixSharing(args.share_prefix, args.share_prefix_min_tokens)
         # Training micro-batches run the two views' forward and backward one after the other, where that is exact.
         self.sequential = resolve_sequential_views(
-            args, self.active, live_teacher=isinstance(teacher, SelfTeacher) and teacher.mode == "live",
+            args, self.active, live_teacher=live_teacher,
             deepspeed=deepspeed, full_fine_tuning=student is not None and trains_most_weights(student),
         )  # fmt: skip
         self._in_training_step = False

@@ -19,6 +19,7 @@ from trl.trainer.utils import create_model_from_path
 
 from ..core.launch import placed_init_kwargs, refuse_data_parallel, refuse_fsdp
 from ..core.prefix import active_dropout
+from ..core.stall import StallMonitor
 from ..models.names import resolve_model_name_or_path
 from .checkpointing import requested_reentrant, settle_checkpointing
 from .checkpoints import ScheduleCheckpoint
@@ -167,13 +168,15 @@ def finish_setup(
     )
     trainer.nca.teacher_wrapper = trainer.teacher_model  # a DeepSpeed engine: the teacher's forwards go through it
     warn_dropout_turns_sharing_off(trainer)
-    trainer.add_callback(ScheduleCheckpoint(trainer.nca.schedule))
+    stall = StallMonitor() if trainer.nca.active else None  # the stall signal of an anchored run (core.stall)
+    trainer.add_callback(ScheduleCheckpoint(trainer.nca.schedule, stall))
     trainer.step_stats = StepStats(
         trainer.accelerator,
         trainer._metrics,
         trainer.nca.schedule,
         show_nca=trainer.nca.active or args.nca_monitor,
         completions=trainer.logs_completion_stats,
+        stall=stall,
     )
 
 

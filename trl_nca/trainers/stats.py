@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from ..core.schedule import BetaSchedule
+from ..core.stall import StallMonitor
 
 
 STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped", "sampled_rows")
@@ -72,14 +73,24 @@ class StepStats:
         schedule: the anchor schedule, read and updated once per step.
         show_nca: whether `nca_loss` and `view_kl` are logged (the NCA term is on, or `nca_monitor`).
         completions: whether the completion statistics are logged (False where the base trainer logs them).
+        stall: the stall signal (`trl_nca.core.stall`), updated and logged after every step; None: not measured.
     """
 
-    def __init__(self, accelerator, metrics, schedule: BetaSchedule, show_nca: bool, completions: bool = True):
+    def __init__(
+        self,
+        accelerator,
+        metrics,
+        schedule: BetaSchedule,
+        show_nca: bool,
+        completions: bool = True,
+        stall: StallMonitor | None = None,
+    ):
         self.accelerator = accelerator
         self.metrics = metrics
         self.schedule = schedule
         self.show_nca = show_nca
         self.completions = completions
+        self.stall = stall
         self.step_sums: torch.Tensor | None = None
         self.batches_left = 0
         self.eval_sums: torch.Tensor | None = None
@@ -105,6 +116,9 @@ class StepStats:
     def _end_step(self, sums: torch.Tensor) -> None:
         means = self.record(sums, "train")
         self.metrics["train"]["nca_beta"].append(self.schedule.value)
+        if self.stall is not None:  # a recording: read from the step's means, it changes nothing in training
+            for name, value in self.stall.update(means["opd_loss"], means["view_kl"]).items():
+                self.metrics["train"][name].append(value)
         self.schedule.update(means)
 
     def record(self, stats: torch.Tensor, mode: str) -> dict[str, float]:

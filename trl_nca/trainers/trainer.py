@@ -169,7 +169,9 @@ class NCATrainer(GKDTrainer):
     # Sampling
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resume(resume_from_checkpoint, self.args.output_dir, self.nca.schedule)
+        resume_from_checkpoint = resume(
+            resume_from_checkpoint, self.args.output_dir, self.nca.schedule, self.step_stats.stall
+        )
         self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 
