@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ..inputs import (
     load_dataset_any,
     output_folder_lock,
     read_context,
+    write_text_atomic,
 )
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
 
@@ -183,15 +185,23 @@ def _train(script_args, training_args, model_args):
             paired_dataset = _paired_eval_dataset(script_args)
             _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
 
+        peft_config = get_peft_config(model_args)
+        settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
+        if resume is not None:  # before any model loads
+            _check_resumed_settings(training_args.output_dir, settings)
         trainer = NCATrainer(
             model=model_path,
             args=training_args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
-            peft_config=get_peft_config(model_args),
+            peft_config=peft_config,
         )
     except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
+    if trainer.accelerator.is_main_process:
+        write_text_atomic(
+            Path(training_args.output_dir) / TRAIN_SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n"
+        )
     single_process = os.environ.get("WORLD_SIZE", "1") == "1"
     stop = StopOnInterrupt()
     if single_process:
@@ -220,6 +230,57 @@ def _train(script_args, training_args, model_args):
         if report is not None:
             print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
     return trainer
+
+
+TRAIN_SETTINGS = "train_settings.json"  # what shaped a `trl-nca train` run, checked when it is resumed
+
+
+def _run_settings(script_args, training_args, model_path: str, peft_config, train_dataset) -> dict:
+    """What shapes a `trl-nca train` run's result: the config's shaping fields (`recipes.compare.training_settings`:
+    nca_beta, the learning rate and schedule, the context, ...), the student and its adapter settings, and the data
+    (its source, split and row limit, and the file's sha256 or the loaded dataset's fingerprint)."""
+    from ..inputs import sha256_file
+    from ..recipes.compare import _peft_settings, training_settings
+
+    source = script_args.dataset_name
+    if Path(source).is_file():
+        identity = "sha256:" + sha256_file(source)
+    else:
+        identity = getattr(train_dataset, "_fingerprint", None)
+    data = {
+        "dataset": source, "config": script_args.dataset_config, "split": script_args.dataset_train_split,
+        "max_train_samples": script_args.max_train_samples, "rows": len(train_dataset), "identity": identity,
+        "context_file": script_args.context_file,
+    }  # fmt: skip
+    return {
+        "training": training_settings(training_args, skip=("teacher_model_name_or_path",)),
+        "teacher": training_args.teacher_model_name_or_path,
+        "model": model_path,
+        "peft": _peft_settings(peft_config) if peft_config is not None else None,
+        "data": data,
+    }
+
+
+def _check_resumed_settings(output_dir: str, settings: dict) -> None:
+    """A resumed run must be shaped by the settings it started with (`train_settings.json` of its output_dir): a
+    changed dataset, context, model, nca_beta, learning rate or schedule would silently train a mixture."""
+    import logging
+
+    from ..inputs import read_json_output
+    from ..recipes.compare import refuse_changed_settings
+
+    saved = Path(output_dir) / TRAIN_SETTINGS
+    if not saved.is_file():
+        logging.getLogger(__name__).warning(
+            "%s has no %s (an older trl-nca did not write one), so the resumed run's settings cannot be "
+            "checked against those it started with.", output_dir, TRAIN_SETTINGS,
+        )  # fmt: skip
+        return
+    old = read_json_output(saved, "Delete it to resume without the check, or use a new output_dir.")
+    refuse_changed_settings(
+        "a training run", saved, old, json.loads(json.dumps(settings)),
+        why="Resuming would continue it as another run (new data, context or settings, the old optimizer state).",
+    )  # fmt: skip
 
 
 def compare(argv: list[str] | None = None) -> dict:
@@ -259,7 +320,7 @@ def experience(argv: list[str] | None = None) -> int:
     from ..envs import game_generation_settings
     from ..envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
     from ..eval import loading
-    from ..inputs import write_text_atomic
+    from ..inputs import check_output_file, write_text_atomic
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -267,6 +328,8 @@ def experience(argv: list[str] | None = None) -> int:
         for name in ("rounds", "episodes", "validation_size", "max_items", "max_new_items", "max_calls", "batch_size"):
             if getattr(args, name) < 1:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+        output = check_output_file(args.output, "--output")  # written after the rounds: checked before them
+        check_output_file(output.with_suffix(".json"), "--output (its JSON history)")
         env_kwargs = check_options(args.game_option, args.game, args.max_calls)
         settings = game_generation_settings(
             temperature=args.temperature,
@@ -295,8 +358,6 @@ def experience(argv: list[str] | None = None) -> int:
         env_kwargs=env_kwargs,
         sampling_seed=args.seed,
     )
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output, (result.text or "") + "\n")
     write_text_atomic(output.with_suffix(".json"), json.dumps(result.to_dict(), indent=2) + "\n")
     print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")

@@ -593,16 +593,23 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
     return out
 
 
-def _refuse_mismatch(what: str, path: Path, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+def _refuse_mismatch(
+    what: str, path: Path, old: Mapping[str, Any], new: Mapping[str, Any],
+    why: str = "Resuming would mix them into one table.",
+) -> None:  # fmt: skip
+    """Refuse a resume whose settings `new` differ from the recorded `old` (in `path`), listing the first differences;
+    `why` says what resuming would do (`trl-nca train` uses it too)."""
     diffs = _differences(old, new)
     if not diffs:
         return
     listed = "; ".join(f"`{k}` was {a!r}, now {b!r}" for k, a, b in diffs[:5])
     more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
     raise CompareInputError(
-        f"{path} holds {what} made with other settings: {listed}{more}. Resuming would mix them into one table. Use a "
-        "new output_dir, or set them back."
+        f"{path} holds {what} made with other settings: {listed}{more}. {why} Use a new output_dir, or set them back."
     )
+
+
+refuse_changed_settings = _refuse_mismatch  # the public name, for the other commands
 
 
 @dataclass
