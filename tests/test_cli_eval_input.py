@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 import trl_nca.eval.loading
 from trl_nca.cli import main as cli_main
@@ -71,10 +72,14 @@ CASES = [
     ("context past the position limit", ["--context-text", LONG], "its prompt with the context has"),
     ("output-dir is a file", ["--output-dir", "FILE"], "is a file, not a folder"),
     ("output-dir cannot be created", ["--output-dir", str(READ_ONLY / "out")], "Cannot create the output folder"),
+    pytest.param("device cuda without CUDA", ["--device", "cuda"], "--device cuda asks for a CUDA GPU, and torch sees "
+                 "none", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case, extra, expected", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    "case, extra, expected", CASES, ids=[c.values[0] if hasattr(c, "marks") else c[0] for c in CASES]
+)
 def test_bad_eval_input_is_one_line_before_any_model_loads(
     short_model, tmp_path, capsys, no_model_loads, case, extra, expected
 ):
@@ -108,3 +113,16 @@ def test_a_second_eval_into_a_folder_in_use_is_refused(short_model, tmp_path, ca
         line = one_line(argv, capsys)
     assert "is in use by another trl-nca run (pid" in line and "trl-nca eval --seed 1" in line, line
     assert not out.exists()  # the holder's folder, created by it, is gone with it; nothing of ours was written
+
+
+def test_a_scorer_with_the_wrong_signature_is_refused(short_model, tmp_path, capsys, no_model_loads, monkeypatch):
+    """A `--scorer module:fn` that cannot be called as fn(text, label) would score every answer wrong and exit 0."""
+    (tmp_path / "my_scorers.py").write_text("def score(text):\n    return True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = one_line(["eval", "--model", short_model, "--dataset", items(tmp_path), "--context-text", "c",
+                     "--scorer", "my_scorers:score", "--output-dir", str(tmp_path / "out")], capsys)  # fmt: skip
+    assert (
+        "The scorer function 'my_scorers:score' has the signature (text), but a scorer is called as fn(text, "
+        "label)" in line
+    ), line
+    assert not (tmp_path / "out").exists()

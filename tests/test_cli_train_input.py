@@ -128,6 +128,14 @@ def test_a_checkpoint_is_judged_by_its_files(run_copy, tiny_dir, capsys, no_mode
 
 
 CASES = [
+    ("config is a folder", ["--config", "FOLDER"], "--config '{tmp}' is a folder; give the YAML file"),
+    ("config does not exist", ["--config", "{tmp}/none.yaml"], "--config '{tmp}/none.yaml' does not exist"),
+    ("config is not YAML", ["--config", "BAD_YAML"], "is not valid YAML: expected ',' or ']', but got '<stream end>' "
+     "(line 3, column 1; while parsing a flow sequence at line 2). Fix that line"),
+    ("config has a byte that is not UTF-8", ["--config", "NOT_UTF8"], "Line 2 of the config '{tmp}/latin1.yaml' is "
+     "not UTF-8 text: byte 0xe9. Save the file as UTF-8."),
+    ("mixed prompt types", ["--dataset_name", "MIXED"], "mixes kinds of values in column 'prompt': row 0 holds a str, "
+     "row 1 a list"),
     ("no steps at all", ["--max_steps", "-1", "--num_train_epochs", "-1"], "num_train_epochs must be a finite "
      "number > 0 (with max_steps=-1 the epochs set the run's length; <= 0 would train 0 steps), got the float -1.0"),
     ("negative learning rate", ["--learning_rate=-0.001"], "learning_rate must be a finite number >= 0"),
@@ -141,6 +149,19 @@ def test_bad_train_input_is_one_line_before_any_model_loads(
 ):
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    line = one_line([*train_argv(tiny_dir, data, tmp_path / "out"), *extra], capsys)
-    assert line.startswith("trl-nca train: error: ") and expected in line, line
+    files = {
+        "FOLDER": str(tmp_path), "BAD_YAML": tmp_path / "bad.yaml", "NOT_UTF8": tmp_path / "latin1.yaml",
+        "MIXED": tmp_path / "mixed.jsonl",
+    }  # fmt: skip
+    files["BAD_YAML"].write_text("max_steps: 1\nlora_target_modules: [q_proj, v_proj\n")
+    files["NOT_UTF8"].write_bytes("max_steps: 1\nrun_name: caf\u00e9\n".encode("latin-1"))
+    files["MIXED"].write_text(
+        json.dumps({"prompt": "q"}) + "\n" + json.dumps({"prompt": [{"role": "user", "content": "q"}]}) + "\n"
+    )
+    extra = [str(files.get(value, value)).format(tmp=tmp_path) for value in extra]
+    argv = train_argv(tiny_dir, data, tmp_path / "out")
+    if "--dataset_name" in extra:
+        argv = argv[: argv.index("--dataset_name")] + argv[argv.index("--dataset_name") + 2 :]
+    line = one_line([*argv, *extra], capsys)
+    assert line.startswith("trl-nca train: error: ") and expected.format(tmp=tmp_path) in line, line
     assert not (tmp_path / "out").exists()

@@ -123,6 +123,9 @@ def _read_utf8(path: Path, what: str) -> str:
         ) from None
 
 
+read_utf8_text = _read_utf8  # the public name, for the commands' own files (e.g. `--config`)
+
+
 def _decode_line(raw: bytes, path: Path, number: int) -> str:
     try:
         return raw.decode("utf-8")
@@ -255,6 +258,32 @@ def _load_from_disk(path: Path, split: str):
     return loaded
 
 
+def _dataset_from_rows(rows: list[dict[str, Any]], name: str):
+    """`datasets.Dataset.from_list(rows)`; a column whose rows hold values of different kinds (a string in one row, a
+    list of chat messages in another), which Arrow cannot hold in one column, is an `InputError` naming both rows."""
+    from datasets import Dataset
+
+    try:
+        return Dataset.from_list(rows)
+    except Exception as error:  # pyarrow's ArrowInvalid / ArrowTypeError, or a TypeError
+        first: dict[str, tuple[int, str]] = {}
+        for index, row in enumerate(rows):
+            for column, value in row.items():
+                kind = "null" if value is None else type(value).__name__
+                if kind == "null":
+                    continue
+                seen = first.setdefault(column, (index, kind))
+                if seen[1] != kind:
+                    raise InputError(
+                        f"The dataset file {name!r} mixes kinds of values in column {column!r}: row {seen[0]} holds a "
+                        f"{seen[1]}, row {index} a {kind}. Give the column one kind in every row (e.g. every prompt a "
+                        "string, or every prompt a list of chat messages)."
+                    ) from None
+        raise InputError(
+            f"Could not read the rows of {name!r} as a dataset ({type(error).__name__}: {error})."
+        ) from None
+
+
 def load_dataset_any(name: str, split: str, config: str | None = None):
     """A training `datasets.Dataset`: a built-in one ('quickstart'), a local file (by extension) or a Hub dataset.
 
@@ -280,7 +309,7 @@ def load_dataset_any(name: str, split: str, config: str | None = None):
         if isinstance(dataset, list):
             if not dataset:
                 raise InputError(f"The dataset file {name!r} holds no rows; fill it, or give another file.")
-            dataset = Dataset.from_list(dataset)
+            dataset = _dataset_from_rows(dataset, name)
     else:
         dataset = _load_hub(name, split, config)
     if len(dataset) == 0:

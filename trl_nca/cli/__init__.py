@@ -20,6 +20,7 @@ from ..inputs import (
     load_dataset_any,
     output_folder_lock,
     read_context,
+    read_utf8_text,
     write_text_atomic,
 )
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
@@ -127,6 +128,7 @@ def train(argv: list[str] | None = None):
     from ..trainers.config import NCAConfig
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
+    check_config_file(argv)
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except (ValueError, TypeError) as error:
@@ -137,6 +139,52 @@ def train(argv: list[str] | None = None):
         raise CommandLineError(str(error)) from error
     with lock:  # one writer per output folder
         return _train(script_args, training_args, model_args)
+
+
+def check_config_file(argv: list[str] | None) -> None:
+    """The `--config` file of `trl-nca train` or `compare`, read before TrlParser reads it: a missing file, a folder,
+    a byte that is not UTF-8 or YAML that does not parse is a `CommandLineError` naming the file, the line and the
+    fix (TrlParser would raise a bare OSError or a YAML traceback)."""
+    import yaml
+
+    argv = list(sys.argv[2:] if argv is None else argv)
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--config"]
+    values += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    for value in values:
+        path = Path(value)
+        if path.is_dir():
+            raise CommandLineError(
+                f"--config {value!r} is a folder; give the YAML file of the settings (e.g. examples/configs/quickstart.yaml)."
+            )
+        if not path.is_file():
+            raise CommandLineError(f"--config {value!r} does not exist; give the path of a YAML file of settings.")
+        try:
+            text = read_utf8_text(path, f"the config {value!r}")
+            data = yaml.safe_load(text)
+        except InputError as error:
+            raise CommandLineError(str(error)) from None
+        except yaml.YAMLError as error:
+            mark, start = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            if where and start is not None and start.line != mark.line:
+                where += f"; {getattr(error, 'context', None) or 'it starts'} at line {start.line + 1}"
+            where += ")" if where else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise CommandLineError(
+                f"The config {value!r} is not valid YAML: {problem}{where}. Fix that line (one `name: value` per line)."
+            ) from None
+        if data is not None and not isinstance(data, dict):
+            raise CommandLineError(
+                f"The config {value!r} holds a YAML {type(data).__name__}, not settings; write one `name: value` per line."
+            )
+        for key, setting in (data or {}).items():  # YAML reads unquoted no/yes/off/on as booleans
+            if isinstance(setting, bool) and (str(key).endswith("_strategy") or key == "report_to"):
+                word = "no" if setting is False else "yes"
+                raise CommandLineError(
+                    f"In the config {value!r}, `{key}` is the boolean {setting} (YAML reads an unquoted {word} or "
+                    f"{'off' if setting is False else 'on'} as a boolean), but it takes a word. Quote it: "
+                    f'`{key}: "{word}"`.'
+                )
 
 
 def _main_process_lock(output_dir: str, command: str):
@@ -292,6 +340,7 @@ def compare(argv: list[str] | None = None) -> dict:
     from ..trainers.config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
+    check_config_file(argv)
     try:  # the config's own checks, and every check of the comparison (and of an existing output folder)
         compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except (ValueError, TypeError) as error:

@@ -244,6 +244,7 @@ def _check_options(args) -> None:
         raise AnalysisInputError(f"--temperature must be > 0 (it divides the logits), got {args.temperature}.")
     if not 0 <= args.beta <= 1:
         raise AnalysisInputError(f"--beta must be within [0, 1], got {args.beta}.")
+    loading.check_device(args.device)
 
 
 CONTEXT_OPTIONS = ("context_column", "context_text", "context_file", "placement", "template", "separator")

@@ -335,6 +335,7 @@ def _check_run_options(args) -> None:
             "--separator joins the context and a system message, so it applies only with --placement system; with "
             "--placement user it would be ignored. Drop --separator, or use --template to join context and prompt."
         )
+    loading.check_device(args.device)
     if args.samples_per_view < 1:
         raise EvalInputError(f"--samples-per-view must be at least 1, got {args.samples_per_view}.")
     if args.game and args.samples_per_view != 1:

@@ -174,6 +174,7 @@ def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], plac
     sampling never emits an id past the common rows (the other model could not score it). Then `trainer.nca` (the
     objective shared by both trainers), the anchor schedule's checkpoint callback, and `trainer.step_stats`.
     """
+    refuse_prompt_learning(trainer.model)
     replacement = replacement_teacher(teacher, trainer.model)
     if replacement is not None or not placed:
         teacher = replacement if replacement is not None else teacher
@@ -205,6 +206,20 @@ def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], plac
         show_nca=trainer.nca.active or args.nca_monitor,
         completions=trainer.logs_completion_stats,
     )
+
+
+def refuse_prompt_learning(model: nn.Module) -> None:
+    """Prompt-learning adapters (prompt tuning, prefix tuning, P-tuning) add virtual tokens in `PeftModel.forward`,
+    which the loss bypasses (it runs the backbone and reads hidden states): refused, as DistillationTrainer does."""
+    from peft import PeftModel, PromptLearningConfig
+
+    model = getattr(model, "module", model)
+    if isinstance(model, PeftModel) and any(isinstance(c, PromptLearningConfig) for c in model.peft_config.values()):
+        raise ValueError(
+            "Prompt-learning PEFT methods (prompt tuning, prefix tuning, P-tuning) are not supported: their virtual "
+            "tokens are added in `PeftModel.forward`, which the loss bypasses (it runs the backbone on both views), so "
+            "the adapter would never be trained. Use a weight adapter such as LoRA."
+        )
 
 
 def warn_dropout_turns_sharing_off(trainer) -> None:
