@@ -165,3 +165,23 @@ def test_bad_train_input_is_one_line_before_any_model_loads(
     line = one_line([*argv, *extra], capsys)
     assert line.startswith("trl-nca train: error: ") and expected.format(tmp=tmp_path) in line, line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # starts `mount` and `umount`
+def test_a_full_disk_during_a_checkpoint_is_one_line(tiny_dir, tmp_path, capsys):
+    """torch reports a checkpoint it cannot write as a RuntimeError of its stream writer: one line, as elsewhere."""
+    import subprocess
+
+    from tests.test_safe_outputs import _mount_tmpfs
+
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "900k"):  # room for the settings and the weights, not for the optimizer state
+        pytest.skip("cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): the full-disk case is not run")
+    try:
+        data = tmp_path / "data.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+        line = one_line(train_argv(tiny_dir, data, disk / "out", "--save_steps", "1"), capsys)
+        assert line.startswith(f"trl-nca train: error: No space left to write a checkpoint in {disk / 'out'} (torch: ")
+        assert "--resume_from_checkpoint true" in line
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True, timeout=30)

@@ -193,6 +193,23 @@ def _main_process_lock(output_dir: str, command: str):
     return output_folder_lock(output_dir, command) if rank in ("0", "-1", "") else contextlib.nullcontext()
 
 
+@contextlib.contextmanager
+def _checkpoint_write_failures(training_args):
+    """torch reports a checkpoint file it could not write (a full disk) as a RuntimeError of its stream writer; the
+    command reports it as the one line of every other full disk."""
+    try:
+        yield
+    except RuntimeError as error:
+        markers = ("PytorchStreamWriter failed writing", "file write failed", "inline_container")  # torch's writer
+        if not any(marker in str(error) for marker in markers):
+            raise
+        raise OutputError(
+            f"No space left to write a checkpoint in {training_args.output_dir} (torch: "
+            f"{str(error).splitlines()[0][:160]}). Free some space (or choose an output folder on another disk) and run "
+            "the same command with --resume_from_checkpoint true: the last complete checkpoint is kept."
+        ) from error
+
+
 class TrainingInterrupted(Exception):
     """`trl-nca train` stopped by Ctrl-C after saving a checkpoint; `main` prints it as one line (exit status 130)."""
 
@@ -254,7 +271,7 @@ def _train(script_args, training_args, model_args):
     stop = StopOnInterrupt()
     if single_process:
         trainer.add_callback(stop)
-    with stop.installed() if single_process else contextlib.nullcontext():
+    with stop.installed() if single_process else contextlib.nullcontext(), _checkpoint_write_failures(training_args):
         trainer.train(resume_from_checkpoint=resume)
     if stop.interrupted:
         step = trainer.state.global_step
