@@ -25,6 +25,8 @@ CASES = [
     ("a byte that is not UTF-8", "{tmp}/latin1.yaml", "task: reply_in_french\ntitle: caf\u00e9\n".encode("latin-1"),
      "Line 2 of the config '{tmp}/latin1.yaml' is not UTF-8 text: byte 0xe9. Save the file as UTF-8."),
     ("not settings", "{tmp}/list.yaml", b"- task\n- seeds\n", "holds a YAML list, not settings"),
+    ("an unknown dtype", "{tmp}/dtype.yaml", b"task: reply_in_french\nuse_peft: true\ndtype: float64x\n", "dtype 'float64x' is not "
+     "a dtype the models load in; give one of auto, bfloat16, float16, float32."),
     ("an unquoted no", "{tmp}/no.yaml", b"task: reply_in_french\nsave_strategy: no\n", "`save_strategy` is the "
      "boolean False (YAML reads an unquoted no or off as a boolean), but it takes a word. Quote it: `save_strategy: "
      '"no"`.'),

@@ -136,6 +136,8 @@ CASES = [
      "not UTF-8 text: byte 0xe9. Save the file as UTF-8."),
     ("mixed prompt types", ["--dataset_name", "MIXED"], "mixes kinds of values in column 'prompt': row 0 holds a str, "
      "row 1 a list"),
+    ("unknown dtype", ["--model_init_kwargs", "{{\"dtype\": \"float64x\"}}"], "dtype 'float64x' is not a dtype the models load in; give one of auto, "
+     "bfloat16, float16, float32."),
     ("no steps at all", ["--max_steps", "-1", "--num_train_epochs", "-1"], "num_train_epochs must be a finite "
      "number > 0 (with max_steps=-1 the epochs set the run's length; <= 0 would train 0 steps), got the float -1.0"),
     ("negative learning rate", ["--learning_rate=-0.001"], "learning_rate must be a finite number >= 0"),

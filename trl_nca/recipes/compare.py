@@ -41,6 +41,7 @@ import yaml
 
 from ..inputs import InputError, read_json_output, sha256_text, write_text_atomic
 from ..tasks import BuiltinTask, get_task, task_names
+from ..trainers.script_options import check_dtype
 from .outcomes import read_per_organism
 from .ranges import canonical, json_default, read_against_ranges
 from .statistics import COLUMN_NAMES
@@ -687,6 +688,10 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     model_name = model_args.model_name_or_path or "embedded"
     peft_config = _checked_peft_config(args, model_args, model_name)
     model_init_kwargs = {"dtype": model_args.dtype or "float32", **(config.model_init_kwargs or {})}
+    try:
+        check_dtype(model_init_kwargs)
+    except ValueError as error:
+        raise CompareInputError(str(error)) from None
     train_rows = task.train if args.num_train is None else task.train[: args.num_train]
     _check_sdft_task(methods, task, train_rows)
     test_rows = task.test if args.eval_items is None else task.test[: args.eval_items]

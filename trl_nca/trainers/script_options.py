@@ -8,6 +8,20 @@ from pathlib import Path
 from typing import Any
 
 
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # the `dtype` strings TRL's create_model_from_path takes
+
+
+def check_dtype(kwargs: dict[str, Any], where: str = "dtype") -> None:
+    """The `dtype` of a model's init kwargs must be one TRL's loader takes (or a torch dtype), checked before any model
+    loads: TRL would refuse it only when it loads the model."""
+    import torch
+
+    dtype = kwargs.get("dtype")
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype in DTYPES:
+        return
+    raise ValueError(f"{where} {dtype!r} is not a dtype the models load in; give one of {', '.join(DTYPES)}.")
+
+
 def student_init_kwargs(args, model_args) -> dict[str, Any]:
     """`from_pretrained` kwargs of the student: `args.model_init_kwargs` (of an `NCAConfig`), completed by
     `trl.ModelConfig`'s `dtype`, `model_revision` and `attn_implementation`. A key set in both places to different
@@ -28,6 +42,7 @@ def student_init_kwargs(args, model_args) -> dict[str, Any]:
                 f"`{option}: {getattr(model_args, option)}` and `model_init_kwargs: {{{key}: {kwargs[key]}}}` "
                 "disagree; set it in one place only."
             )
+    check_dtype(kwargs)
     return kwargs
 
 
