@@ -27,6 +27,8 @@ CASES = [
     ("not settings", "{tmp}/list.yaml", b"- task\n- seeds\n", "holds a YAML list, not settings"),
     ("an unknown dtype", "{tmp}/dtype.yaml", b"task: reply_in_french\nuse_peft: true\ndtype: float64x\n", "dtype 'float64x' is not "
      "a dtype the models load in; give one of auto, bfloat16, float16, float32."),
+    ("a LoRA rank of 0", "{tmp}/lora.yaml", b"task: reply_in_french\nuse_peft: true\nlora_r: 0\n", "lora_r must be "
+     "an integer >= 1 (the LoRA rank and its scale), got 0."),
     ("an unquoted no", "{tmp}/no.yaml", b"task: reply_in_french\nsave_strategy: no\n", "`save_strategy` is the "
      "boolean False (YAML reads an unquoted no or off as a boolean), but it takes a word. Quote it: `save_strategy: "
      '"no"`.'),

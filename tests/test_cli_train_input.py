@@ -138,6 +138,8 @@ CASES = [
      "row 1 a list"),
     ("unknown dtype", ["--model_init_kwargs", "{{\"dtype\": \"float64x\"}}"], "dtype 'float64x' is not a dtype the models load in; give one of auto, "
      "bfloat16, float16, float32."),
+    ("a LoRA rank of 0", ["--use_peft", "true", "--lora_r", "0"], "lora_r must be an integer >= 1 (the LoRA rank "
+     "and its scale), got 0."),
     ("no steps at all", ["--max_steps", "-1", "--num_train_epochs", "-1"], "num_train_epochs must be a finite "
      "number > 0 (with max_steps=-1 the epochs set the run's length; <= 0 would train 0 steps), got the float -1.0"),
     ("negative learning rate", ["--learning_rate=-0.001"], "learning_rate must be a finite number >= 0"),

@@ -250,6 +250,10 @@ def _train(script_args, training_args, model_args):
             paired_dataset = _paired_eval_dataset(script_args)
             _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
 
+        if model_args.use_peft:
+            from ..recipes.compare import check_lora_sizes
+
+            check_lora_sizes(model_args)
         peft_config = get_peft_config(model_args)
         settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
         if resume is not None:  # before any model loads

@@ -778,7 +778,17 @@ def _checked_peft_config(args: CompareArguments, model_args, model_name: str):
     if peft_config is None:
         raise CompareInputError("The comparison trains LoRA students (self-distillation from the adapter-off model): "
                                 "set use_peft: true.")  # fmt: skip
+    check_lora_sizes(model_args, CompareInputError)
     return peft_config
+
+
+def check_lora_sizes(model_args, error=ValueError) -> None:
+    """`lora_r` and `lora_alpha` of a `trl.ModelConfig` with `use_peft`: positive integers (peft accepts r=0 in its
+    config and fails only when the adapter is built, after the base model was loaded and evaluated)."""
+    for name in ("lora_r", "lora_alpha"):
+        value = getattr(model_args, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise error(f"{name} must be an integer >= 1 (the LoRA rank and its scale), got {value!r}.")
 
 
 def _evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):
