@@ -126,3 +126,24 @@ def test_a_scorer_with_the_wrong_signature_is_refused(short_model, tmp_path, cap
         "label)" in line
     ), line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", ["a tokenizer without a chat template", "a tokenizer larger than the embeddings"])
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path, capsys, no_model_loads, case):
+    model = Path(save_tiny_model(tmp_path / "model"))
+    if case == "a tokenizer without a chat template":
+        for name in ("chat_template.jinja", "chat_template.json"):
+            (model / name).unlink(missing_ok=True)
+        settings = json.loads((model / "tokenizer_config.json").read_text())
+        settings.pop("chat_template", None)
+        (model / "tokenizer_config.json").write_text(json.dumps(settings))
+        expected = "has no chat template, so the prompts with and without the context cannot be rendered"
+    else:
+        config = json.loads((model / "config.json").read_text())
+        config["vocab_size"] = 64  # fewer embedding rows than the tokenizer's ids
+        (model / "config.json").write_text(json.dumps(config))
+        expected = "has 64 embedding rows (vocab_size): the tokenizer (320 tokens) is not the model's"
+    line = one_line(["eval", "--model", str(model), "--dataset", items(tmp_path), "--context-text", "c",
+                     "--output-dir", str(tmp_path / "out")], capsys)  # fmt: skip
+    assert expected in line, line
+    assert not (tmp_path / "out").exists()

@@ -248,8 +248,9 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_position_limits(plan: EvalPlan, args) -> None:
     """Every item's prompt in both views, plus `max_new_tokens`, must fit each model's position limit
-    (`max_position_embeddings`, read from its config without loading the weights), as `trl-nca train` requires;
-    checked before any model is loaded. Game tasks build their prompts while playing and are not checked here."""
+    (`max_position_embeddings`, read from its config without loading the weights), as `trl-nca train` requires, and
+    its token ids the model's embedding rows; the tokenizer must have a chat template. Checked before any model is
+    loaded. Game tasks build their prompts while playing and are not checked here."""
     if not isinstance(plan.task, PairedEvaluator):
         return
     from transformers import AutoConfig
@@ -262,12 +263,24 @@ def check_position_limits(plan: EvalPlan, args) -> None:
             continue  # loading the model reports it, with its own message
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         limit = getattr(config, "max_position_embeddings", None)
-        if not limit:
-            continue
-        tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
+        rows = getattr(config, "vocab_size", None)
+        tokenizer_path = args.tokenizer or spec.path
+        tokenizer = loading.load_tokenizer(tokenizer_path, trust_remote_code=args.trust_remote_code)
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise EvalInputError(
+                f"The tokenizer of {spec.name} ({tokenizer_path}) has no chat template, so the prompts with and without "
+                "the context cannot be rendered as chats. Evaluate an instruct model, or give --tokenizer one that has "
+                "a chat template (e.g. the instruct version's)."
+            )
         for item in plan.task.items(tokenizer):
             for view, ids in (("without", item.prompt_ids_x), ("with", item.prompt_ids_xc)):
-                if len(ids) + budget > limit:
+                if rows and ids and max(ids) >= rows:
+                    raise EvalInputError(
+                        f"Item {item.item_id!r}: its prompt {view} the context holds token id {max(ids)}, but the "
+                        f"model {spec.name} ({spec.path}) has {rows} embedding rows (vocab_size): the tokenizer "
+                        f"({len(tokenizer)} tokens) is not the model's. Give the model's own tokenizer (--tokenizer)."
+                    )
+                if limit and len(ids) + budget > limit:
                     raise EvalInputError(
                         f"Item {item.item_id!r}: its prompt {view} the context has {len(ids)} tokens, which with "
                         f"--max-new-tokens {budget} exceeds the {limit} positions of the model {spec.name} "
