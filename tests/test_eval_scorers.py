@@ -132,7 +132,9 @@ def test_registry_and_import_paths():
     assert get_scorer("mcq_strict").strict
     assert isinstance(get_scorer("yesno"), YesNoScorer)
     assert get_scorer("normalized").normalize and not get_scorer("exact").normalize
-    assert get_scorer("trl_nca.eval.scorers:normalize_text").name == "normalize_text"
+    assert get_scorer("trl_nca.eval.scorers:last_tag_content").name == "last_tag_content"  # callable as (text, label)
+    with pytest.raises(ValueError, match=r"has the signature \(text: 'str'\) -> 'str', but a scorer is called as"):
+        get_scorer("trl_nca.eval.scorers:normalize_text")  # one argument: it would score every answer as a failure
     with pytest.raises(ValueError, match="Unknown scorer"):
         get_scorer("nope")
     with pytest.raises(ValueError, match="Cannot import"):

@@ -125,7 +125,9 @@ def test_a_disk_full_error_anywhere_in_a_command_is_one_line(capsys, monkeypatch
 def fake_checkpoint(folder: Path, complete: bool) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}\n")
-    if complete:
+    if complete:  # what a checkpoint is judged by: its state and the files Trainer writes before it
+        for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+            (folder / name).write_bytes(b"")
         (folder / "trainer_state.json").write_text('{"global_step": 2}\n')
     return folder
 

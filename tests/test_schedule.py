@@ -156,6 +156,8 @@ def test_resuming_a_schedule_from_a_checkpoint_without_its_state_is_refused(tok,
 
     checkpoint = tmp_path / "checkpoint-2"
     checkpoint.mkdir()
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        (checkpoint / name).write_bytes(b"")
     TrainerState(global_step=2).save_to_json(str(checkpoint / "trainer_state.json"))  # complete but for the schedule
     args = make_args(tmp_path, nca_beta=0.5, nca_beta_schedule="warmup", nca_warmup_steps=2)
     trainer = NCATrainer(

@@ -123,6 +123,9 @@ def _read_utf8(path: Path, what: str) -> str:
         ) from None
 
 
+read_utf8_text = _read_utf8  # the public name, for the commands' own files (e.g. `--config`)
+
+
 def _decode_line(raw: bytes, path: Path, number: int) -> str:
     try:
         return raw.decode("utf-8")
@@ -255,6 +258,32 @@ def _load_from_disk(path: Path, split: str):
     return loaded
 
 
+def _dataset_from_rows(rows: list[dict[str, Any]], name: str):
+    """`datasets.Dataset.from_list(rows)`; a column whose rows hold values of different kinds (a string in one row, a
+    list of chat messages in another), which Arrow cannot hold in one column, is an `InputError` naming both rows."""
+    from datasets import Dataset
+
+    try:
+        return Dataset.from_list(rows)
+    except Exception as error:  # pyarrow's ArrowInvalid / ArrowTypeError, or a TypeError
+        first: dict[str, tuple[int, str]] = {}
+        for index, row in enumerate(rows):
+            for column, value in row.items():
+                kind = "null" if value is None else type(value).__name__
+                if kind == "null":
+                    continue
+                seen = first.setdefault(column, (index, kind))
+                if seen[1] != kind:
+                    raise InputError(
+                        f"The dataset file {name!r} mixes kinds of values in column {column!r}: row {seen[0]} holds a "
+                        f"{seen[1]}, row {index} a {kind}. Give the column one kind in every row (e.g. every prompt a "
+                        "string, or every prompt a list of chat messages)."
+                    ) from None
+        raise InputError(
+            f"Could not read the rows of {name!r} as a dataset ({type(error).__name__}: {error})."
+        ) from None
+
+
 def load_dataset_any(name: str, split: str, config: str | None = None):
     """A training `datasets.Dataset`: a built-in one ('quickstart'), a local file (by extension) or a Hub dataset.
 
@@ -280,7 +309,7 @@ def load_dataset_any(name: str, split: str, config: str | None = None):
         if isinstance(dataset, list):
             if not dataset:
                 raise InputError(f"The dataset file {name!r} holds no rows; fill it, or give another file.")
-            dataset = Dataset.from_list(dataset)
+            dataset = _dataset_from_rows(dataset, name)
     else:
         dataset = _load_hub(name, split, config)
     if len(dataset) == 0:
@@ -373,27 +402,39 @@ def _lock_holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def output_folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path]:
+def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "output_dir") -> Iterator[Path]:
     """Hold `folder`'s lock for as long as the block runs: one writer per output folder.
 
     The lock is an OS lock (`fcntl.flock`) on `folder/.trl-nca.lock`, so it ends with its process, however it ends (a
     SIGKILLed run leaves no stale lock). A second process asking for it meanwhile gets `FolderInUseError` at once,
     naming the folder and the holder's pid and command. On exit the lock file is removed, and so is `folder` when this
-    call created it and it is still empty (a run refused by a later check leaves nothing behind).
+    call created it and it is still empty (a run refused by a later check leaves nothing behind). `option` is how the
+    command names the folder in its messages (`--output-dir` for eval and analyze).
     """
     import fcntl
 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise InputError(f"output_dir {str(folder)!r} is a file, not a folder; give a folder path (new or existing).")
+        raise InputError(f"{option} {str(folder)!r} is a file, not a folder; give a folder path (new or existing).")
     created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise InputError(f"Cannot create the output folder {str(folder)!r}: {error.strerror or error}.") from None
+        raise InputError(
+            f"Cannot create the output folder {str(folder)!r}: {error.strerror or error}. Give a folder in a place "
+            "you can write to."
+        ) from None
     path = folder / LOCK_FILE
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            if error.errno in FULL_DISK_ERRNOS:
+                raise full_disk_error(path, error) from None
+            raise InputError(
+                f"Cannot write into the output folder {str(folder)!r}: {error.strerror or error}. Give a folder you "
+                "can write to (or make this one writable)."
+            ) from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -420,3 +461,27 @@ def output_folder_lock(folder: str | os.PathLike, command: str) -> Iterator[Path
         if created:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty
+
+
+def check_output_file(path: str | os.PathLike, option: str) -> Path:
+    """An output file the command will write at its end, checked before any work: not a folder, and its folder
+    creatable and writable (a file is created there and removed). Returns the path; a problem is an `InputError`
+    naming `option` (e.g. '--output') and the fix."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(
+            f"{option} {str(path)!r} is a folder; give the path of a file to write (e.g. {path / 'out.txt'})."
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(f".{path.name}.probe-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        if error.errno in FULL_DISK_ERRNOS:
+            raise full_disk_error(path, error) from None
+        raise InputError(
+            f"{option} {str(path)!r} cannot be written: {error.strerror or error} in {str(path.parent)!r}. Give a path "
+            "in a folder you can write to."
+        ) from None
+    return path

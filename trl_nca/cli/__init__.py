@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from ..inputs import (
     load_dataset_any,
     output_folder_lock,
     read_context,
+    read_utf8_text,
+    write_text_atomic,
 )
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
 
@@ -126,6 +129,7 @@ def train(argv: list[str] | None = None):
     from ..trainers.config import NCAConfig
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
+    check_config_file(argv)
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except (ValueError, TypeError) as error:
@@ -138,10 +142,73 @@ def train(argv: list[str] | None = None):
         return _train(script_args, training_args, model_args)
 
 
+def check_config_file(argv: list[str] | None) -> None:
+    """The `--config` file of `trl-nca train` or `compare`, read before TrlParser reads it: a missing file, a folder,
+    a byte that is not UTF-8 or YAML that does not parse is a `CommandLineError` naming the file, the line and the
+    fix (TrlParser would raise a bare OSError or a YAML traceback)."""
+    import yaml
+
+    argv = list(sys.argv[2:] if argv is None else argv)
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--config"]
+    values += [arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")]
+    for value in values:
+        path = Path(value)
+        if path.is_dir():
+            raise CommandLineError(
+                f"--config {value!r} is a folder; give the YAML file of the settings (e.g. examples/configs/quickstart.yaml)."
+            )
+        if not path.is_file():
+            raise CommandLineError(f"--config {value!r} does not exist; give the path of a YAML file of settings.")
+        try:
+            text = read_utf8_text(path, f"the config {value!r}")
+            data = yaml.safe_load(text)
+        except InputError as error:
+            raise CommandLineError(str(error)) from None
+        except yaml.YAMLError as error:
+            mark, start = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            if where and start is not None and start.line != mark.line:
+                where += f"; {getattr(error, 'context', None) or 'it starts'} at line {start.line + 1}"
+            where += ")" if where else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise CommandLineError(
+                f"The config {value!r} is not valid YAML: {problem}{where}. Fix that line (one `name: value` per line)."
+            ) from None
+        if data is not None and not isinstance(data, dict):
+            raise CommandLineError(
+                f"The config {value!r} holds a YAML {type(data).__name__}, not settings; write one `name: value` per line."
+            )
+        for key, setting in (data or {}).items():  # YAML reads unquoted no/yes/off/on as booleans
+            if isinstance(setting, bool) and (str(key).endswith("_strategy") or key == "report_to"):
+                word = "no" if setting is False else "yes"
+                raise CommandLineError(
+                    f"In the config {value!r}, `{key}` is the boolean {setting} (YAML reads an unquoted {word} or "
+                    f"{'off' if setting is False else 'on'} as a boolean), but it takes a word. Quote it: "
+                    f'`{key}: "{word}"`.'
+                )
+
+
 def _main_process_lock(output_dir: str, command: str):
     """The output folder's lock, taken by the main process of a launch (the others write into the same folder)."""
     rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
     return output_folder_lock(output_dir, command) if rank in ("0", "-1", "") else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _checkpoint_write_failures(training_args):
+    """torch reports a checkpoint file it could not write (a full disk) as a RuntimeError of its stream writer; the
+    command reports it as the one line of every other full disk."""
+    try:
+        yield
+    except RuntimeError as error:
+        markers = ("PytorchStreamWriter failed writing", "file write failed", "inline_container")  # torch's writer
+        if not any(marker in str(error) for marker in markers):
+            raise
+        raise OutputError(
+            f"No space left to write a checkpoint in {training_args.output_dir} (torch: "
+            f"{str(error).splitlines()[0][:160]}). Free some space (or choose an output folder on another disk) and run "
+            "the same command with --resume_from_checkpoint true: the last complete checkpoint is kept."
+        ) from error
 
 
 class TrainingInterrupted(Exception):
@@ -184,20 +251,32 @@ def _train(script_args, training_args, model_args):
             paired_dataset = _paired_eval_dataset(script_args)
             _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
 
+        if model_args.use_peft:
+            from ..recipes.compare import check_lora_sizes
+
+            check_lora_sizes(model_args)
+        peft_config = get_peft_config(model_args)
+        settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
+        if resume is not None:  # before any model loads
+            _check_resumed_settings(training_args.output_dir, settings)
         trainer = NCATrainer(
             model=model_path,
             args=training_args,
             train_dataset=train_dataset,
             eval_dataset=eval_dataset,
-            peft_config=get_peft_config(model_args),
+            peft_config=peft_config,
         )
     except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
+    if trainer.accelerator.is_main_process:
+        write_text_atomic(
+            Path(training_args.output_dir) / TRAIN_SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n"
+        )
     single_process = os.environ.get("WORLD_SIZE", "1") == "1"
     stop = StopOnInterrupt()
     if single_process:
         trainer.add_callback(stop)
-    with stop.installed() if single_process else contextlib.nullcontext():
+    with stop.installed() if single_process else contextlib.nullcontext(), _checkpoint_write_failures(training_args):
         trainer.train(resume_from_checkpoint=resume)
     if stop.interrupted:
         step = trainer.state.global_step
@@ -223,6 +302,57 @@ def _train(script_args, training_args, model_args):
     return trainer
 
 
+TRAIN_SETTINGS = "train_settings.json"  # what shaped a `trl-nca train` run, checked when it is resumed
+
+
+def _run_settings(script_args, training_args, model_path: str, peft_config, train_dataset) -> dict:
+    """What shapes a `trl-nca train` run's result: the config's shaping fields (`recipes.compare.training_settings`:
+    nca_beta, the learning rate and schedule, the context, ...), the student and its adapter settings, and the data
+    (its source, split and row limit, and the file's sha256 or the loaded dataset's fingerprint)."""
+    from ..inputs import sha256_file
+    from ..recipes.compare import _peft_settings, training_settings
+
+    source = script_args.dataset_name
+    if Path(source).is_file():
+        identity = "sha256:" + sha256_file(source)
+    else:
+        identity = getattr(train_dataset, "_fingerprint", None)
+    data = {
+        "dataset": source, "config": script_args.dataset_config, "split": script_args.dataset_train_split,
+        "max_train_samples": script_args.max_train_samples, "rows": len(train_dataset), "identity": identity,
+        "context_file": script_args.context_file,
+    }  # fmt: skip
+    return {
+        "training": training_settings(training_args, skip=("teacher_model_name_or_path",)),
+        "teacher": training_args.teacher_model_name_or_path,
+        "model": model_path,
+        "peft": _peft_settings(peft_config) if peft_config is not None else None,
+        "data": data,
+    }
+
+
+def _check_resumed_settings(output_dir: str, settings: dict) -> None:
+    """A resumed run must be shaped by the settings it started with (`train_settings.json` of its output_dir): a
+    changed dataset, context, model, nca_beta, learning rate or schedule would silently train a mixture."""
+    import logging
+
+    from ..inputs import read_json_output
+    from ..recipes.compare import refuse_changed_settings
+
+    saved = Path(output_dir) / TRAIN_SETTINGS
+    if not saved.is_file():
+        logging.getLogger(__name__).warning(
+            "%s has no %s (an older trl-nca did not write one), so the resumed run's settings cannot be "
+            "checked against those it started with.", output_dir, TRAIN_SETTINGS,
+        )  # fmt: skip
+        return
+    old = read_json_output(saved, "Delete it to resume without the check, or use a new output_dir.")
+    refuse_changed_settings(
+        "a training run", saved, old, json.loads(json.dumps(settings)),
+        why="Resuming would continue it as another run (new data, context or settings, the old optimizer state).",
+    )  # fmt: skip
+
+
 def compare(argv: list[str] | None = None) -> dict:
     """Parse `trl-nca compare` options (and an optional `--config` YAML), run the comparison, print its table."""
     from trl import ModelConfig, TrlParser
@@ -232,6 +362,7 @@ def compare(argv: list[str] | None = None) -> dict:
     from ..trainers.config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
+    check_config_file(argv)
     try:  # the config's own checks, and every check of the comparison (and of an existing output folder)
         compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except (ValueError, TypeError) as error:
@@ -260,7 +391,7 @@ def experience(argv: list[str] | None = None) -> int:
     from ..envs import game_generation_settings
     from ..envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
     from ..eval import loading
-    from ..inputs import write_text_atomic
+    from ..inputs import check_output_file, write_text_atomic
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -268,6 +399,8 @@ def experience(argv: list[str] | None = None) -> int:
         for name in ("rounds", "episodes", "validation_size", "max_items", "max_new_items", "max_calls", "batch_size"):
             if getattr(args, name) < 1:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+        output = check_output_file(args.output, "--output")  # written after the rounds: checked before them
+        check_output_file(output.with_suffix(".json"), "--output (its JSON history)")
         env_kwargs = check_options(args.game_option, args.game, args.max_calls)
         settings = game_generation_settings(
             temperature=args.temperature,
@@ -296,8 +429,6 @@ def experience(argv: list[str] | None = None) -> int:
         env_kwargs=env_kwargs,
         sampling_seed=args.seed,
     )
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output, (result.text or "") + "\n")
     write_text_atomic(output.with_suffix(".json"), json.dumps(result.to_dict(), indent=2) + "\n")
     print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")

@@ -28,7 +28,7 @@ from ..analysis.run import AnalysisOptions, analyze_model, load_model, parse_mod
 from ..core.sampling import GenerationSettings
 from ..eval import loading
 from ..eval.loading import ContextChoice, ModelSpec
-from ..inputs import InputError
+from ..inputs import InputError, output_folder_lock
 from ..tasks import task_names
 from .eval import json_object_arg
 
@@ -203,10 +203,13 @@ def run_analyze(args: argparse.Namespace) -> dict[str, Any]:
     """Run `trl-nca analyze` with parsed arguments; returns the result written to `analysis.json`."""
     started = time.time()
     plan = plan_analysis(args)
-    reference = load_reference(plan, args)
-    measured = [measure_model(number, spec, plan, reference, args) for number, spec in enumerate(plan.specs)]
-    result = analysis_result(plan, args, measured, wall_seconds=time.time() - started)
-    write_analysis(result, args.output_dir, plots=False if args.no_plots else None)
+    with output_folder_lock(
+        args.output_dir, "trl-nca analyze", "--output-dir"
+    ):  # checked (a folder we can write) before any work
+        reference = load_reference(plan, args)
+        measured = [measure_model(number, spec, plan, reference, args) for number, spec in enumerate(plan.specs)]
+        result = analysis_result(plan, args, measured, wall_seconds=time.time() - started)
+        write_analysis(result, args.output_dir, plots=False if args.no_plots else None)
     return result
 
 
@@ -241,6 +244,7 @@ def _check_options(args) -> None:
         raise AnalysisInputError(f"--temperature must be > 0 (it divides the logits), got {args.temperature}.")
     if not 0 <= args.beta <= 1:
         raise AnalysisInputError(f"--beta must be within [0, 1], got {args.beta}.")
+    loading.check_device(args.device)
 
 
 CONTEXT_OPTIONS = ("context_column", "context_text", "context_file", "placement", "template", "separator")

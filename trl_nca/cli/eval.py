@@ -25,7 +25,7 @@ from ..eval.paired import PairedEvaluator
 from ..eval.report import ModelRun, safe_name, write_report
 from ..eval.runner import PairedTask, run_paired, run_provenance
 from ..eval.scorers import SCORERS
-from ..inputs import load_rows
+from ..inputs import LOCAL_FORMATS, load_rows, output_folder_lock
 
 
 EPILOG = """\
@@ -44,6 +44,10 @@ examples:
 Rerunning with the same --output-dir resumes: items already in <output-dir>/<model>/records.jsonl are not regenerated.
 Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png, harm_help.png, lengths.png.
 """
+
+
+DEFAULT_TEMPLATE = "{context}\n\n{prompt}"
+DEFAULT_SEPARATOR = "\n\n"
 
 
 def json_object_arg(text: str) -> dict[str, Any]:
@@ -130,11 +134,13 @@ def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
         help="Put the context in the system message (default) or inside the first user message.",
     )  # fmt: skip
     context.add_argument(
-        "--template", default="{context}\n\n{prompt}",
+        "--template", default=DEFAULT_TEMPLATE,
         help="With --placement user: how context and prompt are joined; must contain {context} and {prompt}.",
     )  # fmt: skip
     context.add_argument(
-        "--separator", default="\n\n", help="With --placement system: joins the context and an existing system message."
+        "--separator",
+        default=DEFAULT_SEPARATOR,
+        help="With --placement system: joins the context and an existing system message.",
     )
     context.add_argument(
         "--chat-template-kwargs", type=json_object_arg, default={}, metavar="JSON",
@@ -234,8 +240,53 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     model is evaluated by the one runner (`trl_nca.eval.runner.run_paired`), on dataset items or on game maps.
     """
     plan = plan_eval(args)
-    runs = [evaluate_model(spec, plan, args) for spec in plan.specs]
-    return write_eval_report(runs, plan.output_dir, args)
+    with output_folder_lock(plan.output_dir, "trl-nca eval", "--output-dir"):  # one writer; a folder we can write
+        check_position_limits(plan, args)
+        runs = [evaluate_model(spec, plan, args) for spec in plan.specs]
+        return write_eval_report(runs, plan.output_dir, args)
+
+
+def check_position_limits(plan: EvalPlan, args) -> None:
+    """Every item's prompt in both views, plus `max_new_tokens`, must fit each model's position limit
+    (`max_position_embeddings`, read from its config without loading the weights), as `trl-nca train` requires, and
+    its token ids the model's embedding rows; the tokenizer must have a chat template. Checked before any model is
+    loaded. Game tasks build their prompts while playing and are not checked here."""
+    if not isinstance(plan.task, PairedEvaluator):
+        return
+    from transformers import AutoConfig
+
+    budget = plan.settings.max_new_tokens
+    for spec in plan.specs:
+        try:
+            config = AutoConfig.from_pretrained(spec.path, trust_remote_code=args.trust_remote_code)
+        except (OSError, ValueError):
+            continue  # loading the model reports it, with its own message
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        limit = getattr(config, "max_position_embeddings", None)
+        rows = getattr(config, "vocab_size", None)
+        tokenizer_path = args.tokenizer or spec.path
+        tokenizer = loading.load_tokenizer(tokenizer_path, trust_remote_code=args.trust_remote_code)
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise EvalInputError(
+                f"The tokenizer of {spec.name} ({tokenizer_path}) has no chat template, so the prompts with and without "
+                "the context cannot be rendered as chats. Evaluate an instruct model, or give --tokenizer one that has "
+                "a chat template (e.g. the instruct version's)."
+            )
+        for item in plan.task.items(tokenizer):
+            for view, ids in (("without", item.prompt_ids_x), ("with", item.prompt_ids_xc)):
+                if rows and ids and max(ids) >= rows:
+                    raise EvalInputError(
+                        f"Item {item.item_id!r}: its prompt {view} the context holds token id {max(ids)}, but the "
+                        f"model {spec.name} ({spec.path}) has {rows} embedding rows (vocab_size): the tokenizer "
+                        f"({len(tokenizer)} tokens) is not the model's. Give the model's own tokenizer (--tokenizer)."
+                    )
+                if limit and len(ids) + budget > limit:
+                    raise EvalInputError(
+                        f"Item {item.item_id!r}: its prompt {view} the context has {len(ids)} tokens, which with "
+                        f"--max-new-tokens {budget} exceeds the {limit} positions of the model {spec.name} "
+                        f"({spec.path}, max_position_embeddings). Lower --max-new-tokens, shorten the prompt or the "
+                        "context, or leave such items out of the dataset; prompts are never truncated."
+                    )
 
 
 def plan_eval(args: argparse.Namespace) -> EvalPlan:
@@ -274,6 +325,30 @@ def _generation_settings(args) -> GenerationSettings:
 
 
 def _check_run_options(args) -> None:
+    """The value ranges and combinations of the options that `GenerationSettings` does not check itself."""
+    if not 0 < args.alpha < 1:  # also refuses nan
+        raise EvalInputError(f"--alpha must be a significance level within (0, 1), e.g. 0.05; got {args.alpha}.")
+    if args.bootstrap < 0:
+        raise EvalInputError(f"--bootstrap must be 0 (no intervals) or a number of resamples, got {args.bootstrap}.")
+    sampling = [
+        f"--{name.replace('_', '-')}" for name in ("temperature", "top_p", "top_k") if getattr(args, name) is not None
+    ]
+    if args.greedy and sampling:
+        raise EvalInputError(
+            f"--greedy decodes without sampling, so {', '.join(sampling)} would be ignored. Drop --greedy to sample "
+            f"with them, or drop {', '.join(sampling)}."
+        )
+    if args.placement == "system" and args.template != DEFAULT_TEMPLATE:
+        raise EvalInputError(
+            "--template joins the context and the prompt in the user turn, so it applies only with --placement user; "
+            "with --placement system it would be ignored. Add --placement user, or drop --template."
+        )
+    if args.placement == "user" and args.separator != DEFAULT_SEPARATOR:
+        raise EvalInputError(
+            "--separator joins the context and a system message, so it applies only with --placement system; with "
+            "--placement user it would be ignored. Drop --separator, or use --template to join context and prompt."
+        )
+    loading.check_device(args.device)
     if args.samples_per_view < 1:
         raise EvalInputError(f"--samples-per-view must be at least 1, got {args.samples_per_view}.")
     if args.game and args.samples_per_view != 1:
@@ -314,6 +389,13 @@ def _dataset_task(args, settings: GenerationSettings) -> PairedTask:
     if args.game_option:
         raise EvalInputError("--game-option only applies with --game; drop it, or add --game NAME.")
     context = loading.context_from_args(args)
+    dataset_path = Path(args.dataset).expanduser()
+    if args.split not in ("test", "train") and (dataset_path.is_file() or dataset_path.suffix.lower() in LOCAL_FORMATS):
+        raise EvalInputError(
+            f"--dataset {args.dataset!r} is a single file, so it has no split {args.split!r}: its rows would be "
+            "evaluated as that split. Give the file of that split as --dataset and drop --split (it applies to Hub "
+            "datasets and DatasetDict folders)."
+        )
     dataset = load_rows(args.dataset, split=args.split, config=args.dataset_config)
     try:
         return PairedEvaluator(

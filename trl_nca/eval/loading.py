@@ -354,3 +354,15 @@ def context_from_args(args) -> ContextChoice:
         template=args.template,
         separator=args.separator,
     )
+
+
+def check_device(device: str | None, option: str = "--device") -> None:
+    """A `--device` this machine has: `cuda...` without a CUDA GPU visible to torch is an error naming the fix (it would
+    fail only once the model is loaded)."""
+    import torch
+
+    if device and str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise EvalInputError(
+            f"{option} {device} asks for a CUDA GPU, and torch sees none on this machine. Give {option} cpu, or leave "
+            f"{option} out (a GPU is used when there is one)."
+        )

@@ -388,13 +388,38 @@ def get_scorer(spec: str | Scorer | Callable[[str, Any], Any]) -> Scorer:
                 fn = getattr(importlib.import_module(module_name), attr)
             except (ImportError, AttributeError) as error:
                 raise ValueError(f"Cannot import the scorer function {spec!r}: {error}") from error
-            return fn if isinstance(fn, Scorer) else CallableScorer(fn, name=attr)
+            if isinstance(fn, Scorer):
+                return fn
+            _check_takes_text_and_label(fn, spec)
+            return CallableScorer(fn, name=attr)
         raise ValueError(f"Unknown scorer {spec!r}; choose one of {sorted(SCORERS)} or give 'package.module:function'.")
     if isinstance(spec, Scorer):
         return spec
     if callable(spec):
         return CallableScorer(spec)
     raise TypeError(f"A scorer must be a name, a Scorer or a callable, got {type(spec).__name__}.")
+
+
+def _check_takes_text_and_label(fn: Any, spec: str) -> None:
+    """A scorer function must take (text, label): one that cannot be called so would score every response as a
+    failure and the run would end with exit status 0, so it is refused before any model loads."""
+    import inspect
+
+    if not callable(fn):
+        raise ValueError(
+            f"The scorer {spec!r} is a {type(fn).__name__}, not a function; give a function (text, label)."
+        )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: called as it is
+        return
+    try:
+        signature.bind("text", "label")
+    except TypeError:
+        raise ValueError(
+            f"The scorer function {spec!r} has the signature {signature}, but a scorer is called as fn(text, label) "
+            "(the response and the item's label); change it to take those two arguments."
+        ) from None
 
 
 def safe_score(scorer: Scorer, text: str, label: Any, row: dict[str, Any] | None = None) -> Score:

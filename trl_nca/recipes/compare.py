@@ -41,6 +41,7 @@ import yaml
 
 from ..inputs import InputError, read_json_output, sha256_text, write_text_atomic
 from ..tasks import BuiltinTask, get_task, task_names
+from ..trainers.script_options import check_dtype
 from .outcomes import read_per_organism
 from .ranges import canonical, json_default, read_against_ranges
 from .statistics import COLUMN_NAMES
@@ -593,16 +594,23 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
     return out
 
 
-def _refuse_mismatch(what: str, path: Path, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+def _refuse_mismatch(
+    what: str, path: Path, old: Mapping[str, Any], new: Mapping[str, Any],
+    why: str = "Resuming would mix them into one table.",
+) -> None:  # fmt: skip
+    """Refuse a resume whose settings `new` differ from the recorded `old` (in `path`), listing the first differences;
+    `why` says what resuming would do (`trl-nca train` uses it too)."""
     diffs = _differences(old, new)
     if not diffs:
         return
     listed = "; ".join(f"`{k}` was {a!r}, now {b!r}" for k, a, b in diffs[:5])
     more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
     raise CompareInputError(
-        f"{path} holds {what} made with other settings: {listed}{more}. Resuming would mix them into one table. Use a "
-        "new output_dir, or set them back."
+        f"{path} holds {what} made with other settings: {listed}{more}. {why} Use a new output_dir, or set them back."
     )
+
+
+refuse_changed_settings = _refuse_mismatch  # the public name, for the other commands
 
 
 @dataclass
@@ -680,6 +688,10 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     model_name = model_args.model_name_or_path or "embedded"
     peft_config = _checked_peft_config(args, model_args, model_name)
     model_init_kwargs = {"dtype": model_args.dtype or "float32", **(config.model_init_kwargs or {})}
+    try:
+        check_dtype(model_init_kwargs)
+    except ValueError as error:
+        raise CompareInputError(str(error)) from None
     train_rows = task.train if args.num_train is None else task.train[: args.num_train]
     _check_sdft_task(methods, task, train_rows)
     test_rows = task.test if args.eval_items is None else task.test[: args.eval_items]
@@ -766,7 +778,17 @@ def _checked_peft_config(args: CompareArguments, model_args, model_name: str):
     if peft_config is None:
         raise CompareInputError("The comparison trains LoRA students (self-distillation from the adapter-off model): "
                                 "set use_peft: true.")  # fmt: skip
+    check_lora_sizes(model_args, CompareInputError)
     return peft_config
+
+
+def check_lora_sizes(model_args, error=ValueError) -> None:
+    """`lora_r` and `lora_alpha` of a `trl.ModelConfig` with `use_peft`: positive integers (peft accepts r=0 in its
+    config and fails only when the adapter is built, after the base model was loaded and evaluated)."""
+    for name in ("lora_r", "lora_alpha"):
+        value = getattr(model_args, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise error(f"{name} must be an integer >= 1 (the LoRA rank and its scale), got {value!r}.")
 
 
 def _evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):

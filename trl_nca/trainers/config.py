@@ -324,8 +324,14 @@ class NCAFields:
         check_number("nca_beta", self.nca_beta, low=0.0, hint="0 is plain OPD, 0.5 the paper's best")
         check_number("temperature", self.temperature, low=0.0, low_open=True, hint="it divides every view's logits")
         check_number("beta", self.beta, low=0.0, high=1.0, hint="0 forward KL, 1 reverse KL")
-        for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
+        check_number("learning_rate", self.learning_rate, low=0.0, hint="the optimizer's step size")
+        for name in ("weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
             check_number(name, getattr(self, name))
+        if isinstance(self.max_steps, int) and self.max_steps <= 0:  # the run's length is then num_train_epochs
+            check_number(
+                "num_train_epochs", self.num_train_epochs, low=0.0, low_open=True,
+                hint=f"with max_steps={self.max_steps} the epochs set the run's length; <= 0 would train 0 steps",
+            )  # fmt: skip
         for name in (
             self._support_size_name, "loss_vocab_chunk_size", "loss_token_chunk_size", *integers,
             "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",

@@ -57,7 +57,7 @@ def check_tokenizer(tokenizer) -> None:
         )
     if tokenizer.pad_token_id is None:
         raise ValueError(
-            "The tokenizer has no pad token. Set one that is not a content token, e.g. "
+            "The tokenizer has neither a pad token nor an end-of-sequence token to pad with. Set one, e.g. "
             "`tokenizer.pad_token = tokenizer.eos_token` (supported: padding is tracked by masks, never by token id)."
         )
 
@@ -252,6 +252,27 @@ VIEW_KEYS = (
     "completion_mask",
 )
 BATCH_KEYS = (*VIEW_KEYS, "has_reference")
+
+
+def check_batch_views(batch: Mapping[str, Any], keys: Sequence[str], trainer: str) -> None:
+    """A batch handed to the loss must hold both views (`keys`, the trainer's names of `VIEW_KEYS`). A batch built
+    for the base trainer (GKDTrainer's or DistillationTrainer's, with only the no-context prompt) is refused with what
+    is missing: the context view cannot be rebuilt from prompt ids, whose row's context is not known."""
+    missing = [key for key in keys if key not in batch]
+    if not missing:
+        return
+    context = [key for key in missing if key.startswith("context_")]
+    why = (
+        "the loss scores every completion with and without the context, and the context view cannot be rebuilt from "
+        "the prompt ids (the row's context is not in the batch)"
+        if context
+        else "the loss needs both views' prompts and the completions"
+    )
+    raise ValueError(
+        f"{trainer}.compute_loss got a batch without {missing} (it has {sorted(batch)}): {why}. Pass batches the "
+        f"trainer built (its data collator and sampling add both views), or add the missing keys ({list(keys)}: "
+        "left-padded prompts of both views with their masks, right-padded completions with their mask)."
+    )
 
 
 def check_collator(collator, example: Mapping[str, Any], split: str) -> None:

@@ -22,7 +22,7 @@ from ..core.views import left_pad, split_example
 from .checkpointing import quiet_old_checkpointing_names
 from .checkpoints import resume
 from .config import NCADistillationConfig
-from .data import prepare_dataset
+from .data import check_batch_views, check_examples, prepare_dataset
 from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
 from .stats import batch_stats
 
@@ -229,6 +229,7 @@ class NCADistillationTrainer(DistillationTrainer):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        check_batch_views(inputs, _DISTILLATION_VIEW_KEYS, "NCADistillationTrainer")
         if self.nca.in_sequence():
             loss = self._views_in_sequence(model, inputs, num_items_in_batch)
             out = (loss, None) if return_outputs else loss
@@ -242,6 +243,19 @@ class NCADistillationTrainer(DistillationTrainer):
         stats = batch_stats(terms, total, lengths, torch.zeros_like(lengths), on_policy=True)
         self.step_stats.add(stats, training=self.model.training)
         return out
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """Trainer's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into both views as
+        the datasets given at init are (a name selects one of those)."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            for split, dataset in named_datasets(None, eval_dataset):
+                check_examples(dataset, self.context_spec, split)
+            prepare = lambda ds, split: _prepared(ds, self.processing_class, self.context_spec, self.limits, split)  # noqa: E731
+            if isinstance(eval_dataset, dict):
+                eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
+            else:
+                eval_dataset = prepare(eval_dataset, "eval")
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
@@ -270,8 +284,16 @@ def _prepared(dataset, tokenizer, context_spec, limits, split: str):
     return _with_chat_prompt(prepare_dataset(dataset, tokenizer, context_spec, limits, split))
 
 
+# DistillationTrainer's names of NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`), in their order.
+_DISTILLATION_VIEW_KEYS = (
+    "prompt_ids", "prompt_mask", "context_prompts", "context_prompt_attention_mask", "completion_ids",
+    "completion_mask",
+)  # fmt: skip
+
+
 def _nca_batch(inputs: dict[str, Any]) -> dict[str, Any]:
     """DistillationTrainer's micro-batch in NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`)."""
+    check_batch_views(inputs, _DISTILLATION_VIEW_KEYS, "NCADistillationTrainer")
     return {
         "prompts": inputs["prompt_ids"],
         "prompt_attention_mask": inputs["prompt_mask"],

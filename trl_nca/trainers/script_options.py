@@ -8,6 +8,20 @@ from pathlib import Path
 from typing import Any
 
 
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # the `dtype` strings TRL's create_model_from_path takes
+
+
+def check_dtype(kwargs: dict[str, Any], where: str = "dtype") -> None:
+    """The `dtype` of a model's init kwargs must be one TRL's loader takes (or a torch dtype), checked before any model
+    loads: TRL would refuse it only when it loads the model."""
+    import torch
+
+    dtype = kwargs.get("dtype")
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype in DTYPES:
+        return
+    raise ValueError(f"{where} {dtype!r} is not a dtype the models load in; give one of {', '.join(DTYPES)}.")
+
+
 def student_init_kwargs(args, model_args) -> dict[str, Any]:
     """`from_pretrained` kwargs of the student: `args.model_init_kwargs` (of an `NCAConfig`), completed by
     `trl.ModelConfig`'s `dtype`, `model_revision` and `attn_implementation`. A key set in both places to different
@@ -28,6 +42,7 @@ def student_init_kwargs(args, model_args) -> dict[str, Any]:
                 f"`{option}: {getattr(model_args, option)}` and `model_init_kwargs: {{{key}: {kwargs[key]}}}` "
                 "disagree; set it in one place only."
             )
+    check_dtype(kwargs)
     return kwargs
 
 
@@ -56,7 +71,36 @@ def checkpoint_problem(folder: str | Path) -> str | None:
         json.loads(state.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"its {TRAINER_STATE} is cut: its save was cut off (an interrupted run or a full disk)"
+    missing = missing_checkpoint_files(Path(folder))
+    if missing:
+        return (
+            f"it has a {TRAINER_STATE} but lacks {' and '.join(missing)}, so resuming would not continue the run "
+            "(fresh weights, optimizer, learning-rate schedule or random state); it was saved with "
+            "save_only_model=True, or some of its files were removed"
+        )
     return None
+
+
+# The files a checkpoint is judged by, besides trainer_state.json: one of each group (Trainer's names; a DeepSpeed
+# checkpoint keeps the optimizer and schedule states in its global_step* folder).
+CHECKPOINT_WEIGHTS = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+    "adapter_model.safetensors", "adapter_model.bin",
+)  # fmt: skip
+
+
+def missing_checkpoint_files(folder: Path) -> list[str]:
+    """What `folder` lacks to resume a run: the weights, the optimizer (`optimizer.pt`) and scheduler
+    (`scheduler.pt`) states (unless DeepSpeed holds them in a `global_step*` folder), a random state per process
+    (`rng_state*.pth`)."""
+    missing = []
+    if not any((folder / name).is_file() for name in CHECKPOINT_WEIGHTS):
+        missing.append("the weights (model.safetensors or adapter_model.safetensors)")
+    if not any(path.is_dir() for path in folder.glob("global_step*")):
+        missing += [name for name in ("optimizer.pt", "scheduler.pt") if not (folder / name).is_file()]
+    if not any(folder.glob("rng_state*.pth")):
+        missing.append("rng_state.pth")
+    return missing
 
 
 def checkpoints_of(output_dir: str | Path) -> list[Path]:

@@ -92,26 +92,28 @@ def resolve_models(
     state = checked_launch(args, trainer)
     for split, dataset in datasets:  # empty or malformed datasets fail here, before any model is loaded
         check_examples(dataset, args.context_spec, split)
+    if teacher_model is None and args.teacher_model_name_or_path is not None:
+        teacher_model = args.teacher_model_name_or_path
+    refuse_unused_teacher_init_kwargs(trainer, args, teacher_model)
     model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
     if isinstance(model, str):
-        model = create_model_from_path(
-            model, **placed_init_kwargs(args.model_init_kwargs, "the student", state, args.device)
-        )
+        # TRL's trainers pass `trust_remote_code` on to every model and tokenizer they load by name
+        init_kwargs = {"trust_remote_code": args.trust_remote_code, **(args.model_init_kwargs or {})}
+        model = create_model_from_path(model, **placed_init_kwargs(init_kwargs, "the student", state, args.device))
         args.model_init_kwargs = None  # used here; the base trainer would warn that the model is already built
     refuse_data_parallel(args, trainer, model)  # before the teacher loads
     if processing_class is None:
         if not model_id:
             raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
-        processing_class = AutoTokenizer.from_pretrained(model_id)
+        processing_class = AutoTokenizer.from_pretrained(model_id, trust_remote_code=args.trust_remote_code)
     if text_only and not isinstance(processing_class, PreTrainedTokenizerBase):
         raise TypeError(
             f"{trainer} is text-only: `processing_class` must be a tokenizer, got a "
             f"{type(processing_class).__name__}. Pass the processor's `.tokenizer` for a text-only student."
         )
+    set_pad_token(processing_class, model, getattr(args, "pad_token", None))
     check_tokenizer(processing_class)
 
-    if teacher_model is None and args.teacher_model_name_or_path is not None:
-        teacher_model = args.teacher_model_name_or_path
     teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
     teacher_loaded_here = isinstance(teacher_model, str)
     teacher = resolve_teacher(
@@ -130,6 +132,42 @@ def resolve_models(
     return TrainerModels(model, processing_class, teacher, teacher_loaded_here, common_rows, limits, reentrant)
 
 
+def refuse_unused_teacher_init_kwargs(trainer: str, args, teacher_model) -> None:
+    """`teacher_model_init_kwargs` load a teacher given by name; with a teacher that is already a model (or none: a
+    self-teacher is the student's own weights) they would be ignored, so they are refused, as TRL's trainers do."""
+    if args.teacher_model_init_kwargs is None or isinstance(teacher_model, str):
+        return
+    teacher = (
+        "no teacher (the self-teacher is built from the student)"
+        if teacher_model is None
+        else (f"a teacher that is already a model ({type(teacher_model).__name__})")
+    )
+    raise ValueError(
+        f"{trainer} got `teacher_model_init_kwargs` {args.teacher_model_init_kwargs!r} with {teacher}; they apply "
+        "only to a teacher loaded by name. Pass the teacher's name or path as `teacher_model` (or "
+        "`teacher_model_name_or_path`), or drop `teacher_model_init_kwargs`."
+    )
+
+
+def set_pad_token(tokenizer, model: nn.Module, pad_token: str | None) -> None:
+    """The pad token as TRL's trainers choose it: `pad_token` when given (SFTConfig's field, which GKDConfig has),
+    else the tokenizer's, else its end-of-sequence token; when it is set here, the model's config and generation
+    config follow it (Trainer would otherwise realign them at train time and report a change the user did not make).
+    Padding is tracked by masks, never by token id, so a pad token equal to the end-of-sequence token is safe."""
+    chosen = pad_token or (None if tokenizer.pad_token is not None else tokenizer.eos_token)
+    if chosen is None or chosen == tokenizer.pad_token:
+        return
+    if chosen not in tokenizer.get_vocab():
+        raise ValueError(
+            f"pad_token={chosen!r} is not a token of the tokenizer ({type(tokenizer).__name__}, {len(tokenizer)} "
+            "tokens). Name a token of its vocabulary (e.g. its end-of-sequence token), or leave `pad_token` unset."
+        )
+    tokenizer.pad_token = chosen
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
 def finish_setup(
     trainer, teacher: nn.Module, common_rows: tuple[int, int], placed: bool, requested_reentrant: bool | None = None
 ) -> None:
@@ -144,6 +182,7 @@ def finish_setup(
     all, gradient checkpointing is settled reentrant or not (`trl_nca.trainers.checkpointing`; `requested_reentrant`
     is the user's own `use_reentrant`), since the objective's view plan depends on it.
     """
+    refuse_prompt_learning(trainer.model)
     settle_checkpointing(trainer, requested_reentrant)
     replacement = replacement_teacher(teacher, trainer.model)
     if replacement is not None or not placed:
@@ -178,6 +217,20 @@ def finish_setup(
         completions=trainer.logs_completion_stats,
         stall=stall,
     )
+
+
+def refuse_prompt_learning(model: nn.Module) -> None:
+    """Prompt-learning adapters (prompt tuning, prefix tuning, P-tuning) add virtual tokens in `PeftModel.forward`,
+    which the loss bypasses (it runs the backbone and reads hidden states): refused, as DistillationTrainer does."""
+    from peft import PeftModel, PromptLearningConfig
+
+    model = getattr(model, "module", model)
+    if isinstance(model, PeftModel) and any(isinstance(c, PromptLearningConfig) for c in model.peft_config.values()):
+        raise ValueError(
+            "Prompt-learning PEFT methods (prompt tuning, prefix tuning, P-tuning) are not supported: their virtual "
+            "tokens are added in `PeftModel.forward`, which the loss bypasses (it runs the backbone on both views), so "
+            "the adapter would never be trained. Use a weight adapter such as LoRA."
+        )
 
 
 def warn_dropout_turns_sharing_off(trainer) -> None:

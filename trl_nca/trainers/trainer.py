@@ -24,7 +24,15 @@ from ..core.views import ContextSpec, left_pad
 from .checkpointing import quiet_old_checkpointing_names
 from .checkpoints import resume
 from .config import NCAConfig
-from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
+from .data import (
+    VIEW_KEYS,
+    NCACollator,
+    check_batch_views,
+    check_collator,
+    check_examples,
+    prepare_dataset,
+    tokenize_example,
+)
 from .rollouts import Rollout
 from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
 from .stats import batch_stats
@@ -323,6 +331,7 @@ class NCATrainer(GKDTrainer):
             return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        check_batch_views(inputs, VIEW_KEYS, "NCATrainer")
         measure_gradients = self._grad_cosine_due()
         if self.nca.in_sequence():
             loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure_gradients)
@@ -425,6 +434,17 @@ class NCATrainer(GKDTrainer):
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
         stats = batch_stats(terms, total, lengths, clipped, inputs.get("on_policy", True))
         self.step_stats.add(stats, training=self.model.training)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """GKD's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into both views as the
+        datasets given at init are (a name selects one of those)."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            for split, dataset in named_datasets(None, eval_dataset):
+                check_examples(dataset, self.context_spec, split)
+            _, eval_dataset = _prepared_datasets(
+                self.args, self.processing_class, self.context_spec, self.limits, None, eval_dataset, training=False
+            )
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"

@@ -1,0 +1,60 @@
+"""`trl-nca analyze` on bad input (issue 35): each probe is one case of the table, with the one line it must print,
+and no model is loaded before it. The output folder is checked before the analysis, not when its result is written."""
+
+from pathlib import Path
+
+import pytest
+
+import trl_nca.cli.analyze
+from trl_nca.cli import main as cli_main
+from trl_nca.inputs import output_folder_lock
+
+
+READ_ONLY = Path("/sys/trl-nca-test")  # a place nobody can create a folder in, root included
+
+
+def one_line(argv, capsys) -> str:
+    try:
+        code = cli_main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if ": error: " in line]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    def refused(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was reported")
+
+    monkeypatch.setattr(trl_nca.cli.analyze, "load_model", refused)
+
+
+# (case, --output-dir, the expected line's text)
+CASES = [
+    ("output-dir is a file", "FILE", "--output-dir '{out}' is a file, not a folder"),
+    ("output-dir cannot be created", str(READ_ONLY / "out"), "Cannot create the output folder"),
+    ("output-dir in use", "LOCKED", "is in use by another trl-nca run (pid"),
+]
+
+
+@pytest.mark.parametrize("case, output_dir, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_analyze_output_is_one_line_before_the_analysis(
+    tiny_dir, tmp_path, capsys, no_model_loads, case, output_dir, expected
+):
+    out = tmp_path / "out"
+    if output_dir == "FILE":
+        out.write_text("not a folder\n")
+    argv = ["analyze", "--model", f"base={tiny_dir}", "--task", "reply_in_french", "--limit", "2", "--no-progress",
+            "--output-dir", str(out) if output_dir in ("FILE", "LOCKED") else output_dir]  # fmt: skip
+    if output_dir == "LOCKED":
+        with output_folder_lock(out, "trl-nca analyze (another run)"):
+            line = one_line(argv, capsys)
+    else:
+        line = one_line(argv, capsys)
+    assert line.startswith("trl-nca analyze: error: ") and expected.format(out=out) in line, line
+    if output_dir == "FILE":
+        assert out.read_text() == "not a folder\n"
