@@ -22,11 +22,23 @@ from .script_options import checkpoint_problem, last_complete_checkpoint
 logger = logging.getLogger(__name__)
 
 
-class ScheduleCheckpoint(TrainerCallback):
-    """Writes the anchor schedule's state into every checkpoint folder (read back by `load_schedule` on resume)."""
+class AnchorStep(TrainerCallback):
+    """The anchor schedule driven by Trainer's optimizer steps, in one place: at each step's start the step
+    statistics open (`StepStats.open_step`); at its end (`state.global_step` steps done) they log the step's token
+    means, from which the schedule sets the weight of the next step (`BetaSchedule.update`); every checkpoint folder
+    gets the schedule's state (read back by `load_schedule` on resume). Logging settings (`logging_steps`) only
+    decide when the logged means are flushed, never the weights."""
 
-    def __init__(self, schedule: BetaSchedule):
+    def __init__(self, schedule: BetaSchedule, step_stats):  # a `trl_nca.trainers.stats.StepStats`
         self.schedule = schedule
+        self.step_stats = step_stats
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_stats.open_step()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        means = self.step_stats.close_step(self.schedule.value)
+        self.schedule.update(means, steps_done=state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:

@@ -20,7 +20,7 @@ from trl.trainer.utils import create_model_from_path
 from ..core.launch import placed_init_kwargs, refuse_data_parallel, refuse_fsdp
 from ..core.prefix import active_dropout
 from ..models.names import resolve_model_name_or_path
-from .checkpoints import ScheduleCheckpoint
+from .checkpoints import AnchorStep
 from .data import Limits, check_examples, check_tokenizer
 from .objective import NCAObjective
 from .stats import StepStats
@@ -159,14 +159,13 @@ def finish_setup(trainer, teacher: nn.Module, common_rows: tuple[int, int], plac
     )
     trainer.nca.teacher_wrapper = trainer.teacher_model  # a DeepSpeed engine: the teacher's forwards go through it
     warn_dropout_turns_sharing_off(trainer)
-    trainer.add_callback(ScheduleCheckpoint(trainer.nca.schedule))
     trainer.step_stats = StepStats(
         trainer.accelerator,
         trainer._metrics,
-        trainer.nca.schedule,
         show_nca=trainer.nca.active or args.nca_monitor,
         completions=trainer.logs_completion_stats,
     )
+    trainer.add_callback(AnchorStep(trainer.nca.schedule, trainer.step_stats))
 
 
 def warn_dropout_turns_sharing_off(trainer) -> None:

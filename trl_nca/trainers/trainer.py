@@ -25,6 +25,7 @@ from ..core.views import ContextSpec, left_pad
 from .checkpoints import resume
 from .config import NCAConfig
 from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
+from .objective import TRAINING_STEP
 from .rollouts import Rollout
 from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
 from .stats import batch_stats
@@ -200,8 +201,6 @@ class NCATrainer(GKDTrainer):
         tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
-        # The logged terms of this step are summed over its micro-batches and divided once, like the loss.
-        self.step_stats.open_step(len(batches))
         return batches, tokens
 
     def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
@@ -316,34 +315,26 @@ class NCATrainer(GKDTrainer):
         if not inputs.get("completions_ready"):
             inputs = self._with_completions(self._prepare_inputs(inputs))
             num_items_in_batch = inputs["completion_mask"].sum() * self.current_gradient_accumulation_steps
-        # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples.
-        with self.nca.training_step():
-            return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
+        # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples. Trainer runs this
+        # batch's backward, so its loss may run its views in sequence (`TRAINING_STEP`).
+        return SFTTrainer.training_step(self, model, {**inputs, TRAINING_STEP: True}, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         measure_gradients = self._grad_cosine_due()
-        if self.nca.in_sequence():
+        if self.nca.in_sequence(inputs):
             loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure_gradients)
             return (loss, None) if return_outputs else loss
         need_context = self.nca.need_context(measure_gradients)
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
-        terms = self._redirect(
-            model,
-            unwrapped,
-            self.nca.token_divergences,
-            unwrapped,
-            self._teacher(),
-            inputs,
-            need_context,
-            measure_gradients,
+        result = self._redirect(
+            model, unwrapped, self.nca.loss, unwrapped, self._teacher(), inputs, need_context, measure_gradients
         )
         if measure_gradients:
-            self._log_grad_cosine(unwrapped, terms)
-        total = self.nca.total(terms)
-        loss = total * self._loss_scale(num_items_in_batch, terms["opd"].numel())
-        self._log_terms(terms, total, inputs)
+            self._log_grad_cosine(unwrapped, result.terms)
+        loss = result.total * self._loss_scale(num_items_in_batch, result.tokens)
+        self._log_terms(result.terms, result.total, inputs)
         return (loss, None) if return_outputs else loss
 
     def _loss_scale(self, num_items_in_batch, tokens: int) -> torch.Tensor | float:
@@ -356,35 +347,30 @@ class NCATrainer(GKDTrainer):
 
     def _views_in_sequence(self, model, inputs, num_items_in_batch, measure_gradients: bool) -> torch.Tensor:
         """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
-        (`nca_sequential_views`; `NCAObjective.backward_in_sequence`). Each half runs inside its own redirected
-        forward of the wrapped model, so DDP sees two ordinary forward/backward pairs, the first under `no_sync`.
-        With `measure_gradients` each half's term gradient is taken before its backward, for `log_grad_cosine_steps`."""
+        (`nca_sequential_views`). The no-context half (the no-context view, the teacher and OPD) runs with its
+        backward first, without the gradient all-reduce (`no_sync`); then the context half (the context view and
+        NCA), whose backward Trainer runs as usual and which synchronises the summed gradient once. Each half runs
+        inside its own redirected forward of the wrapped model, so DDP sees two ordinary forward/backward pairs. Only
+        one view's activations are alive at a time. With `measure_gradients` each half's term gradient is taken before
+        its backward, for `log_grad_cosine_steps`. Returns the micro-batch's loss, differentiable through the context
+        half only (its value is the whole loss)."""
         unwrapped = self.accelerator.unwrap_model(model)
         tokens = int(inputs["completion_mask"].sum())
         scale = self._loss_scale(num_items_in_batch, tokens)
         params = [p for p in unwrapped.parameters() if p.requires_grad] if measure_gradients else []
-        halves = {}
-
-        def no_context_half(student):  # the carried states stay out of what the wrapped forward returns
-            halves["terms"], halves["carry"] = self.nca.no_context_terms(student, self._teacher(), inputs)
-            return halves["terms"]
-
-        def no_context_loss():
-            opd = self._redirect(model, unwrapped, no_context_half, unwrapped)["opd"].sum()
+        with self.accelerator.no_sync(model):
+            first = self._redirect(model, unwrapped, self.nca.no_context_half, unwrapped, self._teacher(), inputs)
             if measure_gradients:
-                halves["opd_gradient"] = loss_gradients(opd / max(tokens, 1), params)
-            return opd * scale
-
-        def context_loss():
-            context = self._redirect(model, unwrapped, self.nca.context_terms, unwrapped, inputs, halves["carry"])
-            halves["terms"].update(context)
-            if measure_gradients:
-                nca_gradient = loss_gradients(context["nca"].sum() / max(tokens, 1), params)
-                self._record_grad_cosine(halves.pop("opd_gradient"), nca_gradient)
-            return self.nca.beta * context["nca"].sum() * scale
-
-        loss = self.nca.backward_in_sequence(self.accelerator, model, no_context_loss, context_loss)
-        self._log_terms(halves["terms"], self.nca.total(halves["terms"]), inputs)
+                opd_gradient = loss_gradients(first.total / max(tokens, 1), params)
+            first_loss = first.total * scale
+            self.accelerator.backward(first_loss)
+        second = self._redirect(model, unwrapped, self.nca.context_half, unwrapped, inputs, first.carry)
+        if measure_gradients:
+            nca_gradient = loss_gradients(second.terms["nca"].sum() / max(tokens, 1), params)
+            self._record_grad_cosine(opd_gradient, nca_gradient)
+        loss = second.total * scale + first_loss.detach()
+        terms = {**first.terms, **second.terms}
+        self._log_terms(terms, self.nca.total(terms), inputs)
         return loss
 
     def _grad_cosine_due(self) -> bool:
