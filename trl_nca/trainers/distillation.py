@@ -19,18 +19,17 @@ from transformers import PreTrainedTokenizerBase
 from trl import DistillationTrainer
 
 from ..core.views import left_pad, split_example
-from .checkpoints import resume
 from .config import NCADistillationConfig
 from .data import prepare_dataset
+from .mixin import NCATrainerMixin
 from .objective import TRAINING_STEP
-from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
-from .stats import batch_stats
+from .setup import NCA_PAPER, named_datasets, resolve_models
 
 
 logger = logging.getLogger(__name__)
 
 
-class NCADistillationTrainer(DistillationTrainer):
+class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     """On-policy context distillation with No-Context Anchoring on TRL's `DistillationTrainer`.
 
     The loss is `NCATrainer`'s (same code): per completion token of a sample drawn from the student without the
@@ -122,24 +121,12 @@ class NCADistillationTrainer(DistillationTrainer):
             optimizers=optimizers,
             peft_config=peft_config,
         )
-        finish_setup(self, teacher, models.common_rows, placed=False)
-
-    @property
-    def nca_beta(self) -> float:
-        """The anchor weight of the optimizer step in progress (`nca_beta_schedule`)."""
-        return self.nca.schedule.value
-
-    def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resume(resume_from_checkpoint, self.args.output_dir, self.nca.schedule)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        self._setup_nca(teacher, models.common_rows, placed=False)
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
         # The token columns of both views survive `remove_unused_columns=True`.
         self._signature_columns = list(dict.fromkeys([*self._signature_columns, "prompt_ids", "context_prompt_ids"]))
-
-    def _teacher(self) -> nn.Module:
-        return self.accelerator.unwrap_model(self.teacher_model)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling: TRL's, from the no-context prompt; then the context prompts of the same rows.
@@ -191,8 +178,7 @@ class NCADistillationTrainer(DistillationTrainer):
             loss, terms = result.total / divisor, result.terms
             self._log_entropy(terms["entropy"], num_valid)
         lengths = inputs["completion_mask"].sum(1)
-        stats = batch_stats(terms, self.nca.total(terms).detach(), lengths, torch.zeros_like(lengths), on_policy=True)
-        self.step_stats.add(stats, training=self.model.training)
+        self._record_terms(terms, self.nca.total(terms).detach(), lengths, torch.zeros_like(lengths), on_policy=True)
         return (loss, None) if return_outputs else loss
 
     def _views_in_sequence(self, model, inputs, divisor, num_valid):
@@ -219,15 +205,6 @@ class NCADistillationTrainer(DistillationTrainer):
         num_valid = self.accelerator.gather_for_metrics(num_valid).sum()
         entropy_sum = self.accelerator.gather_for_metrics(entropy.detach().sum()).sum()
         self._metrics[mode]["entropy"].append((entropy_sum / num_valid).item() if num_valid > 0 else 0.0)
-
-    def evaluation_loop(
-        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
-    ):
-        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
-        (Trainer would average per-batch means)."""
-        self.step_stats.open_eval()
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
 
 
 def _check_vllm_can_sample(common_rows: tuple[int, int], use_vllm: bool) -> None:

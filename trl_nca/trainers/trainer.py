@@ -22,13 +22,12 @@ from ..core.gradients import compare_gradients, loss_gradients
 from ..core.launch import agreed_max, rank0_choice
 from ..core.sampling import Generated, mask_through_eos
 from ..core.views import ContextSpec, left_pad
-from .checkpoints import resume
 from .config import NCAConfig
 from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
+from .mixin import NCATrainerMixin
 from .objective import TRAINING_STEP
 from .rollouts import Rollout
-from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
-from .stats import batch_stats
+from .setup import NCA_PAPER, named_datasets, resolve_models
 from .teacher import SelfTeacher
 
 
@@ -38,7 +37,7 @@ logger = logging.getLogger(__name__)
 _TRL_CHECKPOINTING_CALLS = r"`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated"
 
 
-class NCATrainer(GKDTrainer):
+class NCATrainer(NCATrainerMixin, GKDTrainer):
     """On-policy context distillation with No-Context Anchoring; a drop-in replacement for `GKDTrainer`.
 
     Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
@@ -149,7 +148,7 @@ class NCATrainer(GKDTrainer):
             )
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
         # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
-        finish_setup(self, self._teacher(), models.common_rows, placed=True)
+        self._setup_nca(self._teacher(), models.common_rows, placed=True)
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
@@ -159,18 +158,11 @@ class NCATrainer(GKDTrainer):
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
 
-    @property
-    def nca_beta(self) -> float:
-        """The anchor weight of the optimizer step in progress (`NCAConfig.nca_beta_schedule`)."""
-        return self.nca.schedule.value
-
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling
 
-    def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resume(resume_from_checkpoint, self.args.output_dir, self.nca.schedule)
-        self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+    def _resuming_from(self, checkpoint: str | None) -> None:
+        self._resume_rng_from = checkpoint
 
     def _load_rng_state(self, checkpoint):
         # On a mid-epoch resume Trainer restores the RNG only after fetching the first batches; we sample there, so
@@ -399,23 +391,14 @@ class NCATrainer(GKDTrainer):
         for name, value in zip(("grad_cosine", "grad_norm_opd", "grad_norm_nca"), values):
             self._metrics["train"][name].append(value)
 
-    def _teacher(self) -> nn.Module:
-        return self.accelerator.unwrap_model(self.teacher_model)
-
     # Logged terms: token means over the optimizer step (`trl_nca.trainers.stats.StepStats`).
 
     def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
-        stats = batch_stats(terms, total, lengths, clipped, inputs.get("on_policy", True))
-        self.step_stats.add(stats, training=self.model.training)
+        self._record_terms(terms, total, lengths, clipped, inputs.get("on_policy", True))
 
-    def evaluation_loop(
-        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
-    ):
-        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
-        (Trainer would average per-batch means)."""
-        self.step_stats.open_eval()
+    def _describe_evaluation(self, description: str) -> None:
         if self.args.eval_completions == "dataset":
             logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
         else:
@@ -423,8 +406,6 @@ class NCATrainer(GKDTrainer):
                 "%s scores completions sampled from the student without the context (eval_completions='on_policy').",
                 description,
             )
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id
