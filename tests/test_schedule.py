@@ -104,6 +104,38 @@ def test_trainer_uses_the_adaptive_weight_of_each_step(tok, tmp_path, accumulati
     assert len({s["nca_beta"] for s in steps}) > 1  # the weight did move
 
 
+def test_logging_steps_leave_the_anchor_weights_unchanged(tok, tmp_path):
+    """The schedule follows the optimizer steps, not the logs: logging every third step gives every step the same
+    adaptive weight (read by each step's loss) and the same final weight as logging every step."""
+    from transformers import TrainerCallback
+
+    class WeightOfEachStep(TrainerCallback):
+        def __init__(self):
+            self.trainer, self.weights = None, []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.weights.append(self.trainer.nca_beta)
+
+    runs = []
+    for logging_steps in (1, 3):
+        args = make_args(
+            tmp_path, output_dir=str(tmp_path / str(logging_steps)), max_steps=4, learning_rate=5e-2, nca_beta=0.5,
+            nca_beta_schedule="adaptive", nca_adaptive_init=0.1, logging_steps=logging_steps,
+        )  # fmt: skip
+        weights = WeightOfEachStep()
+        trainer = NCATrainer(
+            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
+            train_dataset=prompt_dataset(16), processing_class=tok, callbacks=[weights],
+        )  # fmt: skip
+        weights.trainer = trainer
+        trainer.train()
+        runs.append((weights.weights, trainer.nca_beta, trainer.nca.schedule.steps_done))
+    (every, final_every, done_every), (third, final_third, done_third) = runs
+    assert len(every) == 4 and len(set(every)) > 1  # the weight moved at every step
+    assert third == every and final_third == final_every
+    assert done_every == done_third == 4  # the schedule counts Trainer's optimizer steps
+
+
 def test_warmup_starts_without_anchor(tok, tmp_path):
     args = make_args(tmp_path, max_steps=3, nca_beta=0.5, nca_beta_schedule="warmup", nca_warmup_steps=2)
     trainer = NCATrainer(

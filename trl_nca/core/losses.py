@@ -34,6 +34,8 @@ import torch
 from torch.autograd.function import once_differentiable
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
+from .deprecation import renamed_keyword
+
 
 @dataclass(frozen=True)
 class DivergenceSpec:
@@ -367,6 +369,9 @@ class _TiledDivergences(torch.autograd.Function):
         return grad_x, grad_c, None, grad_w, grad_b, None
 
 
+_ALL_TERMS = ("opd", "nca", "view_kl")  # the default `terms` of `token_divergences`
+
+
 def token_divergences(
     h_x: torch.Tensor,
     h_t: torch.Tensor,
@@ -374,9 +379,10 @@ def token_divergences(
     teacher: LMHead,
     spec: DivergenceSpec,
     h_c: torch.Tensor | None = None,
-    terms: tuple[str, ...] = ("opd", "nca", "view_kl"),
+    terms: tuple[str, ...] = _ALL_TERMS,
     vocab_chunk: int = 8192,
     token_chunk: int = 2048,
+    want: tuple[str, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-token divergences (each of shape (num_tokens,)) for the tokens whose hidden states are given.
 
@@ -393,7 +399,10 @@ def token_divergences(
 
     Under DeepSpeed ZeRO-3 the heads are gathered once for the forward and once for the backward, whatever the number
     of tiles; the head's weight gradient is one buffer that every tile adds its rows to.
+
+    `want` is the deprecated name of `terms` (`trl_nca.core.deprecation`).
     """
+    terms = renamed_keyword("token_divergences", "want", "terms", want, terms, _ALL_TERMS)
     # In the order _tile_terms appends them; the context terms only with a context view.
     order = ("opd", "nca", "view_kl", "entropy")
     terms = tuple(w for w in order if w in terms and (w in ("opd", "entropy") or h_c is not None))

@@ -101,12 +101,14 @@ class BetaSchedule:
         """The anchor weight of the optimizer step in progress."""
         return float(self.current)
 
-    def update(self, measured: dict[str, float] | None = None) -> float:
+    def update(self, measured: dict[str, float] | None = None, steps_done: int | None = None) -> float:
         """Advance by one finished optimizer step and return the weight of the next one.
 
         `measured` holds the step's token means `opd_loss` and `view_kl` (needed by the adaptive schedule only).
+        `steps_done` is the trainer's count of optimizer steps done, this one included (`state.global_step`); by
+        default the schedule counts one more.
         """
-        self.steps_done += 1
+        self.steps_done = self.steps_done + 1 if steps_done is None else int(steps_done)
         if self.kind == "warmup":
             self.current = self.beta * min(1.0, self.steps_done / self.warmup_steps)
         elif self.kind == "adaptive":

@@ -25,14 +25,29 @@ from .script_options import checkpoint_problem, last_complete_checkpoint
 logger = logging.getLogger(__name__)
 
 
-class ScheduleCheckpoint(TrainerCallback):
-    """Writes the anchor schedule's state into every checkpoint folder (read back by `load_schedule` on resume), and
-    the stall signal's when there is one (`trl_nca.core.stall`; read back by `resume`). At the end of training, a run
-    whose stall signal is on gets one warning (`StallMonitor.message`)."""
+class AnchorStep(TrainerCallback):
+    """The anchor schedule driven by Trainer's optimizer steps, in one place: at each step's start the step
+    statistics open (`StepStats.open_step`); at its end (`state.global_step` steps done) they log the step's token
+    means, from which the stall signal is recorded (`trl_nca.core.stall`, when there is one: a recording that changes
+    nothing in training) and the schedule sets the weight of the next step (`BetaSchedule.update`); every checkpoint
+    folder gets the schedule's state and the stall signal's (read back by `load_schedule` and `resume`). Logging
+    settings (`logging_steps`) only decide when the logged means are flushed, never the weights. At the end of
+    training, a run whose stall signal is on gets one warning (`StallMonitor.message`)."""
 
-    def __init__(self, schedule: BetaSchedule, stall: StallMonitor | None = None):
+    def __init__(self, schedule: BetaSchedule, step_stats, stall: StallMonitor | None = None):
         self.schedule = schedule
+        self.step_stats = step_stats  # a `trl_nca.trainers.stats.StepStats`
         self.stall = stall
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step_stats.open_step()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        means = self.step_stats.close_step(self.schedule.value)
+        if means is not None and self.stall is not None:
+            for name, value in self.stall.update(means["opd_loss"], means["view_kl"]).items():
+                self.step_stats.metrics["train"][name].append(value)
+        self.schedule.update(means, steps_done=state.global_step)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:

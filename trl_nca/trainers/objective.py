@@ -10,8 +10,8 @@ here); from the batch on, both compute exactly the same thing with the same code
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from trl.models.utils import _ForwardRedirection
 
+from ..core.deprecation import renamed_keyword
 from ..core.losses import LMHead, token_divergences
 from ..core.prefix import PrefixSharing, weights_fingerprint
 from ..core.schedule import BetaSchedule, schedule_from_config
@@ -130,15 +131,43 @@ def plan_views(
     )
 
 
-@dataclass
 class NoContextHalf:
     """What the context view's half of a micro-batch run in sequence needs from the no-context half: the student's
     no-context states (detached: NCA's anchor is sg[q_x]), the teacher's states where the anchor is the teacher
-    (DualOPD; else None) and the teacher's head (it sets the rows both distributions live on)."""
+    (DualOPD; else None) and the teacher's head (it sets the rows both distributions live on).
 
-    h_x: torch.Tensor
-    h_t: torch.Tensor | None
-    teacher_head: LMHead
+    A plain class, not a dataclass: it leaves the no-context half's redirected forward inside a `BatchLoss`, and DDP
+    looks for the forward's outputs in tensors, sequences, mappings and dataclasses; the carried states are not
+    outputs of that forward."""
+
+    __slots__ = ("h_x", "h_t", "teacher_head")
+
+    def __init__(self, h_x: torch.Tensor, h_t: torch.Tensor | None, teacher_head: LMHead):
+        self.h_x, self.h_t, self.teacher_head = h_x, h_t, teacher_head
+
+
+# The key a trainer's `training_step` sets on the micro-batch it hands to `Trainer.training_step`, which runs the
+# loss's backward: only such a batch may run its no-context half's backward inside `compute_loss` (`in_sequence`). A
+# `compute_loss` called on any other batch returns the whole differentiable loss.
+TRAINING_STEP = "nca_training_step"
+
+
+@dataclass(frozen=True)
+class BatchLoss:
+    """What the objective computes on a micro-batch (or on one half of it, run in sequence), returned through the
+    trainer's redirected forward of the student: the per-token `terms` (`core.losses.token_divergences`), their
+    differentiable sum `total` (sum OPD + nca_beta * sum NCA for a whole micro-batch; sum OPD for the no-context
+    half; nca_beta * sum NCA for the context half), and for the no-context half what the context half needs
+    (`carry`). The trainer divides `total` by its token count."""
+
+    terms: dict[str, torch.Tensor]
+    total: torch.Tensor
+    carry: NoContextHalf | None = None
+
+    @property
+    def tokens(self) -> int:
+        """The completion tokens the terms are over."""
+        return next(iter(self.terms.values())).numel()
 
 
 class NCAObjective:
@@ -168,8 +197,7 @@ class NCAObjective:
             args, self.active, live_teacher=live_teacher,
             deepspeed=deepspeed, full_fine_tuning=student is not None and trains_most_weights(student),
         )  # fmt: skip
-        self._in_training_step = False
-        # The engine (or other wrapper) a separate teacher was prepared in (`finish_setup`): its forwards are sent
+        # The engine (or other wrapper) a separate teacher was prepared in (`NCATrainerMixin._setup_nca`): its forwards are sent
         # through it, so DeepSpeed's hooks on the teacher's top-level module run (ZeRO-3 resets its parameter trace and
         # prefetches there); None when the teacher is called as it is.
         self.teacher_wrapper: nn.Module | None = None
@@ -179,8 +207,12 @@ class NCAObjective:
         """The anchor weight of the optimizer step in progress."""
         return self.schedule.value
 
-    def need_context(self, measure_gradients: bool = False) -> bool:
-        """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement."""
+    def need_context(self, measure_gradients: bool = False, measure: bool | None = None) -> bool:
+        """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement.
+        `measure` is the deprecated name of `measure_gradients`."""
+        measure_gradients = renamed_keyword(
+            "NCAObjective.need_context", "measure", "measure_gradients", measure, measure_gradients, False
+        )
         return self.active or self.args.nca_monitor or measure_gradients
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -190,35 +222,10 @@ class NCAObjective:
             total = total + self.beta * terms["nca"].sum()
         return total
 
-    @contextmanager
-    def training_step(self):
-        """The span of a trainer's `training_step`, whose backward the trainer owns: only there may the loss run the
-        no-context half's backward itself (`in_sequence`). A `compute_loss` called anywhere else returns the whole
-        differentiable loss."""
-        self._in_training_step = True
-        try:
-            yield
-        finally:
-            self._in_training_step = False
-
-    def in_sequence(self) -> bool:
-        """Whether this micro-batch runs its views in sequence: inside `training_step`, with gradients, when
-        `nca_sequential_views` resolved on."""
-        return self.sequential and self._in_training_step and torch.is_grad_enabled()
-
-    def backward_in_sequence(
-        self, accelerator, model: nn.Module, no_context_loss: Callable[[], torch.Tensor],
-        context_loss: Callable[[], torch.Tensor],
-    ) -> torch.Tensor:  # fmt: skip
-        """Run `no_context_loss()` (the no-context view, the teacher and OPD) and its backward first, without the
-        gradient all-reduce (`no_sync`); then `context_loss()` (the context view and NCA), whose backward the trainer
-        runs as usual and which synchronises the summed gradient once. Only one view's activations are alive at a
-        time. Returns the micro-batch's loss, differentiable through the context half only (its value is the whole
-        loss)."""
-        with accelerator.no_sync(model):
-            first = no_context_loss()
-            accelerator.backward(first)
-        return context_loss() + first.detach()
+    def in_sequence(self, batch: Mapping[str, Any]) -> bool:
+        """Whether this micro-batch runs its views in sequence: a batch of a trainer's training step
+        (`TRAINING_STEP`), with gradients, when `nca_sequential_views` resolved on."""
+        return self.sequential and bool(batch.get(TRAINING_STEP)) and torch.is_grad_enabled()
 
     def plan(
         self, need_context: bool, measure_gradients: bool = False, entropy: bool = False, half: Half = None
@@ -228,11 +235,24 @@ class NCAObjective:
             self.active, self.args.nca_monitor, self.args.joint_forward, need_context, measure_gradients, entropy, half
         )
 
-    def no_context_terms(
+    def loss(
+        self,
+        student: nn.Module,
+        teacher: nn.Module,
+        batch: Mapping[str, Any],
+        need_context: bool,
+        measure_gradients: bool = False,
+        entropy: bool = False,
+    ) -> BatchLoss:
+        """A whole micro-batch: its terms (`token_divergences`) and their total (`total`)."""
+        terms = self.token_divergences(student, teacher, batch, need_context, measure_gradients, entropy)
+        return BatchLoss(terms, self.total(terms))
+
+    def no_context_half(
         self, student: nn.Module, teacher: nn.Module, batch: Mapping[str, Any], entropy: bool = False
-    ) -> tuple[dict[str, torch.Tensor], NoContextHalf]:
+    ) -> BatchLoss:
         """The no-context half of a micro-batch run in sequence: per-token "opd" (and "entropy") from the student's
-        no-context view and the teacher, and what the context half needs (`NoContextHalf`)."""
+        no-context view and the teacher, their sum OPD, and what the context half needs (`NoContextHalf`)."""
         plan = self.plan(need_context=False, entropy=entropy, half="no_context")
         views = batch_views(batch)
         h_x, _ = self.student_states(student, views, plan)
@@ -240,16 +260,15 @@ class NCAObjective:
         h_t, teacher_head = self.teacher_states(teacher, views.c, views.completion_mask, None, student_head)
         terms = self.divergences(plan, h_x, h_t, student_head, teacher_head)
         anchor_states = h_t if self.spec.nca_target == "teacher" else None
-        return terms, NoContextHalf(h_x.detach(), anchor_states, teacher_head)
+        return BatchLoss(terms, terms["opd"].sum(), NoContextHalf(h_x.detach(), anchor_states, teacher_head))
 
-    def context_terms(
-        self, student: nn.Module, batch: Mapping[str, Any], half: NoContextHalf
-    ) -> dict[str, torch.Tensor]:
+    def context_half(self, student: nn.Module, batch: Mapping[str, Any], half: NoContextHalf) -> BatchLoss:
         """The context half of a micro-batch run in sequence: per-token "nca" and "view_kl" from the student's context
-        view against the no-context half's (detached) states."""
+        view against the no-context half's (detached) states, and nca_beta * sum NCA."""
         plan = self.plan(need_context=True, half="context")
         _, h_c = self.student_states(student, batch_views(batch), plan)
-        return self.divergences(plan, half.h_x, half.h_t, LMHead.from_model(student), half.teacher_head, h_c)
+        terms = self.divergences(plan, half.h_x, half.h_t, LMHead.from_model(student), half.teacher_head, h_c)
+        return BatchLoss(terms, self.beta * terms["nca"].sum())
 
     def token_divergences(
         self,
@@ -259,14 +278,18 @@ class NCAObjective:
         need_context: bool,
         measure_gradients: bool = False,
         entropy: bool = False,
+        measure: bool | None = None,
     ) -> dict[str, torch.Tensor]:
         """Per-token "opd" (and "nca", "view_kl" with `need_context`) of the batch's valid completion tokens.
 
         `student` is the unwrapped student, `teacher` the unwrapped teacher (a model or a `SelfTeacher`). With
         `measure_gradients` and the NCA term off, the context view runs only to measure a gradient, on a side random
         stream. `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient). Which views run,
-        and how, is the batch's `ViewPlan` (`plan_views`).
+        and how, is the batch's `ViewPlan` (`plan_views`). `measure` is the deprecated name of `measure_gradients`.
         """
+        measure_gradients = renamed_keyword(
+            "NCAObjective.token_divergences", "measure", "measure_gradients", measure, measure_gradients, False
+        )
         plan = self.plan(need_context, measure_gradients, entropy)
         views = batch_views(batch)
         h_x, h_c = self.student_states(student, views, plan)

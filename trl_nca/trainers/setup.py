@@ -1,6 +1,7 @@
-"""What both trainers do to get ready, written once: the student, its tokenizer, the teacher and the token budgets
-resolved before the base trainer's `__init__` (`resolve_models`), and the wiring after it (`finish_setup`: the
-teacher placed, the NCA objective, the anchor schedule's checkpoint, the step statistics), with the checks both run.
+"""What both trainers do to get ready before the base trainer's `__init__`, written once: the student, its tokenizer,
+the teacher and the token budgets resolved (`resolve_models`), with the checks both run. The wiring after it (the
+teacher placed, the NCA objective, the step statistics, the anchor schedule) is
+`trl_nca.trainers.mixin.NCATrainerMixin._setup_nca`.
 """
 
 from __future__ import annotations
@@ -14,19 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
-from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import create_model_from_path
 
 from ..core.launch import placed_init_kwargs, refuse_data_parallel, refuse_fsdp
-from ..core.prefix import active_dropout
-from ..core.stall import StallMonitor
 from ..models.names import resolve_model_name_or_path
-from .checkpointing import requested_reentrant, settle_checkpointing
-from .checkpoints import ScheduleCheckpoint
+from .checkpointing import requested_reentrant
 from .data import Limits, check_examples, check_tokenizer
-from .objective import NCAObjective
-from .stats import StepStats
-from .teacher import SelfTeacher, check_output_rows, replacement_teacher, resolve_teacher
+from .teacher import check_output_rows, resolve_teacher
 
 
 logger = logging.getLogger(__name__)
@@ -168,57 +163,6 @@ def set_pad_token(tokenizer, model: nn.Module, pad_token: str | None) -> None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
 
 
-def finish_setup(
-    trainer, teacher: nn.Module, common_rows: tuple[int, int], placed: bool, requested_reentrant: bool | None = None
-) -> None:
-    """Everything after the base trainer's `__init__`, which has wrapped the student (PEFT, accelerate).
-
-    The teacher: a frozen merged copy replaces the adapter-disabled self-teacher where disabling the adapter would not
-    give the initial weights (`replacement_teacher`); a teacher not yet `placed` by the base class is placed as TRL
-    places teachers (a `SelfTeacher` as it is: it calls the student, which the accelerator already wraps; under
-    DeepSpeed an engine, sharded under ZeRO-3; else prepared for evaluation). With output layers of different sizes,
-    sampling never emits an id past the common rows (the other model could not score it). Then `trainer.nca` (the
-    objective shared by both trainers), the anchor schedule's checkpoint callback, and `trainer.step_stats`. First of
-    all, gradient checkpointing is settled reentrant or not (`trl_nca.trainers.checkpointing`; `requested_reentrant`
-    is the user's own `use_reentrant`), since the objective's view plan depends on it.
-    """
-    refuse_prompt_learning(trainer.model)
-    settle_checkpointing(trainer, requested_reentrant)
-    replacement = replacement_teacher(teacher, trainer.model)
-    if replacement is not None or not placed:
-        teacher = replacement if replacement is not None else teacher
-        if isinstance(teacher, SelfTeacher):
-            trainer.teacher_model = teacher
-        elif trainer.is_deepspeed_enabled:
-            trainer.teacher_model = prepare_deepspeed(teacher, trainer.accelerator)
-        else:
-            trainer.teacher_model = trainer.accelerator.prepare_model(teacher, evaluation_mode=True)
-    common, widest = common_rows
-    if widest > common:
-        trainer.generation_kwargs["suppress_tokens"] = list(range(common, widest))
-        trainer.generation_config.suppress_tokens = list(range(common, widest))
-    args = trainer.args
-    trainer.nca = NCAObjective(
-        args,
-        trainer.processing_class.pad_token_id,
-        trainer.model,
-        trainer.accelerator.unwrap_model(trainer.teacher_model),
-        deepspeed=trainer.is_deepspeed_enabled,
-    )
-    trainer.nca.teacher_wrapper = trainer.teacher_model  # a DeepSpeed engine: the teacher's forwards go through it
-    warn_dropout_turns_sharing_off(trainer)
-    stall = StallMonitor() if trainer.nca.active else None  # the stall signal of an anchored run (core.stall)
-    trainer.add_callback(ScheduleCheckpoint(trainer.nca.schedule, stall))
-    trainer.step_stats = StepStats(
-        trainer.accelerator,
-        trainer._metrics,
-        trainer.nca.schedule,
-        show_nca=trainer.nca.active or args.nca_monitor,
-        completions=trainer.logs_completion_stats,
-        stall=stall,
-    )
-
-
 def refuse_prompt_learning(model: nn.Module) -> None:
     """Prompt-learning adapters (prompt tuning, prefix tuning, P-tuning) add virtual tokens in `PeftModel.forward`,
     which the loss bypasses (it runs the backbone and reads hidden states): refused, as DistillationTrainer does."""
@@ -231,26 +175,6 @@ def refuse_prompt_learning(model: nn.Module) -> None:
             "tokens are added in `PeftModel.forward`, which the loss bypasses (it runs the backbone on both views), so "
             "the adapter would never be trained. Use a weight adapter such as LoRA."
         )
-
-
-def warn_dropout_turns_sharing_off(trainer) -> None:
-    """One warning at setup when dropout the student draws in training (LoRA's `lora_dropout`, kept by
-    `disable_dropout=False`, `NCADistillationConfig`'s default) will turn `share_prefix` off for the student's views
-    (the rows would share the prefix's dropout draws), naming the settings that keep it on."""
-    if not trainer.args.share_prefix:
-        return
-    student = trainer.accelerator.unwrap_model(trainer.model)
-    dropout = active_dropout(student, training=True)
-    if dropout is None:
-        return
-    logger.warning(
-        "Shared-prefix reuse (share_prefix=True) will be off for the student's views while training: dropout is "
-        "active (%s, disable_dropout=%s), and rows sharing one prefix pass would share its dropout draws. Set "
-        "`lora_dropout=0` in the LoRA config (`--lora_dropout 0`) or `disable_dropout=True` to share the prefix; a "
-        "teacher without dropout (the LoRA self-teacher runs with its adapter, and its dropout, disabled) still shares.",
-        dropout,
-        getattr(trainer.args, "disable_dropout", None),
-    )
 
 
 def named_datasets(train_dataset, eval_dataset):

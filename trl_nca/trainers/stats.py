@@ -12,9 +12,6 @@ from collections.abc import Mapping
 
 import torch
 
-from ..core.schedule import BetaSchedule
-from ..core.stall import StallMonitor
-
 
 STAT_NAMES = ("loss", "opd", "nca", "view_kl", "tokens", "rows", "clipped", "sampled_rows")
 
@@ -59,67 +56,49 @@ def record_means(
 
 
 class StepStats:
-    """Sums of the logged terms over the micro-batches of one optimizer step, and over one evaluation loop.
+    """Sums of the logged terms over the micro-batches of one optimizer step, and over one evaluation loop; it only
+    records.
 
-    A trainer opens each optimizer step with its number of micro-batches (`open_step`) and adds every micro-batch's
-    sums (`add`). The last micro-batch of the step logs the step's token means, with the anchor weight the step used,
-    and then sets the next step's weight (`schedule.update`): it runs after that micro-batch's loss is built, so
-    every micro-batch of a step uses the same weight. A training micro-batch outside any opened step is a step of its
-    own. In evaluation the sums run over the whole loop (`open_eval`, `close_eval`).
+    The step is Trainer's: `open_step` at its start and `close_step` at its end are called by the trainer's
+    `trl_nca.trainers.checkpoints.AnchorStep` callback (`on_step_begin`, `on_step_end`), and every training
+    micro-batch in between adds its sums (`add`); `close_step` logs the step's token means with the anchor weight the
+    step used. In evaluation the sums run over the whole loop (`open_eval`, `close_eval`).
 
     Args:
         accelerator: the trainer's accelerator (the sums are added over its processes).
         metrics: the trainer's `_metrics` (`{"train": ..., "eval": ...}` of lists, flushed by TRL's `log`).
-        schedule: the anchor schedule, read and updated once per step.
         show_nca: whether `nca_loss` and `view_kl` are logged (the NCA term is on, or `nca_monitor`).
         completions: whether the completion statistics are logged (False where the base trainer logs them).
-        stall: the stall signal (`trl_nca.core.stall`), updated and logged after every step; None: not measured.
     """
 
-    def __init__(
-        self,
-        accelerator,
-        metrics,
-        schedule: BetaSchedule,
-        show_nca: bool,
-        completions: bool = True,
-        stall: StallMonitor | None = None,
-    ):
+    def __init__(self, accelerator, metrics, show_nca: bool, completions: bool = True):
         self.accelerator = accelerator
         self.metrics = metrics
-        self.schedule = schedule
         self.show_nca = show_nca
         self.completions = completions
-        self.stall = stall
         self.step_sums: torch.Tensor | None = None
-        self.batches_left = 0
         self.eval_sums: torch.Tensor | None = None
 
-    def open_step(self, micro_batches: int) -> None:
-        """Start the sums of an optimizer step of `micro_batches` micro-batches."""
-        self.step_sums, self.batches_left = None, micro_batches
+    def open_step(self) -> None:
+        """Start the sums of an optimizer step."""
+        self.step_sums = None
 
     def add(self, stats: torch.Tensor, training: bool) -> None:
-        """Add one micro-batch's sums (`batch_stats`): to the evaluation's, or to the step's (logged with the last)."""
+        """Add one micro-batch's sums (`batch_stats`): to the evaluation's, or to the optimizer step's."""
         if not training:
             self.eval_sums = stats if self.eval_sums is None else self.eval_sums + stats
             return
-        if self.batches_left <= 0:  # outside any opened step
-            self._end_step(stats)
-            return
         self.step_sums = stats if self.step_sums is None else self.step_sums + stats
-        self.batches_left -= 1
-        if self.batches_left == 0:
-            sums, self.step_sums = self.step_sums, None
-            self._end_step(sums)
 
-    def _end_step(self, sums: torch.Tensor) -> None:
+    def close_step(self, beta: float) -> dict[str, float] | None:
+        """Log the step's token means and `nca_beta` (the anchor weight the step used), and return the means (None,
+        logging nothing, for a step without a training micro-batch)."""
+        sums, self.step_sums = self.step_sums, None
+        if sums is None:
+            return None
         means = self.record(sums, "train")
-        self.metrics["train"]["nca_beta"].append(self.schedule.value)
-        if self.stall is not None:  # a recording: read from the step's means, it changes nothing in training
-            for name, value in self.stall.update(means["opd_loss"], means["view_kl"]).items():
-                self.metrics["train"][name].append(value)
-        self.schedule.update(means)
+        self.metrics["train"]["nca_beta"].append(beta)
+        return means
 
     def record(self, stats: torch.Tensor, mode: str) -> dict[str, float]:
         """Log the token means of `stats` (summed over processes) under `mode` and return them (`record_means`)."""

@@ -22,7 +22,6 @@ from ..core.launch import agreed_max, rank0_choice
 from ..core.sampling import Generated, mask_through_eos
 from ..core.views import ContextSpec, left_pad
 from .checkpointing import quiet_old_checkpointing_names
-from .checkpoints import resume
 from .config import NCAConfig
 from .data import (
     VIEW_KEYS,
@@ -33,16 +32,17 @@ from .data import (
     prepare_dataset,
     tokenize_example,
 )
+from .mixin import NCATrainerMixin
+from .objective import TRAINING_STEP
 from .rollouts import Rollout
-from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
-from .stats import batch_stats
+from .setup import NCA_PAPER, named_datasets, resolve_models
 from .teacher import SelfTeacher
 
 
 logger = logging.getLogger(__name__)
 
 
-class NCATrainer(GKDTrainer):
+class NCATrainer(NCATrainerMixin, GKDTrainer):
     """On-policy context distillation with No-Context Anchoring; a drop-in replacement for `GKDTrainer`.
 
     Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
@@ -156,8 +156,8 @@ class NCATrainer(GKDTrainer):
             )
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
         # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
-        finish_setup(
-            self, self._teacher(), models.common_rows, placed=True, requested_reentrant=models.requested_reentrant
+        self._setup_nca(
+            self._teacher(), models.common_rows, placed=True, requested_reentrant=models.requested_reentrant
         )
         # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
@@ -168,20 +168,11 @@ class NCATrainer(GKDTrainer):
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
 
-    @property
-    def nca_beta(self) -> float:
-        """The anchor weight of the optimizer step in progress (`NCAConfig.nca_beta_schedule`)."""
-        return self.nca.schedule.value
-
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling
 
-    def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resume(
-            resume_from_checkpoint, self.args.output_dir, self.nca.schedule, self.step_stats.stall
-        )
-        self._resume_rng_from = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+    def _resuming_from(self, checkpoint: str | None) -> None:
+        self._resume_rng_from = checkpoint
 
     def _load_rng_state(self, checkpoint):
         # On a mid-epoch resume Trainer restores the RNG only after fetching the first batches; we sample there, so
@@ -212,8 +203,6 @@ class NCATrainer(GKDTrainer):
         tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
-        # The logged terms of this step are summed over its micro-batches and divided once, like the loss.
-        self.step_stats.open_step(len(batches))
         return batches, tokens
 
     def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
@@ -326,35 +315,27 @@ class NCATrainer(GKDTrainer):
         if not inputs.get("completions_ready"):
             inputs = self._with_completions(self._prepare_inputs(inputs))
             num_items_in_batch = inputs["completion_mask"].sum() * self.current_gradient_accumulation_steps
-        # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples.
-        with self.nca.training_step():
-            return SFTTrainer.training_step(self, model, inputs, num_items_in_batch)
+        # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples. Trainer runs this
+        # batch's backward, so its loss may run its views in sequence (`TRAINING_STEP`).
+        return SFTTrainer.training_step(self, model, {**inputs, TRAINING_STEP: True}, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         check_batch_views(inputs, VIEW_KEYS, "NCATrainer")
         measure_gradients = self._grad_cosine_due()
-        if self.nca.in_sequence():
+        if self.nca.in_sequence(inputs):
             loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure_gradients)
             return (loss, None) if return_outputs else loss
         need_context = self.nca.need_context(measure_gradients)
         unwrapped = self.accelerator.unwrap_model(model)
         # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
         # DeepSpeed see a single ordinary forward.
-        terms = self._redirect(
-            model,
-            unwrapped,
-            self.nca.token_divergences,
-            unwrapped,
-            self._teacher(),
-            inputs,
-            need_context,
-            measure_gradients,
+        result = self._redirect(
+            model, unwrapped, self.nca.loss, unwrapped, self._teacher(), inputs, need_context, measure_gradients
         )
         if measure_gradients:
-            self._log_grad_cosine(unwrapped, terms)
-        total = self.nca.total(terms)
-        loss = total * self._loss_scale(num_items_in_batch, terms["opd"].numel())
-        self._log_terms(terms, total, inputs)
+            self._log_grad_cosine(unwrapped, result.terms)
+        loss = result.total * self._loss_scale(num_items_in_batch, result.tokens)
+        self._log_terms(result.terms, result.total, inputs)
         return (loss, None) if return_outputs else loss
 
     def _loss_scale(self, num_items_in_batch, tokens: int) -> torch.Tensor | float:
@@ -367,35 +348,30 @@ class NCATrainer(GKDTrainer):
 
     def _views_in_sequence(self, model, inputs, num_items_in_batch, measure_gradients: bool) -> torch.Tensor:
         """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
-        (`nca_sequential_views`; `NCAObjective.backward_in_sequence`). Each half runs inside its own redirected
-        forward of the wrapped model, so DDP sees two ordinary forward/backward pairs, the first under `no_sync`.
-        With `measure_gradients` each half's term gradient is taken before its backward, for `log_grad_cosine_steps`."""
+        (`nca_sequential_views`). The no-context half (the no-context view, the teacher and OPD) runs with its
+        backward first, without the gradient all-reduce (`no_sync`); then the context half (the context view and
+        NCA), whose backward Trainer runs as usual and which synchronises the summed gradient once. Each half runs
+        inside its own redirected forward of the wrapped model, so DDP sees two ordinary forward/backward pairs. Only
+        one view's activations are alive at a time. With `measure_gradients` each half's term gradient is taken before
+        its backward, for `log_grad_cosine_steps`. Returns the micro-batch's loss, differentiable through the context
+        half only (its value is the whole loss)."""
         unwrapped = self.accelerator.unwrap_model(model)
         tokens = int(inputs["completion_mask"].sum())
         scale = self._loss_scale(num_items_in_batch, tokens)
         params = [p for p in unwrapped.parameters() if p.requires_grad] if measure_gradients else []
-        halves = {}
-
-        def no_context_half(student):  # the carried states stay out of what the wrapped forward returns
-            halves["terms"], halves["carry"] = self.nca.no_context_terms(student, self._teacher(), inputs)
-            return halves["terms"]
-
-        def no_context_loss():
-            opd = self._redirect(model, unwrapped, no_context_half, unwrapped)["opd"].sum()
+        with self.accelerator.no_sync(model):
+            first = self._redirect(model, unwrapped, self.nca.no_context_half, unwrapped, self._teacher(), inputs)
             if measure_gradients:
-                halves["opd_gradient"] = loss_gradients(opd / max(tokens, 1), params)
-            return opd * scale
-
-        def context_loss():
-            context = self._redirect(model, unwrapped, self.nca.context_terms, unwrapped, inputs, halves["carry"])
-            halves["terms"].update(context)
-            if measure_gradients:
-                nca_gradient = loss_gradients(context["nca"].sum() / max(tokens, 1), params)
-                self._record_grad_cosine(halves.pop("opd_gradient"), nca_gradient)
-            return self.nca.beta * context["nca"].sum() * scale
-
-        loss = self.nca.backward_in_sequence(self.accelerator, model, no_context_loss, context_loss)
-        self._log_terms(halves["terms"], self.nca.total(halves["terms"]), inputs)
+                opd_gradient = loss_gradients(first.total / max(tokens, 1), params)
+            first_loss = first.total * scale
+            self.accelerator.backward(first_loss)
+        second = self._redirect(model, unwrapped, self.nca.context_half, unwrapped, inputs, first.carry)
+        if measure_gradients:
+            nca_gradient = loss_gradients(second.terms["nca"].sum() / max(tokens, 1), params)
+            self._record_grad_cosine(opd_gradient, nca_gradient)
+        loss = second.total * scale + first_loss.detach()
+        terms = {**first.terms, **second.terms}
+        self._log_terms(terms, self.nca.total(terms), inputs)
         return loss
 
     def _grad_cosine_due(self) -> bool:
@@ -424,16 +400,12 @@ class NCATrainer(GKDTrainer):
         for name, value in zip(("grad_cosine", "grad_norm_opd", "grad_norm_nca"), values):
             self._metrics["train"][name].append(value)
 
-    def _teacher(self) -> nn.Module:
-        return self.accelerator.unwrap_model(self.teacher_model)
-
     # Logged terms: token means over the optimizer step (`trl_nca.trainers.stats.StepStats`).
 
     def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
         lengths = inputs["completion_mask"].sum(1)
         clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
-        stats = batch_stats(terms, total, lengths, clipped, inputs.get("on_policy", True))
-        self.step_stats.add(stats, training=self.model.training)
+        self._record_terms(terms, total, lengths, clipped, inputs.get("on_policy", True))
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """GKD's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into both views as the
@@ -446,12 +418,7 @@ class NCATrainer(GKDTrainer):
             )
         return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
-    def evaluation_loop(
-        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
-    ):
-        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
-        (Trainer would average per-batch means)."""
-        self.step_stats.open_eval()
+    def _describe_evaluation(self, description: str) -> None:
         if self.args.eval_completions == "dataset":
             logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
         else:
@@ -459,8 +426,6 @@ class NCATrainer(GKDTrainer):
                 "%s scores completions sampled from the student without the context (eval_completions='on_policy').",
                 description,
             )
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
 
     def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
         eos = self.generation_config.eos_token_id

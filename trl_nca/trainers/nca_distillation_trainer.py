@@ -20,17 +20,17 @@ from trl import DistillationTrainer
 
 from ..core.views import left_pad, split_example
 from .checkpointing import quiet_old_checkpointing_names
-from .checkpoints import resume
 from .config import NCADistillationConfig
 from .data import check_batch_views, check_examples, prepare_dataset
-from .setup import NCA_PAPER, finish_setup, named_datasets, resolve_models
-from .stats import batch_stats
+from .mixin import NCATrainerMixin
+from .objective import TRAINING_STEP
+from .setup import NCA_PAPER, named_datasets, resolve_models
 
 
 logger = logging.getLogger(__name__)
 
 
-class NCADistillationTrainer(DistillationTrainer):
+class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     """On-policy context distillation with No-Context Anchoring on TRL's `DistillationTrainer`.
 
     The loss is `NCATrainer`'s (same code): per completion token of a sample drawn from the student without the
@@ -97,10 +97,6 @@ class NCADistillationTrainer(DistillationTrainer):
         model, processing_class, teacher = models.student, models.tokenizer, models.teacher
         _check_vllm_can_sample(models.common_rows, args.use_vllm)
         self.limits = models.limits
-        # The no-context half's results while a micro-batch runs its views in sequence (`_views_in_sequence`).
-        self._sequence: dict[str, Any] | None = None
-        # The last loss call's terms, read by `compute_loss` after TRL's forward redirection returns.
-        self._last_terms: tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor] | None = None
         self.context_spec = args.context_spec
 
         train_dataset = _prepared(train_dataset, processing_class, self.context_spec, self.limits, "train")
@@ -127,26 +123,12 @@ class NCADistillationTrainer(DistillationTrainer):
                 optimizers=optimizers,
                 peft_config=peft_config,
             )
-        finish_setup(self, teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
-
-    @property
-    def nca_beta(self) -> float:
-        """The anchor weight of the optimizer step in progress (`nca_beta_schedule`)."""
-        return self.nca.schedule.value
-
-    def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resume(
-            resume_from_checkpoint, self.args.output_dir, self.nca.schedule, self.step_stats.stall
-        )
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        self._setup_nca(teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
         # The token columns of both views survive `remove_unused_columns=True`.
         self._signature_columns = list(dict.fromkeys([*self._signature_columns, "prompt_ids", "context_prompt_ids"]))
-
-    def _teacher(self) -> nn.Module:
-        return self.accelerator.unwrap_model(self.teacher_model)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling: TRL's, from the no-context prompt; then the context prompts of the same rows.
@@ -171,78 +153,37 @@ class NCADistillationTrainer(DistillationTrainer):
         return output
 
     # ----------------------------------------------------------------------------------------------------------------
-    # Loss: the shared NCA objective inside DistillationTrainer's forward redirection; logged outside it.
+    # Loss: the shared NCA objective inside the student's redirected forward, as DistillationTrainer runs its own.
 
-    def _compute_loss(self, unwrapped_student, inputs, num_items_in_batch):
-        """Replaces DistillationTrainer's loss method (same contract: loss, entropy sum, valid-token count). With the
-        views in sequence (`_views_in_sequence`) it computes the no-context half only."""
-        batch = _nca_batch(inputs)
-        num_valid = inputs["completion_mask"].sum()
-        # evaluation: the micro-batch's token mean; training: the window's tokens over all processes, divided by the
-        # process count (DistillationTrainer)
-        divisor = num_valid.clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        if self._sequence is not None:
-            terms, self._sequence["carry"] = self.nca.no_context_terms(unwrapped_student, self._teacher(), batch, True)
-            self._sequence.update(terms=terms, divisor=divisor)
-            return terms["opd"].sum() / divisor, terms["entropy"].detach().sum(), num_valid
-        need_context = self.nca.need_context()
-        terms = self.nca.token_divergences(unwrapped_student, self._teacher(), batch, need_context, entropy=True)
-        total = self.nca.total(terms)
-        self._last_terms = (terms, total.detach(), inputs["completion_mask"])
-        return total / divisor, terms["entropy"].detach().sum(), num_valid
-
-    def _views_in_sequence(self, model, inputs, num_items_in_batch):
-        """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
-        (`nca_sequential_views`; `NCAObjective.backward_in_sequence`): DistillationTrainer's own loss call computes
-        the no-context half, then the context half runs in a redirected forward of its own."""
-        self._sequence = {}
-        unwrapped = self.accelerator.unwrap_model(model)
-        batch = _nca_batch(inputs)
-
-        def no_context_loss():
-            return super(NCADistillationTrainer, self).compute_loss(
-                model, inputs, num_items_in_batch=num_items_in_batch
-            )
-
-        def context_loss():
-            half = self._sequence
-            context = self._forward_redirection(
-                model, unwrapped, self.nca.context_terms, unwrapped, batch, half["carry"]
-            )
-            half["terms"].update(context)
-            return self.nca.beta * context["nca"].sum() / half["divisor"]
-
-        try:
-            loss = self.nca.backward_in_sequence(self.accelerator, model, no_context_loss, context_loss)
-            terms = self._sequence["terms"]
-        finally:
-            self._sequence = None
-        self._last_terms = (terms, self.nca.total(terms).detach(), inputs["completion_mask"])
-        return loss
-
-    def training_step(self, model, inputs, num_items_in_batch):
-        # DistillationTrainer counts micro-batches in `_step`: a window of gradient_accumulation_steps of them (one
-        # sampling) is one optimizer step, whose terms are logged as token means over all its micro-batches.
-        if self._step % self.args.gradient_accumulation_steps == 0:
-            self.step_stats.open_step(self.args.gradient_accumulation_steps)
-        with self.nca.training_step():
-            return super().training_step(model, inputs, num_items_in_batch)
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        # In training this is called by Trainer.training_step only, which runs the batch's backward: its loss may run
+        # its views in sequence (`TRAINING_STEP`).
+        return {**inputs, TRAINING_STEP: True} if self.model.training else inputs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The NCA objective in place of DistillationTrainer's loss, with its token count and entropy logging: the
+        loss is divided by the completion tokens of the gradient-accumulation window over all processes (divided by
+        the process count: DDP averages the processes' gradients) in training, by the micro-batch's in evaluation."""
         check_batch_views(inputs, _DISTILLATION_VIEW_KEYS, "NCADistillationTrainer")
-        if self.nca.in_sequence():
-            loss = self._views_in_sequence(model, inputs, num_items_in_batch)
-            out = (loss, None) if return_outputs else loss
+        if self.model.training and inputs.get("num_items_in_batch") is not None:
+            num_items_in_batch = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        num_valid = inputs["completion_mask"].sum()
+        divisor = num_valid.clamp(min=1) if num_items_in_batch is None else num_items_in_batch
+        if self.nca.in_sequence(inputs):
+            loss, terms = self._views_in_sequence(model, inputs, divisor, num_valid)
         else:
-            out = super().compute_loss(
-                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
-            )
-        terms, total, completion_mask = self._last_terms
-        self._last_terms = None
-        lengths = completion_mask.sum(1)
-        stats = batch_stats(terms, total, lengths, torch.zeros_like(lengths), on_policy=True)
-        self.step_stats.add(stats, training=self.model.training)
-        return out
+            unwrapped = self.accelerator.unwrap_model(model)
+            need_context = self.nca.need_context()
+            result = self._forward_redirection(
+                model, unwrapped, self.nca.loss, unwrapped, self._teacher(), _nca_batch(inputs), need_context,
+                entropy=True,
+            )  # fmt: skip
+            loss, terms = result.total / divisor, result.terms
+            self._log_entropy(terms["entropy"], num_valid)
+        lengths = inputs["completion_mask"].sum(1)
+        self._record_terms(terms, self.nca.total(terms).detach(), lengths, torch.zeros_like(lengths), on_policy=True)
+        return (loss, None) if return_outputs else loss
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         """Trainer's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into both views as
@@ -257,14 +198,30 @@ class NCADistillationTrainer(DistillationTrainer):
                 eval_dataset = prepare(eval_dataset, "eval")
         return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
-    def evaluation_loop(
-        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
-    ):
-        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
-        (Trainer would average per-batch means)."""
-        self.step_stats.open_eval()
-        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
+    def _views_in_sequence(self, model, inputs, divisor, num_valid):
+        """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
+        (`nca_sequential_views`, as in `NCATrainer`): the no-context half with its backward first, without the
+        gradient all-reduce, then the context half, whose backward Trainer runs. Returns the loss (differentiable
+        through the context half, its value the whole loss) and the micro-batch's terms."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        batch = _nca_batch(inputs)
+        with self.accelerator.no_sync(model):
+            first = self._forward_redirection(
+                model, unwrapped, self.nca.no_context_half, unwrapped, self._teacher(), batch, True
+            )
+            first_loss = first.total / divisor
+            self._log_entropy(first.terms["entropy"], num_valid)
+            self.accelerator.backward(first_loss)
+        second = self._forward_redirection(model, unwrapped, self.nca.context_half, unwrapped, batch, first.carry)
+        return second.total / divisor + first_loss.detach(), {**first.terms, **second.terms}
+
+    def _log_entropy(self, entropy: torch.Tensor, num_valid: torch.Tensor) -> None:
+        """DistillationTrainer's `entropy`: the mean per-token entropy of the student's no-context view (in nats)
+        over all processes, gathered after the redirected forward has returned."""
+        mode = "train" if self.model.training else "eval"
+        num_valid = self.accelerator.gather_for_metrics(num_valid).sum()
+        entropy_sum = self.accelerator.gather_for_metrics(entropy.detach().sum()).sum()
+        self._metrics[mode]["entropy"].append((entropy_sum / num_valid).item() if num_valid > 0 else 0.0)
 
 
 def _check_vllm_can_sample(common_rows: tuple[int, int], use_vllm: bool) -> None:
