@@ -430,7 +430,7 @@ def train_run(
     task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None
 ):
     """Train one student; returns the trainer (its model holds the trained adapter)."""
-    from ..trainers.trainer import NCATrainer
+    from ..trainers.nca_trainer import NCATrainer
     from . import sdft
 
     model = _load_base(model_path, model_init_kwargs)

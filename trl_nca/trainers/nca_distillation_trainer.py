@@ -19,9 +19,9 @@ from transformers import PreTrainedTokenizerBase
 from trl import DistillationTrainer
 
 from ..core.views import left_pad, split_example
-from .config import NCADistillationConfig
 from .data import prepare_dataset
 from .mixin import NCATrainerMixin
+from .nca_distillation_config import NCADistillationConfig
 from .objective import TRAINING_STEP
 from .setup import NCA_PAPER, named_datasets, resolve_models
 

@@ -22,9 +22,9 @@ from ..core.gradients import compare_gradients, loss_gradients
 from ..core.launch import agreed_max, rank0_choice
 from ..core.sampling import Generated, mask_through_eos
 from ..core.views import ContextSpec, left_pad
-from .config import NCAConfig
 from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
 from .mixin import NCATrainerMixin
+from .nca_config import NCAConfig
 from .objective import TRAINING_STEP
 from .rollouts import Rollout
 from .setup import NCA_PAPER, named_datasets, resolve_models

@@ -173,7 +173,7 @@ class BatchLoss:
 class NCAObjective:
     """OPD + nca_beta * NCA on a batch of both views, from hidden states (no (batch x sequence x vocabulary) logits).
 
-    `args` is a config with the NCA fields (`trl_nca.trainers.config.NCAFields`: `NCAConfig` or
+    `args` is a config with the NCA fields (`trl_nca.trainers.nca_config.NCAFields`: `NCAConfig` or
     `NCADistillationConfig`); `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from
     `args`). `student` and `teacher` (the models as the trainer holds them) and `deepspeed` decide
     `nca_sequential_views`.
