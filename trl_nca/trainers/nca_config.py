@@ -400,11 +400,8 @@ class NCAConfig(NCAFields, GKDConfig):
     r"""
     Configuration class for [`NCATrainer`]: on-policy context distillation with No-Context Anchoring.
 
-    The loss per completion token of a sample y drawn from the student without the context c is
-
-        OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)
-
-    where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of
+    The loss per completion token of a sample drawn from the student without the context is OPD + `nca_beta` * NCA
+    (the formulas: `trl_nca.core.losses`). All fields of
     [`~trl.experimental.gkd.GKDConfig`] keep their meaning; the fields below are specific to NCA (declared once, in
     [`NCAFields`], and shared with [`NCADistillationConfig`]), or are GKD's with another default. `bf16=None` resolves
     to `True` only when a CUDA device with bfloat16 support is present, so the same config runs on a CPU-only machine.

@@ -21,8 +21,8 @@ class NCADistillationConfig(NCAFields, DistillationConfig):
     r"""
     Configuration class for [`NCADistillationTrainer`]: NCA on TRL's stable `DistillationTrainer` (vLLM sampling).
 
-    The loss is [`NCAConfig`]'s: per completion token of a sample y drawn from the student without the context c,
-    `OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)`. All fields of [`~trl.DistillationConfig`] keep
+    The loss is [`NCAConfig`]'s (OPD + `nca_beta` * NCA per completion token; the formulas: `trl_nca.core.losses`).
+    All fields of [`~trl.DistillationConfig`] keep
     their meaning and defaults (sampling: `temperature`, `top_p`, `top_k`, `min_p`, `max_completion_length`,
     `use_vllm` and the `vllm_*` fields; `beta` selects the OPD divergence as in `NCAConfig`); the NCA fields below are
     the same as `NCAConfig`'s, declared once in [`NCAFields`], except:

@@ -32,9 +32,9 @@ logger = logging.getLogger(__name__)
 class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     """On-policy context distillation with No-Context Anchoring on TRL's `DistillationTrainer`.
 
-    The loss is `NCATrainer`'s (same code): per completion token of a sample drawn from the student without the
-    context, `OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student |
-    prompt + context)`, averaged over every completion token of the optimizer step. What differs is the machinery
+    The loss is `NCATrainer`'s (same code): OPD + `nca_beta` * NCA per completion token of a sample drawn from the
+    student without the context (the formulas: `trl_nca.core.losses`), averaged over every completion token of the
+    optimizer step. What differs is the machinery
     around it, which is `DistillationTrainer`'s: sampling with vLLM (`use_vllm=True`, colocated or a server) or
     `generate`, once per gradient-accumulation window; its sampling fields (`temperature`, `top_p`, `top_k`, `min_p`,
     `max_completion_length`); its logging of completion lengths and entropy. Every step is on-policy.

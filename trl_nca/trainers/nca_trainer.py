@@ -41,12 +41,10 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
     """On-policy context distillation with No-Context Anchoring; a drop-in replacement for `GKDTrainer`.
 
     Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
-    prompt alone; the teacher scores it with the context; the student is trained on
-
-        OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student | prompt +
-        context)
-
-    averaged over every completion token of the optimizer step (across gradient accumulation and processes).
+    prompt alone; the teacher scores it with the context; the student is trained on OPD (towards the teacher, from
+    the prompt alone) + `nca_beta` * NCA (the student with the context anchored to the student without it), per token
+    as `trl_nca.core.losses` writes them, averaged over every completion token of the optimizer step (across gradient
+    accumulation and processes).
 
     The arguments not listed below are those of `GKDTrainer`.
 
