@@ -231,16 +231,9 @@ class NCAObjective:
             self.active, self.args.nca_monitor, self.args.joint_forward, need_context, measure_gradients, entropy, half
         )
 
-    def loss(
-        self,
-        student: nn.Module,
-        teacher: nn.Module,
-        batch: Mapping[str, Any],
-        need_context: bool,
-        measure_gradients: bool = False,
-        entropy: bool = False,
-    ) -> BatchLoss:
-        """A whole micro-batch: its terms (`token_divergences`) and their total (`total`)."""
+    def loss(self, student, teacher, batch, need_context: bool, measure_gradients=False, entropy=False) -> BatchLoss:
+        """A whole micro-batch: its terms (`token_divergences`, which takes the same arguments) and their total
+        (`total`)."""
         terms = self.token_divergences(student, teacher, batch, need_context, measure_gradients, entropy)
         return BatchLoss(terms, self.total(terms))
 
