@@ -61,7 +61,7 @@ def plan_for(dtype: str, items: int, steps: int, out: Path):
     from trl import ModelConfig, TrlParser
 
     from trl_nca.recipes import CompareArguments, plan_comparison
-    from trl_nca.trainers.config import NCAConfig
+    from trl_nca.trainers.nca_config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig))
     argv = ["--config", str(FR30), "--output_dir", str(out), "--eval_items", str(items), "--max_steps", str(steps),
@@ -76,7 +76,7 @@ def measure_steps(plan, run, tokenizer, warmup: int, timed: int):
     from transformers import TrainerCallback
 
     from trl_nca.recipes.compare import train_run
-    from trl_nca.trainers.trainer import NCATrainer
+    from trl_nca.trainers.nca_trainer import NCATrainer
 
     sampling: list[float] = []
     original = NCATrainer._generate

@@ -82,7 +82,7 @@ MACHINE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "pl
                   "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
 # Imports the check needs; deepspeed is optional (ZeRO launches), reported either way.
 REQUIRED_IMPORTS = ("torch", "transformers", "accelerate", "peft", "datasets", "trl", "trl.experimental.gkd",
-                    "trl_nca", "trl_nca.trainers.trainer", "trl_nca.eval.compare")  # fmt: skip
+                    "trl_nca", "trl_nca.trainers.nca_trainer", "trl_nca.eval.compare")  # fmt: skip
 DEEPSPEED_ABSENT = (
     "deepspeed is not installed: benchmarks/download_wheels.sh builds it as a pure-Python wheel "
     "(`DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`: no op compiled; ZeRO-2/3 with the Trainer's torch "

@@ -12,7 +12,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from trl_nca.trainers import field_docs
-from trl_nca.trainers.config import NCAConfig, NCADistillationConfig, NCAFields
+from trl_nca.trainers.nca_config import NCAConfig, NCAFields
+from trl_nca.trainers.nca_distillation_config import NCADistillationConfig
 
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"

@@ -47,7 +47,7 @@ def test_importing_trl_nca_changes_nothing_process_wide():
         "before, filters = dict(os.environ), list(warnings.filters)\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    import trl_nca, trl_nca.trainers.trainer\n"
+        "    import trl_nca, trl_nca.trainers.nca_trainer\n"
         "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
         "assert list(warnings.filters) == filters\n"
         "print(sorted({type(w.message).__name__ for w in caught}))\n"

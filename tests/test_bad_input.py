@@ -91,7 +91,7 @@ def test_context_template_is_checked_at_config_time(tmp_path, template, match):
 
 
 def test_a_template_the_placement_does_not_use_is_reported(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.config"):
+    with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.nca_config"):
         args(tmp_path, context_template="Notes: {context}\n{prompt}", context_text="c")
     assert "context_template is set but context_placement='system' does not use it" in caplog.text
 

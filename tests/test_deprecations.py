@@ -2,6 +2,7 @@
 under its old name, with a FutureWarning naming the new one, and gives what the new name gives."""
 
 import importlib
+import re
 import sys
 
 import pytest
@@ -15,7 +16,7 @@ from trl_nca.testing import make_tiny_model, prompt_dataset
 
 def _import_afresh(name):
     sys.modules.pop(name, None)
-    with pytest.warns(FutureWarning, match=rf"trl_nca\.{name.split('.')[-1]} is deprecated.*{REMOVED_IN}"):
+    with pytest.warns(FutureWarning, match=rf"{re.escape(name)} is deprecated.*{REMOVED_IN}"):
         return importlib.import_module(name)
 
 
@@ -33,9 +34,19 @@ def _import_afresh(name):
                 "NCA_PAPER": "trl_nca.trainers.setup",
             },
         ),
+        ("trl_nca.trainers.trainer", {"NCATrainer": "trl_nca.trainers.nca_trainer"}),
+        ("trl_nca.trainers.distillation", {"NCADistillationTrainer": "trl_nca.trainers.nca_distillation_trainer"}),
+        (
+            "trl_nca.trainers.config",
+            {
+                "NCAConfig": "trl_nca.trainers.nca_config",
+                "NCAFields": "trl_nca.trainers.nca_config",
+                "NCADistillationConfig": "trl_nca.trainers.nca_distillation_config",
+            },
+        ),
         (
             "trl_nca.config",
-            {"NCAConfig": "trl_nca.trainers.config", "resume_checkpoint": "trl_nca.trainers.script_options"},
+            {"NCAConfig": "trl_nca.trainers.nca_config", "resume_checkpoint": "trl_nca.trainers.script_options"},
         ),
     ],
 )

@@ -24,7 +24,7 @@ from trl_nca.testing import (
     record_batches,
     run_args,
 )
-from trl_nca.trainers.distillation import _nca_batch
+from trl_nca.trainers.nca_distillation_trainer import _nca_batch
 from trl_nca.trainers.teacher import SelfTeacher
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import trl_nca.trainers.trainer
+import trl_nca.trainers.nca_trainer
 from trl_nca.cli import main as cli_main
 from trl_nca.cli import train as cli_train
 
@@ -24,18 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 KILL_AFTER_SAVE = """
 import os, signal, sys
 from transformers import TrainerCallback
-import trl_nca.trainers.trainer
+import trl_nca.trainers.nca_trainer
 
 class KillAfterSave(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if state.global_step == int(os.environ["KILL_AT"]):
             os.kill(os.getpid(), signal.SIGKILL)
 
-init = trl_nca.trainers.trainer.NCATrainer.__init__
+init = trl_nca.trainers.nca_trainer.NCATrainer.__init__
 def patched(self, *a, **k):
     init(self, *a, **k)
     self.add_callback(KillAfterSave())
-trl_nca.trainers.trainer.NCATrainer.__init__ = patched
+trl_nca.trainers.nca_trainer.NCATrainer.__init__ = patched
 from trl_nca.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -58,13 +58,13 @@ def weights(folder):
 def count_steps(monkeypatch):
     """Counts the optimizer steps a run actually computes (one micro-batch per step here)."""
     calls = []
-    original = trl_nca.trainers.trainer.NCATrainer.training_step
+    original = trl_nca.trainers.nca_trainer.NCATrainer.training_step
 
     def counted(self, *args, **kwargs):
         calls.append(self.state.global_step)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(trl_nca.trainers.trainer.NCATrainer, "training_step", counted)
+    monkeypatch.setattr(trl_nca.trainers.nca_trainer.NCATrainer, "training_step", counted)
     return calls
 
 

@@ -164,7 +164,7 @@ def test_resuming_a_model_folder_is_refused_before_loading(tiny_dir, tmp_path, c
 # training step, as a user's Ctrl-C lands).
 INTERRUPT_MID_STEP = """
 import os, signal, sys
-import trl_nca.trainers.trainer as module
+import trl_nca.trainers.nca_trainer as module
 
 step = module.NCATrainer.training_step
 def interrupted(self, *args, **kwargs):

@@ -4,9 +4,10 @@ __version__ = "0.1.0"
 
 from .core.losses import DivergenceSpec, token_divergences
 from .core.views import ContextSpec
-from .trainers.config import NCAConfig, NCADistillationConfig
-from .trainers.distillation import NCADistillationTrainer
-from .trainers.trainer import NCATrainer
+from .trainers.nca_config import NCAConfig
+from .trainers.nca_distillation_config import NCADistillationConfig
+from .trainers.nca_distillation_trainer import NCADistillationTrainer
+from .trainers.nca_trainer import NCATrainer
 
 
 __all__ = [

@@ -126,7 +126,7 @@ def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
     from trl import ModelConfig, TrlParser
 
-    from ..trainers.config import NCAConfig
+    from ..trainers.nca_config import NCAConfig
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     check_config_file(argv)
@@ -220,7 +220,7 @@ def _train(script_args, training_args, model_args):
 
     from ..models.names import EmbeddedModelUnavailableError, resolve_model_name_or_path
     from ..trainers.checkpoints import StopOnInterrupt
-    from ..trainers.trainer import NCATrainer
+    from ..trainers.nca_trainer import NCATrainer
 
     try:
         model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
@@ -359,7 +359,7 @@ def compare(argv: list[str] | None = None) -> dict:
 
     from ..models.names import EmbeddedModelUnavailableError
     from ..recipes import CompareArguments, execute, plan_comparison
-    from ..trainers.config import NCAConfig
+    from ..trainers.nca_config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
     check_config_file(argv)

@@ -1,11 +1,25 @@
 """Type and range checks of numbers given by a user (config fields, command options), with messages that show the
-value's type, so that a string "0.5" does not read as the number 0.5."""
+value's type, so that a string "0.5" does not read as the number 0.5; and the one way rates are shown as percentages
+(`format_pct`)."""
 
 from __future__ import annotations
 
 import math
 from numbers import Integral, Real
 from typing import Any
+
+
+def is_int(value: Any) -> bool:
+    """Whether `value` is an integer and not a bool (`True` is an `int` to Python, never to a user)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def format_pct(value: float | None, sign: bool = False) -> str:
+    """A rate in [0, 1] as a percentage with one decimal (`0.125` -> `12.5`, or `12.5%` with `sign`); `n/a` for a
+    missing (None) or undefined (NaN) rate."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.1f}{'%' if sign else ''}"
 
 
 def shown(value: Any) -> str:
@@ -35,6 +49,6 @@ def check_number(
 
 def check_integer(name: str, value: Any, low: int, hint: str = "") -> None:
     """An integer (not a bool) >= `low`."""
-    if not isinstance(value, Integral) or isinstance(value, bool) or value < low:
+    if not is_int(value) or value < low:
         extra = f" ({hint})" if hint else ""
         raise ValueError(f"{name} must be an integer >= {low}{extra}, got {shown(value)}.")

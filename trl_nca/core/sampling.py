@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .checks import is_int
 from .views import left_pad
 
 
@@ -59,7 +60,7 @@ class GenerationSettings:
                 raise ValueError(f"{name} must be a finite number, got the {type(value).__name__} {value!r}.")
         for name in ("max_new_tokens", "top_k", "seed", "batch_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if not is_int(value):
                 raise ValueError(f"{name} must be an integer, got the {type(value).__name__} {value!r}.")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}.")
@@ -329,7 +330,7 @@ def check_generated(generated: Any, expected: int) -> list[Generated]:
             raise TypeError(
                 f"`generate` must return `trl_nca.core.sampling.Generated` objects, got {type(item).__name__}."
             )
-        if any(not isinstance(t, int) or isinstance(t, bool) for t in item.token_ids):
+        if not all(is_int(t) for t in item.token_ids):
             raise TypeError("`generate` must return token ids as integers.")
     return list(generated)
 

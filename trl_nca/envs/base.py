@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ..core.checks import is_int
+
 
 DIRECTIONS = ("up", "down", "left", "right")
 DELTAS = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -22,7 +24,7 @@ MAX_STEPS = "max_steps"
 
 def require_int(name: str, value: Any) -> int:
     """A game setting that must be an integer (bools and strings refused, with the value's type in the message)."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not is_int(value):
         raise TypeError(f"{name} must be an integer, got the {type(value).__name__} {value!r}.")
     return value
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.checks import is_int
 from .base import DELTAS, DIRECTIONS, GOAL, GameEnv, MoveResult, require_int
 
 
@@ -222,7 +223,7 @@ class SokobanEnv(GameEnv):
         super().__init__(seed=seed, max_calls=max_calls)
         if isinstance(dim_room, (list, tuple)) and len(dim_room) == 2:
             height, width = (require_int("dim_room[0]", dim_room[0]), require_int("dim_room[1]", dim_room[1]))
-        elif isinstance(dim_room, int) and not isinstance(dim_room, bool):
+        elif is_int(dim_room):
             height = width = dim_room
         else:
             raise TypeError(

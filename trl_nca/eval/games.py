@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.checks import shown
+from ..core.checks import is_int, shown
 from ..core.sampling import GenerateFn, GenerationSettings, check_generated
 from ..core.views import ContextSpec, add_context, render_prompt_ids
 from ..envs import (
@@ -328,10 +328,6 @@ class GameEvaluation:
 RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_game_options(
     game: str,
     options: dict[str, Any] | None,
@@ -354,14 +350,14 @@ def check_game_options(
     if "num_seeds" in options and "seeds" in options:
         raise EvalInputError("Give either --game-option num_seeds=N or seeds=[...], not both.")
     num_seeds = options.get("num_seeds", DEFAULT_HELDOUT)
-    if not _is_int(num_seeds) or num_seeds < 1:
+    if not is_int(num_seeds) or num_seeds < 1:
         raise EvalInputError(
             f"--game-option num_seeds must be a positive integer (how many held-out maps to play; OPCD uses 128), "
             f"got {shown(num_seeds)}."
         )
     if "seeds" in options:
         seeds = options["seeds"]
-        if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds):
+        if not isinstance(seeds, list) or not seeds or not all(is_int(s) and s >= 0 for s in seeds):
             raise EvalInputError(
                 "--game-option seeds must be a non-empty JSON list of non-negative integers, e.g. seeds=[3,7,11] "
                 f"(or use num_seeds=N for the first N held-out maps), got {shown(seeds)}."
@@ -372,7 +368,7 @@ def check_game_options(
     else:
         seeds = heldout_seeds(num_seeds)
     max_calls = options.get("max_calls", 5)
-    if not _is_int(max_calls) or max_calls < 1:
+    if not is_int(max_calls) or max_calls < 1:
         raise EvalInputError(
             f"--game-option max_calls must be a positive integer (model calls per episode; OPCD uses 5), got "
             f"{shown(max_calls)}."

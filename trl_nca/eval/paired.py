@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..core.checks import is_int
 from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
 from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example
 from ..inputs import sha256_text
@@ -112,7 +113,7 @@ class PairedEvaluator:
         samples_per_view: int = 1,
         group_samples: bool = True,
     ):
-        if isinstance(samples_per_view, bool) or not isinstance(samples_per_view, int) or samples_per_view < 1:
+        if not is_int(samples_per_view) or samples_per_view < 1:
             raise EvalInputError(
                 f"samples_per_view must be an integer >= 1 (samples per item and view), got {samples_per_view!r}."
             )

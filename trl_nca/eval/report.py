@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.checks import format_pct
 from ..inputs import write_text_atomic
 from .metrics import compute_metrics
 from .provenance import library_versions
@@ -91,16 +91,12 @@ def summarize_run(
     }
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}"
-
-
 def _with_ci(metrics: Mapping[str, Any], key: str) -> str:
     ci = metrics["ci"].get(key)
-    text = _pct(metrics.get(key))
+    text = format_pct(metrics.get(key))
     if ci is None or metrics.get(key) is None:
         return text
-    return f"{text} [{_pct(ci[0])}, {_pct(ci[1])}]"
+    return f"{text} [{format_pct(ci[0])}, {format_pct(ci[1])}]"
 
 
 def _count(value: int | float) -> str:
@@ -172,17 +168,17 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
                     _with_ci(m, "acc_xc"),
                     _with_ci(m, "delta"),
                     _with_ci(m, "harm") + f" ({_count(m['harm_count'])})",
-                    _pct(m["harm_unconditional"]),
+                    format_pct(m["harm_unconditional"]),
                     _with_ci(m, "help") + f" ({_count(m['help_count'])})",
-                    _pct(m["both_correct"]),
-                    _pct(m["both_wrong"]),
-                    _pct(m["format_failure_x"]),
-                    _pct(m["format_failure_xc"]),
+                    format_pct(m["both_correct"]),
+                    format_pct(m["both_wrong"]),
+                    format_pct(m["format_failure_x"]),
+                    format_pct(m["format_failure_xc"]),
                     _num(m["length_x"]["mean"]),
                     _num(m["length_xc"]["mean"]),
-                    _pct(m["length_change"]),
-                    _pct(m["truncated_x"]),
-                    _pct(m["truncated_xc"]),
+                    format_pct(m["length_change"]),
+                    format_pct(m["truncated_x"]),
+                    format_pct(m["truncated_xc"]),
                     _p_value(m),
                     m["regime"] or "n/a",
                 ]
@@ -205,7 +201,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         ]
         for name, scorer, m in companion_rows:
             cells = [name, scorer] + [_with_ci(m, k) for k in ("acc_x", "acc_xc", "delta", "harm", "help")]
-            cells += [_pct(m["format_failure_x"]), _pct(m["format_failure_xc"]), _p_value(m)]
+            cells += [format_pct(m["format_failure_x"]), format_pct(m["format_failure_xc"]), _p_value(m)]
             lines.append("| " + " | ".join(cells + [m["regime"] or "n/a"]) + " |")
     lines += ["", "## Scorer errors", ""]
     errors = [(model["name"], model.get("scorer_errors") or {"total": 0, "by_scorer": {}}) for model in models]

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..core.checks import is_int
+
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -158,7 +160,7 @@ class MultipleChoiceScorer:
             f"the {self.name!r} scorer needs option-letter labels in {list(self.letters)}, got {label!r}"
             + (
                 " (an integer index: map it to a letter first, checking whether the dataset counts from 0 or 1)"
-                if isinstance(label, int) and not isinstance(label, bool)
+                if is_int(label)
                 else ""
             )
         )

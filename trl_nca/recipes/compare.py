@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from ..core.checks import format_pct, is_int
 from ..inputs import InputError, read_json_output, sha256_text, write_text_atomic
 from ..tasks import BuiltinTask, get_task, task_names
 from ..trainers.script_options import check_dtype
@@ -280,7 +281,7 @@ def _check_sdft_task(methods: Sequence[Method], task: BuiltinTask, train_rows) -
 def _check_count(name: str, value: Any, minimum: int, optional: bool = False) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         what = f"an integer >= {minimum}" + (" (or null for all)" if optional else "")
         raise CompareInputError(f"`{name}` must be {what}, got {value!r}.")
 
@@ -290,7 +291,7 @@ MAX_SEED = 2**32 - 1
 
 
 def _check_seed(name: str, seed: Any) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+    if not is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise CompareInputError(
             f"`{name}` holds {seed!r} ({type(seed).__name__}); every seed must be a whole number from 0 to {MAX_SEED}, "
             "e.g. [0, 1, 2]."
@@ -431,7 +432,7 @@ def train_run(
     task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None
 ):
     """Train one student; returns the trainer (its model holds the trained adapter)."""
-    from ..trainers.trainer import NCATrainer
+    from ..trainers.nca_trainer import NCATrainer
     from . import sdft
 
     model = _load_base(model_path, model_init_kwargs)
@@ -515,9 +516,9 @@ def aggregate(
 def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
     if stat is None:
         return "n/a"
-    text = f"{100 * stat['mean']:.1f}"
+    text = format_pct(stat["mean"])
     if spread and stat["n"] > 1:
-        text += f" ± {100 * stat['std']:.1f}"
+        text += f" ± {format_pct(stat['std'])}"
     return text
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from ..core.checks import format_pct
 from .ranges import matching_settings
 
 
@@ -51,10 +52,6 @@ def documented_outcomes() -> list[dict[str, Any]]:
     return json.loads(path.read_text())["experiments"] if path.is_file() else []
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
-
-
 def _verdict(baseline: str, method: str, degraded: bool, prevented: bool | None) -> str:
     if not degraded:
         return f"{baseline} did not degrade"
@@ -84,8 +81,8 @@ def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, An
             seeds = len(e["seeds"])
             text = (
                 f"organism {e['organism']}: {_verdict(baseline, method, e['degraded'], e['prevented'])} (regime A in "
-                f"{e['baseline']['regime_a']} of {seeds} {baseline} seeds; harm {_pct(e['baseline'].get('harm'))} vs "
-                f"{_pct(e['method'].get('harm'))})"
+                f"{e['baseline']['regime_a']} of {seeds} {baseline} seeds; harm {format_pct(e['baseline'].get('harm'), sign=True)} vs "
+                f"{format_pct(e['method'].get('harm'), sign=True)})"
             )
             if known is not None:
                 same = known["organisms"].get(str(e["organism"]))

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from ..core.checks import format_pct
 from .statistics import COLUMN_NAMES
 
 
@@ -108,10 +109,6 @@ def documented_ranges() -> list[dict[str, Any]]:
     return json.loads(text)["experiments"]
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:.1f}%"
-
-
 def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, Any]] | None = None) -> str:
     """One sentence: whether every run of `summary` lies within the range documented for its settings."""
     experiments = documented_ranges() if experiments is None else experiments
@@ -144,7 +141,7 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
                 low, high = bounds
                 if not low - 1e-9 <= value <= high + 1e-9:
                     outside.append(
-                        f"{method} {run_label(row)}: {COLUMN_NAMES[key]} {_pct(value)} against {_pct(low)}-{_pct(high)}"
+                        f"{method} {run_label(row)}: {COLUMN_NAMES[key]} {format_pct(value, sign=True)} against {format_pct(low, sign=True)}-{format_pct(high, sign=True)}"
                     )
     runs = ", ".join(f"{m} {e['runs']}" for m, e in match["methods"].items())
     where = f"the range documented in docs/results.md {match['section']} ({match['name']}: {runs} runs)"

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.checks import format_pct
 from ..eval.metrics import mcnemar_exact, sign_flip_test
 
 
@@ -311,8 +312,8 @@ def render_organisms(organisms: Mapping[str, Any], baseline: str, names: Mapping
         for e in outcome["organisms"]:
             prevented = "-" if e["prevented"] is None else ("yes" if e["prevented"] else "no")
             lines.append(
-                f"| {e['organism']} | {len(e['seeds'])} | {_pct(e['baseline'].get('harm'))} | "
-                f"{e['baseline']['regime_a']} | {_pct(e['method'].get('harm'))} | {e['method']['regime_a']} | "
+                f"| {e['organism']} | {len(e['seeds'])} | {format_pct(e['baseline'].get('harm'))} | "
+                f"{e['baseline']['regime_a']} | {format_pct(e['method'].get('harm'))} | {e['method']['regime_a']} | "
                 f"{'yes' if e['degraded'] else 'no'} | {prevented} |"
             )
         lines += ["", organism_sentence(baseline, method, outcome)]
@@ -340,9 +341,9 @@ def render_over_organisms(
         "|" + "---|" * 6,
     ]
     for key, d in outcome["over_organisms"].items():
-        ci = "n/a" if d["ci"] is None else f"[{_pct(d['ci'][0])}, {_pct(d['ci'][1])}]"
+        ci = "n/a" if d["ci"] is None else f"[{format_pct(d['ci'][0])}, {format_pct(d['ci'][1])}]"
         lines.append(
-            f"| {names.get(key, key)} | {d['n']} | {_pct(d['mean'])} | {ci} | {_p(d['sign_test_p'])} | "
+            f"| {names.get(key, key)} | {d['n']} | {format_pct(d['mean'])} | {ci} | {_p(d['sign_test_p'])} | "
             f"{d['below']} of {d['n']} |"
         )
     return "\n".join(lines)
@@ -384,15 +385,11 @@ def render_stalls(stalls: Mapping[str, Mapping[str, Any]], reference: str, share
     ]
     for method, entry in stalls.items():
         named = ", ".join(
-            f"{s['organism']}/{s['seed']} ({_pct(s['acc_x'])} vs {_pct(s['reference_acc_x'])})"
+            f"{s['organism']}/{s['seed']} ({format_pct(s['acc_x'])} vs {format_pct(s['reference_acc_x'])})"
             for s in entry["stalled"]
         )
         lines.append(f"| {method} | {entry['runs']} | {len(entry['stalled'])} | {named or '-'} |")
     return "\n".join(lines)
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}"
 
 
 def _p(value: float | None) -> str:
@@ -417,10 +414,10 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
             if d is None:
                 cells.append("n/a")
             elif d["n"] == 1:
-                cells.append(_pct(d["median"]))
+                cells.append(format_pct(d["median"]))
             else:
                 cells.append(
-                    f"{_pct(d['median'])} [{_pct(d['q1'])}-{_pct(d['q3'])}] ({_pct(d['min'])}-{_pct(d['max'])})"
+                    f"{format_pct(d['median'])} [{format_pct(d['q1'])}-{format_pct(d['q3'])}] ({format_pct(d['min'])}-{format_pct(d['max'])})"
                 )
         lines.append("| " + " | ".join(cells) + " |")
     baseline = statistics["baseline"]
@@ -440,10 +437,10 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
     for method, by_key in paired.items():
         for key in keys:
             d = by_key[key]
-            ci = "n/a" if d["ci"] is None else f"[{_pct(d['ci'][0])}, {_pct(d['ci'][1])}]"
+            ci = "n/a" if d["ci"] is None else f"[{format_pct(d['ci'][0])}, {format_pct(d['ci'][1])}]"
             lines.append(
-                f"| {baseline} - {method} | {names.get(key, key)} | {d['n']} | {_pct(d['mean'])} | {ci} | "
-                f"{_pct(d['median'])} | {_p(d['sign_test_p'])} | {_p(d['permutation_p'])} | {d['below']} of {d['n']} |"
+                f"| {baseline} - {method} | {names.get(key, key)} | {d['n']} | {format_pct(d['mean'])} | {ci} | "
+                f"{format_pct(d['median'])} | {_p(d['sign_test_p'])} | {_p(d['permutation_p'])} | {d['below']} of {d['n']} |"
             )
             if d["note"] and d["note"] not in notes:
                 notes.append(d["note"])

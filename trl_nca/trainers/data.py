@@ -11,7 +11,6 @@ longer than `max_length` (it never limits sampling); here such rows are kept who
 from __future__ import annotations
 
 import logging
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 
+from ..core.checks import is_int
 from ..core.views import (
     ContextSpec,
     add_context,
@@ -121,7 +121,7 @@ def check_token_row(example: Mapping[str, Any], index: int | None, vocab_size: i
     where = f"row {index} of the {split} dataset" if index is not None else f"an example of the {split} dataset"
     for column in TOKEN_COLUMNS:
         ids = example[column]
-        if not isinstance(ids, Sequence) or isinstance(ids, str) or not all(_is_int(t) for t in ids):
+        if not isinstance(ids, Sequence) or isinstance(ids, str) or not all(is_int(t) for t in ids):
             raise TypeError(f"In {where}, `{column}` must be a list of token ids, got {_describe(ids)}.")
         bad = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
         if bad:
@@ -143,10 +143,6 @@ def check_token_row(example: Mapping[str, Any], index: int | None, vocab_size: i
     )
     limits = replace(limits, truncate_context=False)
     _check_lengths(example["prompt_ids"], example["context_prompt_ids"], example["completion_ids"], limits, where, fix)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _describe(value: Any) -> str:

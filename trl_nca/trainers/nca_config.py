@@ -1,5 +1,5 @@
-"""The trainers' configurations: `NCAFields` (the NCA fields, declared once), `NCAConfig` (on GKD's `GKDConfig`) and
-`NCADistillationConfig` (on TRL's `DistillationConfig`).
+"""`NCAConfig` (on GKD's `GKDConfig`), and `NCAFields`: the NCA fields, declared once for it and for
+`NCADistillationConfig` (on TRL's `DistillationConfig`, `trl_nca.trainers.nca_distillation_config`).
 
 Each field is documented once, in its `metadata["help"]`; `trl_nca.trainers.field_docs.document_fields` writes the same
 text into the class docstrings (see that module for how a new field is added)."""
@@ -11,7 +11,6 @@ import warnings
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Literal
 
-from trl import DistillationConfig
 from trl.import_utils import TRLExperimentalWarning
 
 from ..core.checks import check_integer, check_number
@@ -413,11 +412,8 @@ class NCAConfig(NCAFields, GKDConfig):
     r"""
     Configuration class for [`NCATrainer`]: on-policy context distillation with No-Context Anchoring.
 
-    The loss per completion token of a sample y drawn from the student without the context c is
-
-        OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)
-
-    where q_x and q_c are the student on `[x | y]` and on `[x + c | y]`. All fields of
+    The loss per completion token of a sample drawn from the student without the context is OPD + `nca_beta` * NCA
+    (the formulas: `trl_nca.core.losses`). All fields of
     [`~trl.experimental.gkd.GKDConfig`] keep their meaning; the fields below are specific to NCA (declared once, in
     [`NCAFields`], and shared with [`NCADistillationConfig`]), or are GKD's with another default. `bf16=None` resolves
     to `True` only when a CUDA device with bfloat16 support is present, so the same config runs on a CPU-only machine.
@@ -481,48 +477,3 @@ class NCAConfig(NCAFields, GKDConfig):
         self._nca_defaults()
         super().__post_init__()
         self._check_nca_choices()
-
-
-@document_fields(after={"divergence_top_k": "divergence_support"})
-@dataclass
-class NCADistillationConfig(NCAFields, DistillationConfig):
-    r"""
-    Configuration class for [`NCADistillationTrainer`]: NCA on TRL's stable `DistillationTrainer` (vLLM sampling).
-
-    The loss is [`NCAConfig`]'s: per completion token of a sample y drawn from the student without the context c,
-    `OPD(q_x, teacher(. | x, c)) + nca_beta * KL(sg[q_x] || q_c)`. All fields of [`~trl.DistillationConfig`] keep
-    their meaning and defaults (sampling: `temperature`, `top_p`, `top_k`, `min_p`, `max_completion_length`,
-    `use_vllm` and the `vllm_*` fields; `beta` selects the OPD divergence as in `NCAConfig`); the NCA fields below are
-    the same as `NCAConfig`'s, declared once in [`NCAFields`], except:
-
-        - the size of the top-k divergence support is `divergence_top_k` (`NCAConfig.top_k`), since `top_k` is
-          already `DistillationConfig`'s sampling top-k;
-        - `eval_completions` must be `"on_policy"` (the trainer always samples its completions) and
-          `log_grad_cosine_steps` must be 0 (not available on this trainer; `trl-nca analyze` measures it on saved
-          checkpoints);
-        - `bf16=None` resolves to `True` only on a CUDA device with bfloat16 support, as in `NCAConfig`.
-
-    `max_completion_length` bounds the completion of every row when the context view's length is checked against
-    `max_context_length`. There is no `lmbda` or `seq_kd`: every step is on-policy.
-    """
-
-    divergence_top_k: int = _support_size_field()
-
-    _support_size_name: ClassVar[str] = "divergence_top_k"
-
-    def __post_init__(self):
-        self._check_nca_numbers(integers=("max_completion_length",))
-        self._nca_defaults()
-        super().__post_init__()
-        self._check_nca_choices()
-        if self.eval_completions != "on_policy":
-            raise ValueError(
-                f"eval_completions={self.eval_completions!r} is not available with NCADistillationTrainer, which "
-                "always scores completions it samples (as DistillationTrainer does). Set eval_completions='on_policy', "
-                "or use NCATrainer to evaluate the dataset's reference completions."
-            )
-        if self.log_grad_cosine_steps:
-            raise ValueError(
-                "log_grad_cosine_steps is not available with NCADistillationTrainer. Set it to 0, and measure the "
-                "gradient cosine with NCATrainer or on saved checkpoints with `trl-nca analyze`."
-            )

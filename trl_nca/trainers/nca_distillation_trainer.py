@@ -20,9 +20,9 @@ from trl import DistillationTrainer
 
 from ..core.views import left_pad, split_example
 from .checkpointing import quiet_old_checkpointing_names
-from .config import NCADistillationConfig
 from .data import check_batch_views, check_examples, prepare_dataset
 from .mixin import NCATrainerMixin
+from .nca_distillation_config import NCADistillationConfig
 from .objective import TRAINING_STEP
 from .setup import NCA_PAPER, named_datasets, resolve_models
 
@@ -33,9 +33,9 @@ logger = logging.getLogger(__name__)
 class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     """On-policy context distillation with No-Context Anchoring on TRL's `DistillationTrainer`.
 
-    The loss is `NCATrainer`'s (same code): per completion token of a sample drawn from the student without the
-    context, `OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student |
-    prompt + context)`, averaged over every completion token of the optimizer step. What differs is the machinery
+    The loss is `NCATrainer`'s (same code): OPD + `nca_beta` * NCA per completion token of a sample drawn from the
+    student without the context (the formulas: `trl_nca.core.losses`), averaged over every completion token of the
+    optimizer step. What differs is the machinery
     around it, which is `DistillationTrainer`'s: sampling with vLLM (`use_vllm=True`, colocated or a server) or
     `generate`, once per gradient-accumulation window; its sampling fields (`temperature`, `top_p`, `top_k`, `min_p`,
     `max_completion_length`); its logging of completion lengths and entropy. Every step is on-policy.

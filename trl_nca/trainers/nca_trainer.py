@@ -22,7 +22,6 @@ from ..core.launch import agreed_max, rank0_choice
 from ..core.sampling import Generated, mask_through_eos
 from ..core.views import ContextSpec, left_pad
 from .checkpointing import quiet_old_checkpointing_names
-from .config import NCAConfig
 from .data import (
     VIEW_KEYS,
     NCACollator,
@@ -33,6 +32,7 @@ from .data import (
     tokenize_example,
 )
 from .mixin import NCATrainerMixin
+from .nca_config import NCAConfig
 from .objective import TRAINING_STEP
 from .rollouts import Rollout
 from .setup import NCA_PAPER, named_datasets, resolve_models
@@ -46,12 +46,10 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
     """On-policy context distillation with No-Context Anchoring; a drop-in replacement for `GKDTrainer`.
 
     Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
-    prompt alone; the teacher scores it with the context; the student is trained on
-
-        OPD(student | prompt, teacher | prompt + context) + nca_beta * KL(sg[student | prompt] || student | prompt +
-        context)
-
-    averaged over every completion token of the optimizer step (across gradient accumulation and processes).
+    prompt alone; the teacher scores it with the context; the student is trained on OPD (towards the teacher, from
+    the prompt alone) + `nca_beta` * NCA (the student with the context anchored to the student without it), per token
+    as `trl_nca.core.losses` writes them, averaged over every completion token of the optimizer step (across gradient
+    accumulation and processes).
 
     The arguments not listed below are those of `GKDTrainer`.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import nn
@@ -136,8 +136,8 @@ class NoContextHalf:
     no-context states (detached: NCA's anchor is sg[q_x]), the teacher's states where the anchor is the teacher
     (DualOPD; else None) and the teacher's head (it sets the rows both distributions live on).
 
-    A plain class, not a dataclass: it leaves the no-context half's redirected forward inside a `BatchLoss`, and DDP
-    looks for the forward's outputs in tensors, sequences, mappings and dataclasses; the carried states are not
+    A plain class, not a dataclass or tuple: it leaves the no-context half's redirected forward inside a `BatchLoss`,
+    and DDP looks for the forward's outputs in tensors, sequences, mappings and dataclasses; the carried states are not
     outputs of that forward."""
 
     __slots__ = ("h_x", "h_t", "teacher_head")
@@ -152,13 +152,16 @@ class NoContextHalf:
 TRAINING_STEP = "nca_training_step"
 
 
-@dataclass(frozen=True)
-class BatchLoss:
+class BatchLoss(NamedTuple):
     """What the objective computes on a micro-batch (or on one half of it, run in sequence), returned through the
     trainer's redirected forward of the student: the per-token `terms` (`core.losses.token_divergences`), their
     differentiable sum `total` (sum OPD + nca_beta * sum NCA for a whole micro-batch; sum OPD for the no-context
     half; nca_beta * sum NCA for the context half), and for the no-context half what the context half needs
-    (`carry`). The trainer divides `total` by its token count."""
+    (`carry`). The trainer divides `total` by its token count.
+
+    A named tuple: the wrappers the forward runs in find the output's tensors in tuples and mappings (DDP, for the
+    parameters a backward reaches; DeepSpeed ZeRO-3, which hooks them to gather the parameters again for the
+    backward), and DeepSpeed rebuilds the tuple it was given."""
 
     terms: dict[str, torch.Tensor]
     total: torch.Tensor
@@ -173,7 +176,7 @@ class BatchLoss:
 class NCAObjective:
     """OPD + nca_beta * NCA on a batch of both views, from hidden states (no (batch x sequence x vocabulary) logits).
 
-    `args` is a config with the NCA fields (`trl_nca.trainers.config.NCAFields`: `NCAConfig` or
+    `args` is a config with the NCA fields (`trl_nca.trainers.nca_config.NCAFields`: `NCAConfig` or
     `NCADistillationConfig`); `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from
     `args`). `student` and `teacher` (the models as the trainer holds them) and `deepspeed` decide
     `nca_sequential_views`.
@@ -235,16 +238,9 @@ class NCAObjective:
             self.active, self.args.nca_monitor, self.args.joint_forward, need_context, measure_gradients, entropy, half
         )
 
-    def loss(
-        self,
-        student: nn.Module,
-        teacher: nn.Module,
-        batch: Mapping[str, Any],
-        need_context: bool,
-        measure_gradients: bool = False,
-        entropy: bool = False,
-    ) -> BatchLoss:
-        """A whole micro-batch: its terms (`token_divergences`) and their total (`total`)."""
+    def loss(self, student, teacher, batch, need_context: bool, measure_gradients=False, entropy=False) -> BatchLoss:
+        """A whole micro-batch: its terms (`token_divergences`, which takes the same arguments) and their total
+        (`total`)."""
         terms = self.token_divergences(student, teacher, batch, need_context, measure_gradients, entropy)
         return BatchLoss(terms, self.total(terms))
 
