@@ -8,21 +8,14 @@ import pytest
 import trl_nca.cli.analyze
 from trl_nca.cli import main as cli_main
 from trl_nca.inputs import output_folder_lock
+from trl_nca.testing import one_error_line
 
 
 READ_ONLY = Path("/sys/trl-nca-test")  # a place nobody can create a folder in, root included
 
 
 def one_line(argv, capsys) -> str:
-    try:
-        code = cli_main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if ": error: " in line]
-    assert len(lines) == 1, err
-    return lines[0]
+    return one_error_line(cli_main, argv, capsys)
 
 
 @pytest.fixture

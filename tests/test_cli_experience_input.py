@@ -7,18 +7,11 @@ import pytest
 
 import trl_nca.eval.loading
 from trl_nca.cli import main as cli_main
+from trl_nca.testing import one_error_line
 
 
 def one_line(argv, capsys) -> str:
-    try:
-        code = cli_main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    lines = [line for line in err.splitlines() if ": error: " in line]
-    assert len(lines) == 1, err
-    return lines[0]
+    return one_error_line(cli_main, argv, capsys)
 
 
 @pytest.fixture

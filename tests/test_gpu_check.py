@@ -85,7 +85,8 @@ def test_a_missing_package_is_named_and_nothing_else_runs(tmp_path):
     assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
     assert "gpu_check: import datasets: ImportError: no module named datasets (simulated)" in result.stdout
     assert (
-        "gpu_check: import trl_nca.trainers.nca_trainer: ImportError: no module named datasets (simulated)" in result.stdout
+        "gpu_check: import trl_nca.trainers.nca_trainer: ImportError: no module named datasets (simulated)"
+        in result.stdout
     )
     assert (
         "gpu_check: MISSING: datasets, trl.experimental.gkd, trl_nca, trl_nca.trainers.nca_trainer, trl_nca.eval.compare: "

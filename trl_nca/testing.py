@@ -290,3 +290,17 @@ KL32 = Tolerance(
     "their differences, so its error is absolute, near 1e-6, whatever the KL's value: the KL of two nearby views "
     "(1e-3) has no relative precision to test, an OPD loss of O(1) keeps rtol 1e-5.",
 )  # fmt: skip
+
+
+def one_error_line(command_main, argv, capsys) -> str:
+    """Run a command-line entry point (`trl_nca.cli.main`) on `argv`; it must exit 2 with exactly one error line on
+    stderr and no traceback (`capsys`: pytest's fixture). Returns that line."""
+    try:
+        code = command_main(argv)
+    except SystemExit as exit_info:  # argparse's own errors
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if ": error: " in line]  # argparse's usage lines may come before
+    assert len(lines) == 1, err
+    return lines[0]
