@@ -43,9 +43,9 @@ __all__ = [
 USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
 
   compare train plain OPD and NCA students on a built-in task and compare them paired with the base model
-          e.g. trl-nca compare --config examples/configs/quickstart.yaml
+          e.g. trl-nca compare --config main_quick   (a config shipped with the package; main: the README's job)
   train   on-policy context distillation with No-Context Anchoring (NCATrainer)
-          e.g. trl-nca train --config examples/configs/medmcqa.yaml
+          e.g. trl-nca train --config quickstart     (or a YAML file's path)
   eval    paired evaluation with and without the context
           e.g. trl-nca eval --help
   analyze what distilling the context did inside the students (hidden-state cosine, view KL, updates, gradients)
@@ -129,6 +129,7 @@ def train(argv: list[str] | None = None):
     from ..trainers.nca_config import NCAConfig
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
+    argv = with_builtin_config(argv)
     check_config_file(argv)
     try:
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
@@ -140,6 +141,38 @@ def train(argv: list[str] | None = None):
         raise CommandLineError(str(error)) from error
     with lock:  # one writer per output folder
         return _train(script_args, training_args, model_args)
+
+
+def builtin_config_names() -> list[str]:
+    """The configs shipped inside the package (`trl_nca/resources/configs/`, also `examples/configs/` in the
+    repository), by name."""
+    from importlib.resources import files
+
+    return sorted(
+        p.name[: -len(".yaml")] for p in (files("trl_nca.resources") / "configs").iterdir() if p.name.endswith(".yaml")
+    )
+
+
+def with_builtin_config(argv: list[str] | None) -> list[str]:
+    """`--config NAME` for a config shipped with the package (`trl-nca compare --config main_quick`), so the commands
+    work from the wheel, where `examples/` does not exist: a NAME that is no file here and names a shipped config
+    becomes that file's path. Anything else is left for `check_config_file`."""
+    from importlib.resources import files
+
+    argv = list(sys.argv[2:] if argv is None else argv)
+    names = builtin_config_names()
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--config" and i + 1 < len(argv) else None
+        if arg.startswith("--config="):
+            value = arg.split("=", 1)[1]
+        if value is None or Path(value).exists() or value.removesuffix(".yaml") not in names:
+            continue
+        path = str(files("trl_nca.resources") / "configs" / f"{value.removesuffix('.yaml')}.yaml")
+        if arg == "--config":
+            argv[i + 1] = path
+        else:
+            argv[i] = f"--config={path}"
+    return argv
 
 
 def check_config_file(argv: list[str] | None) -> None:
@@ -155,10 +188,13 @@ def check_config_file(argv: list[str] | None) -> None:
         path = Path(value)
         if path.is_dir():
             raise CommandLineError(
-                f"--config {value!r} is a folder; give the YAML file of the settings (e.g. examples/configs/quickstart.yaml)."
+                f"--config {value!r} is a folder; give the YAML file of the settings (e.g. examples/configs/quickstart.yaml, or a shipped config's name: quickstart)."
             )
         if not path.is_file():
-            raise CommandLineError(f"--config {value!r} does not exist; give the path of a YAML file of settings.")
+            raise CommandLineError(
+                f"--config {value!r} does not exist; give the path of a YAML file of settings, or the name of a "
+                f"shipped config ({', '.join(builtin_config_names())})."
+            )
         try:
             text = read_utf8_text(path, f"the config {value!r}")
             data = yaml.safe_load(text)
@@ -362,6 +398,7 @@ def compare(argv: list[str] | None = None) -> dict:
     from ..trainers.nca_config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
+    argv = with_builtin_config(argv)
     check_config_file(argv)
     try:  # the config's own checks, and every check of the comparison (and of an existing output folder)
         compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
