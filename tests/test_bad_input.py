@@ -10,7 +10,15 @@ from datasets import Dataset
 import trl_nca.trainers.setup
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.cli import main as cli_main
-from trl_nca.testing import ONE_STEP, cloned_parameters, make_tiny_model, make_tiny_tokenizer, record_batches, run_args
+from trl_nca.testing import (
+    ONE_STEP,
+    cloned_parameters,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    one_error_line,
+    record_batches,
+    run_args,
+)
 
 
 def args(tmp_path, **fields):
@@ -784,15 +792,9 @@ def compare_yaml(tmp_path, **changes):
 
 
 def one_line_error(argv, capsys, command):
-    try:
-        code = cli_main(argv)
-    except SystemExit as exit_info:  # argparse's own errors
-        code = exit_info.code
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err, err
-    errors = [line for line in err.splitlines() if ": error: " in line]  # argparse's usage lines may come before
-    assert len(errors) == 1 and errors[0].startswith(f"trl-nca {command}: error: "), err
-    return err
+    line = one_error_line(cli_main, argv, capsys)
+    assert line.startswith(f"trl-nca {command}: error: "), line
+    return line
 
 
 @pytest.mark.parametrize(
