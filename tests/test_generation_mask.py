@@ -61,3 +61,59 @@ def test_trainer_samples_as_gkd_does(tmp_path, rows):
     assert torch.equal(ids, sequences[:, width:])
     assert torch.equal(mask, attention[:, width:])
     assert (mask == 0).any() or ids.shape[1] < args.max_new_tokens  # some rows stopped early
+
+
+@pytest.mark.parametrize("trainer_class", ["NCATrainer", "NCADistillationTrainer"])
+def test_lora_student_samples_as_its_eval_mode_policy(tmp_path, trainer_class):
+    """With LoRA dropout kept in training (`disable_dropout=False`, DistillationTrainer's default; `lora_dropout` 0.5
+    so that a thinned sample would differ), every on-policy sample equals what the eval-mode student draws from the
+    same random state; the training forwards still draw their dropout, and the modes are restored after sampling."""
+    from peft import LoraConfig
+
+    from trl_nca import NCADistillationConfig, NCADistillationTrainer
+    from trl_nca.core.prefix import active_dropout
+    from trl_nca.testing import SHORT_RUN, prompt_dataset
+
+    tok = make_tiny_tokenizer()
+    trainer_cls, config_cls = {
+        "NCATrainer": (NCATrainer, NCAConfig),
+        "NCADistillationTrainer": (NCADistillationTrainer, NCADistillationConfig),
+    }[trainer_class]
+    preset = {**SHORT_RUN, "lmbda": 1.0, "gradient_checkpointing": True}  # TRL's default checkpointing
+    if config_cls is not NCAConfig:  # DistillationConfig: on-policy by default, its own name for the length
+        del preset["lmbda"]
+        preset["max_completion_length"] = preset.pop("max_new_tokens")
+    args = run_args(config_cls, tmp_path, preset, disable_dropout=False)
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.5)
+    trainer = trainer_cls(
+        model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(), processing_class=tok,
+        peft_config=peft,
+    )  # fmt: skip
+    student = trainer.accelerator.unwrap_model(trainer.model)
+    generate, checked, dropout_in_loss = student.generate, [], []
+
+    def spy(*a, **k):
+        state = torch.get_rng_state()
+        sampled = generate(*a, **k)
+        sampled = sampled if torch.is_tensor(sampled) else sampled.sequences
+        modes = [m.training for m in student.modules()]
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state)
+            student.eval()
+            policy = generate(*a, **k)
+            policy = policy if torch.is_tensor(policy) else policy.sequences
+        for module, mode in zip(student.modules(), modes):
+            module.training = mode
+        checked.append(torch.equal(sampled, policy))
+        return sampled
+
+    compute_loss = trainer.compute_loss
+
+    def loss_spy(model, inputs, *a, **k):
+        dropout_in_loss.append(active_dropout(student))
+        return compute_loss(model, inputs, *a, **k)
+
+    student.generate, trainer.compute_loss = spy, loss_spy
+    trainer.train()
+    assert checked and all(checked), checked
+    assert dropout_in_loss and all(d is not None and "lora_dropout" in d for d in dropout_in_loss), dropout_in_loss

@@ -27,7 +27,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -35,6 +36,23 @@ import torch
 
 from .checks import is_int
 from .views import left_pad
+
+
+@contextmanager
+def policy_mode(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Run `model` in evaluation mode while it samples, then give every module back the mode it had.
+
+    On-policy samples come from the policy, and the policy is the model without dropout: a student trained with
+    dropout (LoRA's `lora_dropout`, TRL's default 0.05, kept when `disable_dropout=False`) would otherwise sample from a
+    randomly thinned copy of itself, and each sample would use up dropout draws from the random stream. The modes are
+    restored module by module, so a submodule kept in evaluation mode on purpose stays so."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 @dataclass

@@ -18,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 from trl import DistillationTrainer
 
+from ..core.sampling import policy_mode
 from ..core.views import left_pad, split_example
 from .checkpointing import quiet_old_checkpointing_names
 from .data import check_batch_views, check_examples, prepare_dataset
@@ -132,6 +133,13 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling: TRL's, from the no-context prompt; then the context prompts of the same rows.
+
+    def _generate_single_turn(self, *args, **kwargs):
+        # DistillationTrainer samples in training mode, so with `disable_dropout=False` (its default) and LoRA's
+        # `lora_dropout` the samples would come from a thinned student. The policy samples here; the training
+        # forwards keep their dropout. (vLLM has no dropout: unchanged.)
+        with policy_mode(self.model):
+            return super()._generate_single_turn(*args, **kwargs)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         with quiet_old_checkpointing_names():  # TRL samples through unwrap_model_for_generation (old names)

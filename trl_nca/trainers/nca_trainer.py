@@ -19,7 +19,7 @@ from trl.trainer.sft_trainer import SFTTrainer
 
 from ..core.gradients import compare_gradients, loss_gradients
 from ..core.launch import agreed_max, rank0_choice
-from ..core.sampling import Generated, mask_through_eos
+from ..core.sampling import Generated, mask_through_eos, policy_mode
 from ..core.views import ContextSpec, left_pad
 from .checkpointing import quiet_old_checkpointing_names
 from .data import (
@@ -242,6 +242,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
                     gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
                 ) as unwrapped,
                 teacher.active() if teacher is not None else nullcontext(),
+                policy_mode(unwrapped),  # the policy samples: no dropout (disable_dropout=False keeps it in training)
             ):
                 output = unwrapped.generate(
                     input_ids=prompts, attention_mask=prompt_mask, generation_config=self.generation_config
