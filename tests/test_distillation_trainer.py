@@ -38,7 +38,7 @@ def ragged(model, tok):
 DISTILLATION_STEP = {
     "use_cpu": True, "report_to": [], "save_strategy": "no", "max_steps": 1, "per_device_train_batch_size": 4,
     "max_completion_length": 8, "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "data_seed": 0,
-    "nca_beta": 0.5, "optim": "sgd", "learning_rate": 1.0, "max_grad_norm": 0.0, "lr_scheduler_type": "constant",
+    "nca_beta": 0.5, "nca_beta_schedule": "constant", "optim": "sgd", "learning_rate": 1.0, "max_grad_norm": 0.0, "lr_scheduler_type": "constant",
     "disable_tqdm": True,
 }  # fmt: skip
 
@@ -98,6 +98,7 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     nca = NCATrainer(
         model=nca_student, teacher_model=copy.deepcopy(teacher), processing_class=tok, train_dataset=prompt_dataset(),
         args=NCAConfig(output_dir=str(tmp_path / "nca"), use_cpu=True, report_to=[], nca_beta=0.5, max_new_tokens=8,
+                       nca_beta_schedule="constant",
                        gradient_checkpointing=False),
     )  # fmt: skip
     rows = [nca.train_dataset[i] for i in range(4)]

@@ -196,7 +196,8 @@ def test_init_with_names_only(tiny_dir, tiny_teacher_dir, tmp_path, kind, nca_be
         model=tiny_dir, teacher_model=tiny_teacher_dir, train_dataset=prompt_dataset(),
         args=KINDS[kind][1](output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], nca_beta=nca_beta),
     )  # fmt: skip
-    assert made.processing_class is not None and made.nca_beta == nca_beta
+    # `nca_beta` is the anchor's upper bound; the default, gated anchor is off at the first step
+    assert made.processing_class is not None and made.args.nca_beta == nca_beta and made.nca_beta == 0.0
 
 
 @both

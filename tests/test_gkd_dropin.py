@@ -164,7 +164,7 @@ def test_eval_completions_choose_what_evaluation_scores(tok, tmp_path, mode):
     eval_set = ragged_eval_set()
     trainer = NCATrainer(
         model=student, teacher_model=teacher, processing_class=tok, train_dataset=conversations(),
-        eval_dataset=eval_set, args=run_args(NCAConfig, tmp_path / "out", SHARED, per_device_eval_batch_size=2, eval_completions=mode, beta=1.0),
+        eval_dataset=eval_set, args=run_args(NCAConfig, tmp_path / "out", SHARED, per_device_eval_batch_size=2, eval_completions=mode, beta=1.0, nca_beta_schedule="constant"),
     )  # fmt: skip
     metrics = trainer.evaluate()
     assert metrics["eval_completions/on_policy"] == (1.0 if mode == "on_policy" else 0.0)

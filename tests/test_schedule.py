@@ -7,9 +7,9 @@ import pytest
 import torch
 from test_trainer import make_args
 
-from trl_nca import NCATrainer
+from trl_nca import NCAConfig, NCATrainer
 from trl_nca.core.schedule import BetaSchedule
-from trl_nca.testing import STORED32, cloned_parameters, make_tiny_model, prompt_dataset
+from trl_nca.testing import SHORT_RUN, STORED32, cloned_parameters, make_tiny_model, prompt_dataset, run_args
 
 
 # Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
@@ -25,7 +25,9 @@ def test_constant_and_warmup_values():
 
 
 def test_adaptive_update_follows_the_formula_and_the_bounds():
-    s = BetaSchedule("adaptive", beta=0.5, adaptive_init=0.1, adaptive_min=0.01, adaptive_horizon=2.0)
+    s = BetaSchedule(
+        "adaptive", beta=0.5, adaptive_init=0.1, adaptive_min=0.01, adaptive_target=1.0, adaptive_horizon=2.0
+    )
     assert s.value == 0.1
     # ratio 1.1 -> e = 0.1 -> x (1 + 0.1 / 2)
     assert s.update({"opd_loss": 1.0, "view_kl": 1.1}) == pytest.approx(0.105)
@@ -220,7 +222,7 @@ def test_a_gate_a_live_self_teacher_can_never_open_is_refused_before_training(to
             model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok
         )
 
-    for target in (1.0, 1.1):
+    for target in (1.0, 1.2):  # set by the user (1.1 is the default: see the test below)
         with pytest.raises(ValueError, match="can never turn the anchor on") as error:
             trainer(target)
         assert "\n" not in str(error.value) and "self_teacher='initial'" in str(error.value)
@@ -229,3 +231,44 @@ def test_a_gate_a_live_self_teacher_can_never_open_is_refused_before_training(to
     steps = _logged_steps(opens)
     assert all(s["opd_loss"] == s["view_kl"] for s in steps)  # why the gate cannot open at a target >= 1
     assert [s["nca_beta"] for s in steps] == [0.0, 0.05]
+
+
+def default_anchor_args(tmp_path, **fields):
+    """A short run at the default anchor settings (the test presets pin the constant anchor)."""
+    preset = {k: v for k, v in SHORT_RUN.items() if k != "nca_beta_schedule"}
+    return run_args(NCAConfig, tmp_path / "out", preset, **fields)
+
+
+def test_the_default_gate_a_live_self_teacher_can_never_open_falls_back_to_the_constant_anchor(tok, tmp_path, caplog):
+    """Left at its defaults, the gated anchor with self_teacher='live' and reverse-KL OPD (where its gate can never
+    open) becomes the paper's constant anchor, with one warning: every step is weighted by nca_beta."""
+    import logging
+
+    args = default_anchor_args(tmp_path, max_steps=2, nca_beta=0.5, self_teacher="live")
+    assert args.nca_beta_schedule == "adaptive" and args.nca_adaptive_init == 0  # the defaults: the gated anchor
+    with caplog.at_level(logging.WARNING):
+        trainer = NCATrainer(
+            model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok
+        )
+    warned = [r.getMessage() for r in caplog.records if "its gate can never open" in r.getMessage()]
+    assert len(warned) == 1 and "nca_beta_schedule='constant'" in warned[0], warned
+    trainer.train()
+    assert [s["nca_beta"] for s in _logged_steps(trainer)] == [0.5, 0.5]
+
+
+def test_the_default_is_the_gated_anchor_and_plain_opd_needs_no_schedule(tok, tmp_path):
+    """The defaults: the anchor is off (weight 0) until the first step whose view_kl exceeds 1.1 x opd_loss, then
+    starts at 0.05; nca_beta=0 (plain OPD) runs under the default schedule settings with weight 0 throughout."""
+    args = default_anchor_args(tmp_path, max_steps=1, nca_beta=0.5)
+    schedule = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
+        train_dataset=prompt_dataset(4), processing_class=tok,
+    ).nca.schedule  # fmt: skip
+    assert (schedule.kind, schedule.value, schedule.beta) == ("adaptive", 0.0, 0.5)
+    assert schedule.update({"opd_loss": 1.0, "view_kl": 1.1}) == 0.0  # not above the target: still off
+    assert schedule.update({"opd_loss": 1.0, "view_kl": 1.2}) == 0.05  # above it: on, at the minimum
+    opd = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=default_anchor_args(tmp_path, nca_beta=0.0),
+        train_dataset=prompt_dataset(4), processing_class=tok,
+    )  # fmt: skip
+    assert opd.nca.schedule.kind == "constant" and opd.nca_beta == 0.0

@@ -113,7 +113,7 @@ model_name_or_path: organism
 task: organism_shift
 organism_seeds: [{STALLED_ORGANISM}]
 seeds: [{STALLED_SEED}]
-methods: ["constant:nca_beta=0.5"]
+methods: ["constant:nca_beta=0.5,nca_beta_schedule=constant"]
 eval_items: 48
 track_every: 0
 output_dir: {tmp_path / "out"}

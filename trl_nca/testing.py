@@ -149,14 +149,18 @@ def free_port() -> int:
 
 # Presets of training fields for `run_args`. Every test run: on the CPU, in float32, reporting nowhere.
 CPU = {"bf16": False, "use_cpu": True, "report_to": []}
+# The paper's constant anchor: the loss references weigh the NCA term by `nca_beta` from the first step (the default,
+# gated anchor is off until the views drift apart; tests/test_schedule.py and tests/test_stall.py run it).
+CONSTANT_ANCHOR = {"nca_beta_schedule": "constant"}
 # A short reproducible run: 2 optimizer steps of 2 rows, 6 sampled tokens, every step logged, nothing saved.
 SHORT_RUN = {
-    **CPU, "save_strategy": "no", "max_steps": 2, "per_device_train_batch_size": 2, "max_new_tokens": 6,
-    "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "data_seed": 0,
+    **CPU, **CONSTANT_ANCHOR, "save_strategy": "no", "max_steps": 2, "per_device_train_batch_size": 2,
+    "max_new_tokens": 6, "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "data_seed": 0,
 }  # fmt: skip
 # One batch of 3 dataset rows scored off-policy (the references), NCA on at the paper's weight, nothing saved.
 REFERENCE_BATCH = {
-    **CPU, "save_strategy": "no", "per_device_train_batch_size": 3, "max_new_tokens": 6, "lmbda": 0.0, "nca_beta": 0.5,
+    **CPU, **CONSTANT_ANCHOR, "save_strategy": "no", "per_device_train_batch_size": 3, "max_new_tokens": 6,
+    "lmbda": 0.0, "nca_beta": 0.5,
 }  # fmt: skip
 # Played episodes: 2 steps of 2 rows, no length cap (the episodes' prompts grow), a learning rate that moves weights.
 ROLLOUT_RUN = {

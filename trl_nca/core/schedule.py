@@ -28,14 +28,25 @@ continues with exactly the weights the uninterrupted run would have used.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 
 SCHEDULES = ("constant", "warmup", "adaptive")
+# The default anchor: the gated one (`adaptive` off until the views drift apart), chosen in docs/results.md section 10.
+DEFAULT_SCHEDULE = "adaptive"
+ADAPTIVE_INIT = 0.0
+ADAPTIVE_MIN = 0.05
+ADAPTIVE_TARGET = 1.1
 ADAPTIVE_STEP_LIMIT = 0.2  # the largest relative change of one update (before dividing by the horizon)
 STATE_FILE = "nca_schedule.json"
+# The config fields a schedule reads (`schedule_from_config`), besides `nca_beta`.
+SCHEDULE_FIELDS = (
+    "nca_beta_schedule", "nca_warmup_steps", "nca_adaptive_init", "nca_adaptive_min", "nca_adaptive_target",
+    "nca_adaptive_horizon",
+)  # fmt: skip
 
 
 @dataclass
@@ -48,9 +59,9 @@ class BetaSchedule:
     kind: str = "constant"
     beta: float = 0.5
     warmup_steps: int = 0
-    adaptive_init: float = 0.01
-    adaptive_min: float = 1e-3
-    adaptive_target: float = 1.0
+    adaptive_init: float = ADAPTIVE_INIT
+    adaptive_min: float = ADAPTIVE_MIN
+    adaptive_target: float = ADAPTIVE_TARGET
     adaptive_horizon: float = 1.0
     steps_done: int = 0
     current: float | None = None
@@ -153,10 +164,12 @@ class BetaSchedule:
         self.current = float(state["current"])
 
 
-def schedule_from_config(args) -> BetaSchedule:
-    """The schedule an `NCAConfig` describes."""
+def schedule_from_config(args, kind: str | None = None) -> BetaSchedule:
+    """The schedule an `NCAConfig` describes (`kind` overrides its `nca_beta_schedule`). With `nca_beta=0` (plain OPD)
+    there is no anchor to schedule: the weight is 0 at every step, whatever the schedule settings."""
+    kind = args.nca_beta_schedule if kind is None else kind
     return BetaSchedule(
-        kind=args.nca_beta_schedule,
+        kind="constant" if float(args.nca_beta) == 0 else kind,
         beta=float(args.nca_beta),
         warmup_steps=int(args.nca_warmup_steps),
         adaptive_init=float(args.nca_adaptive_init),
@@ -164,3 +177,9 @@ def schedule_from_config(args) -> BetaSchedule:
         adaptive_target=float(args.nca_adaptive_target),
         adaptive_horizon=float(args.nca_adaptive_horizon),
     )
+
+
+def schedule_left_at_default(args) -> bool:
+    """Whether every schedule field of the config dataclass `args` (`SCHEDULE_FIELDS`) has its default value."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    return all(getattr(args, name) == defaults.get(name) for name in SCHEDULE_FIELDS)

@@ -1,29 +1,56 @@
-"""The per-organism outcomes `docs/results.md` section 9 documents, and the reading of a new comparison against them.
+"""The per-organism outcomes of `docs/results.md` sections 9 and 10, and a new comparison read against them.
 
 The shipped organisms are the same weights on every machine, so a comparison on them can be read organism by organism
 against the documented study of the same settings: did the baseline (plain OPD) degrade on this organism, did the
 method (NCA) prevent it, and what did the documented runs find on the same organism. `docs/results/build.py` writes
-the documented outcomes (per experiment of section 9: its settings, each organism's outcome, the counts) into
+the documented outcomes (per experiment of sections 9 and 10: its settings, each organism's outcome, the counts) into
 `resources/documented_organisms.json` from the committed summaries. The definitions are those of
 `trl_nca.recipes.statistics.organism_outcomes`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 from ..core.checks import format_pct
-from .ranges import matching_settings
+from .ranges import canonical, json_default, matching_settings
+
+
+# The config fields an anchor schedule reads besides `nca_beta` (`trl_nca.core.schedule.SCHEDULE_FIELDS`), and which
+# of them each schedule reads.
+_SCHEDULE_READS = {
+    "nca_beta_schedule": ("constant", "warmup", "adaptive"),
+    "nca_warmup_steps": ("warmup",),
+    "nca_adaptive_init": ("adaptive",),
+    "nca_adaptive_min": ("adaptive",),
+    "nca_adaptive_target": ("adaptive",),
+    "nca_adaptive_horizon": ("adaptive",),
+}
 
 
 def _match(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings that must agree: those of `ranges.matching_settings` (what shaped the students, the training and
-    the evaluation, samples per view included), without the organisms and seeds; the methods are matched one by one
-    (a documented study may have run more methods than the comparison read against it)."""
-    return {k: v for k, v in matching_settings(summary).items() if k != "methods"}
+    """The settings every method shares that must agree: those of `ranges.matching_settings` (what shaped the
+    students and their evaluation, samples per view included) without the training config and the methods, which
+    are matched method by method as `method_settings`."""
+    return {k: v for k, v in matching_settings(summary).items() if k not in ("methods", "training")}
+
+
+def method_settings(summary: Mapping[str, Any], method: str) -> dict[str, Any]:
+    """The training settings one method of a comparison ran with: the shared training config with the method's
+    overrides, without the schedule fields its run does not read (none with `nca_beta=0`: plain OPD has no anchor to
+    schedule; under a schedule, those of the other schedules). So a method is the same method whatever its name and
+    whichever defaults it was written against: the README's `nca` under the gated default is section 10's `gated`."""
+    settings = {**canonical(summary["settings"]["training"]), **summary["methods"][method]}
+    kind = None if settings.get("nca_beta") == 0 else settings.get("nca_beta_schedule")
+    return {k: v for k, v in settings.items() if k not in _SCHEDULE_READS or kind in _SCHEDULE_READS[k]}
+
+
+def _fingerprint(settings: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=json_default).encode()).hexdigest()
 
 
 def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, Any]:
@@ -36,6 +63,7 @@ def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str
             "degraded": outcome["degraded"],
             "prevented": outcome["prevented"],
             "overrides": summary["methods"][method],
+            "settings_sha256": _fingerprint(method_settings(summary, method)),
             "organisms": {
                 str(e["organism"]): {"degraded": e["degraded"], "prevented": e["prevented"],
                                      "baseline_harm": e["baseline"].get("harm"), "method_harm": e["method"].get("harm")}
@@ -43,7 +71,23 @@ def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str
             },
         }  # fmt: skip
     return {"name": name, "section": section, "baseline": baseline, "baseline_overrides": summary["methods"][baseline],
-            "match": _match(summary), "methods": methods}  # fmt: skip
+            "baseline_settings_sha256": _fingerprint(method_settings(summary, baseline)), "match": _match(summary),
+            "methods": methods}  # fmt: skip
+
+
+def _documented(summary: Mapping[str, Any], method: str, experiments: list[dict[str, Any]]):
+    """The first documented experiment with the same shared settings, the same baseline and a method with the same
+    settings as `method` (under any name), and that method's name there; (None, None) without one."""
+    baseline = summary["statistics"]["baseline"]
+    shared, baseline_print = _match(summary), _fingerprint(method_settings(summary, baseline))
+    method_print = _fingerprint(method_settings(summary, method))
+    for experiment in experiments:
+        if experiment["match"] != shared or experiment.get("baseline_settings_sha256") != baseline_print:
+            continue
+        for name, known in experiment["methods"].items():
+            if known.get("settings_sha256") == method_print:
+                return experiment, name
+    return None, None
 
 
 def documented_outcomes() -> list[dict[str, Any]]:
@@ -65,18 +109,12 @@ def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, An
     if not any(e["organism"] is not None for o in organisms.values() for e in o["organisms"]):
         return ""
     experiments = documented_outcomes() if experiments is None else experiments
-    settings = _match(summary)
     baseline = summary["statistics"]["baseline"]
-    documented = next(
-        (e for e in experiments if e["match"] == settings and e["baseline"] == baseline
-         and e["baseline_overrides"] == summary["methods"][baseline]),
-        None,
-    )  # fmt: skip
-    lines = []
+    lines, read = [], False
     for method, outcome in organisms.items():
-        known = None if documented is None else documented["methods"].get(method)
-        if known is not None and known["overrides"] != summary["methods"][method]:
-            known = None  # a method of the same name with other settings: not the documented one
+        documented, name = _documented(summary, method, experiments)
+        known = None if documented is None else documented["methods"][name]
+        read = read or known is not None
         for e in outcome["organisms"]:
             seeds = len(e["seeds"])
             text = (
@@ -91,15 +129,17 @@ def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, An
                 )
             lines.append(text + ".")
         if known is not None:
+            named = "" if name == method else f", there named {name!r}"
             lines.append(
-                f"Documented in docs/results.md {documented['section']} ({documented['name']}, the same settings): "
+                f"Documented in docs/results.md {documented['section']} ({documented['name']}, the same "
+                f"settings{named}): "
                 f"{baseline} degraded on {known['degraded']} of {known['n']} organisms, {method} prevented it on "
                 f"{known['prevented']} of those {known['degraded']}."
             )
-    if documented is None:
+    if not read:
         names = ", ".join(e["name"] for e in experiments) or "none yet"
         lines.append(
-            "No per-organism outcome is documented for these settings (docs/results.md section 9 documents "
+            "No per-organism outcome is documented for these settings (docs/results.md sections 9 and 10 document "
             f"{names}), so the organisms are not read against one."
         )
     return "\n".join(lines)

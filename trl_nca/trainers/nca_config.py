@@ -16,7 +16,14 @@ from trl.import_utils import TRLExperimentalWarning
 from ..core.checks import check_integer, check_number
 from ..core.launch import deepspeed_requested, skip_deepspeed_shared_memory_op
 from ..core.losses import DivergenceSpec
-from ..core.schedule import SCHEDULES, schedule_from_config
+from ..core.schedule import (
+    ADAPTIVE_INIT,
+    ADAPTIVE_MIN,
+    ADAPTIVE_TARGET,
+    DEFAULT_SCHEDULE,
+    SCHEDULES,
+    schedule_from_config,
+)
 from ..core.views import ContextSpec
 from .checkpointing import checkpointing_kwargs, needs_joint_forward
 from .field_docs import document_fields
@@ -96,37 +103,42 @@ class NCAFields:
         },
     )
     nca_beta_schedule: Literal["constant", "warmup", "adaptive"] = field(
-        default="constant",
+        default=DEFAULT_SCHEDULE,
         metadata={
-            "help": "How the anchor weight evolves over optimizer steps (logged every step as `nca_beta`): "
-            "`'constant'` (`nca_beta` throughout, the paper's method); `'warmup'` (from 0 up to `nca_beta` linearly "
-            "over `nca_warmup_steps`); `'adaptive'` (beyond the paper: starts at `nca_adaptive_init` and is "
-            "multiplied after each step by `1 + clip(view_kl / (nca_adaptive_target * opd_loss) - 1, -0.2, 0.2) / "
-            "nca_adaptive_horizon`, within `[nca_adaptive_min, nca_beta]`, so the anchor grows once the no-context "
-            "view has caught up with the teacher and the context view drifts; see `trl_nca.core.schedule`). Saved in "
-            "checkpoints, restored on resume."
+            "help": "How the anchor weight evolves over optimizer steps (logged every step as `nca_beta`). The default "
+            "is the gated anchor (beyond the paper, chosen by the study of docs/results.md section 10, where it stalled "
+            "internalisation in fewer runs than the constant one): `'adaptive'` with `nca_adaptive_init=0`, so the "
+            "anchor is off until the first step whose `view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts "
+            "at `nca_adaptive_min` and is multiplied after each step by `1 + clip(view_kl / (nca_adaptive_target * "
+            "opd_loss) - 1, -0.2, 0.2) / nca_adaptive_horizon`, within `[nca_adaptive_min, nca_beta]` (see "
+            "`trl_nca.core.schedule`). `'constant'` is the paper's anchor (`nca_beta` throughout); `'warmup'` goes from "
+            "0 up to `nca_beta` linearly over `nca_warmup_steps`. With `nca_beta=0` (plain OPD) there is no anchor to "
+            "schedule and this setting is not read. Where the gate can never open (`self_teacher='live'` with "
+            "reverse-KL OPD) and the schedule settings are left at their defaults, the constant anchor is used, with "
+            "one warning. Saved in checkpoints, restored on resume."
         },
     )
     nca_warmup_steps: int = field(
         default=0, metadata={"help": "Optimizer steps of the linear warm-up of the `'warmup'` schedule."}
     )
     nca_adaptive_init: float = field(
-        default=0.01,
+        default=ADAPTIVE_INIT,
         metadata={
-            "help": "Anchor weight of the first step under the `'adaptive'` schedule. `0` keeps the anchor off until "
-            "the first step whose `view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts it at "
-            "`nca_adaptive_min`."
+            "help": "Anchor weight of the first step under the `'adaptive'` schedule. `0` (the gated anchor, the "
+            "default) keeps the anchor off until the first step whose `view_kl` exceeds `nca_adaptive_target * "
+            "opd_loss`, then starts it at `nca_adaptive_min`; section 5's ungated adaptive anchor starts at `0.01` "
+            "(with `nca_adaptive_min=0.001`, `nca_adaptive_target=1.0`)."
         },
     )
     nca_adaptive_min: float = field(
-        default=1e-3,
+        default=ADAPTIVE_MIN,
         metadata={"help": "Lower bound of the adaptive anchor weight (`nca_beta` is the upper bound)."},
     )
     nca_adaptive_target: float = field(
-        default=1.0,
+        default=ADAPTIVE_TARGET,
         metadata={
             "help": "Tolerated ratio of the views' gap (`view_kl`) to the no-context view's gap to the teacher "
-            "(`opd_loss`) before the adaptive anchor grows."
+            "(`opd_loss`) before the adaptive anchor grows (and before the gated anchor opens)."
         },
     )
     nca_adaptive_horizon: float = field(

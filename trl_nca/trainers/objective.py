@@ -10,6 +10,7 @@ here); from the batch on, both compute exactly the same thing with the same code
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -22,9 +23,12 @@ from trl.models.utils import _ForwardRedirection
 from ..core.deprecation import renamed_keyword
 from ..core.losses import LMHead, token_divergences
 from ..core.prefix import PrefixSharing, weights_fingerprint
-from ..core.schedule import BetaSchedule, schedule_from_config
+from ..core.schedule import BetaSchedule, schedule_from_config, schedule_left_at_default
 from ..core.views import View, build_view, position_ids_from_mask
 from .teacher import SelfTeacher
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,16 @@ class NCAObjective:
         self.spec = args.divergence_spec
         live_teacher = isinstance(teacher, SelfTeacher) and teacher.mode == "live"
         never_on = self.schedule.never_on(views_equal_teacher=live_teacher and self.spec.beta == 1.0)
-        if never_on is not None:
+        if never_on is not None and schedule_left_at_default(args):
+            logger.warning(
+                "The default anchor is gated (nca_beta_schedule='adaptive', nca_adaptive_init=0), and here its gate can "
+                "never open (self_teacher='live' with reverse-KL OPD: view_kl equals opd_loss at every step), so this "
+                "run uses the paper's constant anchor (nca_beta=%s throughout). Set nca_beta_schedule='constant' to "
+                "say so and silence this warning.",
+                args.nca_beta,
+            )
+            self.schedule = schedule_from_config(args, kind="constant")
+        elif never_on is not None:
             raise ValueError(never_on)
         # Whether the NCA term can be on at all (the context view then carries gradient).
         self.active = self.schedule.active
