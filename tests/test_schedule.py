@@ -272,3 +272,24 @@ def test_the_default_is_the_gated_anchor_and_plain_opd_needs_no_schedule(tok, tm
         train_dataset=prompt_dataset(4), processing_class=tok,
     )  # fmt: skip
     assert opd.nca.schedule.kind == "constant" and opd.nca_beta == 0.0
+
+
+@pytest.mark.parametrize(
+    "fields, says",
+    [
+        ({}, "trl-nca's default gated anchor"),
+        ({"nca_beta_schedule": "constant"}, "the paper's constant one: `nca_beta=0.5`"),
+        ({"nca_beta": 0.0}, "plain on-policy context distillation"),
+    ],
+)
+def test_model_card_says_which_anchor_the_run_used(tok, tmp_path, fields, says):
+    """The model card cites the paper; the line after the method's name says which anchor weighed the run."""
+    args = default_anchor_args(tmp_path, **{"nca_beta": 0.5, **fields})
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
+        train_dataset=prompt_dataset(4), processing_class=tok,
+    )  # fmt: skip
+    trainer.create_model_card(model_name="student")
+    card = (tmp_path / "out" / "README.md").read_text()
+    named = card.index("This model was trained with NCA")
+    assert says in card[named : card.index("\n\n", card.index("\n", named) + 2) + 1] and "2606.11627" in card

@@ -151,6 +151,30 @@ class BetaSchedule:
             )
         return None
 
+    def describe(self) -> str:
+        """One sentence on how this schedule weighed the anchor, for a model card."""
+        if self.beta == 0:
+            return "The anchor was off (`nca_beta=0`): plain on-policy context distillation (OPD)."
+        if self.kind == "constant":
+            return f"The anchor was the paper's constant one: `nca_beta={self.beta:g}` at every optimizer step."
+        if self.kind == "warmup":
+            return (
+                f"The anchor warmed up linearly from 0 to `nca_beta={self.beta:g}` over {self.warmup_steps} optimizer "
+                "steps (beyond the paper, whose anchor is constant)."
+            )
+        start = (
+            f"was off until the student's two views drifted apart (`view_kl` above {self.adaptive_target:g} x "
+            f"`opd_loss`), then started at {self.adaptive_min:g}"
+            if self.adaptive_init == 0
+            else f"started at {self.adaptive_init:g}"
+        )
+        name = "trl-nca's default gated anchor" if self.adaptive_init == 0 else "an adaptive anchor"
+        return (
+            f"The anchor was {name} (beyond the paper): it {start} and followed the views' gap, within "
+            f"[{self.adaptive_min:g}, {self.beta:g}] (`nca_beta_schedule='adaptive'`; docs/results.md section 10 of "
+            "trl-nca). The paper's anchor is constant (`nca_beta_schedule='constant'`)."
+        )
+
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "steps_done": self.steps_done, "current": self.current}
 

@@ -9,6 +9,7 @@ A trainer lists the mixin before its base trainer (`class NCATrainer(NCATrainerM
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from torch import nn
@@ -120,6 +121,20 @@ class NCATrainerMixin:
         """Deprecated: `trainer.nca.spec`."""
         warn_renamed(f"{type(self).__name__}.divergence_spec", "trainer.nca.spec")
         return self.nca.spec
+
+    def create_model_card(self, *args, **kwargs):
+        """TRL's model card, with one line on the anchor the run used (the default anchor is beyond the paper the
+        card cites) after the line naming the method."""
+        super().create_model_card(*args, **kwargs)
+        card = os.path.join(self.args.output_dir, "README.md")
+        if not self.is_world_process_zero() or not os.path.isfile(card):
+            return
+        with open(card, encoding="utf-8") as handle:
+            text = handle.read()
+        line, start = self.nca.schedule.describe(), text.find("This model was trained with ")
+        end = len(text) if start < 0 else text.find("\n", start) % (len(text) + 1)
+        with open(card, "w", encoding="utf-8") as handle:
+            handle.write(f"{text[:end]}\n\n{line}\n{text[end:]}")
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         resume_from_checkpoint = resume(
