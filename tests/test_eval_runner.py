@@ -74,3 +74,22 @@ def test_game_records_are_checked_on_resume_like_dataset_records(tiny, tmp_path)
         run_paired(template, model, tokenizer, generation=SETTINGS, output_path=path)
     again = run_paired(game_task(), model, tokenizer, generation=SETTINGS, output_path=path)
     assert [r.to_dict() for r in again] == [r.to_dict() for r in first]
+
+
+def test_evaluation_samples_in_eval_mode_and_gives_every_module_its_mode_back(tmp_path):
+    """The model samples in evaluation mode (no dropout); afterwards each module has the mode it had, also a
+    submodule kept in evaluation mode inside a model in training mode."""
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_model(tokenizer, seed=0).train()
+    model.model.layers[0].eval()  # kept in evaluation mode on purpose
+    before = {name: m.training for name, m in model.named_modules()}
+    seen, generate = [], model.generate
+
+    def spy(*args, **kwargs):
+        seen.append(any(m.training for m in model.modules()))
+        return generate(*args, **kwargs)
+
+    model.generate = spy
+    run_paired(qa_task(), model, tokenizer, generation=SETTINGS)
+    assert seen and not any(seen)
+    assert {name: m.training for name, m in model.named_modules()} == before

@@ -20,10 +20,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, HFBackend, generate_fn
+import torch
+
+from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, HFBackend, generate_fn, policy_mode
 from ..inputs import sha256_text
 from .errors import EvalInputError
 from .provenance import library_versions, model_identity
@@ -200,10 +203,8 @@ def run_paired(
     }
     if backend is None:
         backend = HFBackend(model, tokenizer)
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
+    # the policy samples (no dropout); every module gets its own mode back (a vLLM engine has none)
+    with policy_mode(model) if isinstance(model, torch.nn.Module) else nullcontext():
         with _progress(len(todo), progress, desc=f"{desc} ({len(done)} done)") as bar:
 
             def on_records(records: list[PairedRecord]) -> None:
@@ -217,9 +218,6 @@ def run_paired(
 
             if todo:
                 task.play(todo, generate_fn(backend, generation), tokenizer, generation, on_records)
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
     return [done[item.item_id] for item in items]
 
 
