@@ -20,6 +20,7 @@ of sequence of each row, over wall time). The fr-30 estimate scales the measured
     python benchmarks/bench_fr30.py                                  # 32 items, float32 and bfloat16
     python benchmarks/bench_fr30.py --items 16 --dtypes float32      # quicker
     python benchmarks/bench_fr30.py --one-call --repeats 2           # one 32-row call, prefill shared or not
+    python benchmarks/bench_fr30.py --eval-batch-sizes 32 64 128 --items 32 --dtypes float32 --repeats 2
 """
 
 from __future__ import annotations
@@ -154,6 +155,35 @@ def one_call(plan, dtype: str, repeats: int):
           f"{same}/32 rows identical", flush=True)  # fmt: skip
 
 
+def batch_sizes(plan, dtype: str, sizes: list[int], repeats: int):
+    """The base's fast evaluation at each evaluation batch size, interleaved over `repeats`: wall time, the ratio to
+    the first size's, and whether the records equal the first size's (the batch size is left out of the run key)."""
+    from transformers import AutoTokenizer
+
+    from trl_nca.recipes.compare import _load_base
+
+    path = plan.model_paths[None]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = _load_base(path, plan.model_init_kwargs).eval()
+    seconds, records = defaultdict(list), {}
+    for _ in range(repeats):
+        for size in sizes:
+            evaluator = copy.copy(plan.evaluator)
+            evaluator.generation = dataclasses.replace(plan.evaluator.generation, batch_size=size)
+            wall, records[size] = evaluate(evaluator, model, tokenizer, True, [])
+            seconds[size].append(wall)
+            print(f"[{dtype}] eval base, batch {size}: {wall:.1f} s", flush=True)
+    first = sizes[0]
+    print(
+        f"\n| dtype | eval batch | seconds per repeat | best | best vs batch {first} | records equal batch {first}'s |"
+    )
+    print("| --- | ---: | --- | ---: | ---: | --- |")
+    for size in sizes:
+        equal = sum(a == b for a, b in zip(comparable(records[size]), comparable(records[first])))
+        print(f"| {dtype} | {size} | {', '.join(f'{t:.1f}' for t in seconds[size])} | {min(seconds[size]):.1f} | "
+              f"{min(seconds[first]) / min(seconds[size]):.2f}x | {equal} of {len(records[size])} items |")  # fmt: skip
+
+
 def comparable(records):
     out = [r.to_dict() for r in records]
     for record in out:
@@ -174,6 +204,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=1, help="evaluations per path and model (interleaved)")
     parser.add_argument("--skip-steps", action="store_true", help="measure the evaluation only (of the base)")
     parser.add_argument("--one-call", action="store_true", help="only one generate call of 32 rows, both ways")
+    parser.add_argument("--eval-batch-sizes", type=int, nargs="+", default=None,
+                        help="only the base's fast evaluation at these batch sizes, interleaved (e.g. 32 64 128)")  # fmt: skip
     cli = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -190,6 +222,9 @@ def main():
             plan = plan_for(dtype, cli.items, cli.warmup + cli.steps, Path(tmp) / dtype)
             if cli.one_call:
                 one_call(plan, dtype, cli.repeats)
+                continue
+            if cli.eval_batch_sizes:
+                batch_sizes(plan, dtype, cli.eval_batch_sizes, cli.repeats)
                 continue
             path = plan.model_paths[None]
             tokenizer = AutoTokenizer.from_pretrained(path)
@@ -219,7 +254,7 @@ def main():
                 same = comparable(records[True]) == comparable(records[False])
                 changed = sum(a != b for a, b in zip(comparable(records[True]), comparable(records[False])))
                 row[f"eval {name}"] = (min(seconds[False]), min(seconds[True]), same, changed)
-        if not cli.one_call:
+        if not (cli.one_call or cli.eval_batch_sizes):
             report(results, cli)
 
 
