@@ -22,6 +22,9 @@ organism are repeated measures of it. `organism_outcomes` therefore reads a comp
 degrade there, does the method prevent it; docs/results.md section 9.1 defines both) and over organisms: how many
 organisms show each outcome, a two-level bootstrap interval (organisms resampled, then seeds within each) of the mean
 difference, and the exact sign test over the organisms' mean differences, again only from `MIN_PAIRS` organisms.
+
+The comparison's own table (`aggregate`, `render_table`, `conclusion`) gives the mean and sample standard deviation
+over seeds of each method, then one row per run.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ MIN_PAIRS = fewest_pairs()  # 6
 STAT_KEYS = ("harm", "acc_x", "acc_xc", "both_correct")
 ORGANISM_KEYS = ("harm", "acc_x", "both_correct")
 PREVENTED_SHARE = 0.5  # the method prevents the degradation when its mean harm is at most this share of the baseline's
+# the metrics of each evaluated model in a comparison's table (`aggregate`, `render_table`)
+SUMMARY_KEYS = ("acc_x", "acc_xc", "delta", "harm", "help", "both_correct", "length_change")
 COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": "Harm", "help": "Help",
                 "both_correct": "BothCorrect", "length_change": "Length change"}  # fmt: skip
 
@@ -390,6 +395,79 @@ def render_stalls(stalls: Mapping[str, Mapping[str, Any]], reference: str, share
         )
         lines.append(f"| {method} | {entry['runs']} | {len(entry['stalled'])} | {named or '-'} |")
     return "\n".join(lines)
+
+
+def aggregate(
+    summaries: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
+) -> dict[str, dict[str, Any]]:
+    """Mean, sample standard deviation, min and max over seeds of each summary metric, per method."""
+    out = {}
+    for method, per_seed in summaries.items():
+        stats: dict[str, Any] = {"n_seeds": len(per_seed), "regimes": [m.get("regime") for m in per_seed]}
+        for key in keys:
+            values = [v for v in (_value(m, key) for m in per_seed) if v is not None]
+            if not values:
+                stats[key] = None
+                continue
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+            stats[key] = {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": len(values)}
+        out[method] = stats
+    return out
+
+
+def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
+    if stat is None:
+        return "n/a"
+    text = format_pct(stat["mean"])
+    if spread and stat["n"] > 1:
+        text += f" ± {format_pct(stat['std'])}"
+    return text
+
+
+def render_table(
+    aggregated: dict[str, dict[str, Any]], per_seed: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
+) -> str:
+    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed (labelled
+    `org{o}/{seed}` when the runs span several organisms)."""
+    names = [COLUMN_NAMES.get(k, k) for k in keys]
+    header = "| Model | seeds | " + " | ".join(names) + " | Regime |"
+    rule = "|" + "---|" * (len(keys) + 3)
+    lines = [header, rule]
+    for method, stats in aggregated.items():
+        cells = [method, str(stats["n_seeds"])] + [_pct(stats[k]) for k in keys]
+        cells.append(", ".join(r or "n/a" for r in stats["regimes"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Per seed:", "", header.replace("seeds", "seed"), rule]
+    for method, rows in per_seed.items():
+        for row in rows:
+            run = "-" if row.get("seed") is None else str(row["seed"])
+            if row.get("organism") is not None:  # several organisms: organism o, training seed s
+                run = f"org{row['organism']}" + ("" if row.get("seed") is None else f"/{row['seed']}")
+            cells = [method, run]
+            cells += [_pct({"mean": row[k], "n": 1}) if _value(row, k) is not None else "n/a" for k in keys]
+            lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
+    return "\n".join(lines)
+
+
+def conclusion(task: str, aggregated: dict[str, dict[str, Any]]) -> str:
+    """One sentence stating what the table shows for the base, the plain OPD and the NCA students."""
+
+    def num(method: str, key: str) -> str:
+        stat = aggregated.get(method, {}).get(key)
+        return "n/a" if stat is None else f"{100 * stat['mean']:.0f}%"
+
+    parts = [f"On {task}, the base model answers {num('base', 'acc_x')} without and {num('base', 'acc_xc')} with the "
+             "context"]  # fmt: skip
+    for method in aggregated:
+        if method == "base":
+            continue
+        regimes = ", ".join(r or "n/a" for r in aggregated[method]["regimes"])
+        parts.append(
+            f"{method} reaches {num(method, 'acc_x')} without and {num(method, 'acc_xc')} with it (harm "
+            f"{num(method, 'harm')}, length change {num(method, 'length_change')}, regime {regimes})"
+        )
+    return "; ".join(parts) + "."
 
 
 def _p(value: float | None) -> str:
