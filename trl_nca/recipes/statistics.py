@@ -200,6 +200,49 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(kept)) if kept else None
 
 
+def _organism_entry(organism, seeds, theirs: Mapping[Any, Mapping[str, Any]], ours: Mapping[Any, Mapping[str, Any]],
+                    keys: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """One organism's reading: each method's means over the `seeds` both ran (the rows of `theirs`, the baseline, and
+    `ours`, the method, by seed), its regime-A runs, the per-seed differences, `degraded` and `prevented`."""
+    base = [theirs[s] for s in seeds]
+    mine = [ours[s] for s in seeds]
+    entry: dict[str, Any] = {"organism": organism, "seeds": seeds, "baseline": {}, "method": {}, "differences": {}}
+    for side, rows in (("baseline", base), ("method", mine)):
+        entry[side] = {key: _mean([_value(r, key) for r in rows]) for key in keys}
+        entry[side]["regime_a"] = sum(r.get("regime") == "A" for r in rows)
+    for key in keys:
+        diffs = [
+            a - b
+            for a, b in ((_value(x, key), _value(y, key)) for x, y in zip(base, mine))
+            if a is not None and b is not None
+        ]
+        entry["differences"][key] = diffs
+    entry["degraded"] = 2 * entry["baseline"]["regime_a"] > len(seeds)
+    harm_base, harm_mine = entry["baseline"].get("harm"), entry["method"].get("harm")
+    entry["prevented"] = (
+        None
+        if not entry["degraded"] or harm_base is None or harm_mine is None
+        else harm_mine <= PREVENTED_SHARE * harm_base
+    )
+    return entry
+
+
+def _over_organisms(
+    organisms: Sequence[Mapping[str, Any]], key: str, n_resamples: int, seed: int, confidence: float
+) -> dict[str, Any]:
+    """The organisms' mean differences of `key`: their mean, how many lie below and above zero, and from `MIN_PAIRS`
+    organisms the two-level bootstrap interval and the exact sign test."""
+    groups = [e["differences"][key] for e in organisms if e["differences"][key]]
+    means = [float(np.mean(g)) for g in groups]
+    summary: dict[str, Any] = {"n": len(groups), "mean": float(np.mean(means)) if means else None, "ci": None,
+                               "below": sum(m > 0 for m in means), "above": sum(m < 0 for m in means),
+                               "sign_test_p": None}  # fmt: skip
+    if len(groups) >= MIN_PAIRS:
+        summary["ci"] = two_level_bootstrap_interval(groups, n_resamples, seed, confidence)
+        summary["sign_test_p"] = mcnemar_exact(summary["below"], summary["above"])
+    return summary
+
+
 def organism_outcomes(
     baseline_rows: Sequence[Mapping[str, Any]],
     method_rows: Sequence[Mapping[str, Any]],
@@ -223,27 +266,7 @@ def organism_outcomes(
         seeds = sorted(set(ours[organism]) & set(theirs[organism]), key=lambda s: (s is None, s))
         if not seeds:
             continue
-        base = [theirs[organism][s] for s in seeds]
-        mine = [ours[organism][s] for s in seeds]
-        entry: dict[str, Any] = {"organism": organism, "seeds": seeds, "baseline": {}, "method": {}, "differences": {}}
-        for side, rows in (("baseline", base), ("method", mine)):
-            entry[side] = {key: _mean([_value(r, key) for r in rows]) for key in keys}
-            entry[side]["regime_a"] = sum(r.get("regime") == "A" for r in rows)
-        for key in keys:
-            diffs = [
-                a - b
-                for a, b in ((_value(x, key), _value(y, key)) for x, y in zip(base, mine))
-                if a is not None and b is not None
-            ]
-            entry["differences"][key] = diffs
-        entry["degraded"] = 2 * entry["baseline"]["regime_a"] > len(seeds)
-        harm_base, harm_mine = entry["baseline"].get("harm"), entry["method"].get("harm")
-        entry["prevented"] = (
-            None
-            if not entry["degraded"] or harm_base is None or harm_mine is None
-            else harm_mine <= PREVENTED_SHARE * harm_base
-        )
-        organisms.append(entry)
+        organisms.append(_organism_entry(organism, seeds, theirs[organism], ours[organism], keys))
     degraded = [e for e in organisms if e["degraded"]]
     out: dict[str, Any] = {
         "organisms": organisms,
@@ -257,15 +280,7 @@ def organism_outcomes(
         "note": None,
     }
     for key in keys:
-        groups = [e["differences"][key] for e in organisms if e["differences"][key]]
-        means = [float(np.mean(g)) for g in groups]
-        summary: dict[str, Any] = {"n": len(groups), "mean": float(np.mean(means)) if means else None, "ci": None,
-                                   "below": sum(m > 0 for m in means), "above": sum(m < 0 for m in means),
-                                   "sign_test_p": None}  # fmt: skip
-        if len(groups) >= MIN_PAIRS:
-            summary["ci"] = two_level_bootstrap_interval(groups, n_resamples, seed, confidence)
-            summary["sign_test_p"] = mcnemar_exact(summary["below"], summary["above"])
-        out["over_organisms"][key] = summary
+        out["over_organisms"][key] = _over_organisms(organisms, key, n_resamples, seed, confidence)
     if len(organisms) < MIN_PAIRS:
         out["note"] = (
             f"no interval or test over organisms: they need at least {MIN_PAIRS} organisms (the fewest with which an "
@@ -478,6 +493,18 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
     """The Markdown of `statistics` (the `statistics` entry of `comparison.json`): distributions, then paired
     differences against the baseline, then one sentence per method on harm."""
     names = dict(names or {})
+    lines = _distribution_table(statistics, names)
+    if not statistics["paired"]:
+        return "\n".join(lines)
+    lines += _paired_table(statistics, names)
+    organisms = statistics.get("organisms") or {}
+    if any(e["organism"] is not None for outcome in organisms.values() for e in outcome["organisms"]):
+        lines += ["", render_organisms(organisms, statistics["baseline"], names)]
+    return "\n".join(lines)
+
+
+def _distribution_table(statistics: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    """Per method: median [interquartile range] (min-max) of each metric over its runs."""
     keys = statistics["keys"]
     lines = [
         "Per method, over its runs (rates in %): median [interquartile range] (min-max).",
@@ -498,12 +525,14 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
                     f"{format_pct(d['median'])} [{format_pct(d['q1'])}-{format_pct(d['q3'])}] ({format_pct(d['min'])}-{format_pct(d['max'])})"
                 )
         lines.append("| " + " | ".join(cells) + " |")
-    baseline = statistics["baseline"]
-    paired = statistics["paired"]
-    if not paired:
-        return "\n".join(lines)
+    return lines
+
+
+def _paired_table(statistics: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    """The paired differences baseline - method of each metric, one sentence per method on harm, and the notes."""
+    keys, baseline, paired = statistics["keys"], statistics["baseline"], statistics["paired"]
     conf = int(round(100 * next(iter(next(iter(paired.values())).values()))["confidence"]))
-    lines += [
+    lines = [
         "",
         f"Paired differences {baseline} - method per (organism, training seed), in percentage points: mean with a "
         f"{conf}% bootstrap interval, median, exact sign test and exact paired permutation test (two-sided).",
@@ -533,7 +562,4 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
     lines += [""] + sentences
     if notes:
         lines += ["", *(f"Note: {note[0].upper() + note[1:]}." for note in notes)]
-    organisms = statistics.get("organisms") or {}
-    if any(e["organism"] is not None for outcome in organisms.values() for e in outcome["organisms"]):
-        lines += ["", render_organisms(organisms, baseline, names)]
-    return "\n".join(lines)
+    return lines
