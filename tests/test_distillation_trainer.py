@@ -5,11 +5,9 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
-from trl_nca.core.views import build_view
 from trl_nca.testing import (
     CONTEXT,
     FLOAT64,
@@ -18,11 +16,13 @@ from trl_nca.testing import (
     STORED32,
     cloned_parameters,
     float64_model,
+    full_logprobs,
     make_tiny_model,
     make_tiny_tokenizer,
     prompt_dataset,
     record_batches,
     run_args,
+    token_kl,
 )
 from trl_nca.trainers.nca_distillation_trainer import _nca_batch
 from trl_nca.trainers.teacher import SelfTeacher
@@ -50,19 +50,13 @@ def make_args(tmp_path, **fields):
 def full_logit_loss(student, teacher, inputs, nca_beta):
     """OPD (reverse KL) + nca_beta * KL(sg[q_x] || q_c), token mean, from the models' own full logits (an independent
     reference: the model's forward and log_softmax in float64, no chunking). Returns (loss, per-term token means)."""
-    cmask = inputs["completion_mask"]
-
-    def logprobs(model, prompts, prompt_mask):
-        view = build_view(prompts, prompt_mask, inputs["completion_ids"], cmask)
-        out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
-        return F.log_softmax(out.logits[:, view.prompt_width - 1 :][cmask.bool()].double(), -1)
-
-    lx = logprobs(student, inputs["prompt_ids"], inputs["prompt_mask"])
-    lc = logprobs(student, inputs["context_prompts"], inputs["context_prompt_attention_mask"])
+    completions = (inputs["completion_ids"], inputs["completion_mask"])
+    lx = full_logprobs(student, inputs["prompt_ids"], inputs["prompt_mask"], *completions)
+    lc = full_logprobs(student, inputs["context_prompts"], inputs["context_prompt_attention_mask"], *completions)
     with torch.no_grad():
-        lt = logprobs(teacher, inputs["context_prompts"], inputs["context_prompt_attention_mask"])
-    opd = (lx.exp() * (lx - lt)).sum(-1)
-    nca = (lx.detach().exp() * (lx.detach() - lc)).sum(-1)
+        lt = full_logprobs(teacher, inputs["context_prompts"], inputs["context_prompt_attention_mask"], *completions)
+    opd = token_kl(lx, lt)
+    nca = token_kl(lx.detach(), lc)
     entropy = -(lx.exp() * lx).sum(-1)
     terms = {"opd": opd.mean(), "nca": nca.mean(), "entropy": entropy.mean()}
     return opd.mean() + nca_beta * nca.mean(), terms

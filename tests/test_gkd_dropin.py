@@ -8,14 +8,13 @@ import logging
 
 import pytest
 import torch
-import torch.nn.functional as F
 from datasets import Dataset
 from trl.experimental.gkd import GKDConfig, GKDTrainer
 from trl.experimental.utils import DataCollatorForChatML
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core.views import build_view, render_prompt_ids
-from trl_nca.testing import CONTEXT, CPU, KL32, make_tiny_model, record_batches, run_args
+from trl_nca.core.views import render_prompt_ids
+from trl_nca.testing import CONTEXT, CPU, KL32, full_logprobs, make_tiny_model, record_batches, run_args, token_kl
 from trl_nca.trainers.data import NCACollator
 
 
@@ -131,18 +130,12 @@ def test_incompatible_data_collator_is_refused_at_init(tok, tmp_path):
 
 def reference_means(student, teacher, batch):
     """Token means of OPD (reverse KL), NCA and the view KL from full logits."""
-
-    def logprobs(model, prompts, mask):
-        view = build_view(prompts, mask, batch["completion_ids"], batch["completion_mask"])
-        out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
-        return F.log_softmax(out.logits[:, view.prompt_width - 1 :][batch["completion_mask"].bool()].double(), -1)
-
+    completions = (batch["completion_ids"], batch["completion_mask"])
     with torch.no_grad():
-        lx = logprobs(student, batch["prompts"], batch["prompt_attention_mask"])
-        lc = logprobs(student, batch["context_prompts"], batch["context_prompt_attention_mask"])
-        lt = logprobs(teacher, batch["context_prompts"], batch["context_prompt_attention_mask"])
-    kl = lambda p, q: (p.exp() * (p - q)).sum(-1).mean().item()  # noqa: E731
-    return {"opd": kl(lx, lt), "nca": kl(lx, lc)}
+        lx = full_logprobs(student, batch["prompts"], batch["prompt_attention_mask"], *completions)
+        lc = full_logprobs(student, batch["context_prompts"], batch["context_prompt_attention_mask"], *completions)
+        lt = full_logprobs(teacher, batch["context_prompts"], batch["context_prompt_attention_mask"], *completions)
+    return {"opd": token_kl(lx, lt).mean().item(), "nca": token_kl(lx, lc).mean().item()}
 
 
 def ragged_eval_set(n=3):

@@ -14,7 +14,16 @@ import torch.nn.functional as F
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.core.views import build_view
-from trl_nca.testing import FLOAT64, REFERENCE_BATCH, float64_model, make_tiny_model, ragged_answers, run_args
+from trl_nca.testing import (
+    FLOAT64,
+    REFERENCE_BATCH,
+    float64_model,
+    full_logprobs,
+    make_tiny_model,
+    ragged_answers,
+    run_args,
+    token_kl,
+)
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
@@ -31,15 +40,16 @@ def full_logits(model, view, completion_mask):
 def reference_loss(student, teacher_logits_fn, batch, nca_beta, anchor, temperature=1.0):
     """Token mean of OPD (reverse KL) + nca_beta * NCA from full logits; the teacher's log-probs are constants."""
     ids, mask = batch["completion_ids"], batch["completion_mask"]
-    vx = build_view(batch["prompts"], batch["prompt_attention_mask"], ids, mask)
     vc = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], ids, mask)
-    lx = F.log_softmax(full_logits(student, vx, mask) / temperature, -1)
-    lc = F.log_softmax(full_logits(student, vc, mask) / temperature, -1)
+    lx = full_logprobs(student, batch["prompts"], batch["prompt_attention_mask"], ids, mask, temperature)
+    lc = full_logprobs(
+        student, batch["context_prompts"], batch["context_prompt_attention_mask"], ids, mask, temperature
+    )
     with torch.no_grad():
         lt = F.log_softmax(teacher_logits_fn(vc, mask) / temperature, -1)
-    opd = (lx.exp() * (lx - lt)).sum(-1)
+    opd = token_kl(lx, lt)
     target = lx.detach() if anchor == "student" else lt
-    nca = (target.exp() * (target - lc)).sum(-1)
+    nca = token_kl(target, lc)
     return (opd + nca_beta * nca).mean()
 
 

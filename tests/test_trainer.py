@@ -17,11 +17,13 @@ from trl_nca.testing import (
     STORED32,
     cloned_parameters,
     float64_model,
+    full_logprobs,
     make_tiny_model,
     make_tiny_tokenizer,
     prompt_dataset,
     ragged_answers,
     run_args,
+    token_kl,
 )
 
 
@@ -36,19 +38,12 @@ def messages_dataset(n=4):
 
 def reference_terms(student, teacher, batch, temperature=1.0):
     """Per-token OPD (reverse KL), NCA and view KL of a batch from the models' own full logits, in float64."""
-
-    def logprobs(model, prompts, prompt_mask):
-        view = build_view(prompts, prompt_mask, batch["completion_ids"], batch["completion_mask"])
-        out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
-        logits = out.logits[:, view.prompt_width - 1 :][batch["completion_mask"].bool()]
-        return F.log_softmax(logits.double() / temperature, -1)
-
+    completions = (batch["completion_ids"], batch["completion_mask"], temperature)
     with torch.no_grad():
-        lx = logprobs(student, batch["prompts"], batch["prompt_attention_mask"])
-        lc = logprobs(student, batch["context_prompts"], batch["context_prompt_attention_mask"])
-        lt = logprobs(teacher, batch["context_prompts"], batch["context_prompt_attention_mask"])
-    kl = lambda p, q: (p.exp() * (p - q)).sum(-1)  # noqa: E731
-    return {"opd": kl(lx, lt), "nca": kl(lx, lc), "view_kl": kl(lx, lc)}
+        lx = full_logprobs(student, batch["prompts"], batch["prompt_attention_mask"], *completions)
+        lc = full_logprobs(student, batch["context_prompts"], batch["context_prompt_attention_mask"], *completions)
+        lt = full_logprobs(teacher, batch["context_prompts"], batch["context_prompt_attention_mask"], *completions)
+    return {"opd": token_kl(lx, lt), "nca": token_kl(lx, lc), "view_kl": token_kl(lx, lc)}
 
 
 def record_loss_calls(trainer, mode):

@@ -3,7 +3,8 @@
 Builds a byte-level BPE tokenizer with a ChatML template and a 2-layer Llama from scratch, so nothing is fetched from
 the Hub. Everything is deterministic for a given seed. The tests' common data (`CONTEXT`, `prompt_dataset`,
 `ragged_answers`), run settings (`run_args` with the presets `CPU`, `SHORT_RUN`, ...) and named tolerances
-(`FLOAT64`, `FLOAT32`, `KL32`, `STORED32`) are here too; their fixtures are in tests/conftest.py.
+(`FLOAT64`, `FLOAT32`, `KL32`, `STORED32`) are here too; their fixtures are in tests/conftest.py. The loss tests'
+one full-logit reference is `full_logprobs` with `token_kl`.
 """
 
 from __future__ import annotations
@@ -169,6 +170,27 @@ ROLLOUT_RUN = {
 }  # fmt: skip
 # Bad-input checks: one step of 4 sampled tokens, as little work as building the trainer allows.
 ONE_STEP = {**CPU, "max_new_tokens": 4, "max_steps": 1}
+
+
+def full_logprobs(model, prompts, prompt_mask, completion_ids, completion_mask, temperature: float = 1.0):
+    """The tests' full-logit reference: float64 log-probabilities (one row per completion token, the masked ones left
+    out) of `model` on one view (`prompts` and their mask, then the completions, as `core.views.build_view` lays
+    them out), from the model's own full logits divided by `temperature`; no chunking, no reuse of the library's
+    loss."""
+    import torch.nn.functional as F
+
+    from .core.views import build_view
+
+    view = build_view(prompts, prompt_mask, completion_ids, completion_mask)
+    out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
+    logits = out.logits[:, view.prompt_width - 1 :][completion_mask.bool()]
+    return F.log_softmax(logits.double() / temperature, -1)
+
+
+def token_kl(p, q):
+    """KL(p || q) per token of two rows of log-probabilities (`full_logprobs`): the reverse KL of OPD with p the
+    student's no-context view and q the teacher's, the NCA term with q the context view."""
+    return (p.exp() * (p - q)).sum(-1)
 
 
 def run_args(config_class, directory, preset: dict | None = None, **fields):

@@ -252,62 +252,102 @@ class TrainingInterrupted(Exception):
 
 
 def _train(script_args, training_args, model_args):
-    from trl import get_peft_config
-
-    from ..models.names import EmbeddedModelUnavailableError, resolve_model_name_or_path
-    from ..trainers.checkpoints import StopOnInterrupt
-    from ..trainers.nca_trainer import NCATrainer
+    from ..models.names import EmbeddedModelUnavailableError
 
     try:
-        model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
-        training_args.model_init_kwargs = student_init_kwargs(training_args, model_args)
-        if training_args.teacher_model_name_or_path:
-            training_args.teacher_model_name_or_path = resolve_model_name_or_path(
-                training_args.teacher_model_name_or_path, "Teacher model"
-            )
-        if training_args.context_text is None and script_args.context_file is not None:
-            training_args.context_text = read_context(script_args.context_file)
-        if training_args.context_text is None and script_args.dataset_name == "quickstart":
-            training_args.context_text = read_context("medical")
-
-        resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
-        train_dataset = load_dataset_any(
-            script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
-        )
-        if script_args.max_train_samples is not None:
-            if script_args.max_train_samples < 1:
-                raise ValueError(f"max_train_samples must be at least 1, got {script_args.max_train_samples}.")
-            train_dataset = train_dataset.select(range(min(script_args.max_train_samples, len(train_dataset))))
-        eval_dataset = None
-        if script_args.dataset_test_split is not None:
-            eval_dataset = load_dataset_any(
-                script_args.dataset_name, script_args.dataset_test_split, script_args.dataset_config
-            )
-        if script_args.paired_eval:  # check the evaluation's dataset, labels and scorer now, not after training
-            paired_dataset = _paired_eval_dataset(script_args)
-            _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
-
-        if model_args.use_peft:
-            from ..recipes.compare import check_lora_sizes
-
-            check_lora_sizes(model_args)
-        peft_config = get_peft_config(model_args)
-        settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
-        if resume is not None:  # before any model loads
-            _check_resumed_settings(training_args.output_dir, settings)
-        trainer = NCATrainer(
-            model=model_path,
-            args=training_args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            peft_config=peft_config,
-        )
+        trainer, resume, settings, model_path, paired_dataset = _setup_training(script_args, training_args, model_args)
     except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
     if trainer.accelerator.is_main_process:
         write_text_atomic(
             Path(training_args.output_dir) / TRAIN_SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n"
         )
+    _run_training(trainer, resume, training_args)
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
+    if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
+        _paired_eval_after_training(trainer, script_args, training_args, model_path, paired_dataset)
+    return trainer
+
+
+def _paired_eval_after_training(trainer, script_args, training_args, model_path: str, paired_dataset) -> None:
+    """The base and the trained student evaluated paired on `paired_dataset`; the report printed."""
+    from ..eval import GenerationSettings
+    from ..eval.compare import compare_base_and_student
+
+    settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
+    id_column = "id" if "id" in paired_dataset.column_names else None
+    report = compare_base_and_student(
+        trainer, paired_dataset, base_model_path=model_path, scorer=script_args.scorer,
+        label_column=script_args.label_column, id_column=id_column, generation=settings,
+    )  # fmt: skip
+    if report is not None:
+        print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
+
+
+def _setup_training(script_args, training_args, model_args):
+    """Everything `trl-nca train` checks and builds before training, each bad input one error before any model loads
+    where it can be: the student, teacher and context resolved, the checkpoint to resume from, the datasets, the
+    settings (checked against a resumed run's) and the trainer. Returns the trainer, the checkpoint to resume from,
+    the settings, the student's path and the paired evaluation's dataset (None without `--paired_eval`)."""
+    from trl import get_peft_config
+
+    from ..models.names import resolve_model_name_or_path
+    from ..trainers.nca_trainer import NCATrainer
+
+    model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
+    training_args.model_init_kwargs = student_init_kwargs(training_args, model_args)
+    if training_args.teacher_model_name_or_path:
+        training_args.teacher_model_name_or_path = resolve_model_name_or_path(
+            training_args.teacher_model_name_or_path, "Teacher model"
+        )
+    if training_args.context_text is None and script_args.context_file is not None:
+        training_args.context_text = read_context(script_args.context_file)
+    if training_args.context_text is None and script_args.dataset_name == "quickstart":
+        training_args.context_text = read_context("medical")
+
+    resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    train_dataset = load_dataset_any(
+        script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
+    )
+    if script_args.max_train_samples is not None:
+        if script_args.max_train_samples < 1:
+            raise ValueError(f"max_train_samples must be at least 1, got {script_args.max_train_samples}.")
+        train_dataset = train_dataset.select(range(min(script_args.max_train_samples, len(train_dataset))))
+    eval_dataset = None
+    if script_args.dataset_test_split is not None:
+        eval_dataset = load_dataset_any(
+            script_args.dataset_name, script_args.dataset_test_split, script_args.dataset_config
+        )
+    paired_dataset = None
+    if script_args.paired_eval:  # check the evaluation's dataset, labels and scorer now, not after training
+        paired_dataset = _paired_eval_dataset(script_args)
+        _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
+
+    if model_args.use_peft:
+        from ..recipes.compare import check_lora_sizes
+
+        check_lora_sizes(model_args)
+    peft_config = get_peft_config(model_args)
+    settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
+    if resume is not None:  # before any model loads
+        _check_resumed_settings(training_args.output_dir, settings)
+    trainer = NCATrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        peft_config=peft_config,
+    )
+    return trainer, resume, settings, model_path, paired_dataset
+
+
+def _run_training(trainer, resume, training_args) -> None:
+    """`trainer.train`, with Ctrl-C saving a checkpoint and stopping (single process) and a failed checkpoint write
+    one line."""
+    from ..trainers.checkpoints import StopOnInterrupt
+
     single_process = os.environ.get("WORLD_SIZE", "1") == "1"
     stop = StopOnInterrupt()
     if single_process:
@@ -320,22 +360,6 @@ def _train(script_args, training_args, model_args):
             f"interrupted at step {step}; the run is saved in {Path(training_args.output_dir) / f'checkpoint-{step}'}. "
             "Run the same command with --resume_from_checkpoint true to continue."
         )
-    trainer.save_model(training_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
-    if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
-        from ..eval import GenerationSettings
-        from ..eval.compare import compare_base_and_student
-
-        settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
-        id_column = "id" if "id" in paired_dataset.column_names else None
-        report = compare_base_and_student(
-            trainer, paired_dataset, base_model_path=model_path, scorer=script_args.scorer,
-            label_column=script_args.label_column, id_column=id_column, generation=settings,
-        )  # fmt: skip
-        if report is not None:
-            print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
-    return trainer
 
 
 TRAIN_SETTINGS = "train_settings.json"  # what shaped a `trl-nca train` run, checked when it is resumed

@@ -133,8 +133,21 @@ def format_failure_notes(models: Sequence[Mapping[str, Any]], threshold: float =
 
 
 def render_markdown(summary: Mapping[str, Any]) -> str:
-    """The Markdown report: a main table, a companion-scorer table and a provenance section."""
+    """The Markdown report: a main table, a companion-scorer table, the scorer errors, the lengths and a provenance
+    section (one step each)."""
     models = summary["models"]
+    lines = _main_table(summary, models)
+    lines += _other_scorers(models)
+    lines += _scorer_errors(models)
+    lines += _lengths(models)
+    lines += _provenance(models)
+    versions = summary.get("versions", {})
+    lines += ["", "Library versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
+    return "\n".join(lines)
+
+
+def _main_table(summary: Mapping[str, Any], models) -> list[str]:
+    """The title, what the rates mean, one row per model and the format-failure notes."""
     conf = int(round(100 * summary.get("confidence", 0.95)))
     lines = [
         f"# {summary.get('title') or 'Paired with/without-context evaluation'}",
@@ -188,6 +201,12 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
     notes = format_failure_notes(models)
     if notes:
         lines += [""] + [f"> {note}" for note in notes]
+    return lines
+
+
+def _other_scorers(models) -> list[str]:
+    """The companion scorers' table (none without companion scorers)."""
+    lines: list[str] = []
     companion_rows = [
         (model["name"], scorer, m) for model in models for scorer, m in model.get("metrics_by_scorer", {}).items()
     ]
@@ -203,7 +222,12 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
             cells = [name, scorer] + [_with_ci(m, k) for k in ("acc_x", "acc_xc", "delta", "harm", "help")]
             cells += [format_pct(m["format_failure_x"]), format_pct(m["format_failure_xc"]), _p_value(m)]
             lines.append("| " + " | ".join(cells + [m["regime"] or "n/a"]) + " |")
-    lines += ["", "## Scorer errors", ""]
+    return lines
+
+
+def _scorer_errors(models) -> list[str]:
+    """The responses a scorer failed on, per model and scorer."""
+    lines = ["", "## Scorer errors", ""]
     errors = [(model["name"], model.get("scorer_errors") or {"total": 0, "by_scorer": {}}) for model in models]
     if not any(e["total"] for _, e in errors):
         lines.append("None: every response was scored (format failures above are genuine).")
@@ -219,7 +243,11 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
             for scorer, counts in e["by_scorer"].items():
                 first = (counts["first"] or "").replace("|", "\\|").replace("\n", " ")
                 lines.append(f"| {name} | {scorer} | {counts['x']} | {counts['xc']} | {first} |")
-    lines += ["", "## Length (response tokens)", "", "| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
+    return lines
+
+
+def _lengths(models) -> list[str]:
+    lines = ["", "## Length (response tokens)", "", "| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
     for model in models:
         m = model["metrics"]
         for view in ("x", "xc"):
@@ -227,7 +255,12 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
             lines.append(
                 f"| {model['name']} | {view} | {_num(stats['mean'])} | {_num(stats['median'])} | {_num(stats['p90'])} |"
             )
-    lines += ["", "## Provenance", ""]
+    return lines
+
+
+def _provenance(models) -> list[str]:
+    """Where each model, its sampling settings, its context and its records come from."""
+    lines = ["", "## Provenance", ""]
     for model in models:
         prov = model.get("provenance") or {}
         ident = prov.get("model") or {}
@@ -242,9 +275,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
             f"{ctx.get('placement')}); sampling {json.dumps(gen, sort_keys=True)}"
             + (f"; records `{model['records_path']}`" if model.get("records_path") else "")
         )
-    versions = summary.get("versions", {})
-    lines += ["", "Library versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
-    return "\n".join(lines)
+    return lines
 
 
 def write_report(

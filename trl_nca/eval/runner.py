@@ -191,16 +191,7 @@ def run_paired(
         check_resumed_items(done, items, output_path)
     todo = [item for item in items if item.item_id not in done]
     fingerprints = {item.item_id: item.fingerprint for item in items}
-    identity = prov.get("model") or {}
-    common_meta = {
-        "model": identity.get("name_or_path"),
-        "adapter": identity.get("adapter"),
-        "seed": generation.seed,
-        # what shapes the samples; the batch size does not, and records of any batch size are interchangeable
-        "sampling": {k: v for k, v in generation.to_dict().items() if k != "batch_size"},
-        "versions": prov.get("versions"),
-        "run_key": key,
-    }
+    common_meta = _run_meta(prov, generation, key)
     if backend is None:
         backend = HFBackend(model, tokenizer)
     # the policy samples (no dropout); every module gets its own mode back (a vLLM engine has none)
@@ -219,6 +210,20 @@ def run_paired(
             if todo:
                 task.play(todo, generate_fn(backend, generation), tokenizer, generation, on_records)
     return [done[item.item_id] for item in items]
+
+
+def _run_meta(prov: Mapping[str, Any], generation: GenerationSettings, key: str) -> dict[str, Any]:
+    """The meta every record of a run carries: the model, adapter, seed, sampling, versions and run key."""
+    identity = prov.get("model") or {}
+    return {
+        "model": identity.get("name_or_path"),
+        "adapter": identity.get("adapter"),
+        "seed": generation.seed,
+        # what shapes the samples; the batch size does not, and records of any batch size are interchangeable
+        "sampling": {k: v for k, v in generation.to_dict().items() if k != "batch_size"},
+        "versions": prov.get("versions"),
+        "run_key": key,
+    }
 
 
 class _NullBar:

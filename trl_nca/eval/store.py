@@ -51,27 +51,11 @@ def load_records(
     lines = raw.split(b"\n")
     tail = lines.pop()  # the bytes after the last newline: b"" for a cleanly written file
     records: dict[str, PairedRecord] = {}
-
-    def parse(line: bytes, number: int) -> PairedRecord:
-        record = PairedRecord.from_dict(json.loads(line))
-        key = record.meta.get("run_key")
-        if (
-            expected_run_key is not None
-            and key is not None
-            and key != expected_run_key
-            and not (same_run is not None and same_run(record.meta))
-        ):
-            raise EvalInputError(
-                f"{path} holds records of another run (line {number}: run key {key} != {expected_run_key}, i.e. a "
-                "different model, context, scorer, sampling or game setting). Use a new output folder, or delete the file."
-            )
-        return record
-
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = parse(line, number)
+            record = _parse_record(line, number, path, expected_run_key, same_run)
         except (ValueError, KeyError, TypeError) as error:
             if isinstance(error, EvalInputError):
                 raise
@@ -82,21 +66,44 @@ def load_records(
             ) from error
         records.setdefault(record.item_id, record)
     if tail.strip():
-        try:
-            record = parse(tail, len(lines) + 1)
-        except EvalInputError:
-            raise
-        except (ValueError, KeyError, TypeError):
-            if repair:
-                logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
-                write_bytes_atomic(path, raw[: len(raw) - len(tail)])  # the file is whole, with or without it
-            else:
-                logger.warning(
-                    "Leaving out the half-written last line %d of %s (interrupted run).", len(lines) + 1, path
-                )
-        else:
+        record = _last_line(raw, tail, len(lines) + 1, path, expected_run_key, same_run, repair)
+        if record is not None:
             records.setdefault(record.item_id, record)
-            if repair:
-                with path.open("ab") as f:
-                    f.write(b"\n")
     return records
+
+
+def _parse_record(line: bytes, number: int, path: Path, expected_run_key, same_run) -> PairedRecord:
+    """One line of a records file as a record; one of another run (`expected_run_key`, `same_run`) is refused."""
+    record = PairedRecord.from_dict(json.loads(line))
+    key = record.meta.get("run_key")
+    if (
+        expected_run_key is not None
+        and key is not None
+        and key != expected_run_key
+        and not (same_run is not None and same_run(record.meta))
+    ):
+        raise EvalInputError(
+            f"{path} holds records of another run (line {number}: run key {key} != {expected_run_key}, i.e. a "
+            "different model, context, scorer, sampling or game setting). Use a new output folder, or delete the file."
+        )
+    return record
+
+
+def _last_line(raw: bytes, tail: bytes, number: int, path: Path, expected_run_key, same_run, repair: bool):
+    """The record of a last line without its newline, or None when it is half-written (left out with a warning; with
+    `repair`, cut off the file). With `repair`, a complete one gets its newline."""
+    try:
+        record = _parse_record(tail, number, path, expected_run_key, same_run)
+    except EvalInputError:
+        raise
+    except (ValueError, KeyError, TypeError):
+        if repair:
+            logger.warning("Discarding the half-written last line of %s (interrupted run).", path)
+            write_bytes_atomic(path, raw[: len(raw) - len(tail)])  # the file is whole, with or without it
+        else:
+            logger.warning("Leaving out the half-written last line %d of %s (interrupted run).", number, path)
+        return None
+    if repair:
+        with path.open("ab") as f:
+            f.write(b"\n")
+    return record

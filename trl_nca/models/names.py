@@ -296,6 +296,28 @@ def _looks_like_local_path(name: str) -> bool:
     )
 
 
+def _check_hub_id(name: str, what: str, path: Path) -> None:
+    """`name` (no local folder at `path`) must be a valid Hub id, and in the local cache while the Hub is offline."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.constants import is_offline_mode
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ModelNotFoundError(
+            f"{what} {name!r} is neither an existing local folder nor a valid Hub id (owner/name). Check the spelling, "
+            "or give 'embedded' for the built-in SmolLM2-135M-Instruct."
+        ) from None
+    if is_offline_mode() and not isinstance(try_to_load_from_cache(name, "config.json"), str):
+        raise ModelNotFoundError(
+            f"{what} {name!r} is not a local folder ({path.absolute()} does not exist), and the Hugging Face Hub is "
+            "offline (HF_HUB_OFFLINE=1) with no cached copy of it. Give the path of a saved model folder, download "
+            "the model while online, or use 'embedded' for the built-in SmolLM2-135M-Instruct."
+        )
+
+
 def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
     """The one resolver of model names for every command (`trl-nca train`, `trl-nca eval`, `NCATrainer`, evaluation).
 
@@ -339,24 +361,7 @@ def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
             f"{what} path {name!r} does not exist{looked}. Check the path, or give a Hub id (owner/name) or "
             "'embedded' for the built-in SmolLM2-135M-Instruct."
         )
-    from huggingface_hub import try_to_load_from_cache
-    from huggingface_hub.constants import is_offline_mode
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        raise ModelNotFoundError(
-            f"{what} {name!r} is neither an existing local folder nor a valid Hub id (owner/name). Check the spelling, "
-            "or give 'embedded' for the built-in SmolLM2-135M-Instruct."
-        ) from None
-    if is_offline_mode() and not isinstance(try_to_load_from_cache(name, "config.json"), str):
-        raise ModelNotFoundError(
-            f"{what} {name!r} is not a local folder ({path.absolute()} does not exist), and the Hugging Face Hub is "
-            "offline (HF_HUB_OFFLINE=1) with no cached copy of it. Give the path of a saved model folder, download "
-            "the model while online, or use 'embedded' for the built-in SmolLM2-135M-Instruct."
-        )
+    _check_hub_id(name, what, path)
     return name
 
 

@@ -22,6 +22,9 @@ organism are repeated measures of it. `organism_outcomes` therefore reads a comp
 degrade there, does the method prevent it; docs/results.md section 9.1 defines both) and over organisms: how many
 organisms show each outcome, a two-level bootstrap interval (organisms resampled, then seeds within each) of the mean
 difference, and the exact sign test over the organisms' mean differences, again only from `MIN_PAIRS` organisms.
+
+The comparison's own table (`aggregate`, `render_table`, `conclusion`) gives the mean and sample standard deviation
+over seeds of each method, then one row per run.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ MIN_PAIRS = fewest_pairs()  # 6
 STAT_KEYS = ("harm", "acc_x", "acc_xc", "both_correct")
 ORGANISM_KEYS = ("harm", "acc_x", "both_correct")
 PREVENTED_SHARE = 0.5  # the method prevents the degradation when its mean harm is at most this share of the baseline's
+# the metrics of each evaluated model in a comparison's table (`aggregate`, `render_table`)
+SUMMARY_KEYS = ("acc_x", "acc_xc", "delta", "harm", "help", "both_correct", "length_change")
 COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": "Harm", "help": "Help",
                 "both_correct": "BothCorrect", "length_change": "Length change"}  # fmt: skip
 
@@ -195,6 +200,49 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(kept)) if kept else None
 
 
+def _organism_entry(organism, seeds, theirs: Mapping[Any, Mapping[str, Any]], ours: Mapping[Any, Mapping[str, Any]],
+                    keys: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """One organism's reading: each method's means over the `seeds` both ran (the rows of `theirs`, the baseline, and
+    `ours`, the method, by seed), its regime-A runs, the per-seed differences, `degraded` and `prevented`."""
+    base = [theirs[s] for s in seeds]
+    mine = [ours[s] for s in seeds]
+    entry: dict[str, Any] = {"organism": organism, "seeds": seeds, "baseline": {}, "method": {}, "differences": {}}
+    for side, rows in (("baseline", base), ("method", mine)):
+        entry[side] = {key: _mean([_value(r, key) for r in rows]) for key in keys}
+        entry[side]["regime_a"] = sum(r.get("regime") == "A" for r in rows)
+    for key in keys:
+        diffs = [
+            a - b
+            for a, b in ((_value(x, key), _value(y, key)) for x, y in zip(base, mine))
+            if a is not None and b is not None
+        ]
+        entry["differences"][key] = diffs
+    entry["degraded"] = 2 * entry["baseline"]["regime_a"] > len(seeds)
+    harm_base, harm_mine = entry["baseline"].get("harm"), entry["method"].get("harm")
+    entry["prevented"] = (
+        None
+        if not entry["degraded"] or harm_base is None or harm_mine is None
+        else harm_mine <= PREVENTED_SHARE * harm_base
+    )
+    return entry
+
+
+def _over_organisms(
+    organisms: Sequence[Mapping[str, Any]], key: str, n_resamples: int, seed: int, confidence: float
+) -> dict[str, Any]:
+    """The organisms' mean differences of `key`: their mean, how many lie below and above zero, and from `MIN_PAIRS`
+    organisms the two-level bootstrap interval and the exact sign test."""
+    groups = [e["differences"][key] for e in organisms if e["differences"][key]]
+    means = [float(np.mean(g)) for g in groups]
+    summary: dict[str, Any] = {"n": len(groups), "mean": float(np.mean(means)) if means else None, "ci": None,
+                               "below": sum(m > 0 for m in means), "above": sum(m < 0 for m in means),
+                               "sign_test_p": None}  # fmt: skip
+    if len(groups) >= MIN_PAIRS:
+        summary["ci"] = two_level_bootstrap_interval(groups, n_resamples, seed, confidence)
+        summary["sign_test_p"] = mcnemar_exact(summary["below"], summary["above"])
+    return summary
+
+
 def organism_outcomes(
     baseline_rows: Sequence[Mapping[str, Any]],
     method_rows: Sequence[Mapping[str, Any]],
@@ -218,27 +266,7 @@ def organism_outcomes(
         seeds = sorted(set(ours[organism]) & set(theirs[organism]), key=lambda s: (s is None, s))
         if not seeds:
             continue
-        base = [theirs[organism][s] for s in seeds]
-        mine = [ours[organism][s] for s in seeds]
-        entry: dict[str, Any] = {"organism": organism, "seeds": seeds, "baseline": {}, "method": {}, "differences": {}}
-        for side, rows in (("baseline", base), ("method", mine)):
-            entry[side] = {key: _mean([_value(r, key) for r in rows]) for key in keys}
-            entry[side]["regime_a"] = sum(r.get("regime") == "A" for r in rows)
-        for key in keys:
-            diffs = [
-                a - b
-                for a, b in ((_value(x, key), _value(y, key)) for x, y in zip(base, mine))
-                if a is not None and b is not None
-            ]
-            entry["differences"][key] = diffs
-        entry["degraded"] = 2 * entry["baseline"]["regime_a"] > len(seeds)
-        harm_base, harm_mine = entry["baseline"].get("harm"), entry["method"].get("harm")
-        entry["prevented"] = (
-            None
-            if not entry["degraded"] or harm_base is None or harm_mine is None
-            else harm_mine <= PREVENTED_SHARE * harm_base
-        )
-        organisms.append(entry)
+        organisms.append(_organism_entry(organism, seeds, theirs[organism], ours[organism], keys))
     degraded = [e for e in organisms if e["degraded"]]
     out: dict[str, Any] = {
         "organisms": organisms,
@@ -252,15 +280,7 @@ def organism_outcomes(
         "note": None,
     }
     for key in keys:
-        groups = [e["differences"][key] for e in organisms if e["differences"][key]]
-        means = [float(np.mean(g)) for g in groups]
-        summary: dict[str, Any] = {"n": len(groups), "mean": float(np.mean(means)) if means else None, "ci": None,
-                                   "below": sum(m > 0 for m in means), "above": sum(m < 0 for m in means),
-                                   "sign_test_p": None}  # fmt: skip
-        if len(groups) >= MIN_PAIRS:
-            summary["ci"] = two_level_bootstrap_interval(groups, n_resamples, seed, confidence)
-            summary["sign_test_p"] = mcnemar_exact(summary["below"], summary["above"])
-        out["over_organisms"][key] = summary
+        out["over_organisms"][key] = _over_organisms(organisms, key, n_resamples, seed, confidence)
     if len(organisms) < MIN_PAIRS:
         out["note"] = (
             f"no interval or test over organisms: they need at least {MIN_PAIRS} organisms (the fewest with which an "
@@ -392,6 +412,79 @@ def render_stalls(stalls: Mapping[str, Mapping[str, Any]], reference: str, share
     return "\n".join(lines)
 
 
+def aggregate(
+    summaries: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
+) -> dict[str, dict[str, Any]]:
+    """Mean, sample standard deviation, min and max over seeds of each summary metric, per method."""
+    out = {}
+    for method, per_seed in summaries.items():
+        stats: dict[str, Any] = {"n_seeds": len(per_seed), "regimes": [m.get("regime") for m in per_seed]}
+        for key in keys:
+            values = [v for v in (_value(m, key) for m in per_seed) if v is not None]
+            if not values:
+                stats[key] = None
+                continue
+            mean = sum(values) / len(values)
+            std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+            stats[key] = {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": len(values)}
+        out[method] = stats
+    return out
+
+
+def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
+    if stat is None:
+        return "n/a"
+    text = format_pct(stat["mean"])
+    if spread and stat["n"] > 1:
+        text += f" ± {format_pct(stat['std'])}"
+    return text
+
+
+def render_table(
+    aggregated: dict[str, dict[str, Any]], per_seed: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
+) -> str:
+    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed (labelled
+    `org{o}/{seed}` when the runs span several organisms)."""
+    names = [COLUMN_NAMES.get(k, k) for k in keys]
+    header = "| Model | seeds | " + " | ".join(names) + " | Regime |"
+    rule = "|" + "---|" * (len(keys) + 3)
+    lines = [header, rule]
+    for method, stats in aggregated.items():
+        cells = [method, str(stats["n_seeds"])] + [_pct(stats[k]) for k in keys]
+        cells.append(", ".join(r or "n/a" for r in stats["regimes"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Per seed:", "", header.replace("seeds", "seed"), rule]
+    for method, rows in per_seed.items():
+        for row in rows:
+            run = "-" if row.get("seed") is None else str(row["seed"])
+            if row.get("organism") is not None:  # several organisms: organism o, training seed s
+                run = f"org{row['organism']}" + ("" if row.get("seed") is None else f"/{row['seed']}")
+            cells = [method, run]
+            cells += [_pct({"mean": row[k], "n": 1}) if _value(row, k) is not None else "n/a" for k in keys]
+            lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
+    return "\n".join(lines)
+
+
+def conclusion(task: str, aggregated: dict[str, dict[str, Any]]) -> str:
+    """One sentence stating what the table shows for the base, the plain OPD and the NCA students."""
+
+    def num(method: str, key: str) -> str:
+        stat = aggregated.get(method, {}).get(key)
+        return "n/a" if stat is None else f"{100 * stat['mean']:.0f}%"
+
+    parts = [f"On {task}, the base model answers {num('base', 'acc_x')} without and {num('base', 'acc_xc')} with the "
+             "context"]  # fmt: skip
+    for method in aggregated:
+        if method == "base":
+            continue
+        regimes = ", ".join(r or "n/a" for r in aggregated[method]["regimes"])
+        parts.append(
+            f"{method} reaches {num(method, 'acc_x')} without and {num(method, 'acc_xc')} with it (harm "
+            f"{num(method, 'harm')}, length change {num(method, 'length_change')}, regime {regimes})"
+        )
+    return "; ".join(parts) + "."
+
+
 def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
@@ -400,6 +493,18 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
     """The Markdown of `statistics` (the `statistics` entry of `comparison.json`): distributions, then paired
     differences against the baseline, then one sentence per method on harm."""
     names = dict(names or {})
+    lines = _distribution_table(statistics, names)
+    if not statistics["paired"]:
+        return "\n".join(lines)
+    lines += _paired_table(statistics, names)
+    organisms = statistics.get("organisms") or {}
+    if any(e["organism"] is not None for outcome in organisms.values() for e in outcome["organisms"]):
+        lines += ["", render_organisms(organisms, statistics["baseline"], names)]
+    return "\n".join(lines)
+
+
+def _distribution_table(statistics: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    """Per method: median [interquartile range] (min-max) of each metric over its runs."""
     keys = statistics["keys"]
     lines = [
         "Per method, over its runs (rates in %): median [interquartile range] (min-max).",
@@ -420,12 +525,14 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
                     f"{format_pct(d['median'])} [{format_pct(d['q1'])}-{format_pct(d['q3'])}] ({format_pct(d['min'])}-{format_pct(d['max'])})"
                 )
         lines.append("| " + " | ".join(cells) + " |")
-    baseline = statistics["baseline"]
-    paired = statistics["paired"]
-    if not paired:
-        return "\n".join(lines)
+    return lines
+
+
+def _paired_table(statistics: Mapping[str, Any], names: Mapping[str, str]) -> list[str]:
+    """The paired differences baseline - method of each metric, one sentence per method on harm, and the notes."""
+    keys, baseline, paired = statistics["keys"], statistics["baseline"], statistics["paired"]
     conf = int(round(100 * next(iter(next(iter(paired.values())).values()))["confidence"]))
-    lines += [
+    lines = [
         "",
         f"Paired differences {baseline} - method per (organism, training seed), in percentage points: mean with a "
         f"{conf}% bootstrap interval, median, exact sign test and exact paired permutation test (two-sided).",
@@ -455,7 +562,4 @@ def render_statistics(statistics: Mapping[str, Any], names: Mapping[str, str] | 
     lines += [""] + sentences
     if notes:
         lines += ["", *(f"Note: {note[0].upper() + note[1:]}." for note in notes)]
-    organisms = statistics.get("organisms") or {}
-    if any(e["organism"] is not None for outcome in organisms.values() for e in outcome["organisms"]):
-        lines += ["", render_organisms(organisms, baseline, names)]
-    return "\n".join(lines)
+    return lines

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -19,7 +18,7 @@ from ..core.schedule import BetaSchedule
 from ..core.stall import STATE_FILE as STALL_STATE_FILE
 from ..core.stall import StallMonitor
 from ..inputs import write_text_atomic
-from .script_options import checkpoint_problem, last_complete_checkpoint
+from .script_options import resolve_resume  # the one resume resolver, re-exported here (`resume`)
 
 
 logger = logging.getLogger(__name__)
@@ -74,37 +73,11 @@ def load_schedule(schedule: BetaSchedule, checkpoint: str) -> None:
         )
 
 
-def resolve_resume(resume_from_checkpoint, output_dir: str):
-    """`resume_from_checkpoint=True` as the last complete checkpoint-N folder of `output_dir` (incomplete ones after
-    it, cut saves, are skipped with a warning naming them; an error naming the folder when there is none, never a
-    silent fresh start); a folder that is not a complete checkpoint is an error naming it; anything else unchanged."""
-    if resume_from_checkpoint is True:
-        last, skipped = last_complete_checkpoint(output_dir)
-        if last is None:
-            cut = f" ({', '.join(map(str, skipped))} incomplete)" if skipped else ""
-            raise ValueError(
-                f"resume_from_checkpoint=True, but output_dir {output_dir!r} holds no checkpoint-N "
-                f"folder that is complete{cut}. Give the checkpoint folder explicitly, or drop resume_from_checkpoint to start afresh."
-            )
-        for folder in skipped:
-            logger.warning(
-                "Skipping %s: %s. Resuming from %s; delete the incomplete folder.",
-                folder,
-                checkpoint_problem(folder),
-                last,
-            )
-        return str(last)
-    if isinstance(resume_from_checkpoint, (str, os.PathLike)) and os.path.isdir(resume_from_checkpoint):
-        problem = checkpoint_problem(resume_from_checkpoint)
-        if problem is not None:
-            raise ValueError(f"resume_from_checkpoint {str(resume_from_checkpoint)!r} cannot be resumed: {problem}.")
-    return resume_from_checkpoint
-
-
 def resume(resume_from_checkpoint, output_dir: str, schedule: BetaSchedule, stall: StallMonitor | None = None):
-    """What a trainer's `train` passes on to `Trainer.train` (`resolve_resume`), with the anchor schedule restored
-    from the checkpoint folder it names, and the stall signal where the checkpoint holds its state (a checkpoint of
-    an older trl-nca does not: the signal then measures from the resumed step)."""
+    """What a trainer's `train` passes on to `Trainer.train` (`resolve_resume`; a folder the command line resolved is
+    only checked again), with the anchor schedule restored from the checkpoint folder it names, and the stall signal
+    where the checkpoint holds its state (a checkpoint of an older trl-nca does not: the signal then measures from
+    the resumed step)."""
     resume_from_checkpoint = resolve_resume(resume_from_checkpoint, output_dir)
     if isinstance(resume_from_checkpoint, str):
         load_schedule(schedule, resume_from_checkpoint)

@@ -1,12 +1,16 @@
 """Options of the training scripts (`trl-nca train` and `examples/*.py`) turned into what the trainer takes: the
-student's `from_pretrained` kwargs and the checkpoint to resume from."""
+student's `from_pretrained` kwargs and the checkpoint to resume from (`resolve_resume`, the one resume resolver)."""
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+
+logger = logging.getLogger(__name__)
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # the `dtype` strings TRL's create_model_from_path takes
 
@@ -119,37 +123,65 @@ def last_complete_checkpoint(output_dir: str | Path) -> tuple[Path | None, list[
     return None, skipped
 
 
-def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | bool | None:
-    """`--resume_from_checkpoint` as `Trainer.train` takes it: None, True (the last complete checkpoint in
-    `output_dir`), or a checkpoint folder. 'true'/'last' mean True and 'false'/'none'/'' mean None; a folder that does
-    not exist or is no complete checkpoint (a cut save, a model folder), or 'true' when `output_dir` has no complete
-    checkpoint, is an error naming it (never a silent restart from step 0)."""
-    if value is None or value is False:
+TRUE_WORDS = ("true", "last", "yes", "1")  # the command line's texts for "the last complete checkpoint"
+FALSE_WORDS = ("false", "none", "no", "0", "")  # and for "start afresh"
+
+
+def resolve_resume(resume_from_checkpoint, output_dir: str, option: str = "resume_from_checkpoint"):
+    """The one resume resolver, of the trainers' `train` and of the command line: None, or the checkpoint folder to
+    resume from. True is the last complete checkpoint-N folder of `output_dir` (incomplete ones after it, cut saves,
+    are skipped with a warning naming them); a folder must be a complete checkpoint. No complete checkpoint, or a
+    folder that is no complete checkpoint (a cut save, a model folder), is an error naming it, never a silent fresh
+    start. Any other value is returned unchanged (`Trainer.train` takes it).
+
+    With `option` the command line's (`--resume_from_checkpoint`), the value is the option's text: 'true'/'last'/
+    'yes'/'1' mean True and 'false'/'none'/'no'/'0'/'' None, a text that is no folder is an error, and the errors
+    name the option as written there."""
+    command_line = option.startswith("--")
+    value = resume_from_checkpoint
+    if command_line and (value is None or value is False or str(value).strip().lower() in FALSE_WORDS):
         return None
-    if value is True or str(value).strip().lower() in ("true", "last", "yes", "1"):
+    if value is True or (command_line and str(value).strip().lower() in TRUE_WORDS):
         last, skipped = last_complete_checkpoint(output_dir)
         if last is None:
             cut = (
-                f" ({', '.join(str(p) for p in skipped)} {'is' if len(skipped) == 1 else 'are'} incomplete)"
+                f" ({', '.join(map(str, skipped))} {'is' if len(skipped) == 1 else 'are'} incomplete)"
                 if skipped
                 else ""
             )
-            raise ValueError(
-                f"--resume_from_checkpoint true, but output_dir {output_dir!r} holds no checkpoint-N folder to "
-                f"resume from that is complete{cut}. Give the checkpoint folder itself, or leave the option out to start afresh."
+            given, leave = (
+                (f"{option} true", "leave the option out") if command_line else (f"{option}=True", f"drop {option}")
             )
-        return True
-    if str(value).strip().lower() in ("false", "none", "no", "0", ""):
-        return None
-    if not Path(value).is_dir():
+            raise ValueError(
+                f"{given}, but output_dir {output_dir!r} holds no checkpoint-N folder to resume from that is complete"
+                f"{cut}. Give the checkpoint folder itself, or {leave} to start afresh."
+            )
+        for folder in skipped:
+            logger.warning(
+                "Skipping %s: %s. Resuming from %s; delete the incomplete folder.",
+                folder,
+                checkpoint_problem(folder),
+                last,
+            )
+        return str(last)
+    if command_line and not Path(value).is_dir():
         raise ValueError(
-            f"--resume_from_checkpoint {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
+            f"{option} {value!r} is not a folder. Give a checkpoint-N folder written by an earlier run "
             "(e.g. <output_dir>/checkpoint-100), or 'true' for the last one in output_dir."
         )
-    problem = checkpoint_problem(value)
-    if problem is not None:
-        raise ValueError(
-            f"--resume_from_checkpoint {value!r} cannot be resumed: {problem}. Give a complete checkpoint-N folder, or "
-            "'true' for the last complete one in output_dir."
-        )
-    return str(value)
+    if isinstance(value, (str, os.PathLike)) and os.path.isdir(value):
+        problem = checkpoint_problem(value)
+        if problem is not None:
+            last = "'true'" if command_line else "True"
+            raise ValueError(
+                f"{option} {str(value)!r} cannot be resumed: {problem}. Give a complete checkpoint-N folder, or {last} "
+                "for the last complete one in output_dir."
+            )
+        return str(value)
+    return value
+
+
+def resume_checkpoint(value: str | bool | None, output_dir: str) -> str | None:
+    """`--resume_from_checkpoint` as `Trainer.train` takes it (`resolve_resume` with the command line's texts): None,
+    or the complete checkpoint folder to resume from, checked before any model loads."""
+    return resolve_resume(value, output_dir, option="--resume_from_checkpoint")
