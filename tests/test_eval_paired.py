@@ -233,6 +233,9 @@ def test_scorer_errors_are_counted_warned_once_and_reported(tok, model, tmp_path
     clean = write_report([ModelRun("base", ev.run(model, tok, progress=False)[:1], {})], tmp_path / "c", plots=False)
     assert clean["models"][0]["scorer_errors"]["total"] == 0
     assert "None: every response was scored" in (tmp_path / "c" / "report.md").read_text()
+    m = clean["models"][0]["metrics"]  # one item: harm and help divide by one item or none, both marked few
+    harm_cell = f"({m['harm_count']}/{m['n_correct_x']}, few)"
+    assert harm_cell in (tmp_path / "c" / "report.md").read_text() and "`few`: n below 10" in markdown
 
 
 def test_companion_scores_are_stored(tok):
