@@ -1,4 +1,4 @@
-"""Distil the FrozenLake experience into a student by playing games with NCA, then compare win rates paired.
+r"""Distil the FrozenLake experience into a student by playing games with NCA, then compare win rates paired.
 
 Each optimizer step plays fresh training lakes (3x3, 2 holes, not slippery, 5 moves) with the student, without the
 experience; every model call becomes one sample whose teacher view has the experience in the user message. Base model
@@ -8,6 +8,13 @@ and student are then evaluated on the 128 held-out lakes, each played once witho
     accelerate launch examples/frozenlake.py --config examples/configs/frozenlake.yaml
     python examples/frozenlake.py --model_name_or_path embedded --max_steps 2 --per_device_train_batch_size 2 \
         --eval_seeds 8 --max_new_tokens 64 --eval_max_new_tokens 64 --max_length 4096
+
+The options that matter: `--config` (a YAML file of any options below), `--model_name_or_path` (default `embedded`,
+the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor weight; 0 is plain OPD), `--max_steps`, `--output_dir`
+(default `outputs/frozenlake-nca`; the report goes to its `paired_eval/`), `--game_options` (the lakes), `--experience_file`,
+`--eval_seeds` (held-out maps), `--use_peft` with `--lora_r` (a LoRA student), `--skip_eval`.
+Every other option below is a field of `NCAConfig` (TRL's `GKDConfig` and `TrainingArguments`, docs/configuration.md)
+or of TRL's `ModelConfig`, and each can also be set in the YAML file of `--config`.
 """
 
 import dataclasses
@@ -31,7 +38,7 @@ from trl_nca.eval import (
     write_report,
 )
 from trl_nca.models.names import resolve_model_name_or_path
-from trl_nca.trainers.script_options import resume_checkpoint, student_init_kwargs
+from trl_nca.trainers.script_options import SCRIPT_USAGE, ScriptHelpFormatter, resume_checkpoint, student_init_kwargs
 
 
 GAME = "frozenlake"
@@ -51,7 +58,10 @@ class ScriptArguments:
 
 def main(argv: list[str] | None = None) -> None:
     """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
-    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
+    parser = TrlParser(
+        (ScriptArguments, NCAConfig, ModelConfig),
+        usage=SCRIPT_USAGE, description=__doc__, formatter_class=ScriptHelpFormatter,
+    )  # fmt: skip
     script_args, args, model_args = parser.parse_args_and_config(args=argv)
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = "outputs/frozenlake-nca"

@@ -5,6 +5,13 @@ Anatomy, Surgery, Pediatrics (the Hub's validation split, since test labels are 
 
     accelerate launch examples/medmcqa.py --config examples/configs/medmcqa.yaml
     python examples/medmcqa.py --model_name_or_path embedded --max_steps 4 --train_limit 64 --eval_limit 32
+
+The options that matter: `--config` (a YAML file of any options below), `--model_name_or_path` (default `embedded`,
+the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor weight; 0 is plain OPD), `--max_steps`, `--output_dir`
+(default `outputs/medmcqa-nca`; the report goes to its `paired_eval/`), `--dataset_path` (a local file instead of
+the Hub), `--train_limit` and `--eval_limit`, `--use_peft` with `--lora_r` (a LoRA student), `--skip_eval`.
+Every other option below is a field of `NCAConfig` (TRL's `GKDConfig` and `TrainingArguments`, docs/configuration.md)
+or of TRL's `ModelConfig`, and each can also be set in the YAML file of `--config`.
 """
 
 from dataclasses import dataclass, field
@@ -20,7 +27,7 @@ from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.inputs import read_context
 from trl_nca.models.names import resolve_model_name_or_path
 from trl_nca.tasks import MEDMCQA_TEST_SUBJECTS, MEDMCQA_TRAIN_SUBJECTS, build_medmcqa
-from trl_nca.trainers.script_options import resume_checkpoint, student_init_kwargs
+from trl_nca.trainers.script_options import SCRIPT_USAGE, ScriptHelpFormatter, resume_checkpoint, student_init_kwargs
 
 
 @dataclass
@@ -37,7 +44,10 @@ class ScriptArguments:
 
 def main(argv: list[str] | None = None) -> None:
     """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
-    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
+    parser = TrlParser(
+        (ScriptArguments, NCAConfig, ModelConfig),
+        usage=SCRIPT_USAGE, description=__doc__, formatter_class=ScriptHelpFormatter,
+    )  # fmt: skip
     script_args, args, model_args = parser.parse_args_and_config(args=argv)
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = "outputs/medmcqa-nca"

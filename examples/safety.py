@@ -5,6 +5,13 @@ Uses the papers' prepared splits on the Hub (`ytz20/sys_safety_train`, `ytz20/sy
 yes/no answer; train tasks LIAR, HateCheck, TweetEval offensive, sarcasm; test ETHOS and Anthropic HH harmless).
 
     accelerate launch examples/safety.py --config examples/configs/safety.yaml
+
+The options that matter: `--config` (a YAML file of any options below), `--model_name_or_path` (default `embedded`,
+the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor weight; 0 is plain OPD), `--max_steps`, `--output_dir`
+(default `outputs/safety-nca`; the report goes to its `paired_eval/`), `--dataset_path` (a local file instead of
+the Hub), `--train_limit` and `--eval_limit`, `--use_peft` with `--lora_r` (a LoRA student), `--skip_eval`.
+Every other option below is a field of `NCAConfig` (TRL's `GKDConfig` and `TrainingArguments`, docs/configuration.md)
+or of TRL's `ModelConfig`, and each can also be set in the YAML file of `--config`.
 """
 
 from dataclasses import dataclass, field
@@ -20,7 +27,7 @@ from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.inputs import read_context
 from trl_nca.models.names import resolve_model_name_or_path
 from trl_nca.tasks import build_prepared
-from trl_nca.trainers.script_options import resume_checkpoint, student_init_kwargs
+from trl_nca.trainers.script_options import SCRIPT_USAGE, ScriptHelpFormatter, resume_checkpoint, student_init_kwargs
 
 
 @dataclass
@@ -37,7 +44,10 @@ class ScriptArguments:
 
 def main(argv: list[str] | None = None) -> None:
     """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
-    parser = TrlParser((ScriptArguments, NCAConfig, ModelConfig))
+    parser = TrlParser(
+        (ScriptArguments, NCAConfig, ModelConfig),
+        usage=SCRIPT_USAGE, description=__doc__, formatter_class=ScriptHelpFormatter,
+    )  # fmt: skip
     script_args, args, model_args = parser.parse_args_and_config(args=argv)
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = "outputs/safety-nca"

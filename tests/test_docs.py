@@ -72,3 +72,33 @@ def test_design_page_shows_the_layer_contract():
     page = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
     block = page.split("<!-- layers:", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     assert block.splitlines() == layers
+
+
+def test_documented_commands_name_configs_of_that_command():
+    """Every `trl-nca compare --config X` and `trl-nca train --config X` in the README, the docs and the CLI's own
+    help names a config (shipped name or path) whose keys are options of that command: `quickstart.yaml` is a train
+    config, and `compare --config quickstart.yaml` would stop on its `dataset_name`."""
+    import yaml
+    from trl import ModelConfig
+
+    from trl_nca.cli import TrainScriptArguments, with_builtin_config
+    from trl_nca.recipes import CompareArguments
+
+    options = {
+        command: {f.name for t in (first, NCAConfig, ModelConfig) for f in dataclasses.fields(t)}
+        for command, first in (("compare", CompareArguments), ("train", TrainScriptArguments))
+    }
+    sources = [ROOT / "README.md", ROOT / "trl_nca" / "cli" / "__init__.py", *sorted((ROOT / "docs").rglob("*.md"))]
+    found = []
+    for source in sources:
+        for command, config in re.findall(r"trl-nca (compare|train) --config ([\w./-]+)", source.read_text()):
+            path = Path(with_builtin_config(["--config", config])[1])
+            path = path if path.is_absolute() else ROOT / path
+            if "/" not in config and not path.exists():  # the user's own file of a tutorial (`my.yaml`, ...)
+                continue
+            keys = set(yaml.safe_load(path.read_text()))
+            assert keys <= options[command], (
+                f"{source.name}: `trl-nca {command} --config {config}`: {keys - options[command]}"
+            )
+            found.append((command, config))
+    assert ("compare", "main_quick") in found and ("train", "quickstart") in found

@@ -183,3 +183,14 @@ def test_flatten_metrics_for_loggers():
     assert all(isinstance(v, float) and not math.isnan(v) for v in flat.values())
     assert "paired/help" in flat and "paired/ci" not in flat
     assert "paired/harm" not in flatten_metrics(compute_metrics(records([0], [0]), n_bootstrap=0), "paired/")
+
+
+def test_count_of_a_conditional_rate():
+    """The count behind a rate: whole counts as integers, expected counts (k samples per view) to one decimal, and
+    `few` below FEW_ITEMS."""
+    from trl_nca.eval.metrics import FEW_ITEMS, count_of
+
+    assert FEW_ITEMS == 10
+    assert count_of(6, 35) == "6/35" and count_of(1, 1) == "1/1, few" and count_of(0, 0) == "0/0, few"
+    assert count_of(0.9875 * 240 * 0.1, 0.9875 * 240) == "23.7/237" and count_of(2.5, 9.75) == "2.5/9.8, few"
+    assert count_of(3, 10) == "3/10"

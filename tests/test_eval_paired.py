@@ -233,6 +233,9 @@ def test_scorer_errors_are_counted_warned_once_and_reported(tok, model, tmp_path
     clean = write_report([ModelRun("base", ev.run(model, tok, progress=False)[:1], {})], tmp_path / "c", plots=False)
     assert clean["models"][0]["scorer_errors"]["total"] == 0
     assert "None: every response was scored" in (tmp_path / "c" / "report.md").read_text()
+    m = clean["models"][0]["metrics"]  # one item: harm and help divide by one item or none, both marked few
+    harm_cell = f"({m['harm_count']}/{m['n_correct_x']}, few)"
+    assert harm_cell in (tmp_path / "c" / "report.md").read_text() and "`few`: n below 10" in markdown
 
 
 def test_companion_scores_are_stored(tok):
@@ -324,3 +327,25 @@ def test_vllm_backend_gives_records_of_the_same_shape(tiny_dir):
     assert [r.item_id for r in records] == ["0", "1", "2"]
     assert all(0 < r.x.num_tokens <= 6 and r.x.truncated == (r.x.num_tokens == 6) for r in records)
     assert {r.meta["index"] for r in again} == {0, 1, 2}
+
+
+def test_estimate_comes_from_the_first_chunk_and_holds(tok, model, caplog):
+    """The logged estimate is extrapolated from the first chunk's calls of both views, timed in this run (the view
+    with the context has the longer prompts, so one call of the other view alone would err short), and it is checked
+    against the evaluation's measured time. The bound is loose because the machine may be shared."""
+    import re
+    import time
+
+    data = [{**row, "context": CONTEXT * 30} for row in rows(24)]  # context prompts ~30x longer than the others
+    ev = evaluator(data, generation=GenerationSettings(max_new_tokens=8, batch_size=4))
+    with caplog.at_level("WARNING", logger="trl_nca.eval.paired"):
+        start = time.perf_counter()
+        ev.run(model, tok, progress=False)
+        measured = time.perf_counter() - start
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Paired evaluation:")]
+    assert (
+        "24 items x 2 views x 1 sample(s) = 48 replies" in line and "6 chunks of 2 generate calls (both views)" in line
+    )
+    first, total = (float(v) for v in re.search(r"first chunk took ([\d.]+) s, so about ([\d.]+) s", line).groups())
+    assert total == pytest.approx(6 * first, abs=0.35)  # both printed to 0.1 s
+    assert measured / 3 < total < 3 * measured, (total, measured)

@@ -138,6 +138,20 @@ EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
+def test_example_help_opens_with_what_it_does(name, capsys):
+    """`--help` starts with a one-line usage and the script's docstring (what it does and the options that matter),
+    before the ~400 options inherited from NCAConfig and ModelConfig."""
+    module = _example(name)
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("usage: ") and lines[0].endswith(" [--config FILE.yaml] [--OPTION VALUE ...]")
+    opening = "\n".join(lines[: lines.index("options:")])
+    assert module.__doc__.splitlines()[0] in opening and "The options that matter: `--config`" in opening
+    assert "--nca_beta" in opening and "--max_steps" in opening and "--output_dir" in opening
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_examples_read_on_their_own(name):
     """Like TRL's examples/scripts: an example imports no other example and nothing from the command line's module;
     task and dataset builders come from the library (trl_nca.tasks, trl_nca.inputs, ...)."""

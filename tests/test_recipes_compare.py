@@ -46,6 +46,27 @@ def test_aggregate_mean_spread_and_regimes():
     assert "| opd | 3 | 60.0 ± 10.0 | A, C, n/a |" in table and "| opd | 0 | 50.0 | A |" in table
 
 
+def test_table_gives_counts_and_marks_the_few():
+    """Harm and help per seed with the count behind them (the items are 240 held-out queries), `few` below FEW_ITEMS;
+    a mean over seeds says how many seeds it holds, and `few` when one of them was few; the legend defines the
+    regimes and the diagnostic columns."""
+    from trl_nca.recipes.compare import table_legend
+
+    per_seed = {
+        "opd": [
+            {"acc_x": 237 / 240, "harm": 37 / 237, "help": 1 / 3, "regime": "A", "seed": 0},
+            {"acc_x": 1.0, "harm": 4 / 240, "help": None, "regime": "C", "seed": 1},
+        ]
+    }
+    keys = ("acc_x", "harm", "help", "twice_x", "twice_xc")
+    table = render_table(aggregate(per_seed, keys=keys), per_seed, keys=keys, n_items=240)
+    assert "| 15.6 (37/237) | 33.3 (1/3, few) |" in table and "| 1.7 (4/240) | n/a |" in table
+    assert "| 8.6 ± 9.9 | 33.3 (1 of 2 seeds, few) |" in table
+    legend = table_legend(keys)
+    assert "A = adding the context significantly lowers accuracy" in legend and "docs/evaluation.md#regimes" in legend
+    assert "twice_x / twice_xc: share of the answers" in legend and "n below 10" in legend
+
+
 def test_conclusion_states_the_numbers():
     aggregated = aggregate(
         {

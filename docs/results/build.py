@@ -48,7 +48,7 @@ def load(name: str) -> dict:
 def table(summary: dict) -> str:
     from trl_nca.recipes.compare import render_table
 
-    return render_table(summary["aggregated"], summary["per_seed"], summary["columns"])
+    return render_table(summary["aggregated"], summary["per_seed"], summary["columns"], n_items=summary["num_test"])
 
 
 def figure_links(name: str) -> str:

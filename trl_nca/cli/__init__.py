@@ -436,6 +436,8 @@ def compare(argv: list[str] | None = None) -> dict:
         summary = execute(plan)
     minutes, seconds = divmod(int(summary["wall_seconds"]), 60)
     print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
+    if summary.get("tracking_reading"):
+        print(f"{summary['tracking_reading']}\n")
     print(f"{summary['statistics_table']}\n")
     print(f"Figures: {', '.join(summary['figures'].values())}")
     print(f"Full paired report: {summary['report']}")

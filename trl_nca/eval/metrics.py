@@ -82,6 +82,22 @@ def view_samples(view: ViewOutcome) -> list[ViewOutcome]:
     return [view, *extra]
 
 
+FEW_ITEMS = 10
+"""The fewest items a conditional rate needs to be shown as a plain rate: harm divides by the items right without the
+context and help by those wrong without it, and the printed tables, reports and figures mark a rate over fewer items
+as `few` (one item more or less moves it by 10 points or more)."""
+
+
+def count_of(count: float, total: float) -> str:
+    """The count behind a conditional rate, `count/total` (expected counts to one decimal with k samples per view),
+    followed by `, few` when `total` is below `FEW_ITEMS`."""
+
+    def amount(value: float) -> str:
+        return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:.1f}"
+
+    return f"{amount(count)}/{amount(total)}" + (", few" if total < FEW_ITEMS else "")
+
+
 def samples_per_view(records: Sequence[PairedRecord]) -> int:
     """k of the records (1 for one-sample records); records of different k are refused."""
     ks = {len(view_samples(r.x)) for r in records} | {len(view_samples(r.xc)) for r in records}

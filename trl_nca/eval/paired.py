@@ -325,14 +325,18 @@ class PairedEvaluator:
         prefill of repeated prompts (`HFBackend`) runs each prompt once instead of k times; otherwise a chunk is
         `settings.batch_size` items and each view is one call per sample index. Either way sample j of both views of an
         item uses the seed `sample_seed(item seed, j)`, so the samples are the same (see `trl_nca.core.sampling`). After
-        the first call, the time the whole evaluation will take is estimated from it and logged.
+        the first chunk (both views), the time the whole evaluation will take is estimated from it and logged.
         """
         self._scorer_errors = 0
         k = self.samples_per_view
         per_chunk = max(1, settings.batch_size // k) if self.group_samples else settings.batch_size
         chunks = [items[start : start + per_chunk] for start in range(0, len(items), per_chunk)]
-        calls = len(chunks) * 2 * (1 if self.group_samples else k)
-        clock = _FirstCallClock(generate, lambda seconds: self._log_estimate(len(items), calls, seconds, settings))
+        per_chunk_calls = 2 * (1 if self.group_samples else k)  # both views, every sample index
+        clock = _FirstChunkClock(
+            generate,
+            per_chunk_calls,
+            lambda seconds: self._log_estimate(len(items), len(chunks), per_chunk_calls, seconds, settings),
+        )
         for chunk in chunks:
             if self.group_samples:
                 seeds = [sample_seed(it.seed, j) for it in chunk for j in range(k)]
@@ -356,10 +360,16 @@ class PairedEvaluator:
                 self._scorer_errors,
             )
 
-    def _log_estimate(self, n_items: int, calls: int, first_call_s: float, settings: GenerationSettings) -> None:
+    def _log_estimate(
+        self, n_items: int, chunks: int, chunk_calls: int, first_chunk_s: float, settings: GenerationSettings
+    ) -> None:
         """Log what the evaluation in progress will generate and about how long it will take (`estimate_line`)."""
-        if calls > 1:
-            logger.warning(estimate_line(n_items, self.samples_per_view, settings.max_new_tokens, calls, first_call_s))
+        if chunks > 1:
+            logger.warning(
+                estimate_line(
+                    n_items, self.samples_per_view, settings.max_new_tokens, chunks, chunk_calls, first_chunk_s
+                )
+            )
 
     def _outcome(self, item: EvalItem, generated, view: str) -> ViewOutcome:
         row = self.rows[item.index]
@@ -428,19 +438,25 @@ would already generate about 27 million tokens: days on a 2-core CPU. Larger val
 loaded; below the limit, the estimate line (`estimate_line`) tells what a value costs on the machine in use."""
 
 
-def estimate_line(n_items: int, samples_per_view: int, max_new_tokens: int, calls: int, first_call_s: float) -> str:
-    """The estimate a paired evaluation logs after its first generate call: what it generates, and its duration
-    extrapolated from that call (which includes one-time warm-up costs, so it errs long)."""
+def estimate_line(
+    n_items: int, samples_per_view: int, max_new_tokens: int, chunks: int, chunk_calls: int, first_chunk_s: float
+) -> str:
+    """The estimate a paired evaluation logs after its first chunk of items: what it generates, and its duration
+    extrapolated from that chunk's generate calls, both views of it (the view with the context has the longer
+    prompts). Measured on this machine in this run; the first chunk includes one-time warm-up costs, so it errs
+    long."""
     replies = n_items * 2 * samples_per_view
-    total = first_call_s * calls
     return (
         f"Paired evaluation: {n_items} items x 2 views x {samples_per_view} sample(s) = {replies} replies of at most "
-        f"{max_new_tokens} new tokens in {calls} generate calls; the first took {first_call_s:.1f} s, so about "
-        f"{_duration(total)} in all (measured rate, not a bound)."
+        f"{max_new_tokens} new tokens, in {chunks} chunks of {chunk_calls} generate calls (both views); the first "
+        f"chunk took {first_chunk_s:.1f} s, so about {_duration(first_chunk_s * chunks)} in all for this model "
+        "(measured in this run, not a bound)."
     )
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 2 * 3600:
@@ -450,19 +466,22 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-class _FirstCallClock:
-    """A generate function that times its first call and reports the seconds once (the warm-up of the estimate)."""
+class _FirstChunkClock:
+    """A generate function that times its first `calls` calls (the first chunk: both views) and reports their total
+    seconds once, the rate behind the evaluation's estimate."""
 
-    def __init__(self, generate: GenerateFn, report: Callable[[float], None]):
-        self.generate, self.report, self.first = generate, report, True
+    def __init__(self, generate: GenerateFn, calls: int, report: Callable[[float], None]):
+        self.generate, self.left, self.report, self.seconds = generate, calls, report, 0.0
 
     def __call__(self, prompts, seeds):
-        if not self.first:
+        if self.left <= 0:
             return self.generate(prompts, seeds)
         start = time.perf_counter()
         out = self.generate(prompts, seeds)
-        self.first = False
-        self.report(time.perf_counter() - start)
+        self.seconds += time.perf_counter() - start
+        self.left -= 1
+        if self.left == 0:
+            self.report(self.seconds)
         return out
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..core.checks import format_pct
 from ..inputs import write_text_atomic
-from .metrics import compute_metrics
+from .metrics import FEW_ITEMS, compute_metrics, count_of
 from .provenance import library_versions
 from .records import PairedRecord
 from .store import append_records
@@ -99,11 +99,6 @@ def _with_ci(metrics: Mapping[str, Any], key: str) -> str:
     return f"{text} [{format_pct(ci[0])}, {format_pct(ci[1])}]"
 
 
-def _count(value: int | float) -> str:
-    """A count of items, or an expected count (k samples per view)."""
-    return str(value) if isinstance(value, int) else f"{value:.2f}"
-
-
 def _p_value(metrics: Mapping[str, Any]) -> str:
     """McNemar's p-value, or the paired permutation test's (marked) with k samples per view."""
     if metrics.get("mcnemar_p") is not None:
@@ -154,8 +149,10 @@ def _main_table(summary: Mapping[str, Any], models) -> list[str]:
         "",
         f"Rates in %, with {conf}% bootstrap intervals ({summary['n_bootstrap']} resamples, seed "
         f"{summary['bootstrap_seed']}). Harm = P(wrong with c | correct without c); Help = P(correct with c | wrong "
-        f"without c). Regime: A = c significantly hurts, B = c significantly helps, C = no significant difference "
-        f"(exact McNemar test on harm vs help counts, alpha = {summary['alpha']}).",
+        f"without c), each with its count (k/n: answers the context broke, of the n right without it; fixed, of the "
+        f"n wrong without it; `few`: n below {FEW_ITEMS}, too few items to read as a rate). Regime: A = c "
+        f"significantly hurts, B = c significantly helps, C = no significant difference (exact McNemar test on harm "
+        f"vs help counts, alpha = {summary['alpha']}; docs/evaluation.md#regimes).",
         "",
         "| Model | n | Acc_x | Acc_xc | Delta | Harm | Harm (uncond.) | Help | BothCorrect | BothWrong | FF_x | FF_xc "
         "| Len_x | Len_xc | Len change | Trunc_x | Trunc_xc | McNemar p | Regime |",
@@ -180,9 +177,9 @@ def _main_table(summary: Mapping[str, Any], models) -> list[str]:
                     _with_ci(m, "acc_x"),
                     _with_ci(m, "acc_xc"),
                     _with_ci(m, "delta"),
-                    _with_ci(m, "harm") + f" ({_count(m['harm_count'])})",
+                    _with_ci(m, "harm") + f" ({count_of(m['harm_count'], m['n_correct_x'])})",
                     format_pct(m["harm_unconditional"]),
-                    _with_ci(m, "help") + f" ({_count(m['help_count'])})",
+                    _with_ci(m, "help") + f" ({count_of(m['help_count'], m['n'] - m['n_correct_x'])})",
                     format_pct(m["both_correct"]),
                     format_pct(m["both_wrong"]),
                     format_pct(m["format_failure_x"]),
@@ -332,7 +329,7 @@ def write_report(
 
         files["accuracy_png"] = plot_accuracy(summary, output_dir / "accuracy.png")
         files["harm_help_png"] = plot_harm_help(summary, output_dir / "harm_help.png")
-        files["lengths_png"] = plot_lengths(runs, output_dir / "lengths.png")
+        files["lengths_png"] = plot_lengths(summary, output_dir / "lengths.png")
     summary["files"] = files
     write_text_atomic(files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
     write_text_atomic(files["markdown"], render_markdown(summary))

@@ -73,7 +73,7 @@ from .compare_plan import (
 )
 from .compare_report import _report, _write_plan
 from .compare_students import CURVE_KEYS, _evaluate_student, _students_in_workers, compact_history, train_run
-from .statistics import SUMMARY_KEYS, aggregate, conclusion, render_table
+from .statistics import SUMMARY_KEYS, aggregate, conclusion, render_table, table_legend
 
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "render_table",
     "run_comparison",
     "run_config",
+    "table_legend",
     "train_run",
     "training_settings",
     # imported from here by `trl-nca train` and the benchmarks

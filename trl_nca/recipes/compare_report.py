@@ -23,6 +23,7 @@ from .statistics import (
     distributions,
     render_statistics,
     render_table,
+    table_legend,
 )
 
 
@@ -42,7 +43,7 @@ def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     """The paired report, the table, the statistics over runs and the figures; returns the summary written to
     `comparison.json`."""
     from ..eval import write_report
-    from .plots import write_figures
+    from .plots import tracking_reading, write_figures
 
     args, task, root = plan.args, plan.task, plan.root
     report = write_report(evaluated.runs, root / "paired_eval", title=f"{task.name}: base vs students, paired")
@@ -50,7 +51,7 @@ def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     extra = ("regime", "organism", "seed")
     keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
     aggregated = aggregate(per_seed, keys)
-    table = render_table(aggregated, per_seed, keys)
+    table = render_table(aggregated, per_seed, keys, n_items=len(plan.test_rows)) + "\n\n" + table_legend(keys)
     sentence = conclusion(task.name, aggregated)
     statistics = {
         "keys": list(STAT_KEYS),
@@ -87,12 +88,14 @@ def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     summary["organism_reading"] = read_per_organism(summary)
     # with organisms, the reading is per organism against the documented outcomes; else against the documented ranges
     summary["reading"] = summary["organism_reading"] or summary["range_reading"]
+    summary["tracking_reading"] = tracking_reading(evaluated.tracking)  # the early fall of Acc_xc, when there is one
     summary["figures"] = write_figures(summary, root)
     write_text_atomic(root / "comparison.json", json.dumps(summary, indent=2, default=str) + "\n")
     write_text_atomic(
         root / "comparison.md",
         f"# {task.name}: base, OPD and NCA\n\n{table}\n\n{sentence} {summary['reading']}\n\n"
-        f"## Statistics over runs\n\n{stats_text}\n",
+        + (f"{summary['tracking_reading']}\n\n" if summary["tracking_reading"] else "")
+        + f"## Statistics over runs\n\n{stats_text}\n",
     )
     summary["table"] = table
     summary["statistics_table"] = stats_text

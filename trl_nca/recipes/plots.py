@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -9,24 +10,22 @@ from typing import Any
 
 import numpy as np
 
-from ..eval.plots import figures_wanted, new_figure
-from ..inputs import atomic_output
+from ..eval.plots import figures_wanted, new_figure, save_figure
 
 
 def _method(run_name: str) -> str:
     return run_name.split("/")[0]
 
 
-def plot_comparison(
+def comparison_figure(
     aggregated: Mapping[str, Mapping[str, Any]],
     per_seed: Mapping[str, Sequence[Mapping[str, Any]]],
-    path: str | os.PathLike,
     title: str = "",
-) -> str:
+):
     """Acc_x and Acc_xc per model: bars at the mean over seeds, whiskers from the lowest to the highest seed, dots
-    for the seeds."""
+    for the seeds, and each mean written above its whisker; the legend sits above the axes, clear of the bars."""
     names = list(aggregated)
-    fig = new_figure(max(4.5, 1.5 + 1.3 * len(names)), 3.6)
+    fig = new_figure(max(4.5, 1.5 + 1.3 * len(names)), 3.9)
     ax = fig.add_subplot()
     width = 0.38
     for j, (key, label) in enumerate((("acc_x", "without context (Acc_x)"), ("acc_xc", "with context (Acc_xc)"))):
@@ -37,23 +36,35 @@ def plot_comparison(
                 continue
             mean = 100 * stat["mean"]
             ax.bar(i + offset, mean, width, color=f"C{j}", label=label if i == 0 else None)
+            top = mean
             if stat["n"] > 1:
                 ax.errorbar(i + offset, mean, yerr=[[mean - 100 * stat["min"]], [100 * stat["max"] - mean]],
                             color="black", capsize=3, linewidth=1)  # fmt: skip
                 seeds = [100 * r[key] for r in per_seed[name] if r.get(key) is not None]
                 ax.scatter([i + offset] * len(seeds), seeds, s=10, color="black", zorder=3)
-            ax.text(i + offset, mean + 1.5, f"{mean:.0f}", ha="center", va="bottom", fontsize=7)
+                top = 100 * stat["max"]
+            # 5 points above the whisker's cap (3 points high): the label never touches it
+            ax.annotate(f"{mean:.0f}", (i + offset, top), xytext=(0, 5), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=7)  # fmt: skip
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names)
-    ax.set_ylim(0, 112)
+    ax.set_ylim(0, 110)
     ax.set_ylabel("accuracy (%)")
-    ax.set_title(title or "Accuracy without and with the context")
-    ax.legend(loc="upper left", fontsize=8, frameon=False, ncol=2)
+    ax.set_title(title or "Accuracy without and with the context", pad=22)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8, frameon=False, ncol=2)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    with atomic_output(path) as temporary:
-        fig.savefig(temporary)
-    return str(path)
+    return fig
+
+
+def plot_comparison(
+    aggregated: Mapping[str, Mapping[str, Any]],
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | os.PathLike,
+    title: str = "",
+) -> str:
+    """`comparison_figure`, written to `path` (PNG)."""
+    return save_figure(comparison_figure(aggregated, per_seed, title=title), path)
 
 
 def _series(history: Mapping[str, Sequence[Any]], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +76,9 @@ def _series(history: Mapping[str, Sequence[Any]], key: str) -> tuple[np.ndarray,
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 
-def _mean_lines(ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str) -> None:
+def _mean_lines(
+    ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str, labels: Mapping[str, str] | None = None
+) -> None:
     by_method: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
     for run, history in runs.items():
         steps, values = _series(history, key)
@@ -76,39 +89,127 @@ def _mean_lines(ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str) -
             ax.plot(steps, values, color=f"C{k}", alpha=0.25, linewidth=0.8)
         common = min(len(s) for s, _ in series)
         mean = np.mean([v[:common] for _, v in series], axis=0)
-        ax.plot(series[0][0][:common], mean, color=f"C{k}", linewidth=1.8, label=f"{method} (mean of {len(series)})")
+        label = f"{method} (mean of {len(series)}{(labels or {}).get(method, '')})"
+        ax.plot(series[0][0][:common], mean, color=f"C{k}", linewidth=1.8, label=label)
 
 
-def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str | os.PathLike) -> str:
-    """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per seed, thick the mean."""
+CURVE_LABELS = {
+    "opd_loss": "KL(q_x || teacher) per token",
+    "nca_loss": "KL(sg[q_x] || q_c) per token",
+    "view_kl": "KL(q_x || q_c) per token",
+    "nca_beta": "anchor weight nca_beta",
+}
+"""The y-axis label of each panel of `curves.png`: the logged term's divergence (docs/quickstart.md's log table)."""
+
+
+def curve_panels(histories: Mapping[str, Mapping[str, Sequence[Any]]]) -> tuple[list[str], dict[str, str]]:
+    """The panels of `curves.png` and the notes they carry instead of the panels left out: `view_kl` is left out
+    where it equals `nca_loss` at every logged step of every run (the default divergence makes them the same
+    number), and `nca_beta` where it is constant in every run (each method's weight then goes into its legend)."""
     keys = [k for k in ("opd_loss", "nca_loss", "view_kl", "nca_beta") if any(h.get(k) for h in histories.values())]
+    notes: dict[str, str] = {}
+    if "nca_loss" in keys and "view_kl" in keys:
+        pairs = [(a, b) for h in histories.values() for a, b in zip(h.get("nca_loss") or [], h.get("view_kl") or [])]
+        if all(a is None and b is None or None not in (a, b) and math.isclose(a, b, rel_tol=1e-5) for a, b in pairs):
+            keys.remove("view_kl")
+            notes["nca_loss"] = " (= view_kl in every run)"
+    if "nca_beta" in keys:
+        values = {run: {v for v in h.get("nca_beta") or [] if v is not None} for run, h in histories.items()}
+        by_method: dict[str, set[float]] = defaultdict(set)
+        for run, seen in values.items():
+            by_method[_method(run)] |= seen
+        if all(len(seen) <= 1 for seen in by_method.values()):
+            keys.remove("nca_beta")
+            notes.update({m: f", nca_beta {next(iter(v)):g}" for m, v in by_method.items() if v})
+    return keys, notes
+
+
+def curves_figure(histories: Mapping[str, Mapping[str, Sequence[Any]]]):
+    """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per seed, thick the mean; the
+    panels that repeat another or show a constant are left out (`curve_panels`)."""
+    keys, notes = curve_panels(histories)
     if not keys:  # e.g. every job ran fewer optimizer steps than logging_steps
         fig = new_figure(5, 2.4)
         ax = fig.add_subplot()
         ax.text(0.5, 0.5, "No training loss was logged\n(each job ran fewer steps than logging_steps).",
                 ha="center", va="center", fontsize=9)  # fmt: skip
         ax.set_axis_off()
-        with atomic_output(path) as temporary:
-            fig.savefig(temporary)
-        return str(path)
-    fig = new_figure(3.5 * len(keys), 3.2)
+        return fig
+    fig = new_figure(3.6 * len(keys), 3.2)
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
-        _mean_lines(ax, histories, key)
-        ax.set_title(key)
-        ax.set_xlabel("step")
+        _mean_lines(ax, histories, key, labels={m: n for m, n in notes.items() if m not in CURVE_LABELS})
+        ax.set_title(key + notes.get(key, ""), fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(CURVE_LABELS[key])
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    with atomic_output(path) as temporary:
-        fig.savefig(temporary)
-    return str(path)
+    return fig
 
 
-def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> str:
-    """Held-out Acc_x and Acc_xc along training (the subset evaluated every `track_every` steps)."""
-    fig = new_figure(8, 3.2)
+def plot_curves(histories: Mapping[str, Mapping[str, Sequence[Any]]], path: str | os.PathLike) -> str:
+    """`curves_figure`, written to `path` (PNG)."""
+    return save_figure(curves_figure(histories), path)
+
+
+DIP_POINTS = 20.0
+"""How far (percentage points) a method's mean held-out Acc_xc must fall below its value at step 0 for
+`tracking_dips` to report the fall: less is within the seed-to-seed spread of a 32-item tracking subset."""
+
+DIP_CAUSE = (
+    "The context view moves before the no-context view has learnt the rule: training moves the weights the two views "
+    "share, plain OPD trains only the no-context view, and an anchor also pulls the context view toward the "
+    "no-context view (docs/results.md, section 3)."
+)
+
+
+def _mean_track(rows_per_run: Sequence[Sequence[Mapping[str, Any]]], key: str) -> tuple[list[int], np.ndarray]:
+    common = min(len(rows) for rows in rows_per_run)
+    steps = [row["step"] for row in rows_per_run[0][:common]]
+    return steps, np.mean([[100 * row[key] for row in rows[:common]] for rows in rows_per_run], axis=0)
+
+
+def tracking_dips(tracking: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per method, the early fall of its mean held-out Acc_xc along training, when it falls at least `DIP_POINTS`
+    below step 0: `start`, `low` (the lowest mean, in %), `step` (where), `acc_x` (the mean Acc_x there), `end` and
+    `end_step` (the last tracked step)."""
+    by_method: dict[str, list[Sequence[Mapping[str, Any]]]] = defaultdict(list)
+    for run, rows in tracking.items():
+        if rows:
+            by_method[_method(run)].append(rows)
+    dips = {}
+    for method, runs in by_method.items():
+        steps, acc_xc = _mean_track(runs, "acc_xc")
+        _, acc_x = _mean_track(runs, "acc_x")
+        low = int(np.argmin(acc_xc))
+        if acc_xc[0] - acc_xc[low] >= DIP_POINTS:
+            dips[method] = {"start": float(acc_xc[0]), "low": float(acc_xc[low]), "step": steps[low],
+                            "acc_x": float(acc_x[low]), "end": float(acc_xc[-1]), "end_step": steps[-1]}  # fmt: skip
+    return dips
+
+
+def tracking_reading(tracking: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """One sentence on the early fall of Acc_xc that `tracking.png` shows (measured from the tracked accuracies,
+    means over seeds), with its cause; empty when no method's Acc_xc falls by `DIP_POINTS`."""
+    dips = tracking_dips(tracking)
+    if not dips:
+        return ""
+    parts = [
+        f"{method}'s from {d['start']:.0f}% to {d['low']:.0f}% at step {d['step']} (Acc_x {d['acc_x']:.0f}% there; "
+        f"{d['end']:.0f}% at step {d['end_step']})"
+        for method, d in dips.items()
+    ]
+    return f"Along training the held-out Acc_xc first falls, {'; '.join(parts)}. {DIP_CAUSE}"
+
+
+def tracking_figure(tracking: Mapping[str, Sequence[Mapping[str, Any]]]):
+    """Held-out Acc_x and Acc_xc along training (the subset evaluated every `track_every` steps); the early fall of
+    Acc_xc (`tracking_dips`) is marked on the right panel, its cause under the figure."""
+    dips = tracking_dips(tracking)
+    fig = new_figure(8, 3.7 if dips else 3.2)
+    methods = list(dict.fromkeys(_method(run) for run, rows in tracking.items() if rows))
     for i, (key, label) in enumerate((("acc_x", "Acc_x (without context)"), ("acc_xc", "Acc_xc (with context)"))):
         ax = fig.add_subplot(1, 2, i + 1)
         scaled = {
@@ -117,19 +218,33 @@ def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str
         }
         _mean_lines(ax, scaled, key)
         ax.set_title(label)
-        ax.set_xlabel("step")
-        ax.set_ylabel("%")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("held-out accuracy (%)")
         ax.set_ylim(-2, 102)
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize=7, frameon=False)
-    fig.tight_layout()
-    with atomic_output(path) as temporary:
-        fig.savefig(temporary)
-    return str(path)
+        if key == "acc_xc":
+            for method, d in dips.items():
+                ax.plot([d["step"]], [d["low"]], marker="v", color=f"C{methods.index(method)}", markersize=8, zorder=4)
+    if dips:
+        lows = ", ".join(
+            f"{m} {d['low']:.0f}% at step {d['step']} (Acc_x {d['acc_x']:.0f}% then)" for m, d in dips.items()
+        )
+        fig.text(0.01, 0.01, f"v: the lowest mean Acc_xc, {lows}.\nThe context view moves before the no-context view "
+                 "has learnt the rule (docs/results.md, section 3).", fontsize=7)  # fmt: skip
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
+    else:
+        fig.tight_layout()
+    return fig
 
 
-def plot_harm(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike, title: str = "") -> str:
+def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> str:
+    """`tracking_figure`, written to `path` (PNG)."""
+    return save_figure(tracking_figure(tracking), path)
+
+
+def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str = ""):
     """Harm per run, per model: a box (quartiles, whiskers to min and max) and one dot per run (organism x seed)."""
     names = list(per_seed)
     fig = new_figure(max(4.0, 1.2 + 1.1 * len(names)), 3.4)
@@ -151,9 +266,12 @@ def plot_harm(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | o
     ax.set_title(title or "Harm per run: P(wrong with the context | right without it)")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    with atomic_output(path) as temporary:
-        fig.savefig(temporary)
-    return str(path)
+    return fig
+
+
+def plot_harm(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike, title: str = "") -> str:
+    """`harm_figure`, written to `path` (PNG)."""
+    return save_figure(harm_figure(per_seed, title=title), path)
 
 
 def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix: str = "") -> dict[str, str]:

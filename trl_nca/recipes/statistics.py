@@ -440,17 +440,46 @@ def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
     return text
 
 
+CONDITIONAL = {"harm": lambda acc_x: acc_x, "help": lambda acc_x: 1 - acc_x}
+"""The conditional rates, with the share of the items they divide by (harm: those right without the context)."""
+
+
+def _denominators(row: Mapping[str, Any], n_items: int) -> dict[str, float]:
+    """The items each conditional rate of a per-seed row divides by (`acc_x` times the items; expected counts with k
+    samples per view)."""
+    acc_x = _value(row, "acc_x")
+    if acc_x is None:
+        return {}
+    return {key: share(acc_x) * n_items for key, share in CONDITIONAL.items()}
+
+
 def render_table(
-    aggregated: dict[str, dict[str, Any]], per_seed: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
+    aggregated: dict[str, dict[str, Any]],
+    per_seed: dict[str, list[dict[str, Any]]],
+    keys: Sequence[str] = SUMMARY_KEYS,
+    n_items: int | None = None,
 ) -> str:
     """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed (labelled
-    `org{o}/{seed}` when the runs span several organisms)."""
+    `org{o}/{seed}` when the runs span several organisms). With `n_items` (the held-out items each model answered),
+    a per-seed harm or help carries its count (`count_of`), and a mean over seeds says how many seeds it holds when
+    the others' rate is undefined, and `few` when one of them divides by fewer than `FEW_ITEMS` items."""
+    from ..eval.metrics import FEW_ITEMS, count_of
+
     names = [COLUMN_NAMES.get(k, k) for k in keys]
     header = "| Model | seeds | " + " | ".join(names) + " | Regime |"
     rule = "|" + "---|" * (len(keys) + 3)
     lines = [header, rule]
     for method, stats in aggregated.items():
-        cells = [method, str(stats["n_seeds"])] + [_pct(stats[k]) for k in keys]
+        cells = [method, str(stats["n_seeds"])]
+        for k in keys:
+            cell = _pct(stats[k])
+            if n_items is not None and k in CONDITIONAL and stats[k] is not None:
+                notes = [f"{stats[k]['n']} of {stats['n_seeds']} seeds"] if stats[k]["n"] < stats["n_seeds"] else []
+                defined = [r for r in per_seed.get(method, []) if _value(r, k) is not None]
+                if any(_denominators(r, n_items)[k] < FEW_ITEMS for r in defined):
+                    notes.append("few")
+                cell += f" ({', '.join(notes)})" if notes else ""
+            cells.append(cell)
         cells.append(", ".join(r or "n/a" for r in stats["regimes"]))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per seed:", "", header.replace("seeds", "seed"), rule]
@@ -460,8 +489,40 @@ def render_table(
             if row.get("organism") is not None:  # several organisms: organism o, training seed s
                 run = f"org{row['organism']}" + ("" if row.get("seed") is None else f"/{row['seed']}")
             cells = [method, run]
-            cells += [_pct({"mean": row[k], "n": 1}) if _value(row, k) is not None else "n/a" for k in keys]
+            totals = {} if n_items is None else _denominators(row, n_items)
+            for k in keys:
+                value = _value(row, k)
+                cell = "n/a" if value is None else _pct({"mean": value, "n": 1})
+                if value is not None and k in totals:
+                    cell += f" ({count_of(value * totals[k], totals[k])})"
+                cells.append(cell)
             lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
+    return "\n".join(lines)
+
+
+def table_legend(keys: Sequence[str]) -> str:
+    """The definitions under the printed table (and in `comparison.md`): the regimes, harm and help with their
+    counts, and the task's diagnostic columns."""
+    from ..eval.metrics import FEW_ITEMS
+
+    lines = [
+        "Regime of each run: A = adding the context significantly lowers accuracy (harm above help), B = it "
+        "significantly raises it (help above harm), C = no significant difference (exact McNemar test of the harm "
+        "and help counts, or the paired permutation test with several samples per view; alpha 0.05; "
+        "docs/evaluation.md#regimes).",
+        "Harm = P(wrong with the context | right without it), Help = P(right with it | wrong without it); per seed "
+        f"with their counts (k/n), `few`: n below {FEW_ITEMS} items, too few to read as a rate; a mean over fewer "
+        "seeds than trained says so (the other seeds had no item to divide by: n/a).",
+    ]
+    diagnostics = sorted({k[: -len("_x")] for k in keys if k.endswith("_x") and f"{k[:-2]}_xc" in keys} - {"acc"})
+    for name in diagnostics:
+        what = (
+            ": the rule applied twice, an internalised rule applied again once it is given" if name == "twice" else ""
+        )
+        lines.append(
+            f"{name}_x / {name}_xc: share of the answers without / with the context that equal the item's `{name}` "
+            f"answer{what}."
+        )
     return "\n".join(lines)
 
 

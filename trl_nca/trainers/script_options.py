@@ -3,6 +3,7 @@ student's `from_pretrained` kwargs and the checkpoint to resume from (`resolve_r
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from dataclasses import fields
@@ -11,6 +12,15 @@ from typing import Any
 
 
 logger = logging.getLogger(__name__)
+
+SCRIPT_USAGE = "%(prog)s [--config FILE.yaml] [--OPTION VALUE ...]"
+"""The usage line of the training scripts' `--help`: argparse's own would list their ~400 inherited options."""
+
+
+class ScriptHelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`--help` of the training scripts (`TrlParser(..., formatter_class=ScriptHelpFormatter)`): the description
+    (the script's docstring) as written, its paragraphs and command lines kept, and every option with its default."""
+
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")  # the `dtype` strings TRL's create_model_from_path takes
 
