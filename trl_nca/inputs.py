@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -411,8 +411,6 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
     call created it and it is still empty (a run refused by a later check leaves nothing behind). `option` is how the
     command names the folder in its messages (`--output-dir` for eval and analyze).
     """
-    import fcntl
-
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{option} {str(folder)!r} is a file, not a folder; give a folder path (new or existing).")
@@ -424,7 +422,46 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
             f"Cannot create the output folder {str(folder)!r}: {error.strerror or error}. Give a folder in a place "
             "you can write to."
         ) from None
-    path = folder / LOCK_FILE
+
+    def in_use(holder: str) -> str:
+        return (
+            f"{folder} is in use by another trl-nca run ({holder}); one run writes into a folder at a time. Wait for "
+            "it to end, or give another output_dir."
+        )
+
+    try:
+        with _held_lock(folder / LOCK_FILE, folder, command, in_use) as path:
+            yield path
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+
+
+@contextlib.contextmanager
+def output_file_lock(path: str | os.PathLike, command: str, option: str) -> Iterator[Path]:
+    """Hold the lock of the output file `path` for as long as the block runs: one writer per output file (for a
+    command whose output is a file, like `trl-nca experience --output`). `path` is checked first
+    (`check_output_file`); the lock is `output_folder_lock`'s, on `.NAME.trl-nca.lock` next to the file, so other
+    files of the same folder stay free. Yields the checked path."""
+    path = check_output_file(path, option)
+
+    def in_use(holder: str) -> str:
+        return (
+            f"{path} is being written by another trl-nca run ({holder}); one run writes a file at a time. Wait for "
+            f"it to end, or give another {option}."
+        )
+
+    with _held_lock(path.with_name(f".{path.name}{LOCK_FILE}"), path.parent, command, in_use):
+        yield path
+
+
+@contextlib.contextmanager
+def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], str]) -> Iterator[Path]:
+    """The OS lock (`fcntl.flock`) on the file `path` in `folder`, taken at once or refused with `FolderInUseError`
+    (its message `in_use(holder)`); the file is removed when the block ends."""
+    import fcntl
+
     while True:
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -439,10 +476,7 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise FolderInUseError(
-                f"{folder} is in use by another trl-nca run ({_lock_holder(path)}); one run writes into a folder at a "
-                "time. Wait for it to end, or give another output_dir."
-            ) from None
+            raise FolderInUseError(in_use(_lock_holder(path))) from None
         try:  # the holder before us may have removed the file between our open and our lock: lock the file now there
             same = os.fstat(descriptor).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -458,9 +492,6 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         os.close(descriptor)
-        if created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only when empty
 
 
 def check_output_file(path: str | os.PathLike, option: str) -> Path:
