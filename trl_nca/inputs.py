@@ -318,6 +318,61 @@ def load_dataset_any(name: str, split: str, config: str | None = None):
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Weights files
+
+MAX_SAFETENSORS_HEADER = 100_000_000  # bytes; safetensors itself refuses larger headers
+
+
+def check_weight_files(folder: str | os.PathLike, what: str) -> None:
+    """The safetensors files of a local model or adapter `folder` (what `save_pretrained` writes), checked whole
+    before any weights load: each file must hold the bytes its header describes, and a shard index must name only
+    shards that exist. Reads the headers only. A cut file (an interrupted download or copy, a full disk) is an
+    `InputError` naming `what` (e.g. "Model 'base'"), the file and the fix; a name that is no local folder passes."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return
+    fix = "Download or copy the model again (or save it again with save_pretrained)."
+    for index in sorted(folder.glob("*.safetensors.index.json")):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError) as error:
+            raise InputError(f"{what}: the shard index {index} cannot be read ({error}). {fix}") from None
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            raise InputError(
+                f"{what}: the shard index {index} names {len(missing)} shard(s) that are not in {folder} "
+                f"({', '.join(missing[:3])}). {fix}"
+            )
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem is not None:
+            raise InputError(f"{what}: the weights file {path} {problem} (an interrupted download or copy, or a full "
+                             f"disk). {fix}")  # fmt: skip
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's layout (an 8-byte little-endian header size, a JSON header of that
+    size, then the tensors' bytes at the header's `data_offsets`), or None when its size is the one described."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        start = handle.read(8)
+        if len(start) < 8:
+            return f"is cut short: it holds {size} bytes, less than a header"
+        length = int.from_bytes(start, "little")
+        if length > MAX_SAFETENSORS_HEADER or 8 + length > size:
+            return f"is cut short: it holds {size:,} bytes, less than its {length:,}-byte header"
+        try:
+            header = json.loads(handle.read(length))
+            ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "has a garbled header"
+    expected = 8 + length + max(ends, default=0)
+    if size < expected:
+        return f"is cut short: it holds {size:,} bytes, but its header describes {expected:,}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Writing outputs whole
 
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

@@ -443,6 +443,7 @@ def experience(argv: list[str] | None = None) -> int:
             )
         check_output_file(history, "--output (its JSON history)")
         env_kwargs = check_options(args.game_option, args.game, args.max_calls)
+        loading.check_weights(loading.resolve_model_path(args.model), args.adapter, f"--model {args.model!r}")
         settings = game_generation_settings(
             temperature=args.temperature,
             top_p=args.top_p,
