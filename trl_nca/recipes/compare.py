@@ -43,6 +43,7 @@ from ..core.checks import format_pct, is_int
 from ..inputs import InputError, read_json_output, sha256_text, write_text_atomic
 from ..tasks import BuiltinTask, get_task, task_names
 from ..trainers.script_options import check_dtype
+from .budgets import check_token_budgets
 from .outcomes import read_per_organism
 from .ranges import canonical, json_default, read_against_ranges
 from .statistics import COLUMN_NAMES
@@ -724,6 +725,7 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     _check_task_fits_model(task, model_name)  # an organism by its alias, before it is pretrained
     model_paths = _model_paths(model_name, args.organism_seeds)
     _check_task_fits_model(task, model_name, model_paths)
+    check_token_budgets({m.name: run_config(config, task, m, 0, root, False) for m in methods}, train_rows, evaluator, model_paths)  # fmt: skip
     settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
     _check_model_paths(root / "settings.json", settings["model_paths"])
     return Plan(args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config, list(train_rows),
