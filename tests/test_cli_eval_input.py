@@ -61,6 +61,8 @@ CASES = [
     ("split of a local file", ["--split", "validation"], "is a single file, so it has no split 'validation'"),
     ("prompt past the position limit", ["--prompt", LONG], "its prompt without the context has"),
     ("context past the position limit", ["--context-text", LONG], "its prompt with the context has"),
+    ("a huge prompt, refused untokenised", ["--prompt", "word " * 40_000], "its prompt without the context holds "
+     "200,000 bytes of text, so at least"),
     ("output-dir is a file", ["--output-dir", "FILE"], "is a file, not a folder"),
     ("output-dir cannot be created", ["--output-dir", str(READ_ONLY / "out")], "Cannot create the output folder"),
     pytest.param("device cuda without CUDA", ["--device", "cuda"], "--device cuda asks for a CUDA GPU, and torch sees "
@@ -75,7 +77,7 @@ def test_bad_eval_input_is_one_line_before_any_model_loads(
     short_model, tmp_path, capsys, no_model_loads, case, extra, expected
 ):
     extra = list(extra)
-    prompt = LONG if "--prompt" in extra else "Which answer? (A) yes (B) no"
+    prompt = extra[extra.index("--prompt") + 1] if "--prompt" in extra else "Which answer? (A) yes (B) no"
     if "--prompt" in extra:
         del extra[extra.index("--prompt") : extra.index("--prompt") + 2]
     out = tmp_path / "out"

@@ -58,7 +58,7 @@ def check_token_budgets(
         budget = evaluator.generation.max_new_tokens
         if positions is None:
             continue
-        for item in evaluator.items(tokenizer):
+        for item in evaluator.items(tokenizer, cache=False):  # a tokenizer freed after the check
             for view, ids in (("without", item.prompt_ids_x), ("with", item.prompt_ids_xc)):
                 if len(ids) + budget > positions:
                     raise InputError(
