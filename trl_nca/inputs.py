@@ -478,8 +478,8 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
             "you can write to."
         ) from None
 
-    def in_use(holder: str) -> str:
-        return (
+    def in_use(holder: str) -> FolderInUseError:
+        return FolderInUseError(
             f"{folder} is in use by another trl-nca run ({holder}); one run writes into a folder at a time. Wait for "
             "it to end, or give another output_dir."
         )
@@ -501,8 +501,8 @@ def output_file_lock(path: str | os.PathLike, command: str, option: str) -> Iter
     files of the same folder stay free. Yields the checked path."""
     path = check_output_file(path, option)
 
-    def in_use(holder: str) -> str:
-        return (
+    def in_use(holder: str) -> FolderInUseError:
+        return FolderInUseError(
             f"{path} is being written by another trl-nca run ({holder}); one run writes a file at a time. Wait for "
             f"it to end, or give another {option}."
         )
@@ -512,9 +512,9 @@ def output_file_lock(path: str | os.PathLike, command: str, option: str) -> Iter
 
 
 @contextlib.contextmanager
-def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], str]) -> Iterator[Path]:
+def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], FolderInUseError]) -> Iterator[Path]:
     """The OS lock (`fcntl.flock`) on the file `path` in `folder`, taken at once or refused with `FolderInUseError`
-    (its message `in_use(holder)`); the file is removed when the block ends."""
+    (the error `in_use(holder)`); the file is removed when the block ends."""
     import fcntl
 
     while True:
@@ -531,7 +531,7 @@ def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], s
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise FolderInUseError(in_use(_lock_holder(path))) from None
+            raise in_use(_lock_holder(path)) from None
         try:  # the holder before us may have removed the file between our open and our lock: lock the file now there
             same = os.fstat(descriptor).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
