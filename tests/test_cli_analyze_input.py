@@ -51,3 +51,26 @@ def test_bad_analyze_output_is_one_line_before_the_analysis(
     assert line.startswith("trl-nca analyze: error: ") and expected.format(out=out) in line, line
     if output_dir == "FILE":
         assert out.read_text() == "not a folder\n"
+
+
+# (case, the context options, the expected line's text): a context option the placement would ignore
+CONTEXT_CASES = [
+    ("template with the default system placement", ["--template", "{context} / {prompt}"], "--template joins the "
+     "context and the prompt in the user turn, so it applies only with --placement user"),
+    ("template with system placement", ["--placement", "system", "--template", "{context} / {prompt}"], "with "
+     "--placement system (the default) it would be ignored. Add --placement user, or drop --template."),
+    ("separator with user placement", ["--placement", "user", "--separator", "/"], "--separator joins the context and "
+     "a system message, so it applies only with --placement system"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, options, expected", CONTEXT_CASES, ids=[c[0] for c in CONTEXT_CASES])
+def test_a_context_option_the_placement_ignores_is_refused(
+    tiny_dir, tmp_path, capsys, no_model_loads, case, options, expected
+):
+    (tmp_path / "items.jsonl").write_text('{"prompt": "Which answer?", "answer": "A"}\n')
+    out = tmp_path / "out"
+    line = one_line(["analyze", "--model", f"base={tiny_dir}", "--dataset", str(tmp_path / "items.jsonl"),
+                     "--context-text", "c", *options, "--output-dir", str(out)], capsys)  # fmt: skip
+    assert line.startswith("trl-nca analyze: error: ") and expected in line, line
+    assert not out.exists()

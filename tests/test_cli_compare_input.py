@@ -38,3 +38,23 @@ def test_bad_compare_config_is_one_line(tmp_path, capsys, case, config, content,
     line = one_line(["compare", "--config", path, "--output_dir", str(tmp_path / "out")], capsys)
     assert line.startswith("trl-nca compare: error: ") and expected.format(tmp=tmp_path) in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output folder made
+
+
+# (case, the config's budget line, the expected line's text): a token budget no model can hold, refused before the
+# base models are evaluated (nothing is written)
+BUDGET_CASES = [
+    ("an unreachable max_new_tokens", "max_new_tokens: 1000000000", "Method 'opd' on the model {model}: In row 0, the "
+     "prompt without context has"),
+    ("an unreachable eval_max_new_tokens", "eval_max_new_tokens: 1000000000", "with a reply budget of 1000000000 "
+     "tokens (eval_max_new_tokens, else max_new_tokens) exceeds the 4096 positions of the model {model}. Lower "
+     "eval_max_new_tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, budget, expected", BUDGET_CASES, ids=[c[0] for c in BUDGET_CASES])
+def test_an_unreachable_token_budget_is_refused_before_any_work(tiny_dir, tmp_path, capsys, case, budget, expected):
+    config = tmp_path / "budget.yaml"
+    config.write_text(f"task: reply_in_french\nuse_peft: true\nmodel_name_or_path: {tiny_dir}\n{budget}\n")
+    line = one_line(["compare", "--config", str(config), "--output_dir", str(tmp_path / "out")], capsys)
+    assert line.startswith("trl-nca compare: error: ") and expected.format(model=tiny_dir) in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.yaml"]  # no output folder made

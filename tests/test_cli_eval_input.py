@@ -61,6 +61,8 @@ CASES = [
     ("split of a local file", ["--split", "validation"], "is a single file, so it has no split 'validation'"),
     ("prompt past the position limit", ["--prompt", LONG], "its prompt without the context has"),
     ("context past the position limit", ["--context-text", LONG], "its prompt with the context has"),
+    ("a huge prompt, refused untokenised", ["--prompt", "word " * 40_000], "its prompt without the context holds "
+     "200,000 bytes of text, so at least"),
     ("output-dir is a file", ["--output-dir", "FILE"], "is a file, not a folder"),
     ("output-dir cannot be created", ["--output-dir", str(READ_ONLY / "out")], "Cannot create the output folder"),
     pytest.param("device cuda without CUDA", ["--device", "cuda"], "--device cuda asks for a CUDA GPU, and torch sees "
@@ -75,7 +77,7 @@ def test_bad_eval_input_is_one_line_before_any_model_loads(
     short_model, tmp_path, capsys, no_model_loads, case, extra, expected
 ):
     extra = list(extra)
-    prompt = LONG if "--prompt" in extra else "Which answer? (A) yes (B) no"
+    prompt = extra[extra.index("--prompt") + 1] if "--prompt" in extra else "Which answer? (A) yes (B) no"
     if "--prompt" in extra:
         del extra[extra.index("--prompt") : extra.index("--prompt") + 2]
     out = tmp_path / "out"
@@ -119,22 +121,44 @@ def test_a_scorer_with_the_wrong_signature_is_refused(short_model, tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("case", ["a tokenizer without a chat template", "a tokenizer larger than the embeddings"])
-def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tmp_path, capsys, no_model_loads, case):
-    model = Path(save_tiny_model(tmp_path / "model"))
+def _break_model(model: Path, case: str) -> None:
+    """The model folder with the fault of `case`."""
     if case == "a tokenizer without a chat template":
         for name in ("chat_template.jinja", "chat_template.json"):
             (model / name).unlink(missing_ok=True)
         settings = json.loads((model / "tokenizer_config.json").read_text())
         settings.pop("chat_template", None)
         (model / "tokenizer_config.json").write_text(json.dumps(settings))
-        expected = "has no chat template, so the prompts with and without the context cannot be rendered"
-    else:
+    elif case == "a tokenizer larger than the embeddings":
         config = json.loads((model / "config.json").read_text())
         config["vocab_size"] = 64  # fewer embedding rows than the tokenizer's ids
         (model / "config.json").write_text(json.dumps(config))
-        expected = "has 64 embedding rows (vocab_size): the tokenizer (320 tokens) is not the model's"
+    elif case == "a truncated model.safetensors":
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100_000])  # an interrupted download
+    elif case == "a shard index naming a missing shard":
+        shards = {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}
+        (model / "model.safetensors.index.json").write_text(json.dumps(shards))
+
+
+# (case, the expected line's text): a model folder that cannot be evaluated, reported before any model loads
+MODEL_CASES = [
+    ("a tokenizer without a chat template", "has no chat template, so the prompts with and without the context "
+     "cannot be rendered"),
+    ("a tokenizer larger than the embeddings", "has 64 embedding rows (vocab_size): the tokenizer (320 tokens) is not "
+     "the model's"),
+    ("a truncated model.safetensors", "Model 'model': the weights file {model}/model.safetensors is cut short: it "
+     "holds 100,000 bytes, but its header describes"),
+    ("a shard index naming a missing shard", "names 1 shard(s) that are not in {model} "
+     "(model-00002-of-00002.safetensors). Download or copy the model again"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, expected", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
+def test_a_model_folder_that_cannot_be_evaluated_is_refused(tmp_path, capsys, no_model_loads, case, expected):
+    model = Path(save_tiny_model(tmp_path / "model"))
+    _break_model(model, case)
     line = one_line(["eval", "--model", str(model), "--dataset", items(tmp_path), "--context-text", "c",
                      "--output-dir", str(tmp_path / "out")], capsys)  # fmt: skip
-    assert expected in line, line
+    assert expected.format(model=model) in line, line
     assert not (tmp_path / "out").exists()

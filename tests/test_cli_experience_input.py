@@ -1,5 +1,6 @@
 """`trl-nca experience` on bad input (issue 35): each probe is one case of the table, with the one line it must
-print, and no model is loaded before it. `--output` is checked before the rounds, not when the text is written."""
+print, and no model is loaded before it. `--output` is checked before the rounds, not when the text is written, and a
+second run writing the same output meanwhile is refused, never mixed."""
 
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 
 import trl_nca.eval.loading
 from trl_nca.cli import main as cli_main
+from trl_nca.inputs import output_file_lock
 from trl_nca.testing import one_error_line
 
 
@@ -22,21 +24,38 @@ def no_model_loads(monkeypatch):
     monkeypatch.setattr(trl_nca.eval.loading, "load_model", refused)
 
 
-# (case, --output, the expected line's text)
+# (case, --output, the expected line's text, its fix)
 CASES = [
-    ("output is a folder", "FOLDER", "--output '{out}' is a folder; give the path of a file to write"),
-    ("output folder cannot be created", "/sys/trl-nca-test/lessons.txt", "cannot be written: "),
-    ("output folder is read-only", "/sys/kernel/trl-nca-lessons.txt", "cannot be written: "),
-]
+    ("output is a folder", "FOLDER", "--output '{out}' is a folder", "give the path of a file to write"),
+    ("output folder cannot be created", "/sys/trl-nca-test/lessons.txt", "cannot be written: ", "in a folder you can "
+     "write to"),
+    ("output folder is read-only", "/sys/kernel/trl-nca-lessons.txt", "cannot be written: ", "in a folder you can "
+     "write to"),
+    ("output written by another run", "LOCKED", "{out} is being written by another trl-nca run (pid", "Wait for it "
+     "to end, or give another --output."),
+    ("output is the JSON history's name", "lessons.json", "ends in .json, the name of the JSON history written next to "
+     "the text", "Give the text file another suffix"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("case, output, expected", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case, output, expected, fix", CASES, ids=[c[0] for c in CASES])
 def test_bad_experience_output_is_one_line_before_the_rounds(
-    tiny_dir, tmp_path, capsys, no_model_loads, case, output, expected
+    tiny_dir, tmp_path, capsys, no_model_loads, case, output, expected, fix
 ):
-    out = tmp_path / "lessons" if output == "FOLDER" else Path(output)
+    out = (
+        Path(output)
+        if output.startswith("/")
+        else tmp_path / {"FOLDER": "lessons", "LOCKED": "lessons.txt"}.get(output, output)
+    )
     if output == "FOLDER":
         out.mkdir()
-    line = one_line(["experience", "--model", tiny_dir, "--game", "frozenlake", "--output", str(out)], capsys)
-    assert line.startswith("trl-nca experience: error: ") and expected.format(out=out) in line, line
-    assert "in a folder you can write to" in line or "give the path of a file" in line
+    argv = ["experience", "--model", tiny_dir, "--game", "frozenlake", "--output", str(out)]
+    if output == "LOCKED":
+        with output_file_lock(out, "trl-nca experience --seed 1", "--output"):
+            line = one_line(argv, capsys)
+        assert "trl-nca experience --seed 1" in line, line
+    else:
+        line = one_line(argv, capsys)
+    assert line.startswith("trl-nca experience: error: ") and expected.format(out=out) in line and fix in line, line
+    if not output.startswith("/") and output != "FOLDER":
+        assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, no lock left behind

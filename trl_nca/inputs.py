@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -318,6 +318,61 @@ def load_dataset_any(name: str, split: str, config: str | None = None):
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# Weights files
+
+MAX_SAFETENSORS_HEADER = 100_000_000  # bytes; safetensors itself refuses larger headers
+
+
+def check_weight_files(folder: str | os.PathLike, what: str) -> None:
+    """The safetensors files of a local model or adapter `folder` (what `save_pretrained` writes), checked whole
+    before any weights load: each file must hold the bytes its header describes, and a shard index must name only
+    shards that exist. Reads the headers only. A cut file (an interrupted download or copy, a full disk) is an
+    `InputError` naming `what` (e.g. "Model 'base'"), the file and the fix; a name that is no local folder passes."""
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        return
+    fix = "Download or copy the model again (or save it again with save_pretrained)."
+    for index in sorted(folder.glob("*.safetensors.index.json")):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError) as error:
+            raise InputError(f"{what}: the shard index {index} cannot be read ({error}). {fix}") from None
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            raise InputError(
+                f"{what}: the shard index {index} names {len(missing)} shard(s) that are not in {folder} "
+                f"({', '.join(missing[:3])}). {fix}"
+            )
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem is not None:
+            raise InputError(f"{what}: the weights file {path} {problem} (an interrupted download or copy, or a full "
+                             f"disk). {fix}")  # fmt: skip
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's layout (an 8-byte little-endian header size, a JSON header of that
+    size, then the tensors' bytes at the header's `data_offsets`), or None when its size is the one described."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        start = handle.read(8)
+        if len(start) < 8:
+            return f"is cut short: it holds {size} bytes, less than a header"
+        length = int.from_bytes(start, "little")
+        if length > MAX_SAFETENSORS_HEADER or 8 + length > size:
+            return f"is cut short: it holds {size:,} bytes, less than its {length:,}-byte header"
+        try:
+            header = json.loads(handle.read(length))
+            ends = [int(entry["data_offsets"][1]) for key, entry in header.items() if key != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "has a garbled header"
+    expected = 8 + length + max(ends, default=0)
+    if size < expected:
+        return f"is cut short: it holds {size:,} bytes, but its header describes {expected:,}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Writing outputs whole
 
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -411,8 +466,6 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
     call created it and it is still empty (a run refused by a later check leaves nothing behind). `option` is how the
     command names the folder in its messages (`--output-dir` for eval and analyze).
     """
-    import fcntl
-
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"{option} {str(folder)!r} is a file, not a folder; give a folder path (new or existing).")
@@ -424,7 +477,46 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
             f"Cannot create the output folder {str(folder)!r}: {error.strerror or error}. Give a folder in a place "
             "you can write to."
         ) from None
-    path = folder / LOCK_FILE
+
+    def in_use(holder: str) -> FolderInUseError:
+        return FolderInUseError(
+            f"{folder} is in use by another trl-nca run ({holder}); one run writes into a folder at a time. Wait for "
+            "it to end, or give another output_dir."
+        )
+
+    try:
+        with _held_lock(folder / LOCK_FILE, folder, command, in_use) as path:
+            yield path
+    finally:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+
+
+@contextlib.contextmanager
+def output_file_lock(path: str | os.PathLike, command: str, option: str) -> Iterator[Path]:
+    """Hold the lock of the output file `path` for as long as the block runs: one writer per output file (for a
+    command whose output is a file, like `trl-nca experience --output`). `path` is checked first
+    (`check_output_file`); the lock is `output_folder_lock`'s, on `.NAME.trl-nca.lock` next to the file, so other
+    files of the same folder stay free. Yields the checked path."""
+    path = check_output_file(path, option)
+
+    def in_use(holder: str) -> FolderInUseError:
+        return FolderInUseError(
+            f"{path} is being written by another trl-nca run ({holder}); one run writes a file at a time. Wait for "
+            f"it to end, or give another {option}."
+        )
+
+    with _held_lock(path.with_name(f".{path.name}{LOCK_FILE}"), path.parent, command, in_use):
+        yield path
+
+
+@contextlib.contextmanager
+def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], FolderInUseError]) -> Iterator[Path]:
+    """The OS lock (`fcntl.flock`) on the file `path` in `folder`, taken at once or refused with `FolderInUseError`
+    (the error `in_use(holder)`); the file is removed when the block ends."""
+    import fcntl
+
     while True:
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -439,10 +531,7 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise FolderInUseError(
-                f"{folder} is in use by another trl-nca run ({_lock_holder(path)}); one run writes into a folder at a "
-                "time. Wait for it to end, or give another output_dir."
-            ) from None
+            raise in_use(_lock_holder(path)) from None
         try:  # the holder before us may have removed the file between our open and our lock: lock the file now there
             same = os.fstat(descriptor).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -458,9 +547,6 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         os.close(descriptor)
-        if created:
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only when empty
 
 
 def check_output_file(path: str | os.PathLike, option: str) -> Path:

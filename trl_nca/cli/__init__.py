@@ -448,13 +448,10 @@ def compare(argv: list[str] | None = None) -> dict:
 def experience(argv: list[str] | None = None) -> int:
     """`trl-nca experience`: extract a game experience text from a model's own games (`trl_nca.envs.experience`);
     writes the text and a JSON history of the rounds. Every setting is checked before the model is loaded."""
-    import json
-
-    from ..core.sampling import HFBackend, generate_fn
     from ..envs import game_generation_settings
-    from ..envs.experience import build_parser, check_options, extract_experience, load_experience, parse_items
+    from ..envs.experience import build_parser, check_options
     from ..eval import loading
-    from ..inputs import check_output_file, write_text_atomic
+    from ..inputs import check_output_file, output_file_lock
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -463,8 +460,16 @@ def experience(argv: list[str] | None = None) -> int:
             if getattr(args, name) < 1:
                 parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
         output = check_output_file(args.output, "--output")  # written after the rounds: checked before them
-        check_output_file(output.with_suffix(".json"), "--output (its JSON history)")
+        history = output.with_suffix(".json")
+        if history == output:
+            raise InputError(
+                f"--output {args.output!r} ends in .json, the name of the JSON history written next to the text, so "
+                "one would overwrite the other. Give the text file another suffix, e.g. "
+                f"{output.with_suffix('.txt')}."
+            )
+        check_output_file(history, "--output (its JSON history)")
         env_kwargs = check_options(args.game_option, args.game, args.max_calls)
+        loading.check_weights(loading.resolve_model_path(args.model), args.adapter, f"--model {args.model!r}")
         settings = game_generation_settings(
             temperature=args.temperature,
             top_p=args.top_p,
@@ -473,12 +478,28 @@ def experience(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             seed=args.seed,
         )
-        model = loading.load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
-        tokenizer = loading.load_tokenizer(args.tokenizer or args.model)
     except ValueError as error:  # InputError (EvalInputError) included
         parser.error(str(error))
+    with output_file_lock(output, "trl-nca experience", "--output"):  # one writer of the text and its history
+        try:
+            model = loading.load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
+            tokenizer = loading.load_tokenizer(args.tokenizer or args.model)
+        except ValueError as error:
+            parser.error(str(error))
+        result = _extract(args, model, tokenizer, settings, env_kwargs)
+        write_text_atomic(history, json.dumps(result.to_dict(), indent=2) + "\n")
+        write_text_atomic(output, (result.text or "") + "\n")
+    print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
+    return 0
+
+
+def _extract(args, model, tokenizer, settings, env_kwargs):
+    """The rounds of `trl-nca experience` (`trl_nca.envs.experience.extract_experience`) with the parsed options."""
+    from ..core.sampling import HFBackend, generate_fn
+    from ..envs.experience import extract_experience, load_experience, parse_items
+
     initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
-    result = extract_experience(
+    return extract_experience(
         generate_fn(HFBackend(model, tokenizer), settings),
         tokenizer,
         args.game,
@@ -492,10 +513,6 @@ def experience(argv: list[str] | None = None) -> int:
         env_kwargs=env_kwargs,
         sampling_seed=args.seed,
     )
-    write_text_atomic(output, (result.text or "") + "\n")
-    write_text_atomic(output.with_suffix(".json"), json.dumps(result.to_dict(), indent=2) + "\n")
-    print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
-    return 0
 
 
 def _name_cpu_for_deepspeed() -> None:

@@ -244,6 +244,17 @@ def _check_options(args) -> None:
         raise AnalysisInputError(f"--temperature must be > 0 (it divides the logits), got {args.temperature}.")
     if not 0 <= args.beta <= 1:
         raise AnalysisInputError(f"--beta must be within [0, 1], got {args.beta}.")
+    placement = args.placement or "system"
+    if placement == "system" and args.template is not None:
+        raise AnalysisInputError(
+            "--template joins the context and the prompt in the user turn, so it applies only with --placement user; "
+            "with --placement system (the default) it would be ignored. Add --placement user, or drop --template."
+        )
+    if placement == "user" and args.separator is not None:
+        raise AnalysisInputError(
+            "--separator joins the context and a system message, so it applies only with --placement system; with "
+            "--placement user it would be ignored. Drop --separator, or use --template to join context and prompt."
+        )
     loading.check_device(args.device)
 
 

@@ -272,7 +272,9 @@ def check_position_limits(plan: EvalPlan, args) -> None:
                 "the context cannot be rendered as chats. Evaluate an instruct model, or give --tokenizer one that has "
                 "a chat template (e.g. the instruct version's)."
             )
-        for item in plan.task.items(tokenizer):
+        if limit:  # a prompt far past the limit is refused without tokenising it (20 MB take minutes)
+            _check_text_sizes(plan.task, tokenizer, limit, budget, spec)
+        for item in plan.task.items(tokenizer, cache=False):  # the evaluation loads its own tokenizer
             for view, ids in (("without", item.prompt_ids_x), ("with", item.prompt_ids_xc)):
                 if rows and ids and max(ids) >= rows:
                     raise EvalInputError(
@@ -287,6 +289,24 @@ def check_position_limits(plan: EvalPlan, args) -> None:
                         f"({spec.path}, max_position_embeddings). Lower --max-new-tokens, shorten the prompt or the "
                         "context, or leave such items out of the dataset; prompts are never truncated."
                     )
+
+
+def _check_text_sizes(task: PairedEvaluator, tokenizer, limit: int, budget: int, spec: ModelSpec) -> None:
+    """Refuse an item whose text alone proves its prompt too long: no token of `tokenizer` holds more than
+    `most` UTF-8 bytes (the longest entry of its vocabulary), so a text of n bytes is at least n / most tokens (a
+    normalizer that deletes text could make it fewer; none of the chat models' tokenizers deletes text)."""
+    most = max((len(token.encode("utf-8")) for token in tokenizer.get_vocab()), default=1)
+    for item_id, *sizes in task.text_sizes():
+        for view, size in zip(("without", "with"), sizes, strict=True):
+            least = -(-size // most)
+            if least + budget > limit:
+                raise EvalInputError(
+                    f"Item {item_id!r}: its prompt {view} the context holds {size:,} bytes of text, so at least "
+                    f"{least:,} tokens (no token of the tokenizer holds more than {most} bytes), which with "
+                    f"--max-new-tokens {budget} exceeds the {limit} positions of the model {spec.name} ({spec.path}, "
+                    "max_position_embeddings). Shorten the prompt or the context, or leave such items out of the "
+                    "dataset; prompts are never truncated."
+                )
 
 
 def plan_eval(args: argparse.Namespace) -> EvalPlan:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..core.views import ContextSpec
-from ..inputs import BUILTIN_CONTEXTS, read_context
+from ..inputs import BUILTIN_CONTEXTS, InputError, check_weight_files, read_context
 from .errors import EvalInputError
 
 
@@ -179,14 +179,26 @@ def _check_unique_names(specs: Sequence[ModelSpec]) -> None:
 
 def resolve_model_specs(specs: Sequence[ModelSpec]) -> list[ModelSpec]:
     """The specs with each PATH resolved by `trl_nca.models.names.resolve_model_name_or_path` ('embedded', 'organism',
-    missing folders, Hub ids while offline) and each adapter checked, before any model is loaded."""
+    missing folders, Hub ids while offline) and each adapter checked, before any model is loaded; the weights files
+    of local folders must be whole (`check_weights`)."""
     resolved = []
     for spec in specs:
         path = resolve_model_path(spec.path, f"Model {spec.name!r}:")
         if spec.adapter is not None:
             check_adapter(spec.adapter)
+        check_weights(path, spec.adapter, f"Model {spec.name!r}")
         resolved.append(dataclasses.replace(spec, path=path))
     return resolved
+
+
+def check_weights(path: str, adapter: str | None = None, what: str = "Model") -> None:
+    """`trl_nca.inputs.check_weight_files` on a model folder and its adapter folder, raising `EvalInputError`."""
+    try:
+        check_weight_files(path, what)
+        if adapter is not None:
+            check_weight_files(adapter, f"{what}'s adapter")
+    except InputError as error:
+        raise EvalInputError(str(error)) from None
 
 
 def resolve_model_path(name: str, what: str = "Model") -> str:
@@ -247,9 +259,11 @@ def _load_weights(model: str, dtype: str, device: str | None, trust_remote_code:
 
     model = resolve_model_path(model, "Model")
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
+    from safetensors import SafetensorError
+
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as error:  # ValueError: an id the Hub client rejects as malformed
+    except (OSError, ValueError, SafetensorError) as error:  # ValueError: an id the Hub client rejects as malformed
         raise EvalInputError(
             f"Model {model!r} could not be loaded ({_first_line(error)}). Give a local folder that holds a "
             "config.json and the weights (what `save_pretrained` writes), or a Hub id that is reachable or cached."

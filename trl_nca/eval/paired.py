@@ -212,9 +212,23 @@ class PairedEvaluator:
         messages, _ = split_example(example, where)
         return messages
 
-    def items(self, tokenizer) -> list[EvalItem]:
-        """The prepared items for `tokenizer` (built once per tokenizer)."""
-        if self._items is not None and self._tokenizer_id == id(tokenizer):
+    def text_sizes(self) -> list[tuple[str, int, int]]:
+        """Each item's id and the UTF-8 bytes of its messages' text without and with the context, read without a
+        tokenizer (a bound on the token counts before any prompt is tokenised: `trl-nca eval`'s position check)."""
+        sizes = []
+        for index, row in enumerate(self.rows):
+            messages = self._prompt_messages(row)
+            with_context = add_context(messages, self.context.context_of(row, index), self.context)
+            x, xc = (
+                sum(len(str(m.get("content", "")).encode("utf-8")) for m in view) for view in (messages, with_context)
+            )
+            sizes.append((self.item_id(row, index), x, xc))
+        return sizes
+
+    def items(self, tokenizer, cache: bool = True) -> list[EvalItem]:
+        """The prepared items for `tokenizer` (built once per tokenizer; `cache=False` builds them without keeping
+        them, for a check with a tokenizer the evaluation will not use)."""
+        if cache and self._items is not None and self._tokenizer_id == id(tokenizer):
             return self._items
         items = []
         for index, row in enumerate(self.rows):
@@ -234,7 +248,8 @@ class PairedEvaluator:
             )
             item.fingerprint = item_fingerprint(item)
             items.append(item)
-        self._items, self._tokenizer_id = items, id(tokenizer)
+        if cache:
+            self._items, self._tokenizer_id = items, id(tokenizer)
         return items
 
     def context_sha256(self) -> str:

@@ -71,6 +71,7 @@ from .compare_plan import (
     run_config,
     training_settings,
 )
+from .budgets import check_token_budgets
 from .compare_report import _report, _write_plan
 from .compare_students import CURVE_KEYS, _evaluate_student, _students_in_workers, compact_history, train_run
 from .statistics import SUMMARY_KEYS, aggregate, conclusion, render_table, table_legend
@@ -143,6 +144,7 @@ class CompareRecipe:
         runs = _planned_runs(self.args, self.config, task, methods, root, settings["student"])
         _check_output_folder(root, settings, runs, len(test_rows))
         model_paths = self._setup_model_paths(task, model_name, root, settings)
+        self._setup_budgets(task, methods, root, train_rows, evaluator, model_paths)
         return Plan(self.args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config,
                     list(train_rows), list(test_rows), evaluator, settings, runs)  # fmt: skip
 
@@ -221,6 +223,12 @@ class CompareRecipe:
         settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
         _check_model_paths(root / "settings.json", settings["model_paths"])
         return model_paths
+
+    def _setup_budgets(self, task, methods, root: Path, train_rows, evaluator, model_paths) -> None:
+        """Every training row fits each method's token budget and every evaluated item the reply budget, with each
+        model's tokenizer, before any model loads (`budgets.check_token_budgets`)."""
+        configs = {m.name: run_config(self.config, task, m, 0, root, False) for m in methods}
+        check_token_budgets(configs, train_rows, evaluator, model_paths)
 
     @staticmethod
     def run(plan: Plan) -> dict[str, Any]:
