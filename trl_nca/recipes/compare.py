@@ -35,6 +35,7 @@ from typing import Any
 from ..inputs import sha256_text
 from ..tasks import BuiltinTask, get_task, task_names
 from ..trainers.script_options import check_dtype
+from .budgets import check_token_budgets
 from .compare_args import (
     MAX_SEED,
     METHOD_NAME,
@@ -71,7 +72,6 @@ from .compare_plan import (
     run_config,
     training_settings,
 )
-from .budgets import check_token_budgets
 from .compare_report import _report, _write_plan
 from .compare_students import CURVE_KEYS, _evaluate_student, _students_in_workers, compact_history, train_run
 from .statistics import SUMMARY_KEYS, aggregate, conclusion, render_table, table_legend
