@@ -103,7 +103,9 @@ def test_the_estimate_is_logged_after_the_first_call(tok, model, caplog):
         evaluator(2, batch_size=4).run(model, tok, progress=False)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Paired evaluation:")]
     # 7 items, 2 per chunk (batch 4 // k 2): 4 chunks of one call per view
-    assert "7 items x 2 views x 2 sample(s) = 28 replies of at most 7 new tokens, in 4 chunks of 2 generate calls" in line
+    assert (
+        "7 items x 2 views x 2 sample(s) = 28 replies of at most 7 new tokens, in 4 chunks of 2 generate calls" in line
+    )
     assert "in all" in line
 
 
