@@ -10,7 +10,7 @@ and student are then evaluated on the 128 held-out lakes, each played once witho
         --eval_seeds 8 --max_new_tokens 64 --eval_max_new_tokens 64 --max_length 4096
 
 The options that matter: `--config` (a YAML file of any options below), `--model_name_or_path` (default `embedded`,
-the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor weight; 0 is plain OPD), `--max_steps`, `--output_dir`
+the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor's upper bound; 0 is plain OPD), `--max_steps`, `--output_dir`
 (default `outputs/frozenlake-nca`; the report goes to its `paired_eval/`), `--game_options` (the lakes), `--experience_file`,
 `--eval_seeds` (held-out maps), `--use_peft` with `--lora_r` (a LoRA student), `--skip_eval`.
 Every other option below is a field of `NCAConfig` (TRL's `GKDConfig` and `TrainingArguments`, docs/configuration.md)

@@ -7,7 +7,7 @@ Anatomy, Surgery, Pediatrics (the Hub's validation split, since test labels are 
     python examples/medmcqa.py --model_name_or_path embedded --max_steps 4 --train_limit 64 --eval_limit 32
 
 The options that matter: `--config` (a YAML file of any options below), `--model_name_or_path` (default `embedded`,
-the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor weight; 0 is plain OPD), `--max_steps`, `--output_dir`
+the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor's upper bound; 0 is plain OPD), `--max_steps`, `--output_dir`
 (default `outputs/medmcqa-nca`; the report goes to its `paired_eval/`), `--dataset_path` (a local file instead of
 the Hub), `--train_limit` and `--eval_limit`, `--use_peft` with `--lora_r` (a LoRA student), `--skip_eval`.
 Every other option below is a field of `NCAConfig` (TRL's `GKDConfig` and `TrainingArguments`, docs/configuration.md)

@@ -7,7 +7,7 @@ yes/no answer; train tasks LIAR, HateCheck, TweetEval offensive, sarcasm; test E
     accelerate launch examples/safety.py --config examples/configs/safety.yaml
 
 The options that matter: `--config` (a YAML file of any options below), `--model_name_or_path` (default `embedded`,
-the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor weight; 0 is plain OPD), `--max_steps`, `--output_dir`
+the packaged SmolLM2-135M-Instruct), `--nca_beta` (the anchor's upper bound; 0 is plain OPD), `--max_steps`, `--output_dir`
 (default `outputs/safety-nca`; the report goes to its `paired_eval/`), `--dataset_path` (a local file instead of
 the Hub), `--train_limit` and `--eval_limit`, `--use_peft` with `--lora_r` (a LoRA student), `--skip_eval`.
 Every other option below is a field of `NCAConfig` (TRL's `GKDConfig` and `TrainingArguments`, docs/configuration.md)
