@@ -51,7 +51,7 @@ def main(out: str, per_device: int, grad_accum: int, reentrant: bool):
     ds = Dataset.from_dict({"messages": rows, "context": ["Be brief and precise."] * 4})
     args = NCAConfig(
         output_dir=out, max_steps=1, per_device_train_batch_size=per_device, gradient_accumulation_steps=grad_accum,
-        lmbda=0.0, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False,
+        lmbda=0.0, nca_beta_schedule="constant", optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False,
         use_cpu=True, report_to=[], save_strategy="no", max_new_tokens=4, seed=0, logging_steps=1,
         dataloader_drop_last=False, gradient_checkpointing=reentrant,
         gradient_checkpointing_kwargs={"use_reentrant": True} if reentrant else None,

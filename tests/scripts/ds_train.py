@@ -110,6 +110,7 @@ def main():
     args = config_class(
         output_dir=opts.out, max_steps=opts.steps, per_device_train_batch_size=opts.per_device,
         gradient_accumulation_steps=opts.grad_accum, optim="sgd",
+        nca_beta_schedule="constant",  # the NCA term weighed from the first step: the steps are compared with it on
         gradient_checkpointing=not opts.no_checkpointing,
         gradient_checkpointing_kwargs=None if opts.reentrant == "unset" else {"use_reentrant": opts.reentrant == "true"},
         nca_joint_forward=None if opts.joint_forward == "auto" else opts.joint_forward == "true",
