@@ -42,11 +42,16 @@ ADAPTIVE_MIN = 0.05
 ADAPTIVE_TARGET = 1.1
 ADAPTIVE_STEP_LIMIT = 0.2  # the largest relative change of one update (before dividing by the horizon)
 STATE_FILE = "nca_schedule.json"
-# The config fields a schedule reads (`schedule_from_config`), besides `nca_beta`.
-SCHEDULE_FIELDS = (
-    "nca_beta_schedule", "nca_warmup_steps", "nca_adaptive_init", "nca_adaptive_min", "nca_adaptive_target",
-    "nca_adaptive_horizon",
-)  # fmt: skip
+# The config fields a schedule reads (`schedule_from_config`), besides `nca_beta`, and the schedules that read each.
+SCHEDULE_READS = {
+    "nca_beta_schedule": SCHEDULES,
+    "nca_warmup_steps": ("warmup",),
+    "nca_adaptive_init": ("adaptive",),
+    "nca_adaptive_min": ("adaptive",),
+    "nca_adaptive_target": ("adaptive",),
+    "nca_adaptive_horizon": ("adaptive",),
+}
+SCHEDULE_FIELDS = tuple(SCHEDULE_READS)
 
 
 @dataclass

@@ -17,19 +17,8 @@ from importlib import resources
 from typing import Any
 
 from ..core.checks import format_pct
+from ..core.schedule import SCHEDULE_READS
 from .ranges import canonical, json_default, matching_settings
-
-
-# The config fields an anchor schedule reads besides `nca_beta` (`trl_nca.core.schedule.SCHEDULE_FIELDS`), and which
-# of them each schedule reads.
-_SCHEDULE_READS = {
-    "nca_beta_schedule": ("constant", "warmup", "adaptive"),
-    "nca_warmup_steps": ("warmup",),
-    "nca_adaptive_init": ("adaptive",),
-    "nca_adaptive_min": ("adaptive",),
-    "nca_adaptive_target": ("adaptive",),
-    "nca_adaptive_horizon": ("adaptive",),
-}
 
 
 def _match(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,7 +35,7 @@ def method_settings(summary: Mapping[str, Any], method: str) -> dict[str, Any]:
     whichever defaults it was written against: the README's `nca` under the gated default is section 10's `gated`."""
     settings = {**canonical(summary["settings"]["training"]), **summary["methods"][method]}
     kind = None if settings.get("nca_beta") == 0 else settings.get("nca_beta_schedule")
-    return {k: v for k, v in settings.items() if k not in _SCHEDULE_READS or kind in _SCHEDULE_READS[k]}
+    return {k: v for k, v in settings.items() if k not in SCHEDULE_READS or kind in SCHEDULE_READS[k]}
 
 
 def _fingerprint(settings: Mapping[str, Any]) -> str:
