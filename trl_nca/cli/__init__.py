@@ -464,8 +464,11 @@ def _compare_slices(compare_args, plan) -> dict:
         raise CommandLineError(str(error)) from error
     missing = slices.missing_units(plan, compare_args.slices_dir)
     print(f"Slice {compare_args.slice} written: {path}")
-    print(f"Units still without a slice: {', '.join(missing)}" if missing else
-          f"Every unit has its slice: build the tables with --from_slices --slices_dir {compare_args.slices_dir}")
+    print(
+        f"Units still without a slice: {', '.join(missing)}"
+        if missing
+        else f"Every unit has its slice: build the tables with --from_slices --slices_dir {compare_args.slices_dir}"
+    )
     return json.loads(path.read_text())
 
 
