@@ -137,6 +137,12 @@ CASES = [
      "number > 0 (with max_steps=-1 the epochs set the run's length; <= 0 would train 0 steps), got the float -1.0"),
     ("negative learning rate", ["--learning_rate=-0.001"], "learning_rate must be a finite number >= 0"),
     ("output_dir cannot be created", ["--output_dir", str(READ_ONLY / "out")], "Cannot create the output folder"),
+    ("prompt past the position limit", ["--dataset_name", "LONG"], "In row 0, the prompt without context has"),
+    ("context past the position limit", ["--context_text", " ".join(["rule"] * 5000)], "In row 0, the context view "
+     "is too long"),
+    ("context past max_context_length", ["--max_context_length", "50"], "In row 0, the context view is too long"),
+    ("a huge prompt, refused untokenised", ["--dataset_name", "HUGE"], "Row 0 of the train dataset: its prompt "
+     "without the context holds 200,000 bytes of text, so at least"),
 ]  # fmt: skip
 
 
@@ -148,8 +154,10 @@ def test_bad_train_input_is_one_line_before_any_model_loads(
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     files = {
         "FOLDER": str(tmp_path), "BAD_YAML": tmp_path / "bad.yaml", "NOT_UTF8": tmp_path / "latin1.yaml",
-        "MIXED": tmp_path / "mixed.jsonl",
+        "MIXED": tmp_path / "mixed.jsonl", "LONG": tmp_path / "long.jsonl", "HUGE": tmp_path / "huge.jsonl",
     }  # fmt: skip
+    for name, prompt in (("LONG", " ".join(["rule"] * 5000)), ("HUGE", "word " * 40_000)):  # 4096 positions
+        files[name].write_text("".join(json.dumps(row) + "\n" for row in [{"prompt": prompt}, *ROWS]))
     files["BAD_YAML"].write_text("max_steps: 1\nlora_target_modules: [q_proj, v_proj\n")
     files["NOT_UTF8"].write_bytes("max_steps: 1\nrun_name: caf\u00e9\n".encode("latin-1"))
     files["MIXED"].write_text(
