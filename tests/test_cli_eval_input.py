@@ -65,6 +65,8 @@ CASES = [
     ("split of a local file", ["--split", "validation"], "is a single file, so it has no split 'validation'"),
     ("prompt past the position limit", ["--prompt", LONG], "its prompt without the context has"),
     ("context past the position limit", ["--context-text", LONG], "its prompt with the context has"),
+    ("an unreachable max-new-tokens", ["--max-new-tokens", "1000000000"], "--max-new-tokens 1000000000 leaves no "
+     "room for a prompt in the"),
     ("a huge prompt, refused untokenised", ["--prompt", "word " * 40_000], "its prompt without the context holds "
      "200,000 bytes of text, so at least"),
     ("output-dir is a file", ["--output-dir", "FILE"], "is a file, not a folder"),

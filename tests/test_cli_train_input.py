@@ -141,6 +141,8 @@ CASES = [
     ("context past the position limit", ["--context_text", " ".join(["rule"] * 5000)], "In row 0, the context view "
      "is too long"),
     ("context past max_context_length", ["--max_context_length", "50"], "In row 0, the context view is too long"),
+    ("an unreachable max_new_tokens", ["--max_new_tokens", "1000000000"], "max_new_tokens 1000000000 leaves no room "
+     "for a prompt in the 4096 positions of the model"),
     ("a huge prompt, refused untokenised", ["--dataset_name", "HUGE"], "Row 0 of the train dataset: its prompt "
      "without the context holds 200,000 bytes of text, so at least"),
 ]  # fmt: skip

@@ -199,6 +199,8 @@ def check_text_sizes(sizes, tokenizer, limit: int, budget: int, budget_name: str
     `sizes`: (label, bytes without the context[, bytes with it]) per prompt (`text_bytes`); `limit_name`: what the
     `limit` is, e.g. "the 4096 positions of the model M (max_position_embeddings)". Used by `trl-nca eval` and
     `trl-nca train`."""
+    if budget >= limit:  # no prompt fits: the budget is the mistake, whatever the rows hold
+        raise error(f"{budget_name} {budget} leaves no room for a prompt in {limit_name}. Lower {budget_name}.")
     most = max((len(token.encode("utf-8")) for token in tokenizer.get_vocab()), default=1)
     for label, *views in sizes:
         for view, size in zip(("without", "with"), views):
@@ -207,8 +209,8 @@ def check_text_sizes(sizes, tokenizer, limit: int, budget: int, budget_name: str
                 raise error(
                     f"{label}: its prompt {view} the context holds {size:,} bytes of text, so at least {least:,} "
                     f"tokens (no token of the tokenizer holds more than {most} bytes), which with {budget_name} "
-                    f"{budget} exceeds {limit_name}. Shorten the prompt or the context, or leave such items out of "
-                    "the dataset; prompts are never truncated."
+                    f"{budget} exceeds {limit_name}. Shorten the prompt or the context, lower {budget_name}, or leave "
+                    "such items out of the dataset; prompts are never truncated."
                 )
 
 
