@@ -58,6 +58,22 @@ def test_moved_modules_still_import_with_a_warning(old, names):
         module.nothing_here  # noqa: B018
 
 
+@pytest.mark.parametrize(
+    "old,name,home",
+    [
+        ("trl_nca.envs.experience", "build_parser", "trl_nca.cli.experience_command"),
+        ("trl_nca.cli.eval", "json_object_arg", "trl_nca.cli.options"),
+    ],
+)
+def test_moved_names_still_import_with_a_warning(old, name, home):
+    module = importlib.import_module(old)
+    with pytest.warns(FutureWarning, match=rf"{re.escape(old)}\.{name} is deprecated: use {re.escape(home)}\.{name}"):
+        value = getattr(module, name)
+    assert value is getattr(importlib.import_module(home), name)
+    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+        module.nothing_here  # noqa: B018
+
+
 def _states(seed, tokens=5, width=8):
     return torch.randn(tokens, width, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
