@@ -69,6 +69,23 @@ def test_both_commands_name_the_same_model_alike():
     assert triples(evaluated) == triples(analysed) == [("base", "Qwen/Q", None), ("nca", "Qwen/Q", "runs/nca")]
 
 
+def test_every_command_reads_one_model_spec_syntax(tmp_path):
+    """`[NAME=]PATH[:ADAPTER]` in eval as in analyze (`trl_nca.cli.options`); a PATH that exists is never split."""
+    from trl_nca.analysis import parse_model_specs as analyze_specs
+    from trl_nca.cli.eval import parse_model_specs as eval_specs
+
+    assert triples(eval_specs(["base=Qwen/Q", "Qwen/Q:runs/nca"], [])) == triples(
+        analyze_specs(["Qwen/Q", "Qwen/Q:runs/nca"])
+    )
+    folder = tmp_path / "run:1"
+    folder.mkdir()
+    assert (
+        triples(eval_specs([f"x={folder}"], []))
+        == triples(analyze_specs([f"x={folder}"]))
+        == [("x", str(folder), None)]
+    )
+
+
 def test_resolution_checks_every_model_and_adapter_before_loading(tiny_dir, tmp_path, monkeypatch):
     import trl_nca.models.names
 
