@@ -147,3 +147,17 @@ def test_lenient_scorer_reads_options_from_the_row_and_is_reported_next_to_the_o
     from trl_nca.eval.scorers import COMPANION_SCORERS
 
     assert set(COMPANION_SCORERS["mcq"]) == {"mcq_strict", "mcq_lenient"}
+
+
+@pytest.mark.parametrize("name", task_names())
+def test_a_tasks_context_survives_the_config_fields(name, tmp_path):
+    """`trl-nca compare` gives a task's context to the config as its fields (`context_fields`); the config builds it
+    back with `ContextSpec.from_options`, the same spec (a fixed text keeps the config's default column)."""
+    import dataclasses
+
+    from trl_nca.trainers.nca_config import NCAConfig, context_fields
+
+    spec = get_task(name, seed=0).context
+    config = NCAConfig(output_dir=str(tmp_path), report_to="none", **context_fields(spec))
+    expected = spec if spec.text is None else dataclasses.replace(spec, column="context")
+    assert config.context_spec == expected

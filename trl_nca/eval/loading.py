@@ -339,21 +339,16 @@ def context_from_options(
     """The context of the options `--context-column`, `--context-text`, `--context-file` (a UTF-8 file, or a built-in
     context: 'medical', 'safety'), `--placement`, `--template` and `--separator`. A file wins over a text, a text over
     a column; None takes `ContextSpec`'s default (column `context`, system placement, its template and separator)."""
-    defaults = ContextSpec()
-    layout = {
-        "placement": defaults.placement if placement is None else placement,
-        "template": defaults.template if template is None else template,
-        "separator": defaults.separator if separator is None else separator,
-    }
+    layout = {"placement": placement, "template": template, "separator": separator}
     if column is None:
-        column = defaults.column
+        column = ContextSpec().column
     try:
         if file:
             source = f"builtin:{file}" if file in BUILTIN_CONTEXTS else f"file:{Path(file)}"
-            return ContextChoice(ContextSpec(column=None, text=read_context(file), **layout), source)
+            return ContextChoice(ContextSpec.from_options(column=None, text=read_context(file), **layout), source)
         if text is not None:
-            return ContextChoice(ContextSpec(column=None, text=text, **layout), "text")
-        return ContextChoice(ContextSpec(column=column, **layout), f"column:{column}")
+            return ContextChoice(ContextSpec.from_options(column=None, text=text, **layout), "text")
+        return ContextChoice(ContextSpec.from_options(column=column, **layout), f"column:{column}")
     except EvalInputError:
         raise
     except (ValueError, TypeError, OSError) as error:

@@ -602,7 +602,7 @@ def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
         if len(step_seeds) != per_step:
             raise ValueError(f"rollout.seeds({step}) gave {len(step_seeds)} seeds; episodes_per_step is {per_step}.")
         seeds += step_seeds
-    spec = ContextSpec(
+    spec = ContextSpec.from_options(
         column="context", placement=rollout.spec.placement, template=rollout.spec.template,
         separator=rollout.spec.separator,
     )  # fmt: skip
