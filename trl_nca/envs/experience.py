@@ -157,29 +157,13 @@ def extract_experience(
     best_score = validation_win_rate(generate, tokenizer, game, text_of(best_items), val_seeds, **common)
     history: list[dict[str, Any]] = [{"round": 0, "items": list(best_items), "score": best_score, "kept": True}]
     for r in range(1, rounds + 1):
-        envs = [
-            make_env(game, s, max_calls=max_calls, **env_kwargs)
-            for s in training_seeds(episodes_per_round, round=EXTRACTION_ROUND_BASE + r)
-        ]
-        context = text_of(best_items)
-        played = play_episodes(
-            envs, generate, tokenizer, context, default_game_spec(), max_calls, sampling_seed=sampling_seed,
-            seed_prefix=f"extract:{r}:",
-        )  # fmt: skip
-        prompt = SUMMARY_PROMPT.format(
-            n=len(envs),
-            title=TITLES[game],
-            rules=game_rules(envs[0]),
-            games="\n\n".join(describe_episode(env, k) for k, env in enumerate(envs, start=1)),
-            max_new=max_new_items,
+        new_items, train_win_rate = _lessons_of_round(
+            generate, tokenizer, game, r, text_of(best_items), episodes_per_round, max_new_items, common
         )
-        summary_ids = render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
-        reply = check_generated(generate([summary_ids], [item_seed(sampling_seed, f"summary:{r}")]), 1)[0].text
-        new_items = parse_items(reply)[:max_new_items]
         seen = {" ".join(i.lower().split()) for i in best_items}
         candidate = best_items + [i for i in new_items if " ".join(i.lower().split()) not in seen]
         candidate = candidate[:max_items]
-        entry = {"round": r, "train_win_rate": played.stats["win_rate"], "new_items": new_items, "items": candidate}
+        entry = {"round": r, "train_win_rate": train_win_rate, "new_items": new_items, "items": candidate}
         if candidate == best_items:
             entry.update(score=best_score, kept=False)
         else:
@@ -189,6 +173,32 @@ def extract_experience(
                 best_items, best_score = candidate, score
         history.append(entry)
     return ExperienceResult(text=text_of(best_items), items=best_items, score=best_score, history=history)
+
+
+def _lessons_of_round(
+    generate: GenerateFn, tokenizer, game: str, r: int, context: str | None, episodes: int, max_new_items: int, common
+) -> tuple[list[str], float]:
+    """Round `r` of `extract_experience`: play `episodes` training maps with `context`, show the model its games and
+    read its new lessons. Returns the lessons and the round's training win rate."""
+    max_calls, env_kwargs, sampling_seed = common["max_calls"], common["env_kwargs"], common["sampling_seed"]
+    envs = [
+        make_env(game, s, max_calls=max_calls, **env_kwargs)
+        for s in training_seeds(episodes, round=EXTRACTION_ROUND_BASE + r)
+    ]
+    played = play_episodes(
+        envs, generate, tokenizer, context, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+        seed_prefix=f"extract:{r}:",
+    )  # fmt: skip
+    prompt = SUMMARY_PROMPT.format(
+        n=len(envs),
+        title=TITLES[game],
+        rules=game_rules(envs[0]),
+        games="\n\n".join(describe_episode(env, k) for k, env in enumerate(envs, start=1)),
+        max_new=max_new_items,
+    )
+    summary_ids = render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
+    reply = check_generated(generate([summary_ids], [item_seed(sampling_seed, f"summary:{r}")]), 1)[0].text
+    return parse_items(reply)[:max_new_items], played.stats["win_rate"]
 
 
 def check_options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]:
