@@ -39,6 +39,18 @@ def _write_plan(plan: Plan) -> None:
     )  # fmt: skip
 
 
+def _statistics(per_seed, baseline: str) -> dict[str, Any]:
+    """The statistics over runs of the report: each method's distribution, paired against the baseline, and per
+    organism."""
+    return {
+        "keys": list(STAT_KEYS),
+        "baseline": baseline,
+        "distributions": distributions(per_seed, STAT_KEYS),
+        "paired": compare_to_baseline(per_seed, baseline, STAT_KEYS),
+        "organisms": compare_organisms(per_seed, baseline),
+    }
+
+
 def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     """The paired report, the table, the statistics over runs and the figures; returns the summary written to
     `comparison.json`."""
@@ -53,13 +65,7 @@ def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     aggregated = aggregate(per_seed, keys)
     table = render_table(aggregated, per_seed, keys, n_items=len(plan.test_rows)) + "\n\n" + table_legend(keys)
     sentence = conclusion(task.name, aggregated)
-    statistics = {
-        "keys": list(STAT_KEYS),
-        "baseline": plan.baseline,
-        "distributions": distributions(per_seed, STAT_KEYS),
-        "paired": compare_to_baseline(per_seed, plan.baseline, STAT_KEYS),
-        "organisms": compare_organisms(per_seed, plan.baseline),
-    }
+    statistics = _statistics(per_seed, plan.baseline)
     stats_text = render_statistics(statistics, COLUMN_NAMES)
     summary = {
         "task": task.name,
