@@ -349,7 +349,9 @@ def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
     _check_count("workers", args.workers, 1)
     _check_count("organism_limit", args.organism_limit, 1, optional=True)
     if (args.slice is not None or args.from_slices) and not args.slices_dir:
-        raise CompareInputError("`slice` and `from_slices` read and write slice files: give their folder as `slices_dir`.")
+        raise CompareInputError(
+            "`slice` and `from_slices` read and write slice files: give their folder as `slices_dir`."
+        )
     if args.slice is not None and args.from_slices:
         raise CompareInputError(
             "`slice` runs one unit and `from_slices` builds the tables from finished ones: give one of them."

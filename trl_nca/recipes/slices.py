@@ -30,21 +30,8 @@ from typing import Any
 
 from ..inputs import sha256_text, write_text_atomic
 from .compare_args import CompareInputError
-from .compare_eval import Evaluated, _apply_exclusion, _per_seed_rows, diagnostic_rates
+from .compare_eval import Evaluated, _apply_exclusion, diagnostic_rates
 from .compare_plan import Plan, Run, _differences
-from .statistics import (
-    COLUMN_NAMES,
-    STAT_KEYS,
-    SUMMARY_KEYS,
-    aggregate,
-    compare_organisms,
-    compare_to_baseline,
-    conclusion,
-    distributions,
-    render_statistics,
-    render_table,
-    table_legend,
-)
 
 
 SLICE_FORMAT = 1
@@ -77,7 +64,9 @@ def slice_file(slices_dir: str | Path, unit: str) -> Path:
 def _weights_sha256(model_path: str) -> str:
     """sha256 over the weight files of a model folder (names and bytes, in name order)."""
     folder = Path(model_path)
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json"))
+    files = sorted(
+        p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json")
+    )
     if not files:
         raise SliceError(f"{folder} holds no weight files (*.safetensors, *.bin) to fingerprint for the slices.")
     digest = hashlib.sha256()
@@ -114,7 +103,9 @@ def _outcomes(records) -> list[dict[str, Any]]:
     from ..eval.metrics import view_samples
 
     def view(outcome) -> list[list[int]]:
-        return [[int(s.correct), int(s.format_failure), int(s.truncated), int(s.num_tokens)] for s in view_samples(outcome)]
+        return [
+            [int(s.correct), int(s.format_failure), int(s.truncated), int(s.num_tokens)] for s in view_samples(outcome)
+        ]
 
     return [{"id": r.item_id, "x": view(r.x), "xc": view(r.xc)} for r in records]
 
@@ -278,60 +269,24 @@ def _evaluated_from(plan: Plan, slices: Mapping[str, Mapping[str, Any]]) -> Eval
 
 
 def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
-    """The table, the statistics over runs and the reading of the plan, from its slice files alone (`read_slices`);
-    writes `comparison.json` and `comparison.md` to the plan's output folder and returns the summary."""
+    """The table, the statistics over runs, the readings and the figures of the plan, from its slice files alone
+    (`read_slices`); writes `comparison.json` and `comparison.md` to the plan's output folder as a whole run does
+    (`compare_report.summarize`, `write_summary`) and returns the summary."""
+    from .compare_report import summarize, write_summary
+
     slices = read_slices(plan, slices_dir)
     evaluated = _evaluated_from(plan, slices)
     plan = _apply_exclusion(plan, evaluated)
-    ran = {plan.base_name(o) for o in plan.model_paths} | {r.name for r in plan.runs}
-    evaluated.runs = [r for r in evaluated.runs if r.name in ran]
-    diagnostics = {
-        name: slices[unit]["diagnostics"]
-        for unit, name in ({base_unit(o): plan.base_name(o) for o in plan.model_paths}
-                           | {run_unit(r): r.name for r in plan.runs}).items()
-    }  # fmt: skip
-    per_seed = _per_seed_rows(plan.task, evaluated, diagnostics)
-    extra = ("regime", "organism", "seed")
-    keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
-    aggregated = aggregate(per_seed, keys)
-    table = render_table(aggregated, per_seed, keys, n_items=len(plan.test_rows)) + "\n\n" + table_legend(keys)
-    statistics = {
-        "keys": list(STAT_KEYS),
-        "baseline": plan.baseline,
-        "distributions": distributions(per_seed, STAT_KEYS),
-        "paired": compare_to_baseline(per_seed, plan.baseline, STAT_KEYS),
-        "organisms": compare_organisms(per_seed, plan.baseline),
-    }
-    stats_text = render_statistics(statistics, COLUMN_NAMES)
-    sentence = conclusion(plan.task.name, aggregated)
+    names = {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
+    evaluated.runs = [r for r in evaluated.runs if r.name in names.values()]
+    diagnostics = {name: slices[unit]["diagnostics"] for unit, name in names.items()}
     first = next(iter(slices.values()))
-    summary = {
-        "task": plan.task.name,
-        "from_slices": str(slices_dir),
-        "units": list(slices),
-        "machines": {unit: data.get("machine") for unit, data in slices.items()},
-        "settings": first["settings"],
-        "versions": first["versions"],
-        "columns": keys,
-        "aggregated": aggregated,
-        "per_seed": per_seed,
-        "statistics": statistics,
-        "conclusion": sentence,
-        "train_seconds": evaluated.train_seconds,
-        "curves": evaluated.histories,
-        "tracking": evaluated.tracking,
-        "exclusion": evaluated.exclusion,
-    }
-    plan.root.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(plan.root / "comparison.json", json.dumps(summary, indent=2, default=str) + "\n")
-    write_text_atomic(
-        plan.root / "comparison.md",
-        f"# {plan.task.name}: base, OPD and NCA (from the slices in {slices_dir})\n\n{table}\n\n{sentence}\n\n"
-        f"## Statistics over runs\n\n{stats_text}\n",
-    )
-    summary["table"] = table
-    summary["statistics_table"] = stats_text
-    return summary
+    summary = summarize(plan, evaluated, versions=first["versions"], wall_seconds=None, report_path=None,
+                        diagnostics=diagnostics)  # fmt: skip
+    summary["settings"] = first["settings"]  # without the local model paths
+    summary["slices"] = {"folder": str(slices_dir), "machines": {unit: data["machine"] for unit, data in slices.items()},
+                         "wall_seconds": {unit: data["wall_seconds"] for unit, data in slices.items()}}  # fmt: skip
+    return write_summary(plan, summary, heading=f" (from the slices in {slices_dir})")
 
 
 def missing_units(plan: Plan, slices_dir: str | Path) -> list[str]:

@@ -358,7 +358,10 @@ def town_facts(seed: int = 0) -> BuiltinTask:
     facts = town(seed)
     sheet = town_sheet(facts)
     splits = {}
-    for split, forms, leads in (("train", TOWN_TRAIN_FORMS, TOWN_TRAIN_LEADS), ("test", TOWN_TEST_FORMS, TOWN_TEST_LEADS)):
+    for split, forms, leads in (
+        ("train", TOWN_TRAIN_FORMS, TOWN_TRAIN_LEADS),
+        ("test", TOWN_TEST_FORMS, TOWN_TEST_LEADS),
+    ):
         rows = [
             {"id": f"{split}-{attribute}-{k}-{j}", "prompt": (lead + form).format(town=facts["town"]),
              "answer": facts[attribute], "attribute": attribute}
