@@ -17,7 +17,7 @@ from trl_nca.cli import main as cli_main
 from trl_nca.cli import train as cli_train
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs `python -m trl_nca.cli ...` with one addition: the process SIGKILLs itself right after checkpoint `KILL_AT` has
 # been written (the callback runs after Trainer's save), like a job killed by the scheduler.

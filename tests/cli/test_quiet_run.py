@@ -9,7 +9,7 @@ import pytest
 import torch
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # a fresh interpreter

@@ -14,7 +14,7 @@ import pytest
 from trl_nca.cli import main as cli_main
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child_env(**extra):

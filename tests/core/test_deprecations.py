@@ -93,9 +93,10 @@ def test_token_divergences_want_is_terms():
 
 @pytest.fixture(scope="module")
 def trainer(tok, tmp_path_factory):
-    from test_trainer import make_args
+    from trl_nca import NCAConfig
+    from trl_nca.testing import SHORT_RUN, run_args
 
-    args = make_args(tmp_path_factory.mktemp("deprecations"), nca_beta=0.25)
+    args = run_args(NCAConfig, tmp_path_factory.mktemp("deprecations") / "out", SHORT_RUN, nca_beta=0.25)
     return NCATrainer(model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok)
 
 

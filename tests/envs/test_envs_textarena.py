@@ -22,7 +22,7 @@ try:
     from textarena.envs.Sokoban.env import SokobanEnv as TASokoban
 except ImportError as error:
     raise ImportError(
-        "tests/test_envs_textarena.py needs textarena==0.7.4, a dev dependency: pip install -e '.[dev]'"
+        "tests/envs/test_envs_textarena.py needs textarena==0.7.4, a dev dependency: pip install -e '.[dev]'"
     ) from error
 
 

@@ -21,7 +21,7 @@ from trl_nca.testing import CONTEXT, make_tiny_model
 # fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
 
 
-GOLDEN = Path(__file__).parent / "data" / "paired_k1_golden.json"
+GOLDEN = Path(__file__).parents[1] / "data" / "paired_k1_golden.json"
 
 
 def char_sum(text, label):

@@ -9,7 +9,7 @@ import pytest
 import trl_nca
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow  # import-linter runs in a process of its own

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # A fenced block: its language, the rest of the fence line (e.g. title="x.yaml"), its body; and whether the line
 # before it is the `<!-- test: run -->` marker.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
 # bfloat16 weights with eager attention: torch's CPU flash attention for bfloat16 raises ("pack_vnni2 is only supported
 # when avx512 is supported") on an AVX-512 CPU whose kernels are forced onto avx2 or default (ATEN_CPU_CAPABILITY)
@@ -17,7 +17,7 @@ BF16_EAGER = '{"dtype": "bfloat16", "attn_implementation": "eager"}'
 
 
 def _example(name: str):
-    """`examples/<name>.py` as a module: its `main(argv)` runs the script in this process (tests/test_launches.py
+    """`examples/<name>.py` as a module: its `main(argv)` runs the script in this process (tests/project/test_launches.py
     launches them as scripts, under accelerate)."""
     sys.path.insert(0, str(ROOT / "examples"))
     return importlib.import_module(name)

@@ -16,10 +16,10 @@ from trl_nca.testing import free_port
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "accelerate"
 EXAMPLES = ROOT / "examples"
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 SMALL = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_new_tokens", "8", "--bf16", "false",
          "--report_to", "none", "--ddp_backend", "gloo", "--eval_batch_size", "4"]  # fmt: skip
 

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # tests/, whose folders mirror the package
 PROCESS_MODULES = {"subprocess", "multiprocessing"}
 
 
@@ -37,7 +37,7 @@ def _process_starters(tree: ast.Module) -> set[str]:
 
 def test_tests_that_start_processes_are_marked_slow():
     unmarked = []
-    for path in sorted(TESTS.glob("test_*.py")):
+    for path in sorted(TESTS.rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module_slow = any(
             isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
@@ -47,7 +47,7 @@ def test_tests_that_start_processes_are_marked_slow():
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and not module_slow:
                 if node.name in _process_starters(tree) and not _marked_slow(node):
-                    unmarked.append(f"{path.name}::{node.name}")
+                    unmarked.append(f"{path.relative_to(TESTS)}::{node.name}")
     assert not unmarked, f"tests that start processes without @pytest.mark.slow: {unmarked}"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def summary(name: str) -> dict:

@@ -455,7 +455,7 @@ def test_the_shipped_ranges_are_those_of_the_committed_results():
 
     experiments = documented_ranges()
     assert {e["name"] for e in experiments} >= {"org10-shift"}
-    data = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"
+    data = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"
     for entry in experiments:
         summary = json.loads((data / f"{entry['name']}.json").read_text())
         harms = [r["harm"] for r in summary["per_seed"]["opd"] if r["harm"] is not None]
@@ -505,7 +505,7 @@ def test_the_range_reading_compares_like_with_like():
 def test_the_main_job_with_fewer_eval_items_matches_no_documented_range():
     from trl_nca.recipes.ranges import documented_ranges, read_against_ranges
 
-    data = Path(__file__).resolve().parents[1] / "docs" / "results" / "data"
+    data = Path(__file__).resolve().parents[2] / "docs" / "results" / "data"
     for entry in documented_ranges():
         summary = json.loads((data / f"{entry['name']}.json").read_text())
         assert not read_against_ranges(summary, [entry]).startswith("No range")  # the documented runs themselves

@@ -1,7 +1,7 @@
 """Gradient checkpointing settled once at setup (`trl_nca.trainers.checkpointing`): non-reentrant unless asked, TRL's
 PEFT + ZeRO-3 workaround lifted where DeepSpeed has the fix, the views as one forward where checkpointing is reentrant
 under DeepSpeed or DDP, and no FutureWarning for the old checkpointing names from PEFT or TRL (the launches that train
-under DeepSpeed are in tests/test_deepspeed.py)."""
+under DeepSpeed are in tests/trainers/test_deepspeed.py)."""
 
 import warnings
 from types import SimpleNamespace

@@ -23,8 +23,8 @@ if importlib.util.find_spec("deepspeed") is None:
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = Path(__file__).parent / "scripts" / "ds_train.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).parents[1] / "scripts" / "ds_train.py"
 CONFIGS = ROOT / "examples" / "accelerate"
 
 
@@ -270,7 +270,7 @@ def test_rollout_generate_calls_agree_across_processes(tmp_path, models, gather)
     while process 1 still plays, so both make the same calls (otherwise the collectives mismatch)."""
     out = tmp_path / "rollout"
     out.mkdir()
-    script = Path(__file__).parent / "scripts" / "ds_rollout.py"
+    script = Path(__file__).parents[1] / "scripts" / "ds_rollout.py"
     args = [
         sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
         "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),

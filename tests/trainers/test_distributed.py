@@ -14,7 +14,7 @@ from trl_nca.testing import FLOAT32, KL32, STORED32, free_port
 
 pytestmark = pytest.mark.slow  # two processes (torch.distributed.run)
 
-SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "ddp_train.py"
 
 
 def _run(cmd, tmp_path):

@@ -515,7 +515,7 @@ def test_gkd_on_policy_samples(tmp_path, nca_beta):
 
 def test_gkd_divergence_is_gkds():
     """TRL (GKD's `generalized_jsd_loss` tests): NCATrainer keeps GKD's static loss unchanged (its own loss is the
-    shared objective, tested against full-logit references in tests/test_distillation_trainer.py)."""
+    shared objective, tested against full-logit references in tests/trainers/test_distillation_trainer.py)."""
     from trl.experimental.gkd import GKDTrainer
 
     assert NCATrainer.generalized_jsd_loss is GKDTrainer.generalized_jsd_loss

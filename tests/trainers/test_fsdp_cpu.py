@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = Path(__file__).parent / "scripts" / "ds_train.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).parents[1] / "scripts" / "ds_train.py"
 
 FSDP2 = """compute_environment: LOCAL_MACHINE
 distributed_type: FSDP

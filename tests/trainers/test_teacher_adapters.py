@@ -60,7 +60,7 @@ def test_frozen_copy_gathers_one_module_at_a_time(monkeypatch, tied):
 def test_a_wrapped_teacher_is_called_through_its_wrapper():
     """A teacher prepared in an engine (DeepSpeed's, faked here by a module holding it as `.module`) is scored through
     the engine's forward (TRL's forward redirection), so hooks on its top-level module run; the states are those of
-    calling the teacher directly. tests/test_deepspeed.py checks it under real 2-process ZeRO-3."""
+    calling the teacher directly. tests/trainers/test_deepspeed.py checks it under real 2-process ZeRO-3."""
     from torch import nn
 
     from trl_nca import NCAConfig

@@ -22,8 +22,8 @@ if importlib.util.find_spec("deepspeed") is None:
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parents[1] / "scripts"
 
 
 def _run(args: list[str], cwd: Path) -> None:

@@ -1,6 +1,6 @@
 """The deprecation policy, in code: a renamed or moved public name keeps working under its old name for one minor
 version, with a `FutureWarning` that names the new one and the release that removes the old (docs/design.md,
-"Deprecation policy"). Each alias is written with one of these helpers, and tests/test_deprecations.py checks each."""
+"Deprecation policy"). Each alias is written with one of these helpers, and tests/core/test_deprecations.py checks each."""
 
 from __future__ import annotations
 
