@@ -169,7 +169,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line(tiny_dir, tmp_path, capsys)
     """torch reports a checkpoint it cannot write as a RuntimeError of its stream writer: one line, as elsewhere."""
     import subprocess
 
-    from tests.test_safe_outputs import _mount_tmpfs
+    from tests.cli.test_safe_outputs import _mount_tmpfs
 
     disk = tmp_path / "disk"
     if not _mount_tmpfs(disk, "900k"):  # room for the settings and the weights, not for the optimizer state
