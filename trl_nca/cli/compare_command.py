@@ -59,10 +59,11 @@ def _compare_slices(compare_args, plan) -> dict:
     except slices.SliceError as error:
         raise CommandLineError(str(error)) from error
     missing = slices.missing_units(plan, compare_args.slices_dir)
-    print(f"Slice {compare_args.slice} written: {path}")
+    data = json.loads(path.read_text())
+    print(f"Slice {compare_args.slice} written: {path}\n{slices.describe_slice(data)}")
     print(
         f"Units still without a slice: {', '.join(missing)}"
         if missing
         else f"Every unit has its slice: build the tables with --from_slices --slices_dir {compare_args.slices_dir}"
     )
-    return json.loads(path.read_text())
+    return data
