@@ -716,7 +716,7 @@ class Part:
 
 # The wheel install of gpu_check.sh (it reads this value with --install-timeout) and the parts, in their order. On the
 # GPU install plus parts add up to at most GPU_CALL_S, which leaves the device tool's 10-minute call a minute for the
-# machine's start and the transfers; the dry run's to at most DRY_RUN_CALL_S (tests/test_gpu_check.py checks both).
+# machine's start and the transfers; the dry run's to at most DRY_RUN_CALL_S (tests/project/test_gpu_check.py checks both).
 # The GPU timeouts are set from the workload's arithmetic (not measured: no GPU has run this yet); a part past its
 # timeout is killed and the next one runs.
 INSTALL_TIMEOUT_S = 40

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The same 2-process ZeRO-3 launch N times in a row (default 20): NCADistillationTrainer, full fine-tuning, 2 steps,
-# on the tiny test model, as tests/test_launches.py::test_distillation_trainer_under_zero3 runs it. Prints each exit
+# on the tiny test model, as tests/project/test_launches.py::test_distillation_trainer_under_zero3 runs it. Prints each exit
 # code and the count of non-zero ones; run it while another job loads the cores, where a process left with its
 # backend's threads at exit used to abort (SIGABRT, exit -6) after a good run.
 #     bash benchmarks/launch_exits.sh [N]

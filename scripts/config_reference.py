@@ -1,7 +1,7 @@
 """Rewrite the generated field reference in docs/configuration.md from the config classes' fields and their help.
 
 python scripts/config_reference.py          # rewrite the block between the markers
-python scripts/config_reference.py --check  # exit 1 if the page is not up to date (tests/test_docs.py does this)
+python scripts/config_reference.py --check  # exit 1 if the page is not up to date (tests/project/test_docs.py does this)
 
 The tables show each field's `metadata["help"]`, the same text as `--help` and the class docstrings
 (`trl_nca.trainers.field_docs`), with the type as written and the default.

@@ -172,7 +172,7 @@ def free_port() -> int:
 # Presets of training fields for `run_args`. Every test run: on the CPU, in float32, reporting nowhere.
 CPU = {"bf16": False, "use_cpu": True, "report_to": []}
 # The paper's constant anchor: the loss references weigh the NCA term by `nca_beta` from the first step (the default,
-# gated anchor is off until the views drift apart; tests/test_schedule.py and tests/test_stall.py run it).
+# gated anchor is off until the views drift apart; tests/trainers/test_schedule.py and tests/trainers/test_stall.py run it).
 CONSTANT_ANCHOR = {"nca_beta_schedule": "constant"}
 # A short reproducible run: 2 optimizer steps of 2 rows, 6 sampled tokens, every step logged, nothing saved.
 SHORT_RUN = {

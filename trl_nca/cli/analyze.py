@@ -30,7 +30,7 @@ from ..eval import loading
 from ..eval.loading import ContextChoice, ModelSpec
 from ..inputs import InputError, output_folder_lock
 from ..tasks import task_names
-from .eval import json_object_arg
+from .options import CONTEXT_OPTIONS, add_context_options, add_dtype_option, add_model_options
 
 
 EPILOG = """\
@@ -66,21 +66,17 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models")
-    models.add_argument(
-        "--model", action="append", default=[], metavar="NAME=PATH[:ADAPTER]",
-        help="A model folder, Hub id or alias ('embedded', 'organism'), optionally with a PEFT adapter folder after "
-        "a colon; repeat for several. The first is the reference (the base: default name 'base'); updates are "
-        "measured against it, and it is the teacher of the gradient measure. NAME=:ADAPTER puts an adapter on the "
-        "reference's weights.",
-    )  # fmt: skip
+    add_model_options(
+        models,
+        " The first is the reference (the base: default name 'base'); updates are measured against it, and it is the "
+        "teacher of the gradient measure.",
+    )
     models.add_argument(
         "--teacher", metavar="PATH[:ADAPTER]",
         help="Teacher of the gradient measure (scores the context view); default: the reference model.",
     )  # fmt: skip
-    models.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"],
-        help="Weights dtype (default float32: the cosines near 1 need the precision).",
-    )  # fmt: skip
+    # analyze's own default: the cosines near 1 need float32's precision (eval's `auto` would change them)
+    add_dtype_option(models, "float32", ": the cosines near 1 need the precision")
     models.add_argument("--device", help="e.g. cuda:0 or cpu (default: cuda if available).")
     models.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the Hub.")
 
@@ -101,21 +97,9 @@ def _add_prompt_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
-    context = parser.add_argument_group("context (like `trl-nca eval`; --task brings its own)")
-    source = context.add_mutually_exclusive_group()
-    source.add_argument("--context-column", default=None, help="Column with each item's context (default: context).")
-    source.add_argument("--context-text", help="One fixed context string for every item.")
-    source.add_argument("--context-file", help="A UTF-8 file with one fixed context, or 'medical' / 'safety'.")
-    context.add_argument("--placement", default=None, choices=["system", "user"], help="Default: system.")
-    context.add_argument("--template", default=None, help="With --placement user; needs {context} and {prompt}.")
-    context.add_argument("--separator", default=None, help="With --placement system: joins context and system message.")
-    context.add_argument(
-        "--chat-template-kwargs",
-        type=json_object_arg,
-        default={},
-        metavar="JSON",
-        help="Extra chat template variables.",
-    )
+    # analyze leaves every context option None when not given: a --task brings its own context, and giving a context
+    # option with --task is an error (`_prompts`)
+    add_context_options(parser, "context (like `trl-nca eval`; --task brings its own)")
 
 
 def _add_completion_arguments(parser: argparse.ArgumentParser) -> None:
@@ -256,9 +240,6 @@ def _check_options(args) -> None:
             "--placement user it would be ignored. Drop --separator, or use --template to join context and prompt."
         )
     loading.check_device(args.device)
-
-
-CONTEXT_OPTIONS = ("context_column", "context_text", "context_file", "placement", "template", "separator")
 
 
 def _prompts(args) -> Prompts:

@@ -7,13 +7,13 @@ and `main(argv)` makes `python -m trl_nca.cli.eval ...` work on its own.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..core.deprecation import moved_names
 from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
 from ..core.views import check_text_sizes
 from ..envs import game_generation_settings
@@ -27,6 +27,14 @@ from ..eval.report import ModelRun, safe_name, write_report
 from ..eval.runner import PairedTask, run_paired, run_provenance
 from ..eval.scorers import SCORERS
 from ..inputs import LOCAL_FORMATS, load_rows, output_folder_lock
+from .options import (
+    CONTEXT_DEFAULTS,
+    DEFAULT_SEPARATOR,
+    DEFAULT_TEMPLATE,
+    add_context_options,
+    add_dtype_option,
+    add_model_options,
+)
 
 
 EPILOG = """\
@@ -47,21 +55,6 @@ Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png
 """
 
 
-DEFAULT_TEMPLATE = "{context}\n\n{prompt}"
-DEFAULT_SEPARATOR = "\n\n"
-
-
-def json_object_arg(text: str) -> dict[str, Any]:
-    """argparse type of the `--chat-template-kwargs` options: a JSON object."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {error.msg}") from error
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object, e.g. '{\"enable_thinking\": false}'")
-    return value
-
-
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Declare every `trl-nca eval` option on `parser` (and set its epilog with examples)."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -80,22 +73,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models")
-    models.add_argument(
-        "--model", action="append", default=[], metavar="[NAME=]PATH",
-        help="Model folder, Hub id, or 'embedded' (the built-in SmolLM2-135M-Instruct); repeat for several models. "
-        "NAME= sets its name in the report (default: the last path component of its adapter, else of PATH; names "
-        "must be unique). Example: "
-        "--model nca=Qwen/Qwen2.5-0.5B-Instruct.",
-    )  # fmt: skip
+    add_model_options(models, " Example: --model nca=Qwen/Qwen2.5-0.5B-Instruct.")
     models.add_argument(
         "--adapter", action="append", default=[], metavar="[NAME=]PATH",
-        help="PEFT adapter folder. With NAME= it goes to the model of that name; without names, give one --adapter "
-        "per --model in the same order ('none' for a model without adapter).",
+        help="PEFT adapter folder, the other way to give one. With NAME= it goes to the model of that name; without "
+        "names, give one --adapter per --model in the same order ('none' for a model without adapter).",
     )  # fmt: skip
     models.add_argument("--tokenizer", help="Tokenizer folder or Hub id (default: each model's own path).")
-    models.add_argument(
-        "--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"], help="Weights dtype."
-    )
+    add_dtype_option(models, "auto")  # eval's default since its first version: a changed default would change numbers
     models.add_argument("--device", help="Device for the HF backend, e.g. cuda:0 or cpu (default: cuda if available).")
     models.add_argument(
         "--backend", default="hf", choices=["hf", "vllm"], help="Generation backend; 'vllm' needs vllm installed."
@@ -120,33 +105,8 @@ def _add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
-    context = parser.add_argument_group("context")
-    source = context.add_mutually_exclusive_group()
-    source.add_argument(
-        "--context-column", default="context", help="Column with each item's context (default: context)."
-    )
-    source.add_argument("--context-text", help="One fixed context string for every item (e.g. a system prompt).")
-    source.add_argument(
-        "--context-file",
-        help="A UTF-8 text file holding one fixed context for every item, or a built-in one: 'medical' or 'safety'.",
-    )
-    context.add_argument(
-        "--placement", default="system", choices=["system", "user"],
-        help="Put the context in the system message (default) or inside the first user message.",
-    )  # fmt: skip
-    context.add_argument(
-        "--template", default=DEFAULT_TEMPLATE,
-        help="With --placement user: how context and prompt are joined; must contain {context} and {prompt}.",
-    )  # fmt: skip
-    context.add_argument(
-        "--separator",
-        default=DEFAULT_SEPARATOR,
-        help="With --placement system: joins the context and an existing system message.",
-    )
-    context.add_argument(
-        "--chat-template-kwargs", type=json_object_arg, default={}, metavar="JSON",
-        help="Extra chat template variables, e.g. '{\"enable_thinking\": false}'.",
-    )  # fmt: skip
+    # eval stores ContextSpec's defaults in its options (its checks compare --template and --separator with them)
+    add_context_options(parser, defaults=CONTEXT_DEFAULTS)
 
 
 def _add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,8 +180,9 @@ def _add_game_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_model_specs(models: Sequence[str], adapters: Sequence[str]) -> list[ModelSpec]:
-    """Pair `--model [NAME=]PATH` and `--adapter [NAME=]PATH` values into named model specs (see `--help`)."""
-    return loading.parse_model_specs(models, adapters)
+    """Pair `--model [NAME=]PATH[:ADAPTER]` and `--adapter [NAME=]PATH` values into named model specs (see
+    `--help`)."""
+    return loading.parse_model_specs(models, adapters, inline_adapters=True)
 
 
 @dataclass
@@ -497,6 +458,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     print(f"Wrote {summary['files']['markdown']} and {summary['files']['summary']}", file=sys.stderr)
     return 0
+
+
+# moved to trl_nca.cli.options with the other shared option groups (trl_nca.core.deprecation)
+__getattr__ = moved_names(__name__, {"json_object_arg": "trl_nca.cli.options"})
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The deprecation policy, in code: a renamed or moved public name keeps working under its old name for one minor
 version, with a `FutureWarning` that names the new one and the release that removes the old (docs/design.md,
-"Deprecation policy"). Each alias is written with one of these helpers, and tests/test_deprecations.py checks each."""
+"Deprecation policy"). Each alias is written with one of these helpers, and tests/core/test_deprecations.py checks each."""
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Callable
 from types import ModuleType
@@ -44,5 +45,20 @@ def moved_module(old: str, *new: ModuleType) -> Callable[[str], Any]:
                 return getattr(module, name)
         names = ", ".join(module.__name__ for module in new)
         raise AttributeError(f"module {old!r} has no attribute {name!r} (its names moved to {names})")
+
+    return __getattr__
+
+
+def moved_names(old: str, names: dict[str, str]) -> Callable[[str], Any]:
+    """The module-level `__getattr__` of the module `old` for single names that moved out of it: `names` maps each
+    old name to the module that now holds it. Reading one warns (`warn_renamed`) and returns it from there; the new
+    module is imported by name only then, so an alias in a lower layer holds no import of the command line above it
+    (the alias lives one minor version, `REMOVED_IN`)."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {old!r} has no attribute {name!r}")
+        warn_renamed(f"{old}.{name}", f"{names[name]}.{name}")
+        return getattr(importlib.import_module(names[name]), name)
 
     return __getattr__

@@ -8,6 +8,7 @@ same token in every view.
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,27 @@ class ContextSpec:
             raise ValueError("Give the context either as a dataset column name or as one fixed string.")
         if self.text is not None:
             check_context(self.text, where="the fixed context string")
+
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        column: str | None = "context",
+        text: str | None = None,
+        placement: str | None = None,
+        template: str | None = None,
+        separator: str | None = None,
+    ) -> ContextSpec:
+        """The one constructor from option values (command-line options, config fields, a rollout's layout): `column`
+        and `text` as given, and None for `placement`, `template` or `separator` takes the default."""
+        defaults = {field.name: field.default for field in dataclasses.fields(cls)}
+        return cls(
+            column=column,
+            text=text,
+            placement=defaults["placement"] if placement is None else placement,
+            template=defaults["template"] if template is None else template,
+            separator=defaults["separator"] if separator is None else separator,
+        )
 
     def context_of(self, example: Mapping[str, Any], index: int | None = None) -> str:
         """The context string of one example, validated."""

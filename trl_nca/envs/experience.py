@@ -14,24 +14,23 @@ held-out indices from 1,000 on (the evaluation uses 0..127), so neither touches 
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..core.deprecation import moved_names
 from ..core.sampling import GenerateFn, check_generated, item_seed
 from ..core.views import render_prompt_ids
 from .base import GameEnv
 from .prompts import format_action, game_rules
-from .registry import GAMES, game_class, load_experience, make_env, parse_game_options
+from .registry import game_class, load_experience, make_env, parse_game_options
 from .rollout import default_game_spec, play_episodes
 from .seeds import heldout_seeds, training_seeds
 
 
 __all__ = [
     "ExperienceResult",
-    "build_parser",
     "check_options",
     "describe_episode",
     "extract_experience",
@@ -158,29 +157,13 @@ def extract_experience(
     best_score = validation_win_rate(generate, tokenizer, game, text_of(best_items), val_seeds, **common)
     history: list[dict[str, Any]] = [{"round": 0, "items": list(best_items), "score": best_score, "kept": True}]
     for r in range(1, rounds + 1):
-        envs = [
-            make_env(game, s, max_calls=max_calls, **env_kwargs)
-            for s in training_seeds(episodes_per_round, round=EXTRACTION_ROUND_BASE + r)
-        ]
-        context = text_of(best_items)
-        played = play_episodes(
-            envs, generate, tokenizer, context, default_game_spec(), max_calls, sampling_seed=sampling_seed,
-            seed_prefix=f"extract:{r}:",
-        )  # fmt: skip
-        prompt = SUMMARY_PROMPT.format(
-            n=len(envs),
-            title=TITLES[game],
-            rules=game_rules(envs[0]),
-            games="\n\n".join(describe_episode(env, k) for k, env in enumerate(envs, start=1)),
-            max_new=max_new_items,
+        new_items, train_win_rate = _lessons_of_round(
+            generate, tokenizer, game, r, text_of(best_items), episodes_per_round, max_new_items, common
         )
-        summary_ids = render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
-        reply = check_generated(generate([summary_ids], [item_seed(sampling_seed, f"summary:{r}")]), 1)[0].text
-        new_items = parse_items(reply)[:max_new_items]
         seen = {" ".join(i.lower().split()) for i in best_items}
         candidate = best_items + [i for i in new_items if " ".join(i.lower().split()) not in seen]
         candidate = candidate[:max_items]
-        entry = {"round": r, "train_win_rate": played.stats["win_rate"], "new_items": new_items, "items": candidate}
+        entry = {"round": r, "train_win_rate": train_win_rate, "new_items": new_items, "items": candidate}
         if candidate == best_items:
             entry.update(score=best_score, kept=False)
         else:
@@ -192,37 +175,30 @@ def extract_experience(
     return ExperienceResult(text=text_of(best_items), items=best_items, score=best_score, history=history)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .rollout import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
-
-    parser = argparse.ArgumentParser(
-        prog="trl-nca experience",
-        description="Extract a game experience text from a model's own played trajectories.",
+def _lessons_of_round(
+    generate: GenerateFn, tokenizer, game: str, r: int, context: str | None, episodes: int, max_new_items: int, common
+) -> tuple[list[str], float]:
+    """Round `r` of `extract_experience`: play `episodes` training maps with `context`, show the model its games and
+    read its new lessons. Returns the lessons and the round's training win rate."""
+    max_calls, env_kwargs, sampling_seed = common["max_calls"], common["env_kwargs"], common["sampling_seed"]
+    envs = [
+        make_env(game, s, max_calls=max_calls, **env_kwargs)
+        for s in training_seeds(episodes, round=EXTRACTION_ROUND_BASE + r)
+    ]
+    played = play_episodes(
+        envs, generate, tokenizer, context, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+        seed_prefix=f"extract:{r}:",
+    )  # fmt: skip
+    prompt = SUMMARY_PROMPT.format(
+        n=len(envs),
+        title=TITLES[game],
+        rules=game_rules(envs[0]),
+        games="\n\n".join(describe_episode(env, k) for k, env in enumerate(envs, start=1)),
+        max_new=max_new_items,
     )
-    parser.add_argument("--model", required=True, help="Model folder or Hub id.")
-    parser.add_argument("--adapter", help="Optional PEFT adapter folder.")
-    parser.add_argument("--tokenizer", help="Tokenizer (default: the model's).")
-    parser.add_argument("--game", required=True, choices=sorted(GAMES))
-    parser.add_argument(
-        "--output", required=True, help="Text file for the experience; a .json history goes next to it."
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--episodes", type=int, default=8, help="Episodes played per round.")
-    parser.add_argument("--validation-size", type=int, default=16, help="Validation maps scoring each lesson set.")
-    parser.add_argument("--max-items", type=int, default=12)
-    parser.add_argument("--max-new-items", type=int, default=5)
-    parser.add_argument("--start-from-shipped", action="store_true", help="Start from the shipped experience's items.")
-    parser.add_argument("--max-calls", type=int, default=5)
-    parser.add_argument("--game-option", action="append", default=[], metavar="KEY=VALUE", help="Game setting.")
-    parser.add_argument("--temperature", type=float, default=GAME_TEMPERATURE)
-    parser.add_argument("--top-p", type=float, default=GAME_TOP_P)
-    parser.add_argument("--top-k", type=int, default=GAME_TOP_K)
-    parser.add_argument("--max-new-tokens", type=int, default=GAME_MAX_NEW_TOKENS)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device")
-    return parser
+    summary_ids = render_prompt_ids(tokenizer, [{"role": "user", "content": prompt}])
+    reply = check_generated(generate([summary_ids], [item_seed(sampling_seed, f"summary:{r}")]), 1)[0].text
+    return parse_items(reply)[:max_new_items], played.stats["win_rate"]
 
 
 def check_options(values: Sequence[str], game: str, max_calls: int) -> dict[str, Any]:
@@ -235,3 +211,7 @@ def check_options(values: Sequence[str], game: str, max_calls: int) -> dict[str,
     except TypeError as error:
         raise ValueError(str(error)) from None
     return options
+
+
+# the parser moved to the command line, where every parser lives (trl_nca.core.deprecation)
+__getattr__ = moved_names(__name__, {"build_parser": "trl_nca.cli.experience_command"})

@@ -347,26 +347,7 @@ def check_game_options(
     except ValueError as error:
         raise EvalInputError(str(error)) from error
     options = dict(options or {})
-    if "num_seeds" in options and "seeds" in options:
-        raise EvalInputError("Give either --game-option num_seeds=N or seeds=[...], not both.")
-    num_seeds = options.get("num_seeds", DEFAULT_HELDOUT)
-    if not is_int(num_seeds) or num_seeds < 1:
-        raise EvalInputError(
-            f"--game-option num_seeds must be a positive integer (how many held-out maps to play; OPCD uses 128), "
-            f"got {shown(num_seeds)}."
-        )
-    if "seeds" in options:
-        seeds = options["seeds"]
-        if not isinstance(seeds, list) or not seeds or not all(is_int(s) and s >= 0 for s in seeds):
-            raise EvalInputError(
-                "--game-option seeds must be a non-empty JSON list of non-negative integers, e.g. seeds=[3,7,11] "
-                f"(or use num_seeds=N for the first N held-out maps), got {shown(seeds)}."
-            )
-        repeated = sorted({s for s in seeds if seeds.count(s) > 1})
-        if repeated:
-            raise EvalInputError(f"--game-option seeds lists {repeated} more than once; each map is played once.")
-    else:
-        seeds = heldout_seeds(num_seeds)
+    seeds = _checked_seeds(options)
     max_calls = options.get("max_calls", 5)
     if not is_int(max_calls) or max_calls < 1:
         raise EvalInputError(
@@ -379,6 +360,42 @@ def check_game_options(
             "--game-option chat_template_kwargs must be a JSON object, e.g. chat_template_kwargs="
             f'{{"enable_thinking":false}}, got {shown(template_kwargs)}.'
         )
+    env_kwargs = _checked_game_settings(cls, options)
+    experience, spec, source = _game_context(cls, options, context, context_source)
+    try:
+        make_env(cls.name, seeds[0], max_calls=max_calls, **env_kwargs)
+    except (TypeError, ValueError) as error:
+        reason = str(error).removeprefix(f"Bad settings for {cls.name}: ")
+        raise EvalInputError(f"Bad --game-option for {cls.name}: {reason}") from error
+    return GameEvaluation(cls.name, list(seeds), max_calls, env_kwargs, experience, spec, template_kwargs, source)
+
+
+def _checked_seeds(options: dict[str, Any]) -> list[int]:
+    """The maps of `--game-option num_seeds=N` (the first N held-out maps) or `seeds=[...]`."""
+    if "num_seeds" in options and "seeds" in options:
+        raise EvalInputError("Give either --game-option num_seeds=N or seeds=[...], not both.")
+    num_seeds = options.get("num_seeds", DEFAULT_HELDOUT)
+    if not is_int(num_seeds) or num_seeds < 1:
+        raise EvalInputError(
+            f"--game-option num_seeds must be a positive integer (how many held-out maps to play; OPCD uses 128), "
+            f"got {shown(num_seeds)}."
+        )
+    if "seeds" not in options:
+        return heldout_seeds(num_seeds)
+    seeds = options["seeds"]
+    if not isinstance(seeds, list) or not seeds or not all(is_int(s) and s >= 0 for s in seeds):
+        raise EvalInputError(
+            "--game-option seeds must be a non-empty JSON list of non-negative integers, e.g. seeds=[3,7,11] "
+            f"(or use num_seeds=N for the first N held-out maps), got {shown(seeds)}."
+        )
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise EvalInputError(f"--game-option seeds lists {repeated} more than once; each map is played once.")
+    return seeds
+
+
+def _checked_game_settings(cls, options: dict[str, Any]) -> dict[str, Any]:
+    """The game settings among the options (every key that is not a run option), each one the game takes."""
     env_kwargs = {k: v for k, v in options.items() if k not in RUN_OPTIONS}
     if "seed" in env_kwargs:
         raise EvalInputError("'seed' is not a game setting: choose the maps with seeds=[...] or num_seeds=N.")
@@ -389,11 +406,17 @@ def check_game_options(
             f"Unknown --game-option {', '.join(unknown)} for {cls.name}: its settings are {settings} and the run "
             f"options are {list(RUN_OPTIONS)}."
         )
+    return env_kwargs
+
+
+def _game_context(cls, options, context: ContextSpec | None, context_source: str | None):
+    """The experience, its layout and its source: a given fixed context, else `experience_file`, else the shipped
+    experience."""
     if context is not None:
         if context.text is None:
             raise EvalInputError("A game needs one fixed context: use --context-text or --context-file.")
-        experience, spec, source = context.text, context, context_source or "text"
-    elif "experience_file" in options:
+        return context.text, context, context_source or "text"
+    if "experience_file" in options:
         source = options["experience_file"]
         try:
             experience = Path(str(source)).read_text(encoding="utf-8")
@@ -401,15 +424,8 @@ def check_game_options(
             raise EvalInputError(f"Cannot read the experience file {source!r}: {error}") from error
         if not experience.strip():
             raise EvalInputError(f"The experience file {source!r} is empty.")
-        spec, source = default_game_spec(), f"file:{source}"
-    else:
-        experience, spec, source = load_experience(cls.name), default_game_spec(), f"shipped:{cls.name}"
-    try:
-        make_env(cls.name, seeds[0], max_calls=max_calls, **env_kwargs)
-    except (TypeError, ValueError) as error:
-        reason = str(error).removeprefix(f"Bad settings for {cls.name}: ")
-        raise EvalInputError(f"Bad --game-option for {cls.name}: {reason}") from error
-    return GameEvaluation(cls.name, list(seeds), max_calls, env_kwargs, experience, spec, template_kwargs, source)
+        return experience, default_game_spec(), f"file:{source}"
+    return load_experience(cls.name), default_game_spec(), f"shipped:{cls.name}"
 
 
 def evaluate_game(
@@ -443,21 +459,8 @@ def evaluate_game(
     the evaluation report (summary.json, report.md, figures) plus `game_summary.json` are written at the end. Returns
     the records and the game summary.
     """
-    options: dict[str, Any] = {"max_calls": max_calls, **dict(env_kwargs or {})}
-    if seeds is not None:
-        options["seeds"] = list(seeds)
-    else:
-        options["num_seeds"] = num_seeds
-    if chat_template_kwargs is not None:
-        options["chat_template_kwargs"] = chat_template_kwargs
-    context = None
-    if experience is not None or spec is not None:
-        if experience is None:
-            experience = load_experience(game_class(game).name)
-        base = spec or default_game_spec()
-        context = ContextSpec(column=None, text=experience, placement=base.placement, template=base.template,
-                              separator=base.separator)  # fmt: skip
-    task = check_game_options(game, options, context)
+    options = _game_options(num_seeds, seeds, max_calls, env_kwargs, chat_template_kwargs)
+    task = check_game_options(game, options, _experience_context(game, experience, spec))
     settings = GenerationSettings(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -479,6 +482,30 @@ def evaluate_game(
         write_report([run], output_dir, n_bootstrap=n_bootstrap)
         write_text_atomic(output_dir / "game_summary.json", json.dumps(summary, indent=2) + "\n")
     return records, summary
+
+
+def _game_options(num_seeds, seeds, max_calls, env_kwargs, chat_template_kwargs) -> dict[str, Any]:
+    """`evaluate_game`'s keywords as the `--game-option` values `check_game_options` reads."""
+    options: dict[str, Any] = {"max_calls": max_calls, **dict(env_kwargs or {})}
+    if seeds is not None:
+        options["seeds"] = list(seeds)
+    else:
+        options["num_seeds"] = num_seeds
+    if chat_template_kwargs is not None:
+        options["chat_template_kwargs"] = chat_template_kwargs
+    return options
+
+
+def _experience_context(game: str, experience: str | None, spec: ContextSpec | None) -> ContextSpec | None:
+    """The fixed context of an `evaluate_game` given an experience or a layout (None: `check_game_options` takes the
+    shipped experience in OPCD's layout)."""
+    if experience is None and spec is None:
+        return None
+    if experience is None:
+        experience = load_experience(game_class(game).name)
+    base = spec or default_game_spec()
+    return ContextSpec(column=None, text=experience, placement=base.placement, template=base.template,
+                       separator=base.separator)  # fmt: skip
 
 
 def run_game_eval(

@@ -4,10 +4,10 @@ One parser (`parse_model_specs`, then `resolve_model_specs`), one loader (`load_
 context builder (`context_from_options`) serve `trl-nca eval`, `trl-nca analyze` and the Python callers of both.
 Every error is a `trl_nca.inputs.InputError` (`EvalInputError`) that names the problem and the fix.
 
-Model specs are `[NAME=]PATH`, and with `inline_adapters` (the syntax of `trl-nca analyze`) `[NAME=]PATH[:ADAPTER]`,
-where an empty PATH (`NAME=:ADAPTER`) means the first model's weights. Adapters may also come separately (the
-`--adapter [NAME=]PATH` values of `trl-nca eval`). A model without a name is named after the last path component of
-its adapter, else of its PATH (or `first_name` for the first model); names must be unique.
+Model specs are `[NAME=]PATH`, and with `inline_adapters` (the syntax of every command: `trl_nca.cli.options`)
+`[NAME=]PATH[:ADAPTER]`, where an empty PATH (`NAME=:ADAPTER`) means the first model's weights. Adapters may also come
+separately (the `--adapter [NAME=]PATH` values of `trl-nca eval`). A model without a name is named after the last path
+component of its adapter, else of its PATH (or `first_name` for the first model); names must be unique.
 """
 
 from __future__ import annotations
@@ -65,7 +65,10 @@ class PathAndAdapter(NamedTuple):
 
 
 def split_adapter(text: str) -> PathAndAdapter:
-    """`"embedded:runs/nca"` -> ("embedded", "runs/nca"); a blank adapter after the colon is an error."""
+    """`"embedded:runs/nca"` -> ("embedded", "runs/nca"); a blank adapter after the colon is an error. A path that
+    exists as given is never split (a local folder whose name holds a colon)."""
+    if ":" in text and os.path.exists(text):
+        return PathAndAdapter(text, None)
     path, _, adapter = text.partition(":")
     if adapter and not adapter.strip():
         raise EvalInputError(f"{text!r} is not PATH[:ADAPTER]: the adapter after ':' is blank.")
@@ -336,21 +339,16 @@ def context_from_options(
     """The context of the options `--context-column`, `--context-text`, `--context-file` (a UTF-8 file, or a built-in
     context: 'medical', 'safety'), `--placement`, `--template` and `--separator`. A file wins over a text, a text over
     a column; None takes `ContextSpec`'s default (column `context`, system placement, its template and separator)."""
-    defaults = ContextSpec()
-    layout = {
-        "placement": defaults.placement if placement is None else placement,
-        "template": defaults.template if template is None else template,
-        "separator": defaults.separator if separator is None else separator,
-    }
+    layout = {"placement": placement, "template": template, "separator": separator}
     if column is None:
-        column = defaults.column
+        column = ContextSpec().column
     try:
         if file:
             source = f"builtin:{file}" if file in BUILTIN_CONTEXTS else f"file:{Path(file)}"
-            return ContextChoice(ContextSpec(column=None, text=read_context(file), **layout), source)
+            return ContextChoice(ContextSpec.from_options(column=None, text=read_context(file), **layout), source)
         if text is not None:
-            return ContextChoice(ContextSpec(column=None, text=text, **layout), "text")
-        return ContextChoice(ContextSpec(column=column, **layout), f"column:{column}")
+            return ContextChoice(ContextSpec.from_options(column=None, text=text, **layout), "text")
+        return ContextChoice(ContextSpec.from_options(column=column, **layout), f"column:{column}")
     except EvalInputError:
         raise
     except (ValueError, TypeError, OSError) as error:

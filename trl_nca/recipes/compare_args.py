@@ -121,7 +121,8 @@ class Method:
 
 
 METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-# fields the comparison sets itself for every run (the task's context, the run's folder and seed)
+# fields the comparison sets itself for every run (the task's context: `trl_nca.trainers.nca_config.context_fields`,
+# the run's folder and seed)
 RECIPE_FIELDS = ("output_dir", "seed", "save_strategy", "context_text", "context_column", "context_placement",
                  "context_template", "context_separator")  # fmt: skip
 

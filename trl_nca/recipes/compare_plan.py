@@ -30,20 +30,16 @@ NON_SHAPING_FIELDS = ("output_dir", "logging_dir", "logging_steps", "logging_str
 def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir: Path, monitor_opd: bool):
     """The training config of one run: the shared config with the task's context, the method's overrides, the seed
     and the run's folder (for a `trainer=sdft` method, the `SDFTConfig` built from them: `recipes/sdft.py`)."""
+    from ..trainers.nca_config import context_fields
     from . import sdft
 
     if method.overrides.get(sdft.TRAINER_KEY) == "sdft":
         return sdft.sdft_config(config, task, method.overrides, seed, output_dir)
-    context = task.context
     overrides = {
         "output_dir": str(output_dir),
         "seed": seed,
         "save_strategy": "no",
-        "context_text": context.text,
-        "context_column": context.column or "context",
-        "context_placement": context.placement,
-        "context_template": context.template,
-        "context_separator": context.separator,
+        **context_fields(task.context),
         **method.overrides,
     }
     beta = overrides.get("nca_beta", config.nca_beta)

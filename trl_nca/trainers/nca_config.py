@@ -37,6 +37,18 @@ with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on 
 logger = logging.getLogger(__name__)
 
 
+def context_fields(spec: ContextSpec) -> dict[str, str | None]:
+    """The config fields that hold `spec`, which `NCAFields.context_spec` builds back (`ContextSpec.from_options`):
+    a task's context given to a config (`trl-nca compare`). A fixed text keeps the default column."""
+    return {
+        "context_text": spec.text,
+        "context_column": spec.column or "context",
+        "context_placement": spec.placement,
+        "context_template": spec.template,
+        "context_separator": spec.separator,
+    }
+
+
 def _support_size_field():
     """The size of the top-k support. `NCAConfig` calls it `top_k`; `NCADistillationConfig` calls it
     `divergence_top_k`, because `DistillationConfig.top_k` is already the sampling top-k."""
@@ -397,7 +409,7 @@ class NCAFields:
 
     @property
     def context_spec(self) -> ContextSpec:
-        return ContextSpec(
+        return ContextSpec.from_options(
             column=self.context_column,
             text=self.context_text,
             placement=self.context_placement,

@@ -76,16 +76,7 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         teacher_processing_class: PreTrainedTokenizerBase | None = None,
         tools=None,
     ):
-        if args is None:
-            args = NCADistillationConfig(output_dir="nca-distillation-output")
-        elif not isinstance(args, NCADistillationConfig):
-            raise TypeError(f"NCADistillationTrainer needs an NCADistillationConfig, got {type(args).__name__}.")
-        if tools:
-            raise ValueError(
-                "NCADistillationTrainer does not take `tools`: the context view is rendered from the text prompt and "
-                "scored on the sampled completion, which tool calls would interleave with tool results. Train tool "
-                "use with DistillationTrainer, or drop `tools`."
-            )
+        args = self._setup_args(args, tools)
         init_kwargs = dict(args.teacher_model_init_kwargs or {})
         if args.teacher_model_revision is not None:
             init_kwargs.setdefault("revision", args.teacher_model_revision)
@@ -100,14 +91,7 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         self.limits = models.limits
         self.context_spec = args.context_spec
 
-        train_dataset = _prepared(train_dataset, processing_class, self.context_spec, self.limits, "train")
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {
-                name: _prepared(ds, processing_class, self.context_spec, self.limits, f"eval {name}")
-                for name, ds in eval_dataset.items()
-            }
-        else:
-            eval_dataset = _prepared(eval_dataset, processing_class, self.context_spec, self.limits, "eval")
+        train_dataset, eval_dataset = self._setup_datasets(train_dataset, eval_dataset, processing_class)
 
         # The teacher is prepared here, not by DistillationTrainer: a self-teacher has no parameters of its own, and
         # teachers whose output layer is padded to another size than the student's are supported (the divergences
@@ -125,6 +109,33 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
                 peft_config=peft_config,
             )
         self._setup_nca(teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
+
+    @staticmethod
+    def _setup_args(args, tools) -> NCADistillationConfig:
+        """The config (TRL's default output folder when none is given); `tools` are refused."""
+        if args is None:
+            args = NCADistillationConfig(output_dir="nca-distillation-output")
+        elif not isinstance(args, NCADistillationConfig):
+            raise TypeError(f"NCADistillationTrainer needs an NCADistillationConfig, got {type(args).__name__}.")
+        if tools:
+            raise ValueError(
+                "NCADistillationTrainer does not take `tools`: the context view is rendered from the text prompt and "
+                "scored on the sampled completion, which tool calls would interleave with tool results. Train tool "
+                "use with DistillationTrainer, or drop `tools`."
+            )
+        return args
+
+    def _setup_datasets(self, train_dataset, eval_dataset, processing_class):
+        """The train and eval datasets with the token columns of both views (`prepare_dataset`)."""
+        train_dataset = _prepared(train_dataset, processing_class, self.context_spec, self.limits, "train")
+        if isinstance(eval_dataset, dict):
+            eval_dataset = {
+                name: _prepared(ds, processing_class, self.context_spec, self.limits, f"eval {name}")
+                for name, ds in eval_dataset.items()
+            }
+        else:
+            eval_dataset = _prepared(eval_dataset, processing_class, self.context_spec, self.limits, "eval")
+        return train_dataset, eval_dataset
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()

@@ -97,13 +97,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         rollout: Rollout | None = None,
         teacher_processing_class: PreTrainedTokenizerBase | None = None,
     ):
-        if args is None:
-            args = NCAConfig(output_dir="nca-output")
-        elif not isinstance(args, NCAConfig):
-            raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
-        _refuse_metric_functions(
-            compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
-        )
+        args = self._setup_args(args, compute_metrics, preprocess_logits_for_metrics)
         models = resolve_models(
             "NCATrainer", args, model, teacher_model, processing_class=processing_class,
             teacher_processing_class=teacher_processing_class, peft_config=peft_config,
@@ -113,27 +107,16 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             teacher_init_kwargs=args.teacher_model_init_kwargs,
         )  # fmt: skip
         model, processing_class, teacher_model = models.student, models.tokenizer, models.teacher
-        self.limits = limits = models.limits
+        self.limits = models.limits
         # Set by `train` when it resumes from a checkpoint folder; `get_batch_samples` restores that checkpoint's
         # random state before sampling, and `_load_rng_state` then skips Trainer's second restore.
         self._resume_rng_from: str | None = None
         self._rng_restored_early = False
         self._grad_cosine_step: int | None = None  # the optimizer step whose gradient cosine was logged last
 
-        self.rollout = rollout
-        context_spec = args.context_spec
-        if rollout is not None:
-            train_dataset, context_spec = _rollout_schedule(rollout, args, train_dataset)
-            data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
-        self.context_spec = context_spec
-
-        train_dataset, eval_dataset = _prepared_datasets(
-            args, processing_class, context_spec, limits, train_dataset, eval_dataset, training=rollout is None
+        train_dataset, eval_dataset, data_collator = self._setup_data(
+            args, processing_class, rollout, train_dataset, eval_dataset, data_collator
         )
-        if data_collator is None:
-            data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
-        elif rollout is None:
-            _probe_collator(data_collator, train_dataset, eval_dataset)
 
         with (
             _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here),
@@ -152,6 +135,42 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
                 peft_config=peft_config,
                 formatting_func=formatting_func,
             )
+        self._setup_after_base(args, models)
+
+    @staticmethod
+    def _setup_args(args, compute_metrics, preprocess_logits_for_metrics) -> NCAConfig:
+        """The config (TRL's default output folder when none is given); metric functions are refused."""
+        if args is None:
+            args = NCAConfig(output_dir="nca-output")
+        elif not isinstance(args, NCAConfig):
+            raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
+        _refuse_metric_functions(
+            compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
+        )
+        return args
+
+    def _setup_data(self, args, processing_class, rollout, train_dataset, eval_dataset, data_collator):
+        """The rollout's seed dataset or the given datasets with the token columns of both views, and the collator;
+        sets `rollout` and `context_spec`."""
+        self.rollout = rollout
+        context_spec = args.context_spec
+        if rollout is not None:
+            train_dataset, context_spec = _rollout_schedule(rollout, args, train_dataset)
+            data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
+        self.context_spec = context_spec
+
+        train_dataset, eval_dataset = _prepared_datasets(
+            args, processing_class, context_spec, self.limits, train_dataset, eval_dataset, training=rollout is None
+        )
+        if data_collator is None:
+            data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
+        elif rollout is None:
+            _probe_collator(data_collator, train_dataset, eval_dataset)
+        return train_dataset, eval_dataset, data_collator
+
+    def _setup_after_base(self, args, models) -> None:
+        """What follows GKD's `__init__`: the NCA objective (`_setup_nca`), sampling with the KV cache, the forward
+        redirection and the gradient cosine's check."""
         # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
         # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
         self._setup_nca(
@@ -602,7 +621,7 @@ def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
         if len(step_seeds) != per_step:
             raise ValueError(f"rollout.seeds({step}) gave {len(step_seeds)} seeds; episodes_per_step is {per_step}.")
         seeds += step_seeds
-    spec = ContextSpec(
+    spec = ContextSpec.from_options(
         column="context", placement=rollout.spec.placement, template=rollout.spec.template,
         separator=rollout.spec.separator,
     )  # fmt: skip

@@ -90,24 +90,8 @@ def resolve_models(
     if teacher_model is None and args.teacher_model_name_or_path is not None:
         teacher_model = args.teacher_model_name_or_path
     refuse_unused_teacher_init_kwargs(trainer, args, teacher_model)
-    model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-    if isinstance(model, str):
-        # TRL's trainers pass `trust_remote_code` on to every model and tokenizer they load by name
-        init_kwargs = {"trust_remote_code": args.trust_remote_code, **(args.model_init_kwargs or {})}
-        model = create_model_from_path(model, **placed_init_kwargs(init_kwargs, "the student", state, args.device))
-        args.model_init_kwargs = None  # used here; the base trainer would warn that the model is already built
-    refuse_data_parallel(args, trainer, model)  # before the teacher loads
-    if processing_class is None:
-        if not model_id:
-            raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
-        processing_class = AutoTokenizer.from_pretrained(model_id, trust_remote_code=args.trust_remote_code)
-    if text_only and not isinstance(processing_class, PreTrainedTokenizerBase):
-        raise TypeError(
-            f"{trainer} is text-only: `processing_class` must be a tokenizer, got a "
-            f"{type(processing_class).__name__}. Pass the processor's `.tokenizer` for a text-only student."
-        )
-    set_pad_token(processing_class, model, getattr(args, "pad_token", None))
-    check_tokenizer(processing_class)
+    model, model_id = _setup_student(trainer, args, model, state)
+    processing_class = _setup_tokenizer(trainer, args, processing_class, model, model_id, text_only)
 
     teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
     teacher_loaded_here = isinstance(teacher_model, str)
@@ -125,6 +109,36 @@ def resolve_models(
         truncate_context=args.truncate_context,
     )
     return TrainerModels(model, processing_class, teacher, teacher_loaded_here, common_rows, limits, reentrant)
+
+
+def _setup_student(trainer: str, args, model, state) -> tuple[nn.Module, str | None]:
+    """The student of `resolve_models`, loaded when given by name, and where it came from (None when it does not
+    say); one process that sees several GPUs is refused here, before the teacher loads."""
+    model_id = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+    if isinstance(model, str):
+        # TRL's trainers pass `trust_remote_code` on to every model and tokenizer they load by name
+        init_kwargs = {"trust_remote_code": args.trust_remote_code, **(args.model_init_kwargs or {})}
+        model = create_model_from_path(model, **placed_init_kwargs(init_kwargs, "the student", state, args.device))
+        args.model_init_kwargs = None  # used here; the base trainer would warn that the model is already built
+    refuse_data_parallel(args, trainer, model)  # before the teacher loads
+    return model, model_id
+
+
+def _setup_tokenizer(trainer: str, args, processing_class, model, model_id: str | None, text_only: bool):
+    """The student's tokenizer of `resolve_models`: the one given, else loaded from where the student came from;
+    with `text_only` a tokenizer, not a processor; its pad token set and its chat template checked."""
+    if processing_class is None:
+        if not model_id:
+            raise ValueError("Pass the tokenizer as `processing_class`; the model does not say where it came from.")
+        processing_class = AutoTokenizer.from_pretrained(model_id, trust_remote_code=args.trust_remote_code)
+    if text_only and not isinstance(processing_class, PreTrainedTokenizerBase):
+        raise TypeError(
+            f"{trainer} is text-only: `processing_class` must be a tokenizer, got a "
+            f"{type(processing_class).__name__}. Pass the processor's `.tokenizer` for a text-only student."
+        )
+    set_pad_token(processing_class, model, getattr(args, "pad_token", None))
+    check_tokenizer(processing_class)
+    return processing_class
 
 
 def refuse_unused_teacher_init_kwargs(trainer: str, args, teacher_model) -> None:

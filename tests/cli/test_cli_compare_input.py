@@ -1,0 +1,137 @@
+"""`trl-nca compare` on a bad `--config` (issue 35): each probe is one case of the table, with the one line it must
+print; nothing is written (the check runs before the output folder is locked or any model loads)."""
+
+import pytest
+
+from trl_nca.cli import main as cli_main
+from trl_nca.testing import one_error_line
+
+
+def one_line(argv, capsys) -> str:
+    return one_error_line(cli_main, argv, capsys)
+
+
+CASES = [
+    ("a folder", "{tmp}", None, "--config '{tmp}' is a folder; give the YAML file of the settings"),
+    ("a missing file", "{tmp}/none.yaml", None, "--config '{tmp}/none.yaml' does not exist"),
+    ("bad YAML", "{tmp}/bad.yaml", b"task: reply_in_french\nseeds: [0, 1\n", "is not valid YAML: "),
+    ("a byte that is not UTF-8", "{tmp}/latin1.yaml", "task: reply_in_french\ntitle: caf\u00e9\n".encode("latin-1"),
+     "Line 2 of the config '{tmp}/latin1.yaml' is not UTF-8 text: byte 0xe9. Save the file as UTF-8."),
+    ("not settings", "{tmp}/list.yaml", b"- task\n- seeds\n", "holds a YAML list, not settings"),
+    ("an unknown dtype", "{tmp}/dtype.yaml", b"task: reply_in_french\nuse_peft: true\ndtype: float64x\n", "dtype 'float64x' is not "
+     "a dtype the models load in; give one of auto, bfloat16, float16, float32."),
+    ("a LoRA rank of 0", "{tmp}/lora.yaml", b"task: reply_in_french\nuse_peft: true\nlora_r: 0\n", "lora_r must be "
+     "an integer >= 1 (the LoRA rank and its scale), got 0."),
+    ("an unquoted no", "{tmp}/no.yaml", b"task: reply_in_french\nsave_strategy: no\n", "`save_strategy` is the "
+     "boolean False (YAML reads an unquoted no or off as a boolean), but it takes a word. Quote it: `save_strategy: "
+     '"no"`.'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, config, content, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_compare_config_is_one_line(tmp_path, capsys, case, config, content, expected):
+    path = config.format(tmp=tmp_path)
+    if content is not None:
+        with open(path, "wb") as handle:
+            handle.write(content)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    line = one_line(["compare", "--config", path, "--output_dir", str(tmp_path / "out")], capsys)
+    assert line.startswith("trl-nca compare: error: ") and expected.format(tmp=tmp_path) in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output folder made
+
+
+# (case, the config's budget line, the expected line's text): a token budget no model can hold, refused before the
+# base models are evaluated (nothing is written)
+BUDGET_CASES = [
+    ("an unreachable max_new_tokens", "max_new_tokens: 1000000000", "Method 'opd' on the model {model}: In row 0, the "
+     "prompt without context has"),
+    ("an unreachable eval_max_new_tokens", "eval_max_new_tokens: 1000000000", "with a reply budget of 1000000000 "
+     "tokens (eval_max_new_tokens, else max_new_tokens) exceeds the 4096 positions of the model {model}. Lower "
+     "eval_max_new_tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, budget, expected", BUDGET_CASES, ids=[c[0] for c in BUDGET_CASES])
+def test_an_unreachable_token_budget_is_refused_before_any_work(tiny_dir, tmp_path, capsys, case, budget, expected):
+    config = tmp_path / "budget.yaml"
+    config.write_text(f"task: reply_in_french\nuse_peft: true\nmodel_name_or_path: {tiny_dir}\n{budget}\n")
+    line = one_line(["compare", "--config", str(config), "--output_dir", str(tmp_path / "out")], capsys)
+    assert line.startswith("trl-nca compare: error: ") and expected.format(model=tiny_dir) in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.yaml"]  # no output folder made
+
+
+def compare_yaml(tmp_path, **changes):
+    fields = {"model_name_or_path": "/nonexistent/model", "task": "reply_in_french", "seeds": "[0]",
+              "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]', "num_train": 2, "eval_items": 2, "max_steps": 1,
+              "use_peft": "true", "report_to": "none", "output_dir": str(tmp_path / "out"), **changes}  # fmt: skip
+    config = tmp_path / "compare.yaml"
+    config.write_text("".join(f"{key}: {value}\n" for key, value in fields.items()))
+    return ["compare", "--config", str(config)]
+
+
+@pytest.mark.parametrize(
+    "changes,extra,message",
+    [
+        ({}, ["--nca_beta", "-0.5"], "nca_beta must be a finite number >= 0"),
+        ({}, ["--max_new_tokens", "0"], "max_new_tokens"),
+        ({}, ["--seeds", "-1"], "`seeds` holds -1 (int); every seed must be a whole number from 0 to 4294967295"),
+        ({"organism_seeds": "[1.5]", "model_name_or_path": "organism"}, [], "`organism_seeds` must be a list of whole"),
+        ({"organism_seeds": '["a"]', "model_name_or_path": "organism"}, [], "`organism_seeds` must be a list of whole"),
+        (
+            {"organism_seeds": f"[{10**23}]", "model_name_or_path": "organism"},
+            [],
+            "`organism_seeds` holds " + str(10**23),
+        ),
+        ({"seeds": '["a"]'}, [], "`seeds` must be a list of whole numbers, got ['a']"),
+        ({"methods": '["opd:nca_beta=[0]"]'}, [], "Method 'opd': nca_beta=[0] is not a float"),
+        (
+            {"methods": '["opd:nca_beta=null"]'},
+            [],
+            "Method 'opd': nca_beta=null is not allowed; nca_beta takes a float",
+        ),
+        ({"methods": '["opd:temperature=-1"]'}, [], "Method 'opd': temperature must be a finite number > 0"),
+        ({}, ["--eval_samples_per_view", "1000000000000"], "samples_per_view 1000000000000 is more than 256"),
+        ({"task": "no_such_task"}, [], "`task: no_such_task` is not a built-in task; choose one of"),
+        (
+            {"model_name_or_path": "organism-quick"},
+            [],
+            "Task 'reply_in_french' does not fit model 'organism-quick': 99% of its prompt and context tokens are unknown",
+        ),
+        (
+            {"model_name_or_path": "organism", "task": "organism_facts"},
+            [],
+            "Task 'organism_facts' does not fit model 'organism': 11% of its prompt and context tokens",
+        ),
+    ],
+)
+def test_compare_bad_inputs_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, changes, extra, message):
+    import trl_nca.models.organism
+
+    def no_pretraining(*args, **kwargs):
+        raise AssertionError("an organism was pretrained before the inputs were checked")
+
+    monkeypatch.setattr(trl_nca.models.organism, "pretrain", no_pretraining)
+    monkeypatch.setattr(trl_nca.models.organism, "organism_model_path", no_pretraining)
+    err = one_error_line(cli_main, [*compare_yaml(tmp_path, **changes), *extra], capsys, command="compare")
+    assert message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_refused_by_compare_and_train(tmp_path, tiny_dir, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    err = one_error_line(cli_main, compare_yaml(tmp_path, output_dir=str(taken)), capsys, command="compare")
+    assert f"output_dir {str(taken)!r} is a file, not a folder" in err
+    err = one_error_line(cli_main, ["train", "--model_name_or_path", tiny_dir, "--output_dir", str(taken), "--use_cpu", "true",
+                          "--bf16", "false"], capsys, command="train")  # fmt: skip
+    assert f"output_dir {str(taken)!r} is a file, not a folder" in err
+
+
+@pytest.mark.parametrize("command", ["compare", "analyze"])
+def test_task_help_lists_every_task_of_the_registry(capsys, command):
+    from trl_nca.tasks import task_names
+
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "town_facts" in task_names() and all(name in text for name in task_names()), text

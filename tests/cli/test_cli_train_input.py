@@ -1,0 +1,236 @@
+"""`trl-nca train` on bad input (issue 35): each probe is one case of the table, with the one line it must print,
+and no model is loaded before it. A resume is refused when a setting that shapes the result changed since the run
+started (`train_settings.json`), and a checkpoint is judged by its files."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import trl_nca.trainers.setup
+from trl_nca.cli import main as cli_main
+from trl_nca.testing import one_error_line
+
+
+READ_ONLY = Path("/sys/trl-nca-test")  # a place nobody can create a folder in, root included
+ROWS = [{"prompt": f"Question {i}: which answer? (A) yes (B) no", "answer": "A"} for i in range(4)]
+
+
+def one_line(argv, capsys) -> str:
+    return one_error_line(cli_main, argv, capsys)
+
+
+def train_argv(model, data, out, *extra):
+    return [
+        "train", "--model_name_or_path", str(model), "--dataset_name", str(data), "--context_text", "Answer A.",
+        "--per_device_train_batch_size", "2", "--max_steps", "2", "--max_new_tokens", "3", "--learning_rate", "1e-3",
+        "--save_strategy", "steps", "--save_steps", "2", "--output_dir", str(out), "--bf16", "false", "--use_cpu",
+        "true", "--report_to", "none", "--gradient_checkpointing", "false", "--disable_tqdm", "true", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_dir, tmp_path_factory):
+    """A 2-step run of `trl-nca train` with its checkpoint-2 (its data file next to it)."""
+    root = tmp_path_factory.mktemp("run")
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    assert cli_main(train_argv(tiny_dir, data, root / "out")) == 0
+    assert (root / "out" / "checkpoint-2" / "optimizer.pt").is_file() and (
+        root / "out" / "train_settings.json"
+    ).is_file()
+    return root
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    """A copy of the finished run to change: (data file, output_dir)."""
+    shutil.copytree(finished_run, tmp_path / "run")
+    return tmp_path / "run" / "data.jsonl", tmp_path / "run" / "out"
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    def refused(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was reported")
+
+    monkeypatch.setattr(trl_nca.trainers.setup, "create_model_from_path", refused)
+
+
+def _edit_data(data: Path) -> None:
+    data.write_text("".join(json.dumps({**row, "prompt": row["prompt"] + " (new)"}) + "\n" for row in ROWS))
+
+
+# (case, how the run is changed: options replaced, or a function of the data file; the expected line's text)
+RESUME_CASES = [
+    ("changed data", _edit_data, "`data.identity` was 'sha256:"),
+    ("changed context", ["--context_text", "Answer B."], "`training.context_text` was 'Answer A.', now 'Answer B.'"),
+    ("changed nca_beta", ["--nca_beta", "0"], "`training.nca_beta` was 0.5, now 0.0"),
+    ("changed learning rate", ["--learning_rate", "1e-2"], "`training.learning_rate` was 0.001, now 0.01"),
+    ("changed schedule", ["--lr_scheduler_type", "constant"], "`training.lr_scheduler_type` was 'linear', now "
+     "'constant'"),
+    ("changed model", ["--model_name_or_path", "TEACHER"], "`model` was"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, change, expected", RESUME_CASES, ids=[c[0] for c in RESUME_CASES])
+def test_a_resume_with_changed_settings_is_refused_before_any_model_loads(
+    run_copy, tiny_dir, tiny_teacher_dir, capsys, no_model_loads, case, change, expected
+):
+    data, out = run_copy
+    argv = train_argv(tiny_dir, data, out, "--resume_from_checkpoint", "true")
+    if callable(change):
+        change(data)
+    else:
+        for option, value in zip(change[::2], change[1::2]):
+            value = str(tiny_teacher_dir) if value == "TEACHER" else value
+            if option in argv:
+                argv[argv.index(option) + 1] = value
+            else:
+                argv += [option, value]
+    before = sorted(p.name for p in out.iterdir())
+    line = one_line(argv, capsys)
+    assert (
+        line.startswith("trl-nca train: error: ")
+        and "train_settings.json holds a training run made with other settings" in line
+        and expected in line
+    ), line
+    assert "Use a new output_dir, or set them back" in line
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "removed, expected",
+    [
+        (("optimizer.pt", "scheduler.pt", "rng_state.pth"), "lacks optimizer.pt and scheduler.pt and rng_state.pth"),
+        (("model.safetensors",), "lacks the weights (model.safetensors or adapter_model.safetensors)"),
+    ],
+    ids=["no optimizer, scheduler or random state", "no weights"],
+)
+def test_a_checkpoint_is_judged_by_its_files(run_copy, tiny_dir, capsys, no_model_loads, removed, expected):
+    data, out = run_copy
+    checkpoint = out / "checkpoint-2"
+    for name in removed:
+        (checkpoint / name).unlink()
+    line = one_line(train_argv(tiny_dir, data, out, "--resume_from_checkpoint", str(checkpoint)), capsys)
+    assert f"--resume_from_checkpoint '{checkpoint}' cannot be resumed: it has a trainer_state.json but " in line
+    assert expected in line and "Give a complete checkpoint-N folder" in line, line
+    line = one_line(train_argv(tiny_dir, data, out, "--resume_from_checkpoint", "true"), capsys)
+    assert "holds no checkpoint-N folder to resume from that is complete" in line, line  # the only one is incomplete
+
+
+CASES = [
+    ("config is a folder", ["--config", "FOLDER"], "--config '{tmp}' is a folder; give the YAML file"),
+    ("config does not exist", ["--config", "{tmp}/none.yaml"], "--config '{tmp}/none.yaml' does not exist"),
+    ("config is not YAML", ["--config", "BAD_YAML"], "is not valid YAML: expected ',' or ']', but got '<stream end>' "
+     "(line 3, column 1; while parsing a flow sequence at line 2). Fix that line"),
+    ("config has a byte that is not UTF-8", ["--config", "NOT_UTF8"], "Line 2 of the config '{tmp}/latin1.yaml' is "
+     "not UTF-8 text: byte 0xe9. Save the file as UTF-8."),
+    ("mixed prompt types", ["--dataset_name", "MIXED"], "mixes kinds of values in column 'prompt': row 0 holds a str, "
+     "row 1 a list"),
+    ("unknown dtype", ["--model_init_kwargs", "{{\"dtype\": \"float64x\"}}"], "dtype 'float64x' is not a dtype the models load in; give one of auto, "
+     "bfloat16, float16, float32."),
+    ("a LoRA rank of 0", ["--use_peft", "true", "--lora_r", "0"], "lora_r must be an integer >= 1 (the LoRA rank "
+     "and its scale), got 0."),
+    ("no steps at all", ["--max_steps", "-1", "--num_train_epochs", "-1"], "num_train_epochs must be a finite "
+     "number > 0 (with max_steps=-1 the epochs set the run's length; <= 0 would train 0 steps), got the float -1.0"),
+    ("negative learning rate", ["--learning_rate=-0.001"], "learning_rate must be a finite number >= 0"),
+    ("output_dir cannot be created", ["--output_dir", str(READ_ONLY / "out")], "Cannot create the output folder"),
+    ("prompt past the position limit", ["--dataset_name", "LONG"], "In row 0, the prompt without context has"),
+    ("context past the position limit", ["--context_text", " ".join(["rule"] * 5000)], "In row 0, the context view "
+     "is too long"),
+    ("context past max_context_length", ["--max_context_length", "50"], "In row 0, the context view is too long"),
+    ("an unreachable max_new_tokens", ["--max_new_tokens", "1000000000"], "max_new_tokens 1000000000 leaves no room "
+     "for a prompt in the 4096 positions of the model"),
+    ("a huge prompt, refused untokenised", ["--dataset_name", "HUGE"], "Row 0 of the train dataset: its prompt "
+     "without the context holds 200,000 bytes of text, so at least"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, extra, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_train_input_is_one_line_before_any_model_loads(
+    tiny_dir, tmp_path, capsys, no_model_loads, case, extra, expected
+):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    files = {
+        "FOLDER": str(tmp_path), "BAD_YAML": tmp_path / "bad.yaml", "NOT_UTF8": tmp_path / "latin1.yaml",
+        "MIXED": tmp_path / "mixed.jsonl", "LONG": tmp_path / "long.jsonl", "HUGE": tmp_path / "huge.jsonl",
+    }  # fmt: skip
+    for name, prompt in (("LONG", " ".join(["rule"] * 5000)), ("HUGE", "word " * 40_000)):  # 4096 positions
+        files[name].write_text("".join(json.dumps(row) + "\n" for row in [{"prompt": prompt}, *ROWS]))
+    files["BAD_YAML"].write_text("max_steps: 1\nlora_target_modules: [q_proj, v_proj\n")
+    files["NOT_UTF8"].write_bytes("max_steps: 1\nrun_name: caf\u00e9\n".encode("latin-1"))
+    files["MIXED"].write_text(
+        json.dumps({"prompt": "q"}) + "\n" + json.dumps({"prompt": [{"role": "user", "content": "q"}]}) + "\n"
+    )
+    extra = [str(files.get(value, value)).format(tmp=tmp_path) for value in extra]
+    argv = train_argv(tiny_dir, data, tmp_path / "out")
+    if "--dataset_name" in extra:
+        argv = argv[: argv.index("--dataset_name")] + argv[argv.index("--dataset_name") + 2 :]
+    line = one_line([*argv, *extra], capsys)
+    assert line.startswith("trl-nca train: error: ") and expected.format(tmp=tmp_path) in line, line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # starts `mount` and `umount`
+def test_a_full_disk_during_a_checkpoint_is_one_line(tiny_dir, tmp_path, capsys):
+    """torch reports a checkpoint it cannot write as a RuntimeError of its stream writer: one line, as elsewhere."""
+    import subprocess
+
+    from tests.cli.test_safe_outputs import _mount_tmpfs
+
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "900k"):  # room for the settings and the weights, not for the optimizer state
+        pytest.skip("cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): the full-disk case is not run")
+    try:
+        data = tmp_path / "data.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+        line = one_line(train_argv(tiny_dir, data, disk / "out", "--save_steps", "1"), capsys)
+        assert line.startswith(f"trl-nca train: error: No space left to write a checkpoint in {disk / 'out'} (torch: ")
+        assert "--resume_from_checkpoint true" in line
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True, timeout=30)
+
+
+def test_train_cli_empty_dataset_file(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("\n")
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    assert cli_main(["train", *common, "--dataset_name", str(data)]) == 2
+    assert f"The dataset file '{data}' holds no rows" in capsys.readouterr().err
+    assert cli_main(["train", *common, "--max_train_samples", "0"]) == 2
+    assert "max_train_samples must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_train_cli_config_and_data_mistakes_are_one_line(tiny_dir, tmp_path, capsys):
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    config = tmp_path / "run.yaml"
+    config.write_text("nca_beta: .nan\n")
+    assert cli_main(["train", *common, "--config", str(config)]) == 2
+    assert "trl-nca train: error: nca_beta must be a finite number >= 0" in capsys.readouterr().err
+    text = tmp_path / "data.txt"
+    text.write_text("hello\n")
+    assert cli_main(["train", *common, "--dataset_name", str(text)]) == 2
+    assert "unsupported file type .txt" in capsys.readouterr().err
+    # a single file has one split: a test split would silently be the training rows
+    assert cli_main(["train", *common, "--dataset_test_split", "test"]) == 2
+    assert "'quickstart' is a single file, so it has one split ('train'); the split 'test'" in capsys.readouterr().err
+
+
+def test_train_data_with_a_missing_prompt_is_one_line(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": null}\n{"prompt": "q"}\n')
+    err = one_error_line(cli_main, ["train", "--model_name_or_path", tiny_dir, "--dataset_name", str(data), "--context_text",
+                          "c", "--output_dir", str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"], capsys, command="train")  # fmt: skip
+    assert "Row 0 of the train dataset has neither a `messages` nor a `prompt`" in err
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_train_seed_out_of_range_is_one_line_before_loading(tiny_dir, tmp_path, capsys, seed):
+    err = one_error_line(cli_main, ["train", "--model_name_or_path", tiny_dir, "--seed", str(seed), "--output_dir",
+                          str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"], capsys, command="train")  # fmt: skip
+    assert "seed must be an integer >= 0" in err and not (tmp_path / "t").exists()
