@@ -19,7 +19,7 @@ else
     # the budget runs first: they fix the training budgets the other runs use
     names=(fr-budget isl-budget org-main org-100 org-sweep org-sweep-100 org-adaptive org-adaptive-100 org-gated fr-main
            flip-budget facts-budget org10-shift org10-flip org10-facts org10-shift-schedules units-shift units-flip
-           units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town fr-30)
+           units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town town-budget fr-30)
 fi
 for name in "${names[@]}"; do
     config="examples/configs/results/${name}.yaml"
