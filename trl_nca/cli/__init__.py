@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.console import Stopwatch, closing_line, quiet_library_bars, say, take_verbose_flag
 from ..core.launch import end_process_group
 from ..inputs import (
     BUILTIN_CONTEXTS,
@@ -25,6 +26,7 @@ from ..inputs import (
     write_text_atomic,
 )
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
+from . import explain
 
 
 # read_context, load_dataset_any and resume_checkpoint stay importable from here; they live in trl_nca.inputs and
@@ -254,10 +256,14 @@ class TrainingInterrupted(Exception):
 def _train(script_args, training_args, model_args):
     from ..models.names import EmbeddedModelUnavailableError
 
+    clock = Stopwatch()
     try:
         trainer, resume, settings, model_path, paired_dataset = _setup_training(script_args, training_args, model_args)
     except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
+    paired_items = None if paired_dataset is None else len(paired_dataset)
+    explain.opening(explain.train_opening(script_args, training_args, model_path, settings["data"]["rows"],
+                                          settings["peft"], paired_items))  # fmt: skip
     if trainer.accelerator.is_main_process:
         write_text_atomic(
             Path(training_args.output_dir) / TRAIN_SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n"
@@ -268,6 +274,9 @@ def _train(script_args, training_args, model_args):
         trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
     if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
         _paired_eval_after_training(trainer, script_args, training_args, model_path, paired_dataset)
+    output = Path(training_args.output_dir)
+    explain.opening(closing_line("train", clock.seconds, explain.outputs_of(
+        model=output, settings=output / TRAIN_SETTINGS, report=output / "paired_eval" / "report.md")))  # fmt: skip
     return trainer
 
 
@@ -433,15 +442,17 @@ def compare(argv: list[str] | None = None) -> dict:
             plan = plan_comparison(compare_args, training_args, model_args)
         except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
             raise CommandLineError(str(error)) from error
+        explain.opening(explain.compare_opening(plan))
         summary = execute(plan)
-    minutes, seconds = divmod(int(summary["wall_seconds"]), 60)
     print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
     if summary.get("tracking_reading"):
         print(f"{summary['tracking_reading']}\n")
     print(f"{summary['statistics_table']}\n")
     print(f"Figures: {', '.join(summary['figures'].values())}")
     print(f"Full paired report: {summary['report']}")
-    print(f"Total time: {minutes} min {seconds} s")
+    output = Path(training_args.output_dir)
+    say(closing_line("compare", summary["wall_seconds"], explain.outputs_of(
+        table=output / "comparison.md", summary=output / "comparison.json", report=summary["report"])))  # fmt: skip
     return summary
 
 
@@ -468,6 +479,7 @@ def experience(argv: list[str] | None = None) -> int:
                 f"{output.with_suffix('.txt')}."
             )
         check_output_file(history, "--output (its JSON history)")
+        clock = Stopwatch()
         env_kwargs = check_options(args.game_option, args.game, args.max_calls)
         loading.check_weights(loading.resolve_model_path(args.model), args.adapter, f"--model {args.model!r}")
         settings = game_generation_settings(
@@ -480,6 +492,7 @@ def experience(argv: list[str] | None = None) -> int:
         )
     except ValueError as error:  # InputError (EvalInputError) included
         parser.error(str(error))
+    explain.opening(explain.experience_opening(args, output))
     with output_file_lock(output, "trl-nca experience", "--output"):  # one writer of the text and its history
         try:
             model = loading.load_model(args.model, args.adapter, dtype=args.dtype, device=args.device)
@@ -490,6 +503,7 @@ def experience(argv: list[str] | None = None) -> int:
         write_text_atomic(history, json.dumps(result.to_dict(), indent=2) + "\n")
         write_text_atomic(output, (result.text or "") + "\n")
     print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
+    say(closing_line("experience", clock.seconds, {"experience": output, "history": history}))
     return 0
 
 
@@ -533,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    command, rest = argv[0], argv[1:]
+    command, rest = argv[0], take_verbose_flag(argv[1:])  # --verbose: the full log dicts and every library's bars
+    quiet_library_bars()
     if command not in COMMANDS:
         print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
