@@ -79,8 +79,12 @@ def test_each_logging_step_is_one_line_and_verbose_prints_the_dicts(tok, tmp_pat
     assert _records(trainer.state.log_history) == compact  # printing changes nothing that is recorded
 
 
-def test_the_bar_is_named_for_its_phase(tok, tmp_path, capsys, monkeypatch):
+def test_the_bar_is_named_for_its_phase_and_left_out_of_log_files(tok, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
+    trainer = tiny_trainer(tok, tmp_path, disable_tqdm=False, max_steps=1)
+    trainer.train()
+    assert "training:" not in capsys.readouterr().err  # stderr is no terminal here: no bar redrawn line after line
+    monkeypatch.setattr(console, "on_terminal", lambda: True)
     trainer = tiny_trainer(tok, tmp_path, disable_tqdm=False, max_steps=1)
     explain_training(trainer, "training nca/seed0")
     explain_training(trainer)  # idempotent: one bar, one estimate

@@ -40,6 +40,20 @@ def take_verbose_flag(argv: list[str]) -> list[str]:
     return [arg for arg in argv if arg != "--verbose"]
 
 
+def on_terminal() -> bool:
+    """Whether progress bars are drawn: on a terminal (stderr), or always when `verbose()`. In a log file a bar is
+    redrawn at every update and every line written above it (tqdm's own default, `disable=None`, leaves bars out
+    there too); the compact lines and the estimates say the progress."""
+    return verbose() or sys.stderr.isatty()
+
+
+def progress_bar(total: int, desc: str, unit: str, enabled: bool = True):
+    """A tqdm bar for one phase of a run, named for it; drawn only `on_terminal()`."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=not (enabled and on_terminal()))
+
+
 def say(text: str) -> None:
     """Print one line on stdout without breaking a progress bar drawn at the time (tqdm's write)."""
     from tqdm.auto import tqdm
@@ -179,10 +193,8 @@ class PhaseProgressCallback(ProgressCallback):
         self.phase, self.clock = phase, _StepClock()
 
     def on_train_begin(self, args, state, control, **kwargs):
-        from tqdm.auto import tqdm
-
         if state.is_world_process_zero:  # the base class's bar, with the phase's name from its first draw
-            self.training_bar = tqdm(total=state.max_steps, dynamic_ncols=True, desc=self.phase, unit="step")
+            self.training_bar = progress_bar(state.max_steps, self.phase, "step")
         self.current_step = 0
         self.clock.begin(state)
 
