@@ -189,3 +189,26 @@ def test_train_opens_with_what_it_will_do_and_closes_with_time_and_outputs(tiny_
     )
     # opening, 3 steps, the estimate, the end of training, closing: nothing else
     assert len(lines) == 7, lines
+
+
+def test_eval_opens_with_its_models_and_items_and_closes_with_its_outputs(tiny_dir, tmp_path, capsys):
+    from trl_nca.cli import main
+    from trl_nca.testing import CONTEXT
+
+    data = tmp_path / "items.jsonl"
+    rows = [{"prompt": f"Which? {i} (A) yes (B) no", "answer": "A", "context": CONTEXT} for i in range(4)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    argv = ["eval", "--model", f"base={tiny_dir}", "--dataset", str(data), "--max-new-tokens", "4", "--batch-size",
+            "2", "--bootstrap", "0", "--no-plots", "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == (
+        f"trl-nca eval: evaluate 1 model (base) paired on 4 items x 2 views (without and with the context) x 1 sample, "
+        f"at most 4 new tokens each; output {out}; time: printed after each model's first chunk of items, from its "
+        "rate measured in this run."
+    )
+    assert re.fullmatch(
+        rf"trl-nca eval: done in [\d.]+ s; report: {out}/report.md; summary: {out}/summary.json; records: {out}\.",
+        lines[-1],
+    )
