@@ -1,6 +1,6 @@
 """The opening line of each `trl-nca` command: what it will do, with how many models, where it writes, and where its
 time estimate comes from (each phase prints its own estimate from a rate measured in this run: a training after its
-first steps, `trl_nca.core.console.TrainingEstimate`; a paired evaluation after its first chunk,
+second step, `trl_nca.core.console.TrainingEstimate`; a paired evaluation after its first chunk,
 `trl_nca.eval.paired.estimate_line`). The closing line is `trl_nca.core.console.closing_line`. Printing only."""
 
 from __future__ import annotations
@@ -8,13 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core.console import ESTIMATE_STEPS, plural, say
+from ..core.console import plural, say
 
 
-TRAIN_TIME = (
-    f"time: printed after the first {ESTIMATE_STEPS} training steps, from their rate measured in this run (no default "
-    "is assumed)"
-)
+TRAIN_TIME = "time: printed after the second training step, from its rate measured in this run (no default is assumed)"
 EVAL_TIME = "time: printed after each model's first chunk of items, from its rate measured in this run"
 
 

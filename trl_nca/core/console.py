@@ -23,7 +23,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback, Tra
 
 
 VERBOSE_ENV = "TRL_NCA_VERBOSE"
-ESTIMATE_STEPS = 2  # the first optimizer steps of a run whose measured time gives the training estimate
+ESTIMATE_STEPS = 2  # the training estimate is printed after this many steps, from the last one's time
 
 
 def verbose() -> bool:
@@ -226,34 +226,33 @@ class CompactPrinterCallback(PrinterCallback):
 
 
 def training_estimate_line(
-    phase: str, steps_done: int, seconds: float, steps_left: int, max_steps: int, tracks: tuple[int, float] | None
+    phase: str, first: float, second: float, steps_left: int, max_steps: int, tracks: tuple[int, float] | None
 ) -> str:
-    """The estimate a training run prints after its first steps: their measured time, extrapolated to the steps left,
-    plus `tracks` = (evaluations left, seconds each) of a tracking callback. Measured on this machine in this run; the
-    first steps include one-time warm-up costs, so it errs long."""
-    rate = seconds / steps_done
-    more, also = rate * steps_left, ""
+    """The estimate a training run prints after its second step: the second step's measured time (the first holds
+    one-time warm-up costs, so it is shown but not extrapolated) times the steps left, plus `tracks` = (evaluations
+    left, seconds each) of a tracking callback. Measured on this machine in this run."""
+    more, also = second * steps_left, ""
     if tracks is not None and tracks[0] > 0:
         more += tracks[0] * tracks[1]
         also = f" and {plural(tracks[0], 'tracking evaluation')} of {tracks[1]:.1f} s"
     return (
-        f"{phase[:1].upper() + phase[1:]}: the first {plural(steps_done, 'step')} took {seconds:.1f} s "
-        f"({rate:.2f} s/step), so about {duration(more)} more for the {steps_left} steps left of {max_steps}{also} "
-        "(measured in this run, not a bound)."
+        f"{phase[:1].upper() + phase[1:]}: the first step took {first:.1f} s (with one-time warm-up), the second "
+        f"{second:.2f} s, so about {duration(more)} more for the {steps_left} steps left of {max_steps}{also} "
+        "(the second step's rate, measured in this run; not a bound)."
     )
 
 
 class TrainingEstimate(TrainerCallback):
-    """Times the first `ESTIMATE_STEPS` optimizer steps of a run and prints the training estimate
-    (`training_estimate_line`) once. A tracking callback (one with `eval_steps` and `eval_on_start`, such as
+    """Times the first two optimizer steps of a run and prints the training estimate (`training_estimate_line`) once,
+    after the second. A tracking callback (one with `eval_steps` and `eval_on_start`, such as
     `trl_nca.eval.PairedEvalCallback`) adds its evaluations: the one before the first step is timed (from the start of
-    training to this callback's own start, it being the last in the list) and counted once per evaluation left; those
-    within the first steps are taken out of the step rate. A run with no more steps than that prints none: its end is
-    as near as the estimate."""
+    training to this callback's own start, it being the last in the list) and counted once per evaluation left; one
+    that ends the second step is taken out of that step's time. A run with no steps left after the second prints
+    none: its end is as near as the estimate."""
 
-    def __init__(self, handler=None, phase: str = "training", steps: int = ESTIMATE_STEPS):
-        self.handler, self.phase, self.steps = handler, phase, steps
-        self.begun, self.start_time, self.start_step, self.line = None, None, 0, None
+    def __init__(self, handler=None, phase: str = "training"):
+        self.handler, self.phase = handler, phase
+        self.begun, self.start_time, self.start_step, self.laps, self.line = None, None, 0, [], None
 
     def _tracker(self):
         callbacks = [] if self.handler is None else self.handler.callbacks
@@ -261,26 +260,24 @@ class TrainingEstimate(TrainerCallback):
         return found[0] if found else None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.start_time, self.start_step, self.line = time.perf_counter(), state.global_step, None
+        self.start_time, self.start_step, self.laps, self.line = time.perf_counter(), state.global_step, [], None
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.line is not None or self.start_time is None:
+        if self.line is not None or self.start_time is None or len(self.laps) >= ESTIMATE_STEPS:
             return
-        done = state.global_step - self.start_step
+        self.laps.append(time.perf_counter())
         left = state.max_steps - state.global_step
-        if done < self.steps or left <= 0:
+        if len(self.laps) < ESTIMATE_STEPS or left <= 0:
             return
-        seconds = time.perf_counter() - self.start_time
+        first, second = self.laps[0] - self.start_time, self.laps[1] - self.laps[0]
         tracks, tracker = None, self._tracker()
         if tracker is not None and tracker.eval_on_start and self.begun is not None:
             each = self.start_time - self.begun  # the evaluation before the first step
-            within = state.global_step // tracker.eval_steps - self.start_step // tracker.eval_steps
+            if state.global_step % tracker.eval_steps == 0:  # the second step ended with one
+                second = max(second - each, 0.0)
             later = state.max_steps // tracker.eval_steps - state.global_step // tracker.eval_steps
-            seconds_steps = max(seconds - within * each, 0.0)
             tracks = (later, each)
-        else:
-            seconds_steps = seconds
-        self.line = training_estimate_line(self.phase, done, seconds_steps, left, state.max_steps, tracks)
+        self.line = training_estimate_line(self.phase, first, second, left, state.max_steps, tracks)
         if state.is_world_process_zero:
             say(self.line)
 
