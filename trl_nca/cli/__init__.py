@@ -55,7 +55,8 @@ USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
   experience  extract game experience from a model's own played episodes
           e.g. trl-nca experience --help
 
-Run `trl-nca COMMAND --help` for every option of a command."""
+Run `trl-nca COMMAND --help` for every option of a command; `--verbose` (any command) prints each training log's
+full dict and the libraries' progress bars."""
 
 
 @dataclass
