@@ -19,14 +19,26 @@ else
     # the budget runs first: they fix the training budgets the other runs use
     names=(fr-budget isl-budget org-main org-100 org-sweep org-sweep-100 org-adaptive org-adaptive-100 org-gated fr-main
            flip-budget facts-budget org10-shift org10-flip org10-facts org10-shift-schedules units-shift units-flip
-           units-shift-40 units-shift-late units-facts anchor-shift anchor-facts fr-30)
+           units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town fr-30)
 fi
 for name in "${names[@]}"; do
     config="examples/configs/results/${name}.yaml"
     [ -f "$config" ] || { echo "No experiment named $name: $config does not exist." >&2; exit 2; }
     echo "=== ${name} ($(date -u +%H:%M:%S) UTC)"
     SECONDS=0
-    trl-nca compare --config "$config"
+    case "$name" in
+        pilot-*)  # a pilot of docs/results.md section 11.1: the base only, one slice, no table
+            trl-nca compare --config "$config" --slice base
+            echo "=== ${name}: ${SECONDS} s"
+            continue ;;
+        fr-30)  # run as committed slices (section 11.1), the table built from them
+            for unit in base opd-seed0 nca-seed0 opd-seed1 nca-seed1 opd-seed2 nca-seed2; do
+                trl-nca compare --config "$config" --slice "$unit"
+            done
+            trl-nca compare --config "$config" --from_slices true ;;
+        *)
+            trl-nca compare --config "$config" ;;
+    esac
     echo "=== ${name}: ${SECONDS} s"
     python docs/results/build.py --add "${name}=outputs/results/${name}"
 done

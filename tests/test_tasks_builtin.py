@@ -14,7 +14,14 @@ from trl_nca.eval.scorers import (
     safe_score,
 )
 from trl_nca.tasks import get_task, task_names
-from trl_nca.tasks.builtin import FRENCH_TEST_FORMS, FRENCH_TRAIN_FORMS, ISLAND_ATTRIBUTES, island_sheet
+from trl_nca.tasks.builtin import (
+    FRENCH_TEST_FORMS,
+    FRENCH_TRAIN_FORMS,
+    ISLAND_ATTRIBUTES,
+    TOWN_ATTRIBUTES,
+    island_sheet,
+    town_sheet,
+)
 from trl_nca.testing import make_tiny_tokenizer
 
 
@@ -61,6 +68,21 @@ def test_island_items_ask_for_facts_of_their_own_sheet():
         assert row["answer"] in row["context"] and row["answer"] not in row["prompt"]
     train_prompts = {r["prompt"] for r in task.train}
     assert not train_prompts & {r["prompt"] for r in task.test}
+
+
+def test_town_items_ask_for_a_fact_of_the_one_sheet_in_unseen_forms():
+    task = get_task("town_facts")
+    facts = task.info["town"]
+    assert task.context.text == town_sheet(facts) and task.context.column is None  # one sheet for every item
+    assert len(set(facts.values())) == len(facts)
+    assert {row["attribute"] for row in task.test} == set(TOWN_ATTRIBUTES)
+    for row in task.train + task.test:
+        assert row["answer"] == facts[row["attribute"]] and row["answer"] in task.context.text
+        assert facts["town"] in row["prompt"] and row["answer"] not in row["prompt"]
+    questions = {split: {row["prompt"].split(". ")[-1].split(": ")[-1] for row in rows}
+                 for split, rows in (("train", task.train), ("test", task.test))}  # fmt: skip
+    assert not questions["train"] & questions["test"]  # no question form is shared
+    assert len(task.test) == 240 and len({r["prompt"] for r in task.test}) == 240
 
 
 @pytest.mark.parametrize("name", task_names())

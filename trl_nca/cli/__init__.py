@@ -443,6 +443,8 @@ def compare(argv: list[str] | None = None) -> dict:
             plan = plan_comparison(compare_args, training_args, model_args)
         except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
             raise CommandLineError(str(error)) from error
+        if compare_args.slice is not None or compare_args.from_slices:
+            return _compare_slices(compare_args, plan)
         explain.opening(explain.compare_opening(plan))
         summary = execute(plan)
     print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
@@ -455,6 +457,31 @@ def compare(argv: list[str] | None = None) -> dict:
     say(closing_line("compare", summary["wall_seconds"], explain.outputs_of(
         table=output / "comparison.md", summary=output / "comparison.json", report=summary["report"])))  # fmt: skip
     return summary
+
+
+def _compare_slices(compare_args, plan) -> dict:
+    """`trl-nca compare --slice UNIT` (one unit run, its slice written) or `--from_slices` (the tables built from the
+    slice files): `trl_nca.recipes.slices`."""
+    from ..recipes import slices
+
+    try:
+        if compare_args.from_slices:
+            summary = slices.build_from_slices(plan, compare_args.slices_dir)
+            print(f"\n{summary['table']}\n\n{summary['conclusion']}\n\n{summary['statistics_table']}\n")
+            print(f"Built from the slices in {compare_args.slices_dir}: {plan.root / 'comparison.md'}")
+            return summary
+        slices._check_unit(plan, compare_args.slice)
+        path = slices.run_slice(plan, compare_args.slice, compare_args.slices_dir)
+    except slices.SliceError as error:
+        raise CommandLineError(str(error)) from error
+    missing = slices.missing_units(plan, compare_args.slices_dir)
+    print(f"Slice {compare_args.slice} written: {path}")
+    print(
+        f"Units still without a slice: {', '.join(missing)}"
+        if missing
+        else f"Every unit has its slice: build the tables with --from_slices --slices_dir {compare_args.slices_dir}"
+    )
+    return json.loads(path.read_text())
 
 
 def experience(argv: list[str] | None = None) -> int:

@@ -89,6 +89,21 @@ class CompareArguments:
         metadata={"help": "Run the first N organisms of `organism_seeds` (in the order listed) that pass the exclusion "
                   "rule; the others are reported as not run. Default: all that pass."},
     )  # fmt: skip
+    slice: str | None = field(
+        default=None,
+        metadata={"help": "Run one unit of the comparison and write its slice file to `slices_dir`: `base` (or "
+                  "`base-orgN`), or a student such as `opd-seed0` (`nca-orgN-seedS` with organisms); the tables are "
+                  "then built with `from_slices` (trl_nca.recipes.slices). Default: run every unit."},
+    )  # fmt: skip
+    slices_dir: str | None = field(
+        default=None, metadata={"help": "Folder of the slice files of `slice` and `from_slices` (commit it)."}
+    )
+    from_slices: bool = field(
+        default=False,
+        metadata={"help": "Build the table, statistics and reading from the slice files in `slices_dir` alone, "
+                  "refusing a missing or left-over unit and a slice made with other settings, data, weights or "
+                  "versions; nothing is trained or evaluated."},
+    )  # fmt: skip
     workers: int = field(
         default=1,
         metadata={"help": "Students trained and evaluated at once, each in a process of its own with one CPU thread "
@@ -332,6 +347,14 @@ def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
     _check_count("track_items", args.track_items, 1)
     _check_count("workers", args.workers, 1)
     _check_count("organism_limit", args.organism_limit, 1, optional=True)
+    if (args.slice is not None or args.from_slices) and not args.slices_dir:
+        raise CompareInputError(
+            "`slice` and `from_slices` read and write slice files: give their folder as `slices_dir`."
+        )
+    if args.slice is not None and args.from_slices:
+        raise CompareInputError(
+            "`slice` runs one unit and `from_slices` builds the tables from finished ones: give one of them."
+        )
     rule = args.organism_min_base_acc_xc
     if rule is not None or args.organism_limit is not None:
         if args.organism_seeds is None:

@@ -112,8 +112,11 @@ def _evaluate_bases(plan: Plan, evaluated: Evaluated) -> dict[int | None, Any]:
     return tokenizers
 
 
-def _per_seed_rows(task: BuiltinTask, evaluated: Evaluated) -> dict[str, list[dict[str, Any]]]:
-    """Every evaluated model's metrics as one row, grouped by method (the base models under "base")."""
+def _per_seed_rows(
+    task: BuiltinTask, evaluated: Evaluated, diagnostics: dict[str, dict[str, float]] | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """Every evaluated model's metrics as one row, grouped by method (the base models under "base"). `diagnostics`:
+    each model's diagnostic rates when its records hold no text (a slice's, `recipes.slices`)."""
     from ..eval.report import summarize_run
 
     per_seed: dict[str, list[dict[str, Any]]] = {}
@@ -121,7 +124,7 @@ def _per_seed_rows(task: BuiltinTask, evaluated: Evaluated) -> dict[str, list[di
         method, organism, seed = evaluated.identity[run.name]
         metrics = summarize_run(run, n_bootstrap=0)["metrics"]
         row = {k: metrics.get(k) for k in SUMMARY_KEYS}
-        row.update(diagnostic_rates(task, run.records))
+        row.update(diagnostic_rates(task, run.records) if diagnostics is None else diagnostics[run.name])
         row.update(regime=metrics.get("regime"), organism=organism, seed=seed)
         per_seed.setdefault(method, []).append(row)
     return per_seed

@@ -11,6 +11,10 @@ Two families, one per kind of context in the paper:
   question forms never used in training, so a student can only answer them without the context by having
   internalised the sheets.
 
+`town_facts` (knowledge shared by every item, a second real-model task: docs/results.md section 11): one made-up
+town's four-fact sheet (river, festival month, mayor, founding year) is the one context; each question asks for one
+fact, held-out questions in forms and lead-ins never used in training.
+
 Three more, `organism_shift`, `organism_flip` and `organism_facts`, speak the model organism's digit language
 (`trl_nca.models.organism`): one fixed rule for every item (the instruction family), or per item the one fact of a small
 knowledge base that changes its answer (the knowledge family).
@@ -289,6 +293,98 @@ def island_facts(seed: int = 0, num_islands: int = 12) -> BuiltinTask:
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# town_facts: one made-up town's four-fact sheet, shared by every item
+
+TOWN_ATTRIBUTES = ("river", "festival", "mayor", "founded")
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December")  # fmt: skip
+
+TOWN_TRAIN_FORMS = {
+    "river": ("What river flows through {town}?", "Which river runs through {town}?", "Name the river of {town}.",
+              "What is the river in {town} called?", "Which river crosses {town}?", "What river is {town} on?"),
+    "festival": ("In which month is the festival of {town}?", "When is {town}'s festival held?",
+                 "Which month does {town} hold its festival in?", "What month is the {town} festival?",
+                 "When does {town} celebrate its festival?", "Name the month of the festival of {town}."),
+    "mayor": ("Who is the mayor of {town}?", "Name the mayor of {town}.", "Who is {town}'s mayor?",
+              "Which person is mayor of {town}?", "Who leads the town council of {town}?", "Who runs {town}?"),
+    "founded": ("When was {town} founded?", "In which year was {town} founded?", "What year was {town} founded in?",
+                "How old is {town}: when was it founded?", "Name the founding year of {town}.",
+                "When did {town} come into being?"),
+}  # fmt: skip
+TOWN_TEST_FORMS = {
+    "river": ("The river that flows past {town} is called what?", "If I walk along the water in {town}, which river "
+              "is it?", "{town} lies on which river?", "Tell me the name of the river at {town}.",
+              "What is the name of {town}'s river?", "Which river would I see in {town}?"),
+    "festival": ("I want to visit {town} for its festival. In which month should I go?", "The festival of {town} "
+                 "takes place in which month?", "Which month is festival time in {town}?",
+                 "Tell me when {town}'s yearly festival is.", "What month do people in {town} celebrate?",
+                 "In what month does the {town} festival happen?"),
+    "mayor": ("The mayor of {town} is who?", "Who was elected mayor of {town}?", "Tell me who the mayor of {town} is.",
+              "Who holds the office of mayor in {town}?", "Whom should I write to as the mayor of {town}?",
+              "Which name does the mayor of {town} have?"),
+    "founded": ("The town of {town} was founded in which year?", "Tell me the year {town} was founded.",
+                "In what year did {town} get founded?", "What is the founding year of {town}?",
+                "Since which year has {town} existed?", "Which year is {town}'s founding year?"),
+}  # fmt: skip
+TOWN_TRAIN_LEADS = ("", "Quick question. ", "I am reading about {town}. ", "For a school project: ",
+                    "My friend asked me this. ", "I am curious. ", "Help me with a quiz. ", "Please answer briefly. ",
+                    "I forgot this fact. ", "Here is a question. ")  # fmt: skip
+TOWN_TEST_LEADS = ("", "One thing I wonder: ", "I am planning a trip. ", "For my travel notes: ", "A visitor asks: ",
+                   "Settle a bet for me. ", "I need this for an essay. ", "Short answer please. ",
+                   "My grandmother lived there. ", "A question about a town. ")  # fmt: skip
+
+
+def town(seed: int = 0) -> dict[str, str]:
+    """The made-up town of `seed`: its name, river, festival month, mayor and founding year."""
+    rng = random.Random(f"town_facts:{seed}")
+    taken: set[str] = set()
+    name, river = (w.capitalize() for w in _made_up_words(rng, 2, 3, taken))
+    first, last = (w.capitalize() for w in _made_up_words(rng, 2, 2, taken))
+    return {"town": name, "river": river, "festival": rng.choice(_MONTHS), "mayor": f"{first} {last}",
+            "founded": str(rng.randint(1612, 1889))}  # fmt: skip
+
+
+def town_sheet(facts: dict[str, str]) -> str:
+    """The fact sheet (the one context) of the town."""
+    return (
+        f"Facts about the town of {facts['town']}: the river {facts['river']} flows through it; its festival is held "
+        f"every {facts['festival']}; its mayor is {facts['mayor']}; it was founded in {facts['founded']}."
+    )
+
+
+def town_facts(seed: int = 0) -> BuiltinTask:
+    """Questions about one made-up town; every item's context is the town's four-fact sheet (scorer `contains`).
+    Held-out items use question forms and lead-ins never used in training."""
+    facts = town(seed)
+    sheet = town_sheet(facts)
+    splits = {}
+    for split, forms, leads in (
+        ("train", TOWN_TRAIN_FORMS, TOWN_TRAIN_LEADS),
+        ("test", TOWN_TEST_FORMS, TOWN_TEST_LEADS),
+    ):
+        rows = [
+            {"id": f"{split}-{attribute}-{k}-{j}", "prompt": (lead + form).format(town=facts["town"]),
+             "answer": facts[attribute], "attribute": attribute}
+            for attribute in TOWN_ATTRIBUTES
+            for k, form in enumerate(forms[attribute])
+            for j, lead in enumerate(leads)
+        ]  # fmt: skip
+        random.Random(f"town_facts:{seed}:{split}").shuffle(rows)
+        splits[split] = rows
+    return BuiltinTask(
+        name="town_facts",
+        family="knowledge",
+        description="Questions about one made-up town; the context is the town's four-fact sheet, shared by all items.",
+        train=splits["train"],
+        test=splits["test"],
+        context=ContextSpec(column=None, text=sheet, placement="user", template=USER_TEMPLATE),
+        scorer="contains",
+        max_new_tokens=32,
+        info={"seed": seed, "context": sheet, "town": facts},
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # the model organism's language (trl_nca.models.organism): one rule for every item, or one fact per item
 
 ORGANISM_CONTEXT = "rule shift"
@@ -416,6 +512,7 @@ def organism_facts(seed: int = 0, num_train: int = 512, num_test: int = 240, num
 TASKS: dict[str, Callable[..., BuiltinTask]] = {
     "reply_in_french": reply_in_french,
     "island_facts": island_facts,
+    "town_facts": town_facts,
     "organism_shift": organism_shift,
     "organism_flip": organism_flip,
     "organism_facts": organism_facts,

@@ -1,0 +1,137 @@
+"""A comparison run as slices (`trl-nca compare --slice UNIT`, `--from_slices`) gives the whole run's numbers, and a
+slice that cannot join its table is refused naming the file and the difference."""
+
+import json
+import shutil
+
+import pytest
+
+
+CONFIG = """
+model_name_or_path: {model}
+task: reply_in_french
+seeds: [0, 1]
+methods: ["opd:nca_beta=0", "nca:nca_beta=0.5"]
+num_train: 4
+eval_items: 3
+eval_samples_per_view: 2
+output_dir: {out}
+max_new_tokens: 4
+max_steps: 2
+per_device_train_batch_size: 2
+learning_rate: 1.0e-3
+use_peft: true
+lora_r: 2
+lora_alpha: 4
+lora_target_modules: [q_proj, v_proj]
+logging_steps: 1
+report_to: none
+disable_tqdm: true
+"""
+
+UNITS = ["base", "opd-seed0", "opd-seed1", "nca-seed0", "nca-seed1"]
+
+
+@pytest.fixture(scope="module")
+def sliced(tmp_path_factory, tiny_dir):
+    """The same comparison run whole and as five slices (each in a fresh output folder, as separate sittings)."""
+    from trl_nca.cli import compare
+
+    root = tmp_path_factory.mktemp("slices")
+    config = root / "compare.yaml"
+    config.write_text(CONFIG.format(model=tiny_dir, out=root / "whole"))
+    whole = compare(["--config", str(config)])
+    for i, unit in enumerate(UNITS):
+        written = compare(["--config", str(config), "--output_dir", str(root / f"sitting{i}"), "--slice", unit,
+                           "--slices_dir", str(root / "slices")])  # fmt: skip
+        assert written["unit"] == unit
+    built = compare(["--config", str(config), "--output_dir", str(root / "built"), "--from_slices", "true",
+                     "--slices_dir", str(root / "slices")])  # fmt: skip
+    return root, config, whole, built
+
+
+def test_slices_give_the_whole_runs_table_and_statistics(sliced):
+    root, _, whole, built = sliced
+    assert sorted(p.stem for p in (root / "slices").glob("*.json")) == sorted(UNITS)
+    assert built["per_seed"] == whole["per_seed"]
+    assert built["aggregated"] == whole["aggregated"]
+    assert built["statistics"] == json.loads(json.dumps(whole["statistics"]))
+    assert built["table"] == whole["table"] and built["statistics_table"] == whole["statistics_table"]
+    assert built["conclusion"] == whole["conclusion"]
+    assert built["curves"] == whole["curves"]  # the students' training curves travel with their slices
+    one = json.loads((root / "slices" / "nca-seed1.json").read_text())
+    assert len(one["items"]) == 3 and len(one["items"][0]["x"]) == 2  # 2 samples per view, no text
+    outcomes = [value for item in one["items"] for view in ("x", "xc") for sample in item[view] for value in sample]
+    assert all(type(value) is int for value in outcomes) and one["machine"]["cpu_capability"]  # counts, no text
+    assert "(from the slices in" in (root / "built" / "comparison.md").read_text()
+
+
+def _refused(capsys, root, config, slices, *extra):
+    from trl_nca.cli import main
+
+    capsys.readouterr()
+    code = main(["compare", "--config", str(config), "--output_dir", str(root / "refused"), "--from_slices", "true",
+                 "--slices_dir", str(slices), *extra])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert not (root / "refused" / "comparison.json").exists()
+    return err
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("missing", "lacks the slices ['opd-seed1']"),
+        ("stray", "holds slices ['sdft-seed0'] that are not units"),
+        ("data", "`data_sha256` was 'other'"),
+        ("weights", "`weights_sha256.None` was 'other'"),
+        ("versions", "`versions.transformers` was '0.0'"),
+        ("settings", "`settings.training.learning_rate` was 0.5, now 0.001"),
+        ("cut", "is not a readable slice"),
+    ],
+)
+def test_a_slice_that_cannot_join_the_table_is_refused_naming_it(sliced, tmp_path, capsys, change, message):
+    root, config, _, _ = sliced
+    slices = tmp_path / "slices"
+    shutil.copytree(root / "slices", slices)
+    target = slices / "opd-seed1.json"
+    data = json.loads(target.read_text())
+    if change == "missing":
+        target.unlink()
+    elif change == "stray":
+        shutil.copy(target, slices / "sdft-seed0.json")
+    elif change == "cut":
+        target.write_text(target.read_text()[:100])
+    else:
+        if change == "data":
+            data["data_sha256"] = "other"
+        elif change == "weights":
+            data["weights_sha256"] = {"None": "other"}
+        elif change == "versions":
+            data["versions"]["transformers"] = "0.0"
+        else:
+            data["settings"]["training"]["learning_rate"] = 0.5
+        target.write_text(json.dumps(data))
+    err = _refused(capsys, root, config, slices)
+    assert message in err, err
+    if change not in ("missing", "stray"):
+        assert str(target) in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--slice", "opd-seed7", "--slices_dir", "S"], "`slice: opd-seed7` is not a unit of this comparison"),
+        (["--slice", "base"], "give their folder as `slices_dir`"),
+        (["--slice", "base", "--from_slices", "true", "--slices_dir", "S"], "give one of them"),
+    ],
+)
+def test_bad_slice_options_are_one_line_before_any_work(sliced, tmp_path, capsys, argv, message):
+    from trl_nca.cli import main
+
+    _, config, _, _ = sliced
+    capsys.readouterr()
+    code = main(["compare", "--config", str(config), "--output_dir", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
