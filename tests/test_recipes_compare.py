@@ -119,7 +119,7 @@ disable_tqdm: true
     assert re.fullmatch(
         r"trl-nca compare: done in [\d.]+ s; table: .*comparison.md; summary: .*; report: .*\.", printed[-1]
     )
-    assert sum(line.startswith("step ") for line in printed) == 8 and not any("{'" in line for line in printed)
+    assert sum(line.startswith("step ") for line in printed) == 8 and not any("{'" in line for line in printed), printed
     out = tmp_path / "out"
     assert list(summary["per_seed"]) == ["base", "opd", "nca"]
     assert [row["seed"] for row in summary["per_seed"]["nca"]] == [0, 1]
