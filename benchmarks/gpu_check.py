@@ -1,26 +1,29 @@
-"""The GPU check: one call on a bare GPU machine (`bash benchmarks/gpu_check.sh`), which
+"""The GPU check: one call on a bare GPU machine (`bash benchmarks/gpu_check.sh`), in parts, each its own process
+with its own timeout (`PARTS`; killed at it, and the next part runs). The JSON (`--out`) is rewritten as each part
+ends, and a step part rewrites its own file after every step, so a run killed at any point keeps what finished.
 
-1. reports the environment: every import trl-nca needs, every requirement of the installed distributions that is not
-   met, and why deepspeed is absent where it is (it cannot travel as a binary wheel);
-2. launches `examples/medmcqa.py` the way users launch it under DDP (`accelerate launch --config_file
-   examples/accelerate/ddp.yaml`), on one process, with the tiny model of `trl_nca.testing` and a local MedMCQA-format
-   JSONL, and checks that training and the paired evaluation ran to the end (exit code 0 and the report files);
-3. measures OPD (`nca_beta=0`) against NCA (`nca_beta=0.5`) at the shapes of Qwen3-1.7B and Qwen3-8B: seconds per
-   training step with on-policy sampling included, the sampling's share of it, and peak memory.
+1. `environment`: every import trl-nca needs, every requirement of the installed distributions that is not met, the
+   device, and the accelerator DeepSpeed detects (it travels as a pure-Python wheel).
+2. `opd`, `nca`, `nca-zero3`: one NCATrainer step at the shape of Qwen3-8B (random weights from the published
+   config.json, bf16) at real lengths: batch 4, each row a prompt of at least 1536 tokens, a system context of at
+   least 1024 and a completion of 1024 fixed random tokens (the trainer's sampling replaced, so OPD and NCA train on
+   the same tokens and the time is the training step's alone); `nca_beta` 0 (OPD) and 0.5 (constant anchor), and NCA
+   under ZeRO-3 at world size 1 (`accelerate launch --config_file examples/accelerate/zero3.yaml --num_processes 1`).
+   LoRA r 16 on q/k/v/o, the teacher is the student with its adapter disabled, gradient checkpointing on (TRL's
+   default; the trainer settles the reentrant choice and records it). A fresh process and model per part, one
+   untimed step, then 2 timed (median wall time, CUDA-synchronised); peak memory is the CUDA allocator's maximum over
+   the timed steps above what was allocated before the model was built.
+3. `nca-sampled`: one sampled NCA step of 256 tokens per row (`min_new_tokens = max_new_tokens`), the sampling timed
+   inside the step (the trainer's own `generate` call), after one untimed sampled step.
+4. `launch`: `examples/medmcqa.py` launched as users launch it (zero3.yaml, one process, LoRA) on the tiny model of
+   `trl_nca.testing`: 2 steps saving a checkpoint after each, a resume to step 3, the paired evaluation.
 
-Models are built with random weights from the published architectures (the models' config.json, written out below),
-in bf16, which costs the same time and memory as the trained model. Every step samples on-policy (`lmbda=1`) with
-`min_new_tokens = max_new_tokens`, so each row's completion has exactly `--completion-tokens` tokens, both variants do
-the same work, and the step time does not depend on when sampling would stop. LoRA self-distillation (r 16 on q/k/v/o,
-the teacher is the student with its adapter disabled), gradient checkpointing on. Per model and variant: a fresh model
-(same seed), `--warmup` untimed steps, then `--steps` timed steps (median wall time, CUDA-synchronised); peak memory is
-the CUDA allocator's maximum over the timed steps (allocated and reserved) above what was allocated before the model
-was built. Results are written to `--out` after every run, so a run cut short still leaves what it measured; a run
-that would not finish within `--budget-s` is skipped and listed as skipped.
+Every figure in the JSON sits under a `measured` key beside the `measured_on` it was measured on (device name,
+dtype, versions); settings sit under `settings`, timeouts under `budget` and `timeout_s`; nothing is estimated.
 
-`--dry-run` runs the same functions on the CPU with tiny models (the sizes of `trl_nca.testing`'s tiny model, in the
-same architecture), fp32, a few tokens: it checks that the script works before a GPU is lent and claims nothing about
-time or memory. Without a GPU the script refuses to run anything but `--dry-run`.
+`--dry-run` runs the same parts on the CPU with tiny models (the sizes of `trl_nca.testing`'s tiny model, in the same
+architecture), fp32, a few tokens: it checks that the script works before a GPU is lent and claims nothing about
+GPU time or memory. Without a GPU the script refuses to run anything but `--dry-run`.
 
 `--plan-wheels DIR` (used by `benchmarks/download_wheels.sh`) checks the wheels in DIR against what the GPU machine
 is known to have installed (`GPU_MACHINE`): every requirement of every wheel must be met by another wheel or by the
@@ -30,7 +33,6 @@ machine.
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import importlib.metadata
 import importlib.util
@@ -38,25 +40,24 @@ import json
 import os
 import platform
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 
-# Published architectures (Qwen/Qwen3-1.7B and Qwen/Qwen3-8B, config.json), random weights.
+# The published architecture (Qwen/Qwen3-8B, config.json), random weights.
 SHAPES = {
-    "qwen3-1.7b": dict(
-        model_type="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=True,
-    ),
     "qwen3-8b": dict(
         model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
@@ -92,6 +93,10 @@ DEEPSPEED_ABSENT = (
 
 TARGETS = {"fits_gib": 80.0, "memory_ratio": 1.15, "time_ratio": 1.3}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+QUESTION_WORDS = (
+    "A patient presents with fatigue, weight loss and increased thirst over several weeks. Laboratory results show "
+    "raised fasting glucose and ketones in the urine. Which organ produces the hormone whose lack explains this? "
+)
 CONTEXT_WORDS = (
     "Read the question and every option before you decide. Recall the relevant facts, rule out the options that "
     "contradict them and prefer the most specific correct option. Keep your reasoning short and factual. "
@@ -312,23 +317,13 @@ def medmcqa_rows(n: int) -> list[dict]:
     ]  # fmt: skip
 
 
-def launch_model(work: Path, dry_run: bool) -> str:
-    """The launched student: on the GPU a random model of Qwen3-1.7B's published config (bf16, the tiny tokenizer,
-    whose ids the wider output layer covers); in a dry run the tiny model of `trl_nca.testing`."""
-    from trl_nca.testing import make_tiny_tokenizer, save_tiny_model
+def launch_model(work: Path) -> str:
+    """The launched student: the tiny model of `trl_nca.testing`, on the GPU too. The launch checks that the user's
+    command runs to the end there (ZeRO-3, save, resume, paired evaluation); the 8B-shaped parts measure scale, and
+    a larger model here would spend the call's minutes on loading it twice."""
+    from trl_nca.testing import save_tiny_model
 
-    if dry_run:
-        return save_tiny_model(work / "tiny", seed=0)
-    import torch
-
-    folder = work / "qwen3-1.7b-random"
-    tok = make_tiny_tokenizer()
-    model = build_model(SHAPES["qwen3-1.7b"], tok, "cuda", torch.bfloat16)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    del model
-    torch.cuda.empty_cache()
-    return str(folder)
+    return save_tiny_model(work / "tiny", seed=0)
 
 
 def _launch(command: list[str], timeout_s: float) -> tuple[object, str, float]:
@@ -346,7 +341,7 @@ def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float, config: str = LA
     README's launch; `ddp.yaml` where deepspeed is missing) with LoRA on 64 local rows, twice: 2 steps that save a
     checkpoint after each, then `--resume_from_checkpoint true` to step 3, each ending with the paired evaluation of
     base and student. The launcher's torchrun sets LOCAL_RANK; on a CPU (dry run) DeepSpeed gets `ddp_backend gloo`."""
-    model = launch_model(work, dry_run)
+    model = launch_model(work)
     data = work / "medmcqa.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in medmcqa_rows(64)) + "\n")
     out = work / "medmcqa-out"
@@ -402,7 +397,36 @@ def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float, config: str = LA
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The step benchmark
+# The step benchmark: one 8B-shaped NCATrainer step per part
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a step part trains on: `batch` rows per step, each a prompt of at least `prompt_tokens` tokens (rendered
+    by the chat template) and a system context of at least `context_tokens`; fixed completions of `completion_tokens`
+    random tokens, or `sampled_tokens` sampled on-policy (`min_new_tokens = max_new_tokens`, so exactly that many)."""
+
+    batch: int
+    prompt_tokens: int
+    context_tokens: int
+    completion_tokens: int
+    sampled_tokens: int
+    warmup: int
+    steps: int
+    sampled_steps: int
+
+
+# The issue's real lengths (prompt 1.5k, context 1k, completion 1k tokens), and the dry run's few tokens.
+GPU_WORKLOAD = Workload(batch=4, prompt_tokens=1536, context_tokens=1024, completion_tokens=1024, sampled_tokens=256,
+                        warmup=1, steps=2, sampled_steps=1)  # fmt: skip
+DRY_RUN_WORKLOAD = Workload(batch=2, prompt_tokens=24, context_tokens=16, completion_tokens=8, sampled_tokens=8,
+                            warmup=1, steps=1, sampled_steps=1)  # fmt: skip
+STEP_PARTS = {  # part: (nca_beta, ZeRO-3 at world size 1, completions sampled)
+    "opd": (0.0, False, False),
+    "nca": (0.5, False, False),
+    "nca-zero3": (0.5, True, False),
+    "nca-sampled": (0.5, False, True),
+}  # fmt: skip
 
 
 def dry_run_shape(shape: dict, tok) -> dict:
@@ -426,34 +450,44 @@ def build_config(shape: dict, tok=None):
     return AutoConfig.for_model(shape.pop("model_type"), **shape)
 
 
-def build_model(shape: dict, tok, device: str, dtype, seed: int = 0):
+def build_model(shape: dict, tok, device: str | None, dtype, seed: int = 0):
+    """Random weights. `device=None` under ZeRO-3: transformers builds the model inside DeepSpeed's `zero.Init`,
+    which places each partition itself."""
     import torch
     from transformers import AutoModelForCausalLM
 
     config = build_config(shape, tok)
     torch.manual_seed(seed)
-    with torch.device(device):
+    with torch.device(device) if device is not None else nullcontext():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     return model
 
 
-def build_dataset(tok, rows: int, context_tokens: int):
-    """Text rows: a question as the prompt and a system context of at least `context_tokens` tokens; and the token
-    lengths of the first row's prompt without and with the context."""
+def _text_of(tok, words: str, tokens: int, render=lambda text: text) -> str:
+    """`words` repeated until `render(text)` is at least `tokens` tokens long."""
+    words, text, i = words.split(), "", 0
+    while len(tok(render(text))["input_ids"]) < tokens:
+        text += " ".join(words[i % len(words)] for i in range(i, i + 8)) + " "
+        i += 8
+    return text
+
+
+def build_dataset(tok, rows: int, workload: Workload):
+    """Text rows: a question of at least `prompt_tokens` tokens once rendered, and a system context of at least
+    `context_tokens`; and the rendered lengths of the first row without and with the context."""
     from datasets import Dataset
 
     from trl_nca.core.views import ContextSpec
     from trl_nca.trainers.data import Limits, prepare_dataset
 
-    words = CONTEXT_WORDS.split()
-    context, i = "", 0
-    while len(tok(context)["input_ids"]) < context_tokens:
-        context += words[i % len(words)] + " "
-        i += 1
-    prompts = [f"Question {k}: which organ produces insulin? (A) Liver (B) Spleen (C) Pancreas (D) Kidney" for k in
-               range(rows)]  # fmt: skip
+    def rendered(text):
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+
+    context = _text_of(tok, CONTEXT_WORDS, workload.context_tokens)
+    body = _text_of(tok, QUESTION_WORDS, workload.prompt_tokens, lambda text: rendered("Question 0: " + text))
+    prompts = [f"Question {k}: {body}" for k in range(rows)]
     text = Dataset.from_dict({"prompt": prompts, "context": [context] * rows})
     first = prepare_dataset(text.select([0]), tok, ContextSpec(column="context"), Limits(max_new_tokens=1), "probe")
     return text, (len(first[0]["prompt_ids"]), len(first[0]["context_prompt_ids"]))
@@ -461,18 +495,25 @@ def build_dataset(tok, rows: int, context_tokens: int):
 
 class Meter:
     """Step wall times (step end to step end, CUDA-synchronised), the sampling time and tokens inside each step, and
-    the allocator's peaks over the timed steps."""
+    the allocator's peaks over the timed steps. `report` is called after every step (the part's file is rewritten)."""
 
-    def __init__(self, device: str, warmup: int):
-        self.device, self.warmup, self.times, self.last, self.step = device, warmup, [], None, 0
+    def __init__(self, device: str, warmup: int, report=lambda: None):
+        self.device, self.warmup, self.report, self.times, self.last, self.step = device, warmup, report, [], None, 0
         self.sampling, self.new_tokens, self.sampled_tokens = [], [], []
-        self.resident = self.peak_allocated = self.peak_reserved = float("nan")
+        self.resident = self.peak_allocated = self.peak_reserved = None
 
     def sync(self):
         import torch
 
         if self.device == "cuda":
             torch.cuda.synchronize()
+
+    def peaks(self):
+        import torch
+
+        if self.device == "cuda" and self.step > self.warmup:
+            self.peak_allocated = torch.cuda.max_memory_allocated() / 2**30
+            self.peak_reserved = torch.cuda.max_memory_reserved() / 2**30
 
     def time_sampling(self, trainer):
         """Wrap the trainer's own sampling call (`NCATrainer._generate`) to time it inside the step."""
@@ -511,127 +552,144 @@ class Meter:
                 if state.global_step == meter.warmup and meter.device == "cuda":
                     meter.resident = torch.cuda.memory_allocated() / 2**30
                     torch.cuda.reset_peak_memory_stats()
+                meter.peaks()
+                meter.report()
                 meter.last = time.perf_counter()
-
-            def on_train_end(self, args, state, control, **kwargs):
-                if meter.device == "cuda":
-                    meter.peak_allocated = torch.cuda.max_memory_allocated() / 2**30
-                    meter.peak_reserved = torch.cuda.max_memory_reserved() / 2**30
 
         return _Callback()
 
 
-def run_variant(name, shape, variant, beta, tok, data, cli, device, dtype, out_dir, share_prefix=True) -> dict:
-    """One model and variant: a fresh model, `warmup + steps` on-policy steps, each sampling exactly
-    `completion_tokens` tokens per row."""
+def fix_completions(trainer, tokens: int, tok, seed: int = 0):
+    """Replace the trainer's sampling by `tokens` fixed random tokens per row (no special token), drawn from one
+    seeded generator: every part trains on the same completions, and the step time leaves sampling out."""
+    import torch
+
+    from trl_nca.testing import SPECIAL_TOKENS
+
+    generator = torch.Generator().manual_seed(seed)
+
+    def fixed(model, prompts, prompt_mask, teacher=None):
+        ids = torch.randint(len(SPECIAL_TOKENS), len(tok), (prompts.shape[0], tokens), generator=generator)
+        return ids.to(prompts.device), torch.ones_like(ids, device=prompts.device)
+
+    trainer._generate = fixed
+
+
+def measured_on(device: str, dtype, dry_run: bool) -> dict:
+    """What every figure of a part was measured on."""
+    import torch
+
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        memory = torch.cuda.get_device_properties(0).total_memory / 2**30
+        device_text = f"{name} ({memory:.0f} GiB, CUDA {torch.version.cuda})"
+    else:
+        device_text = f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    return {
+        "device": device_text, "dtype": str(dtype).replace("torch.", ""), "versions": versions(), "dry_run": dry_run,
+        "host": platform.node(),
+    }  # fmt: skip
+
+
+def run_step_part(part: str, cli, write) -> None:
+    """One 8B-shaped part (`STEP_PARTS`): a fresh process, a fresh model, `warmup + steps` NCATrainer steps with LoRA
+    r 16 on q/k/v/o, the self-teacher, gradient checkpointing on; `write(document)` after every step."""
     import torch
     from peft import LoraConfig
 
     from trl_nca import NCAConfig, NCATrainer
+    from trl_nca.testing import make_tiny_tokenizer
 
-    baseline = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else float("nan")  # left by earlier runs
-    model = build_model(shape, tok, device, dtype)
-    meter = Meter(device, cli.warmup)
-    args = NCAConfig(
-        output_dir=str(out_dir / f"{name}-{variant}"), max_steps=cli.warmup + cli.steps,
-        per_device_train_batch_size=cli.batch, lmbda=1.0, nca_beta=beta, bf16=dtype == torch.bfloat16,
-        use_cpu=device == "cpu", gradient_checkpointing=True, learning_rate=1e-5, max_new_tokens=cli.completion_tokens,
-        max_length=None, report_to=[], save_strategy="no", logging_steps=10_000, disable_tqdm=True, seed=0,
-        divergence_support=cli.support, dataloader_num_workers=0, share_prefix=share_prefix,
+    beta, zero3, sampled = STEP_PARTS[part]
+    device = "cpu" if cli.dry_run else "cuda"
+    dtype = torch.float32 if cli.dry_run else torch.bfloat16
+    workload = workload_of(cli)
+    steps = workload.sampled_steps if sampled else workload.steps
+    tok = make_tiny_tokenizer()
+    shape = dry_run_shape(SHAPES[MODEL], tok) if cli.dry_run else SHAPES[MODEL]
+    data, (prompt_len, context_len) = build_dataset(tok, workload.batch * (workload.warmup + steps), workload)
+    tokens = workload.sampled_tokens if sampled else workload.completion_tokens
+    document = {
+        "status": "running",
+        "settings": {
+            "model": MODEL + (" architecture at trl_nca.testing's tiny sizes (dry run)" if cli.dry_run else ""),
+            "shape": shape, "parameters": _parameters(shape), "nca_beta": beta,
+            "nca_beta_schedule": "constant", "completions": "sampled on-policy" if sampled else "fixed random tokens",
+            "completion_tokens": tokens, "batch": workload.batch, "prompt_tokens": prompt_len,
+            "context_prompt_tokens": context_len, "warmup_steps": workload.warmup, "timed_steps": steps,
+            "lora": {"r": 16, "alpha": 32, "target_modules": LORA_TARGETS},
+            "teacher": "LoRA self-teacher (adapter disabled)", "gradient_checkpointing": True,
+            "launcher": f"accelerate launch --config_file {LAUNCH_CONFIG} --num_processes 1" if zero3 else "python",
+        },
+        "measured": {},
+        "measured_on": measured_on(device, dtype, cli.dry_run),
+    }  # fmt: skip
+    baseline = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else None
+    args = NCAConfig(  # before the model: under ZeRO-3 it is what makes transformers build the model partitioned
+        output_dir=str(Path(cli.work) / part), max_steps=workload.warmup + steps,
+        per_device_train_batch_size=workload.batch, lmbda=1.0, nca_beta=beta, nca_beta_schedule="constant",
+        bf16=dtype == torch.bfloat16, use_cpu=device == "cpu", gradient_checkpointing=True, learning_rate=1e-5,
+        max_new_tokens=tokens, max_length=None, report_to=[], save_strategy="no", logging_steps=10_000,
+        disable_tqdm=True, seed=0, dataloader_num_workers=0, **({"ddp_backend": "gloo"} if zero3 and cli.dry_run else {}),
     )  # fmt: skip
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if zero3 != is_deepspeed_zero3_enabled():
+        raise RuntimeError(f"{part}: ZeRO-3 expected {zero3}, enabled {is_deepspeed_zero3_enabled()}")
+    model = build_model(shape, tok, None if zero3 else device, dtype)
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS)
+
+    def report():
+        document["measured"] = _step_figures(meter, baseline, sampled)
+        write(document)
+
+    meter = Meter(device, workload.warmup, report)
     trainer = NCATrainer(
         model=model, teacher_model=None, args=args, train_dataset=data, processing_class=tok, callbacks=[meter.callback()],
         peft_config=peft_config,
     )  # fmt: skip
-    # every sample exactly completion_tokens long: no early end-of-sequence, the same work in both variants
-    trainer.generation_config.min_new_tokens = cli.completion_tokens
-    trainer.generation_kwargs["min_new_tokens"] = cli.completion_tokens
-    meter.time_sampling(trainer)
+    if zero3:
+        state = trainer.accelerator.state
+        document["settings"]["zero_stage"] = state.deepspeed_plugin.zero_stage
+        document["settings"]["world_size"] = state.num_processes
+    document["settings"]["gradient_checkpointing_kwargs"] = trainer.args.gradient_checkpointing_kwargs
+    document["settings"]["teacher_type"] = type(trainer._teacher()).__name__
+    if sampled:  # every sample exactly `tokens` long: no early end-of-sequence
+        trainer.generation_config.min_new_tokens = tokens
+        trainer.generation_kwargs["min_new_tokens"] = tokens
+        meter.time_sampling(trainer)
+    else:
+        fix_completions(trainer, tokens, tok)
+    write(document)
     trainer.train()
-    expected = [cli.completion_tokens] * cli.steps
-    if meter.new_tokens != expected or meter.sampled_tokens != [cli.batch * cli.completion_tokens] * cli.steps:
+    if sampled and (meter.new_tokens != [tokens] * steps or meter.sampled_tokens != [workload.batch * tokens] * steps):
         raise RuntimeError(
-            f"{name} {variant}: the timed steps sampled {meter.new_tokens} new tokens per row "
-            f"({meter.sampled_tokens} in all), expected {expected} ({cli.batch * cli.completion_tokens} each)"
+            f"{part}: the timed steps sampled {meter.new_tokens} new tokens per row ({meter.sampled_tokens} in all), "
+            f"expected {[tokens] * steps} ({workload.batch * tokens} each)"
         )
-    step = statistics.median(meter.times)
-    sampling = statistics.median(meter.sampling)
-    row = {
-        "model": name, "variant": variant, "nca_beta": beta, "share_prefix": share_prefix,
-        "teacher": type(trainer._teacher()).__name__, "step_s": step, "step_s_all": meter.times,
-        "sampling_s": sampling, "sampling_s_all": meter.sampling, "train_s": step - sampling,
-        "sampled_tokens_per_step": meter.sampled_tokens[0], "baseline_gib": baseline,
-        "resident_gib": meter.resident - baseline, "peak_allocated_gib": meter.peak_allocated - baseline,
-        "peak_reserved_gib": meter.peak_reserved - baseline,
+    document["status"] = "ok"
+    report()
+
+
+def _step_figures(meter: Meter, baseline, sampled: bool) -> dict:
+    """The measured figures of a step part so far (memory only on a GPU, None where not measured)."""
+
+    def above(value):
+        return None if value is None or baseline is None else value - baseline
+
+    figures = {
+        "step_s": statistics.median(meter.times) if meter.times else None, "step_s_all": list(meter.times),
+        "resident_gib": above(meter.resident), "peak_allocated_gib": above(meter.peak_allocated),
+        "peak_reserved_gib": above(meter.peak_reserved), "steps_done": meter.step,
     }  # fmt: skip
-    del trainer, model
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return row
-
-
-def targets(rows: list[dict], dry_run: bool) -> list[dict]:
-    by = {(r["model"], r["variant"]): r for r in rows}
-    checks = []
-    for name in dict.fromkeys(r["model"] for r in rows):
-        opd, nca = by.get((name, "opd")), by.get((name, "nca"))
-        unshared = by.get((name, "nca-unshared"))
-        if unshared is not None and nca is not None:  # issue 12: the shared prefix against the unshared forwards
-            checks += [
-                {"model": name, "check": "NCA step time (sampling included), shared prefix / unshared", "value":
-                 nca["step_s"] / unshared["step_s"], "limit": 1.0},
-                {"model": name, "check": "NCA peak memory, shared prefix / unshared", "value":
-                 nca["peak_allocated_gib"] / unshared["peak_allocated_gib"], "limit": 1.0},
-            ]  # fmt: skip
-        if opd is not None and nca is not None:
-            checks += [
-                {"model": name, "check": "peak memory NCA / OPD", "value":
-                 nca["peak_allocated_gib"] / opd["peak_allocated_gib"], "limit": TARGETS["memory_ratio"]},
-                {"model": name, "check": "step time NCA / OPD, sampling included", "value":
-                 nca["step_s"] / opd["step_s"], "limit": TARGETS["time_ratio"]},
-                {"model": name, "check": "step time NCA / OPD, sampling excluded", "value":
-                 nca["train_s"] / opd["train_s"], "limit": TARGETS["time_ratio"]},
-            ]  # fmt: skip
-        if "8b" in name and nca is not None:
-            checks.append(
-                {"model": name, "check": "NCA step peak (reserved) GiB", "value": nca["peak_reserved_gib"],
-                 "limit": TARGETS["fits_gib"]}
-            )  # fmt: skip
-    for check in checks:
-        value = check["value"]
-        check["pass"] = None if dry_run or value != value else bool(value <= check["limit"])  # NaN: not measured
-    return checks
-
-
-def table(rows: list[dict], checks: list[dict]) -> str:
-    lines = [
-        "| model | variant | s/step, sampling included (median) | of which sampling | resident GiB | peak alloc GiB "
-        "| peak reserved GiB |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['variant']} (nca_beta={r['nca_beta']}) | {r['step_s']:.3f} | {r['sampling_s']:.3f} "
-            f"| {r['resident_gib']:.1f} | {r['peak_allocated_gib']:.1f} | {r['peak_reserved_gib']:.1f} |"
-        )
-    lines += ["", "| model | check | measured | target | pass |", "| --- | --- | ---: | ---: | --- |"]
-    for c in checks:
-        verdict = {True: "yes", False: "**no**", None: "n/a"}[c["pass"]]
-        lines.append(f"| {c['model']} | {c['check']} | {c['value']:.3f} | <= {c['limit']} | {verdict} |")
-    return "\n".join(lines)
-
-
-def _no_nan(value):
-    """JSON has no NaN: quantities not measured (memory on a CPU) become null."""
-    if isinstance(value, float) and value != value:
-        return None
-    if isinstance(value, dict):
-        return {k: _no_nan(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_no_nan(v) for v in value]
-    return value
+    if sampled:
+        sampling = statistics.median(meter.sampling) if meter.sampling else None
+        figures.update(
+            sampling_s=sampling, sampling_s_all=list(meter.sampling),
+            train_s=None if sampling is None or figures["step_s"] is None else figures["step_s"] - sampling,
+            sampled_tokens_per_step=meter.sampled_tokens[0] if meter.sampled_tokens else None,
+        )  # fmt: skip
+    return figures
 
 
 def _parameters(shape: dict) -> int:
@@ -644,163 +702,357 @@ def _parameters(shape: dict) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def main(argv=None):
+# ---------------------------------------------------------------------------------------------------------------------
+# The parts: each its own process with its own timeout; the JSON rewritten as each ends
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    timeout_s: int  # on the GPU
+    dry_run_timeout_s: int  # on a 2-core CPU (the dry run)
+    what: str
+
+
+# The wheel install of gpu_check.sh (it reads this value with --install-timeout) and the parts, in their order. On the
+# GPU install plus parts add up to at most GPU_CALL_S, which leaves the device tool's 10-minute call a minute for the
+# machine's start and the transfers; the dry run's to at most DRY_RUN_CALL_S (tests/test_gpu_check.py checks both).
+# The GPU timeouts are set from the workload's arithmetic (not measured: no GPU has run this yet); a part past its
+# timeout is killed and the next one runs.
+INSTALL_TIMEOUT_S = 40
+PARTS = (
+    Part("environment", 40, 90, "imports, versions, unmet requirements, the device, DeepSpeed's accelerator"),
+    Part("opd", 75, 50, "8B-shaped OPD step (nca_beta=0), fixed completions at the real lengths"),
+    Part("nca", 85, 50, "8B-shaped NCA step (nca_beta=0.5), fixed completions at the real lengths"),
+    Part("nca-zero3", 105, 110, "the NCA step under ZeRO-3 at world size 1 (accelerate launch, zero3.yaml)"),
+    Part("nca-sampled", 80, 50, "one sampled 8B-shaped NCA step (256 tokens per row, sampling timed inside)"),
+    Part("launch", 115, 200, "examples/medmcqa.py under zero3.yaml, 1 process, LoRA: 2 steps, save, resume"),
+)  # fmt: skip
+GPU_CALL_S = 540
+DRY_RUN_CALL_S = 600
+MODEL = "qwen3-8b"
+
+
+def workload_of(cli) -> Workload:
+    base = DRY_RUN_WORKLOAD if cli.dry_run else GPU_WORKLOAD
+    given = {k: getattr(cli, k) for k in Workload.__dataclass_fields__ if getattr(cli, k, None) is not None}
+    return Workload(**{**asdict(base), **given})
+
+
+def run_environment_part(cli, write) -> None:
+    import torch
+
+    env = environment(Path(cli.wheels) if cli.wheels else None)
+    env["missing_wheels"] = missing_wheels(Path(cli.wheels)) if cli.wheels else []
+    device = "cpu" if cli.dry_run or not torch.cuda.is_available() else "cuda"
+    env["cuda_available"] = torch.cuda.is_available()
+    dtype = torch.float32 if cli.dry_run else torch.bfloat16
+    write({"status": "ok", "settings": env, "measured": {}, "measured_on": measured_on(device, dtype, cli.dry_run)})
+
+
+def run_launch_part(cli, write) -> None:
+    import torch
+
+    config = LAUNCH_CONFIG if importlib.util.find_spec("deepspeed") is not None else FALLBACK_LAUNCH_CONFIG
+    launch = launch_medmcqa(Path(cli.work), cli.dry_run, timeout_s=cli.part_timeout, config=config)
+    device = "cpu" if cli.dry_run else "cuda"
+    dtype = torch.float32 if cli.dry_run else torch.bfloat16
+    measured = {"seconds": launch.pop("seconds"), "records": launch.pop("records"), "rc": launch.pop("rc"),
+                "ok": launch["ok"]}  # fmt: skip
+    write({"status": "ok" if launch["ok"] else "failed", "settings": launch, "measured": measured,
+           "measured_on": measured_on(device, dtype, cli.dry_run)})  # fmt: skip
+
+
+def _part_command(part: Part, cli, part_out: Path, port: int) -> list[str]:
+    own = [str(Path(__file__).resolve()), "--part", part.name, "--part-out", str(part_out), "--work", cli.work,
+           "--part-timeout", str(timeout_of(part, cli.dry_run))]  # fmt: skip
+    own += ["--dry-run"] * cli.dry_run + (["--wheels", cli.wheels] if cli.wheels else [])
+    for key in Workload.__dataclass_fields__:
+        if getattr(cli, key, None) is not None:
+            own += [f"--{key.replace('_', '-')}", str(getattr(cli, key))]
+    if part.name != "nca-zero3":
+        return [sys.executable, *own]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", LAUNCH_CONFIG,
+                "--num_processes", "1", "--main_process_port", str(port)]  # fmt: skip
+    return launcher + (["--mixed_precision", "no"] if cli.dry_run else []) + own
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timeout_of(part: Part, dry_run: bool) -> int:
+    return part.dry_run_timeout_s if dry_run else part.timeout_s
+
+
+def _run_part(part: Part, cli, tmp: Path, port: int) -> dict:
+    """Run one part as its own process group; kill the group at its timeout. Returns its entry: what the part wrote
+    (what it measured so far, if it was killed) with its status, timeout, wall time and log tail."""
+    part_out, log_path = tmp / f"{part.name}.json", tmp / f"{part.name}.log"
+    timeout = timeout_of(part, cli.dry_run)
+    started = time.perf_counter()
+    with open(log_path, "w") as log:
+        child = subprocess.Popen(_part_command(part, cli, part_out, port), cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            rc = child.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            rc = "timeout"
+    wall = time.perf_counter() - started
+    entry = json.loads(part_out.read_text()) if part_out.exists() else {"settings": {}, "measured": {}}
+    if rc == "timeout":
+        entry["status"] = "timeout"
+        entry["error"] = f"killed at its timeout of {timeout} s"
+    elif rc != 0 or entry.get("status") != "ok":
+        entry["status"] = "failed"
+        entry.setdefault("error", f"exit code {rc}")
+    text = log_path.read_text(errors="replace")
+    entry["log_tail"] = text[-(6000 if entry["status"] != "ok" else 1500) :]
+    entry["timeout_s"] = timeout
+    entry.setdefault("measured", {})["part_wall_s"] = wall
+    return entry
+
+
+def part_main(cli) -> int:
+    """A part's own process: run it, rewriting `--part-out` as it goes; a failure is written with its traceback."""
+    out = Path(cli.part_out)
+
+    def write(document):
+        if int(os.environ.get("RANK", "0")) == 0:
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(_no_nan(document), indent=2, allow_nan=False))
+            tmp.replace(out)
+
+    try:
+        if cli.part == "environment":
+            run_environment_part(cli, write)
+        elif cli.part == "launch":
+            run_launch_part(cli, write)
+        else:
+            run_step_part(cli.part, cli, write)
+    except Exception as error:
+        import traceback
+
+        traceback.print_exc()
+        document = json.loads(out.read_text()) if out.exists() else {"settings": {}, "measured": {}}
+        document.update(status="failed", error=f"{type(error).__name__}: {error}")
+        write(document)
+        return 1
+    finally:
+        try:
+            from trl_nca.core.launch import end_process_group
+
+            end_process_group()
+        except Exception:
+            pass
+    return 0
+
+
+def targets(parts: dict, dry_run: bool) -> list[dict]:
+    """The project's targets at the 8B shape, from the measured parts (none where a part did not measure)."""
+
+    def figure(part, key):
+        entry = parts.get(part) or {}
+        return (entry.get("measured") or {}).get(key) if entry.get("status") == "ok" else None
+
+    checks = []
+
+    def check(name, a, b, limit, ratio=True):
+        value = None if a is None or (ratio and not b) else (a / b if ratio else a)
+        checks.append({"check": name, "measured": {"value": value}, "target": {"limit": limit}})
+
+    check("peak memory NCA / OPD", figure("nca", "peak_allocated_gib"), figure("opd", "peak_allocated_gib"),
+          TARGETS["memory_ratio"])  # fmt: skip
+    check("step time NCA / OPD, fixed completions", figure("nca", "step_s"), figure("opd", "step_s"),
+          TARGETS["time_ratio"])  # fmt: skip
+    check("NCA step peak (reserved) GiB", figure("nca", "peak_reserved_gib"), None, TARGETS["fits_gib"], ratio=False)
+    check("NCA under ZeRO-3 step peak (reserved) GiB", figure("nca-zero3", "peak_reserved_gib"), None,
+          TARGETS["fits_gib"], ratio=False)  # fmt: skip
+    check("step time NCA under ZeRO-3 / NCA", figure("nca-zero3", "step_s"), figure("nca", "step_s"), None)
+    check("peak memory NCA under ZeRO-3 / NCA", figure("nca-zero3", "peak_allocated_gib"),
+          figure("nca", "peak_allocated_gib"), None)  # fmt: skip
+    check("sampling share of the sampled NCA step", figure("nca-sampled", "sampling_s"),
+          figure("nca-sampled", "step_s"), None)  # fmt: skip
+    for c in checks:
+        value, limit = c["measured"]["value"], c["target"]["limit"]
+        c["pass"] = None if dry_run or value is None or limit is None else bool(value <= limit)
+    return checks
+
+
+def table(parts: dict, checks: list[dict]) -> str:
+    def f(value, digits=3):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = ["| part | status | s/step (median) | of which sampling | peak alloc GiB | peak reserved GiB | part s |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name, entry in parts.items():
+        m = entry.get("measured") or {}
+        lines.append(
+            f"| {name} | {entry['status']} | {f(m.get('step_s'))} | {f(m.get('sampling_s'))} "
+            f"| {f(m.get('peak_allocated_gib'), 1)} | {f(m.get('peak_reserved_gib'), 1)} | {f(m.get('part_wall_s'), 0)} |"
+        )
+    lines += ["", "| check | measured | target | pass |", "| --- | ---: | ---: | --- |"]
+    for c in checks:
+        verdict = {True: "yes", False: "**no**", None: "n/a"}[c["pass"]]
+        limit = c["target"]["limit"]
+        lines.append(f"| {c['check']} | {f(c['measured']['value'])} | {'-' if limit is None else f'<= {limit}'} "
+                     f"| {verdict} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _no_nan(value):
+    """JSON has no NaN: quantities not measured become null."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: _no_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_no_nan(v) for v in value]
+    return value
+
+
+def _parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/gpu_check.json", help="where to write the JSON")
     parser.add_argument("--dry-run", action="store_true",
-                        help="CPU, tiny models, a few tokens: the same functions, no timing or memory claims")  # fmt: skip
-    parser.add_argument("--models", nargs="*", default=["qwen3-8b", "qwen3-1.7b"], choices=list(SHAPES),
-                        help="in this order; the default runs 8B first, so the time budget never skips it")  # fmt: skip
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--completion-tokens", type=int, default=256)
-    parser.add_argument("--context-tokens", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per model and variant")
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--support", choices=["full", "top_k"], default="full", help="divergence support")
-    parser.add_argument("--sharing", action="store_true",
-                        help="also run NCA with share_prefix=False, to measure the shared prefix against it")  # fmt: skip
-    parser.add_argument("--skip-launch", action="store_true", help="do not launch examples/medmcqa.py")
-    parser.add_argument("--budget-s", type=float, default=480.0,
-                        help="skip a model run that would end later than this many seconds after the start")  # fmt: skip
+                        help="CPU, tiny models, a few tokens: the same parts, no timing or memory claims")  # fmt: skip
+    parser.add_argument("--parts", nargs="*", default=None, choices=[p.name for p in PARTS],
+                        help="run only these parts (the environment always runs)")  # fmt: skip
+    parser.add_argument("--skip-launch", action="store_true", help="leave out the launch of examples/medmcqa.py")
+    for key in Workload.__dataclass_fields__:
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
+                            help=f"workload: {key} (default {getattr(GPU_WORKLOAD, key)} on the GPU, "
+                                 f"{getattr(DRY_RUN_WORKLOAD, key)} in the dry run)")  # fmt: skip
     parser.add_argument("--wheels", default=None, help="the wheel folder gpu_check.sh installed (for its notes)")
     parser.add_argument("--plan-wheels", metavar="DIR", default=None,
                         help="only check the wheels in DIR against the GPU machine (download_wheels.sh)")  # fmt: skip
+    parser.add_argument("--install-timeout", action="store_true", help="print gpu_check.sh's install timeout (s)")
+    # a part's own process (run by the parts loop)
+    parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--part-out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--part-timeout", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--work", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv=None):
+    parser = _parser()
     cli = parser.parse_args(argv)
+    if cli.install_timeout:
+        print(INSTALL_TIMEOUT_S)
+        return 0
     if cli.plan_wheels is not None:
         problems = plan_wheels(Path(cli.plan_wheels))
         for problem in problems:
             print(f"  PROBLEM: {problem}")
         return 1 if problems else 0
-    if cli.warmup < 1:
-        parser.error("--warmup must be at least 1 (the first step compiles and allocates)")
+    if cli.part is not None:
+        return part_main(cli)
+    workload_of(cli)  # the workload's values are ints; nothing else to check before the parts
     started = time.perf_counter()
     out = Path(cli.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    document = {"meta": {"dry_run": cli.dry_run}, "environment": None, "launch": None, "runs": [], "skipped": [],
-                "targets": [], "table": None}  # fmt: skip
+    chosen = [p for p in PARTS if p.name == "environment" or cli.parts is None or p.name in cli.parts]
+    chosen = [p for p in chosen if not (cli.skip_launch and p.name == "launch")]
+    budget = {"install_s": INSTALL_TIMEOUT_S, "parts_s": {p.name: timeout_of(p, cli.dry_run) for p in chosen},
+              "call_s": DRY_RUN_CALL_S if cli.dry_run else GPU_CALL_S}  # fmt: skip
+    document = {
+        "meta": {
+            "dry_run": cli.dry_run, "budget": budget, "settings": {"workload": asdict(workload_of(cli)), "model": MODEL},
+            "note": "Every figure sits under a 'measured' key next to the 'measured_on' it was measured on. "
+            + ("Dry run: tiny models on the CPU; it claims nothing about GPU time or memory." if cli.dry_run else ""),
+        },
+        "parts": {p.name: {"status": "not run", "timeout_s": timeout_of(p, cli.dry_run), "what": p.what} for p in chosen},
+        "targets": [], "table": None,
+    }  # fmt: skip
 
     def save():
-        document["meta"]["wall_s"] = time.perf_counter() - started
-        out.write_text(json.dumps(_no_nan(document), indent=2, allow_nan=False))
+        document["targets"] = targets(document["parts"], cli.dry_run)
+        document["table"] = table(document["parts"], document["targets"])
+        env_entry = document["parts"]["environment"]
+        document["measured"] = {"wall_s": time.perf_counter() - started}
+        document["measured_on"] = env_entry.get("measured_on") or {"device": "unknown (the environment part failed)",
+                                                                   "dtype": None, "versions": versions()}  # fmt: skip
+        for entry in [*document["parts"].values(), *document["targets"]]:  # a part killed before it wrote its own
+            if "measured" in entry:
+                entry.setdefault("measured_on", document["measured_on"])
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(_no_nan(document), indent=2, allow_nan=False))
+        tmp.replace(out)
 
-    env = environment(Path(cli.wheels) if cli.wheels else None)
-    env["missing_wheels"] = missing_wheels(Path(cli.wheels)) if cli.wheels else []
-    document["environment"] = env
+    status = 0
+    with tempfile.TemporaryDirectory() as work:
+        cli.work = work
+        for part in chosen:
+            print(f"gpu_check: {part.name} ({part.what}; timeout {timeout_of(part, cli.dry_run)} s)", flush=True)
+            if part.name == "nca-zero3" and importlib.util.find_spec("deepspeed") is None:
+                document["parts"][part.name].update(status="not run", error=DEEPSPEED_ABSENT)
+                print(f"gpu_check: nca-zero3: NOT RUN: {DEEPSPEED_ABSENT}", flush=True)
+                status = 1
+                save()
+                continue
+            entry = _run_part(part, cli, Path(work), _free_port())
+            document["parts"][part.name].update(entry)
+            save()
+            if part.name == "environment":
+                code = _report_environment(entry, cli)
+                if code:
+                    print(f"wrote {out}")
+                    return code
+                continue
+            _print_part(part.name, entry)
+            if entry["status"] != "ok":
+                status = 1
+    save()
+    note = "\n\ndry run (CPU, tiny models): no timing or memory claims" if cli.dry_run else ""
+    print("\n" + document["table"] + note + f"\n\nwall time {time.perf_counter() - started:.0f} s", flush=True)
+    print(f"wrote {out}")
+    failed = [name for name, entry in document["parts"].items() if entry["status"] != "ok"]
+    if failed:
+        print(f"gpu_check: FAILED: {', '.join(failed)}", flush=True)
+    return status
+
+
+def _report_environment(entry: dict, cli) -> int:
+    """Print the environment part; the exit status that stops the check (3: something missing, 4: no GPU), or 0."""
+    if entry["status"] != "ok":
+        print(f"gpu_check: environment FAILED ({entry.get('error')}):\n{entry['log_tail']}", flush=True)
+        return 3
+    env = entry["settings"]
     print_environment(env)
+    print(f"gpu_check: measured on {entry['measured_on']['device']}, {entry['measured_on']['dtype']}", flush=True)
     if env["missing_wheels"]:  # a carried set without one of its wheels: the GPU run would fail on it
         print(f"gpu_check: MISSING WHEELS in {cli.wheels}: {', '.join(env['missing_wheels'])} (run "
               "benchmarks/download_wheels.sh again)", flush=True)  # fmt: skip
-        save()
-        print(f"wrote {out}")
         return 3
     if env["missing"]:
-        save()
-        print(f"wrote {out}")
         return 3
-
-    import torch
-
-    if not cli.dry_run and not torch.cuda.is_available():
+    if not cli.dry_run and not env["cuda_available"]:
         print("gpu_check: no CUDA device here; run with --dry-run for the CPU check of the script", flush=True)
-        save()
         return 4
-    device = "cpu" if cli.dry_run else "cuda"
-    dtype = torch.float32 if cli.dry_run else torch.bfloat16
-    if cli.dry_run:
-        cli.batch, cli.completion_tokens, cli.context_tokens, cli.steps = 2, 8, 32, 1
-    document["meta"].update(
-        device=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-        dtype=str(dtype).replace("torch.", ""),
-    )
-    print(f"gpu_check: {document['meta']['device']}, {document['meta']['dtype']}", flush=True)
-
-    failures = []
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        if not cli.skip_launch:
-            config = LAUNCH_CONFIG if env["deepspeed_accelerator"] else FALLBACK_LAUNCH_CONFIG
-            if not cli.dry_run and env["deepspeed_accelerator"] not in (None, "cuda"):
-                failures.append("deepspeed accelerator")
-                print(f"gpu_check: DeepSpeed detected {env['deepspeed_accelerator']!r}, not cuda", flush=True)
-            print(
-                f"gpu_check: launching examples/medmcqa.py under {config}, 1 process, LoRA, save and resume", flush=True
-            )
-            launch = launch_medmcqa(tmp, cli.dry_run, timeout_s=240 if device == "cuda" else 900, config=config)
-            document["launch"] = launch
-            print(f"gpu_check: launch: {launch['command']}", flush=True)
-            if launch["ok"]:
-                print(f"gpu_check: launch ok in {launch['seconds']:.0f} s, paired records {launch['records']}")
-            else:
-                failures.append("launch")
-                print(f"gpu_check: launch FAILED: {'; '.join(launch['problems'])}\n{launch['log_tail']}", flush=True)
-            save()
-
-        from trl_nca.testing import make_tiny_tokenizer
-
-        tok = make_tiny_tokenizer()
-        data, (prompt_len, context_len) = build_dataset(tok, cli.batch * (cli.warmup + cli.steps), cli.context_tokens)
-        shapes = {m: dry_run_shape(SHAPES[m], tok) if cli.dry_run else SHAPES[m] for m in cli.models}
-        document["meta"].update(
-            batch=cli.batch, completion_tokens=cli.completion_tokens, context_tokens=cli.context_tokens,
-            prompt_tokens=prompt_len, context_prompt_tokens=context_len, steps=cli.steps, warmup=cli.warmup,
-            support=cli.support, lora={"r": 16, "alpha": 32, "target_modules": LORA_TARGETS},
-            teacher="LoRA self-teacher (adapter disabled)", gradient_checkpointing=True, lmbda=1.0,
-            shapes=shapes, parameters={m: _parameters(s) for m, s in shapes.items()},
-        )  # fmt: skip
-        print(
-            f"gpu_check: batch {cli.batch} x {cli.completion_tokens} sampled tokens per step, prompt {prompt_len} "
-            f"tokens, with context {context_len}; vllm: {env['vllm']}",
-            flush=True,
-        )
-        last = None  # (seconds, parameters) of the last run: the estimate of the next one's time
-        for name in cli.models:
-            variants = [("opd", 0.0, True), ("nca", 0.5, True)]
-            if cli.sharing:
-                variants.append(("nca-unshared", 0.5, False))
-            for variant, beta, share in variants:
-                elapsed = time.perf_counter() - started
-                size = document["meta"]["parameters"][name]
-                # the last run's time, scaled by the parameter count and by 1.25 for NCA's extra forward and backward
-                estimate = None if last is None else last[0] * max(1.0, size / last[1]) * 1.25
-                if not cli.dry_run and estimate is not None and elapsed + estimate > cli.budget_s:
-                    reason = f"would end at about {elapsed + estimate:.0f} s, past --budget-s {cli.budget_s:.0f}"
-                    document["skipped"].append({"model": name, "variant": variant, "reason": reason})
-                    print(f"gpu_check: {name} {variant}: SKIPPED: {reason}", flush=True)
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    row = run_variant(name, shapes[name], variant, beta, tok, data, cli, device, dtype, tmp, share)
-                except Exception as error:  # reported, and the remaining runs still get their turn
-                    import traceback
-
-                    failures.append(f"{name} {variant}")
-                    document["skipped"].append({"model": name, "variant": variant, "reason": repr(error)})
-                    print(f"gpu_check: {name} {variant}: FAILED\n{traceback.format_exc()}", flush=True)
-                    gc.collect()
-                    if device == "cuda":
-                        torch.cuda.empty_cache()
-                    save()
-                    continue
-                row["wall_s"] = time.perf_counter() - t0
-                last = (row["wall_s"], size)
-                document["runs"].append(row)
-                print(
-                    f"gpu_check: {name} {variant}: {row['step_s']:.3f} s/step (sampling {row['sampling_s']:.3f} s), "
-                    f"peak {row['peak_allocated_gib']:.1f} GiB allocated / {row['peak_reserved_gib']:.1f} reserved "
-                    f"({row['wall_s']:.0f} s)",
-                    flush=True,
-                )
-                save()
-    document["targets"] = targets(document["runs"], cli.dry_run)
-    document["table"] = table(document["runs"], document["targets"])
-    note = "\n\ndry run (CPU, tiny models): no timing or memory claims" if cli.dry_run else ""
-    print("\n" + document["table"] + note + f"\n\nwall time {time.perf_counter() - started:.0f} s", flush=True)
-    save()
-    print(f"wrote {out}")
-    if failures:
-        print(f"gpu_check: FAILED: {', '.join(failures)}", flush=True)
-        return 1
+    if not cli.dry_run and env["deepspeed_accelerator"] not in (None, "cuda"):
+        print(f"gpu_check: DeepSpeed detected {env['deepspeed_accelerator']!r}, not cuda", flush=True)
+        return 3
     return 0
+
+
+def _print_part(name: str, entry: dict) -> None:
+    m = entry.get("measured") or {}
+    if entry["status"] != "ok":
+        print(f"gpu_check: {name}: {entry['status'].upper()} ({entry.get('error')}) after {m['part_wall_s']:.0f} s; "
+              f"kept: {sorted(k for k, v in m.items() if v not in (None, []))}\n{entry['log_tail']}", flush=True)  # fmt: skip
+    elif name == "launch":
+        print(f"gpu_check: launch ok in {m['seconds']:.0f} s, paired records {m['records']}", flush=True)
+    else:
+        sampling = f" (sampling {m['sampling_s']:.3f} s)" if m.get("sampling_s") is not None else ""
+        memory = "" if m.get("peak_allocated_gib") is None else (
+            f", peak {m['peak_allocated_gib']:.1f} GiB allocated / {m['peak_reserved_gib']:.1f} reserved")  # fmt: skip
+        print(f"gpu_check: {name}: {m['step_s']:.3f} s/step{sampling}{memory} (part {m['part_wall_s']:.0f} s)",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -58,3 +58,80 @@ def test_an_unreachable_token_budget_is_refused_before_any_work(tiny_dir, tmp_pa
     line = one_line(["compare", "--config", str(config), "--output_dir", str(tmp_path / "out")], capsys)
     assert line.startswith("trl-nca compare: error: ") and expected.format(model=tiny_dir) in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.yaml"]  # no output folder made
+
+
+def compare_yaml(tmp_path, **changes):
+    fields = {"model_name_or_path": "/nonexistent/model", "task": "reply_in_french", "seeds": "[0]",
+              "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]', "num_train": 2, "eval_items": 2, "max_steps": 1,
+              "use_peft": "true", "report_to": "none", "output_dir": str(tmp_path / "out"), **changes}  # fmt: skip
+    config = tmp_path / "compare.yaml"
+    config.write_text("".join(f"{key}: {value}\n" for key, value in fields.items()))
+    return ["compare", "--config", str(config)]
+
+
+@pytest.mark.parametrize(
+    "changes,extra,message",
+    [
+        ({}, ["--nca_beta", "-0.5"], "nca_beta must be a finite number >= 0"),
+        ({}, ["--max_new_tokens", "0"], "max_new_tokens"),
+        ({}, ["--seeds", "-1"], "`seeds` holds -1 (int); every seed must be a whole number from 0 to 4294967295"),
+        ({"organism_seeds": "[1.5]", "model_name_or_path": "organism"}, [], "`organism_seeds` must be a list of whole"),
+        ({"organism_seeds": '["a"]', "model_name_or_path": "organism"}, [], "`organism_seeds` must be a list of whole"),
+        (
+            {"organism_seeds": f"[{10**23}]", "model_name_or_path": "organism"},
+            [],
+            "`organism_seeds` holds " + str(10**23),
+        ),
+        ({"seeds": '["a"]'}, [], "`seeds` must be a list of whole numbers, got ['a']"),
+        ({"methods": '["opd:nca_beta=[0]"]'}, [], "Method 'opd': nca_beta=[0] is not a float"),
+        (
+            {"methods": '["opd:nca_beta=null"]'},
+            [],
+            "Method 'opd': nca_beta=null is not allowed; nca_beta takes a float",
+        ),
+        ({"methods": '["opd:temperature=-1"]'}, [], "Method 'opd': temperature must be a finite number > 0"),
+        ({}, ["--eval_samples_per_view", "1000000000000"], "samples_per_view 1000000000000 is more than 256"),
+        ({"task": "no_such_task"}, [], "`task: no_such_task` is not a built-in task; choose one of"),
+        (
+            {"model_name_or_path": "organism-quick"},
+            [],
+            "Task 'reply_in_french' does not fit model 'organism-quick': 99% of its prompt and context tokens are unknown",
+        ),
+        (
+            {"model_name_or_path": "organism", "task": "organism_facts"},
+            [],
+            "Task 'organism_facts' does not fit model 'organism': 11% of its prompt and context tokens",
+        ),
+    ],
+)
+def test_compare_bad_inputs_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, changes, extra, message):
+    import trl_nca.models.organism
+
+    def no_pretraining(*args, **kwargs):
+        raise AssertionError("an organism was pretrained before the inputs were checked")
+
+    monkeypatch.setattr(trl_nca.models.organism, "pretrain", no_pretraining)
+    monkeypatch.setattr(trl_nca.models.organism, "organism_model_path", no_pretraining)
+    err = one_error_line(cli_main, [*compare_yaml(tmp_path, **changes), *extra], capsys, command="compare")
+    assert message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_dir_that_is_a_file_is_refused_by_compare_and_train(tmp_path, tiny_dir, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    err = one_error_line(cli_main, compare_yaml(tmp_path, output_dir=str(taken)), capsys, command="compare")
+    assert f"output_dir {str(taken)!r} is a file, not a folder" in err
+    err = one_error_line(cli_main, ["train", "--model_name_or_path", tiny_dir, "--output_dir", str(taken), "--use_cpu", "true",
+                          "--bf16", "false"], capsys, command="train")  # fmt: skip
+    assert f"output_dir {str(taken)!r} is a file, not a folder" in err
+
+
+@pytest.mark.parametrize("command", ["compare", "analyze"])
+def test_task_help_lists_every_task_of_the_registry(capsys, command):
+    from trl_nca.tasks import task_names
+
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert len(task_names()) == 5 and all(name in text for name in task_names()), text

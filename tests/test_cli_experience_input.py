@@ -59,3 +59,41 @@ def test_bad_experience_output_is_one_line_before_the_rounds(
     assert line.startswith("trl-nca experience: error: ") and expected.format(out=out) in line and fix in line, line
     if not output.startswith("/") and output != "FOLDER":
         assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, no lock left behind
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--rounds", "0"], "--rounds must be at least 1, got 0"),
+        (["--episodes", "0"], "--episodes must be at least 1, got 0"),
+        (["--game-option", "size=abc"], "size must be an integer, got the str 'abc'"),
+        (["--game-option", "sise=3"], "unexpected keyword argument 'sise'"),
+        (["--game-option", "size=3", "--game-option", "size=4"], "--game-option size is given twice"),
+    ],
+)
+def test_experience_cli_checks_settings_before_loading_the_model(tiny_dir, tmp_path, capsys, monkeypatch, extra, match):
+    import trl_nca.eval.loading
+
+    def no_model_work(*a, **k):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(trl_nca.eval.loading, "load_model", no_model_work)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["experience", "--model", tiny_dir, "--game", "frozenlake", "--output", str(tmp_path / "x.txt"),
+                  *extra])  # fmt: skip
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "trl-nca experience: error:" in err and match in err
+
+
+def test_experience_cli_missing_model_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["experience", "--model", "./no/model", "--game", "frozenlake", "--output", str(tmp_path / "x.txt")])
+    assert exit_info.value.code == 2
+    assert "trl-nca experience: error: Model path './no/model' does not exist" in capsys.readouterr().err
+
+
+def test_experience_bad_input_is_one_line(tmp_path, capsys):
+    err = one_error_line(cli_main, ["experience", "--model", "./no/model", "--game", "frozenlake", "--episodes", "0",
+                          "--output", str(tmp_path / "x.txt")], capsys, command="experience")  # fmt: skip
+    assert "--episodes must be at least 1, got 0" in err

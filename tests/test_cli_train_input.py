@@ -137,6 +137,14 @@ CASES = [
      "number > 0 (with max_steps=-1 the epochs set the run's length; <= 0 would train 0 steps), got the float -1.0"),
     ("negative learning rate", ["--learning_rate=-0.001"], "learning_rate must be a finite number >= 0"),
     ("output_dir cannot be created", ["--output_dir", str(READ_ONLY / "out")], "Cannot create the output folder"),
+    ("prompt past the position limit", ["--dataset_name", "LONG"], "In row 0, the prompt without context has"),
+    ("context past the position limit", ["--context_text", " ".join(["rule"] * 5000)], "In row 0, the context view "
+     "is too long"),
+    ("context past max_context_length", ["--max_context_length", "50"], "In row 0, the context view is too long"),
+    ("an unreachable max_new_tokens", ["--max_new_tokens", "1000000000"], "max_new_tokens 1000000000 leaves no room "
+     "for a prompt in the 4096 positions of the model"),
+    ("a huge prompt, refused untokenised", ["--dataset_name", "HUGE"], "Row 0 of the train dataset: its prompt "
+     "without the context holds 200,000 bytes of text, so at least"),
 ]  # fmt: skip
 
 
@@ -148,8 +156,10 @@ def test_bad_train_input_is_one_line_before_any_model_loads(
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     files = {
         "FOLDER": str(tmp_path), "BAD_YAML": tmp_path / "bad.yaml", "NOT_UTF8": tmp_path / "latin1.yaml",
-        "MIXED": tmp_path / "mixed.jsonl",
+        "MIXED": tmp_path / "mixed.jsonl", "LONG": tmp_path / "long.jsonl", "HUGE": tmp_path / "huge.jsonl",
     }  # fmt: skip
+    for name, prompt in (("LONG", " ".join(["rule"] * 5000)), ("HUGE", "word " * 40_000)):  # 4096 positions
+        files[name].write_text("".join(json.dumps(row) + "\n" for row in [{"prompt": prompt}, *ROWS]))
     files["BAD_YAML"].write_text("max_steps: 1\nlora_target_modules: [q_proj, v_proj\n")
     files["NOT_UTF8"].write_bytes("max_steps: 1\nrun_name: caf\u00e9\n".encode("latin-1"))
     files["MIXED"].write_text(
@@ -182,3 +192,45 @@ def test_a_full_disk_during_a_checkpoint_is_one_line(tiny_dir, tmp_path, capsys)
         assert "--resume_from_checkpoint true" in line
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True, timeout=30)
+
+
+def test_train_cli_empty_dataset_file(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("\n")
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    assert cli_main(["train", *common, "--dataset_name", str(data)]) == 2
+    assert f"The dataset file '{data}' holds no rows" in capsys.readouterr().err
+    assert cli_main(["train", *common, "--max_train_samples", "0"]) == 2
+    assert "max_train_samples must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_train_cli_config_and_data_mistakes_are_one_line(tiny_dir, tmp_path, capsys):
+    common = ["--model_name_or_path", tiny_dir, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
+              "--bf16", "false"]  # fmt: skip
+    config = tmp_path / "run.yaml"
+    config.write_text("nca_beta: .nan\n")
+    assert cli_main(["train", *common, "--config", str(config)]) == 2
+    assert "trl-nca train: error: nca_beta must be a finite number >= 0" in capsys.readouterr().err
+    text = tmp_path / "data.txt"
+    text.write_text("hello\n")
+    assert cli_main(["train", *common, "--dataset_name", str(text)]) == 2
+    assert "unsupported file type .txt" in capsys.readouterr().err
+    # a single file has one split: a test split would silently be the training rows
+    assert cli_main(["train", *common, "--dataset_test_split", "test"]) == 2
+    assert "'quickstart' is a single file, so it has one split ('train'); the split 'test'" in capsys.readouterr().err
+
+
+def test_train_data_with_a_missing_prompt_is_one_line(tiny_dir, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"prompt": null}\n{"prompt": "q"}\n')
+    err = one_error_line(cli_main, ["train", "--model_name_or_path", tiny_dir, "--dataset_name", str(data), "--context_text",
+                          "c", "--output_dir", str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"], capsys, command="train")  # fmt: skip
+    assert "Row 0 of the train dataset has neither a `messages` nor a `prompt`" in err
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32])
+def test_train_seed_out_of_range_is_one_line_before_loading(tiny_dir, tmp_path, capsys, seed):
+    err = one_error_line(cli_main, ["train", "--model_name_or_path", tiny_dir, "--seed", str(seed), "--output_dir",
+                          str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"], capsys, command="train")  # fmt: skip
+    assert "seed must be an integer >= 0" in err and not (tmp_path / "t").exists()

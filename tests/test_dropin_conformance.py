@@ -396,7 +396,7 @@ def test_prompt_learning_is_refused(tmp_path, kind):
 def test_teacher_with_another_vocabulary(tmp_path, kind):
     """TRL refuses a teacher whose `vocab_size` differs. Documented difference (configuration.md, Teachers): NCA
     refuses a teacher that maps tokens to other ids, and accepts one whose output layer is only padded wider."""
-    from tests.test_bad_input import permuted_tokenizer
+    from trl_nca.testing import permuted_tokenizer
 
     tok = make_tiny_tokenizer()
     with pytest.raises(ValueError, match="maps 2 of the student's"):

@@ -32,45 +32,148 @@ def _run_script(args, tmp_path, **env):
     )
 
 
+def assert_every_figure_is_labelled(document, path=()):
+    """Every number of the JSON is a setting (under `settings`, `budget`, `target` or a `timeout_s`) or a figure under
+    a `measured` key, and every dict holding `measured` says what it was measured on (device, dtype, versions)."""
+    if isinstance(document, dict):
+        if "measured" in document:
+            on = document.get("measured_on")
+            assert isinstance(on, dict) and {"device", "dtype", "versions"} <= set(on), path
+        for key, value in document.items():
+            assert_every_figure_is_labelled(value, (*path, key))
+    elif isinstance(document, list):
+        for index, value in enumerate(document):
+            assert_every_figure_is_labelled(value, (*path, index))
+    elif isinstance(document, (int, float)) and not isinstance(document, bool):
+        labelled = {"settings", "budget", "target", "timeout_s", "measured", "measured_on"}
+        assert labelled & {str(key) for key in path}, f"{'/'.join(map(str, path))} = {document} is not labelled"
+
+
 @pytest.mark.slow
-def test_dry_run_launches_the_example_and_times_every_model_and_variant(tmp_path):
+def test_dry_run_runs_every_part_and_labels_every_figure(tmp_path):
+    """The CPU dry run with its tiny shape: every part ends ok, the whole within the 10 minutes it is given (it took
+    254 s on the 2-core machine with another job's load, 2026-12-04), every figure labelled."""
     out = tmp_path / "gpu_check.json"
-    result = _run_script(["--dry-run", "--sharing", "--out", str(out)], tmp_path)
+    result = _run_script(["--dry-run", "--out", str(out)], tmp_path)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     report = json.loads(out.read_text())
-    meta, runs, env, launch = report["meta"], report["runs"], report["environment"], report["launch"]
+    gpu_check = _gpu_check()
+    parts = report["parts"]
+    assert list(parts) == [p.name for p in gpu_check.PARTS]
+    assert {name: entry["status"] for name, entry in parts.items()} == dict.fromkeys(parts, "ok")
+    assert report["measured"]["wall_s"] <= gpu_check.DRY_RUN_CALL_S
+    assert_every_figure_is_labelled(report)
+    env = parts["environment"]["settings"]
     assert env["missing"] == [] and all(status == "ok" for status in env["imports"].values())
     assert env["deepspeed_accelerator"] == "cpu"  # detected at run time ("cuda" on the GPU machine)
-    # the ZeRO-3 launch of examples/medmcqa.py ran to the end with LoRA: 2 steps saving checkpoints, a resume to step 3,
-    # the paired evaluation of both models
-    assert launch["ok"] and launch["rc"] == 0, launch["problems"]
-    assert "--config_file examples/accelerate/zero3.yaml --num_processes 1" in launch["command"]
-    assert "--use_peft true" in launch["command"] and "--save_steps 1" in launch["command"]
-    assert "--resume_from_checkpoint true" in launch["commands"][1]
-    assert launch["records"] == {"base": 8, "student": 8}
-    assert meta["dry_run"] and meta["batch"] == 2 and meta["completion_tokens"] == 8 and meta["lmbda"] == 1.0
-    # tiny models in the published architecture (Qwen3), at the sizes of trl_nca.testing's tiny model
-    assert {shape["model_type"] for shape in meta["shapes"].values()} == {"qwen3"}
-    assert all(shape["hidden_size"] == 64 and shape["vocab_size"] == 512 for shape in meta["shapes"].values())
-    assert [(r["model"], r["variant"], r["nca_beta"], r["share_prefix"]) for r in runs] == [
-        (model, variant, beta, share)
-        for model in ("qwen3-8b", "qwen3-1.7b")
-        for variant, beta, share in (("opd", 0.0, True), ("nca", 0.5, True), ("nca-unshared", 0.5, False))
-    ]
-    for run in runs:
-        assert run["teacher"] == "SelfTeacher"  # LoRA: the student with its adapter disabled, no second copy
-        assert len(run["step_s_all"]) == len(run["sampling_s_all"]) == meta["steps"]
-        # every timed step sampled on-policy, exactly completion_tokens per row, inside the timed step
-        assert run["sampled_tokens_per_step"] == meta["batch"] * meta["completion_tokens"]
-        assert 0 < run["sampling_s"] < run["step_s"] and run["train_s"] == run["step_s"] - run["sampling_s"]
-    checks = {(c["model"], c["check"]) for c in report["targets"]}
-    assert ("qwen3-8b", "NCA step peak (reserved) GiB") in checks
-    assert ("qwen3-1.7b", "NCA step time (sampling included), shared prefix / unshared") in checks
-    assert ("qwen3-1.7b", "step time NCA / OPD, sampling included") in checks
-    assert ("qwen3-1.7b", "peak memory NCA / OPD") in checks
+    assert parts["environment"]["measured_on"]["dtype"] == "float32" and parts["opd"]["measured_on"]["dry_run"]
+    # the ZeRO-3 launch of examples/medmcqa.py ran to the end with LoRA: 2 steps saving checkpoints, a resume to step
+    # 3, the paired evaluation of both models
+    launch = parts["launch"]
+    assert launch["measured"]["ok"] and launch["measured"]["rc"] == 0, launch["settings"]["problems"]
+    assert "--config_file examples/accelerate/zero3.yaml --num_processes 1" in launch["settings"]["command"]
+    assert "--use_peft true" in launch["settings"]["command"] and "--save_steps 1" in launch["settings"]["command"]
+    assert "--resume_from_checkpoint true" in launch["settings"]["commands"][1]
+    assert launch["measured"]["records"] == {"base": 8, "student": 8}
+    # the step parts: the Qwen3 architecture at the tiny sizes, the settings each part ran with
+    workload = gpu_check.DRY_RUN_WORKLOAD
+    expected = {"opd": (0.0, "fixed random tokens"), "nca": (0.5, "fixed random tokens"),
+                "nca-zero3": (0.5, "fixed random tokens"), "nca-sampled": (0.5, "sampled on-policy")}  # fmt: skip
+    for name, (beta, completions) in expected.items():
+        settings, measured = parts[name]["settings"], parts[name]["measured"]
+        assert (settings["nca_beta"], settings["completions"]) == (beta, completions), name
+        assert settings["shape"]["model_type"] == "qwen3" and settings["shape"]["hidden_size"] == 64
+        assert settings["gradient_checkpointing"] and settings["teacher_type"] == "SelfTeacher"
+        assert settings["batch"] == workload.batch and settings["prompt_tokens"] >= workload.prompt_tokens
+        assert settings["context_prompt_tokens"] - settings["prompt_tokens"] >= workload.context_tokens
+        steps = workload.sampled_steps if name == "nca-sampled" else workload.steps
+        assert len(measured["step_s_all"]) == steps and measured["steps_done"] == workload.warmup + steps
+    assert (parts["nca-zero3"]["settings"]["zero_stage"], parts["nca-zero3"]["settings"]["world_size"]) == (3, 1)
+    assert "zero_stage" not in parts["nca"]["settings"]
+    sampled = parts["nca-sampled"]["measured"]
+    assert sampled["sampled_tokens_per_step"] == workload.batch * workload.sampled_tokens
+    assert 0 < sampled["sampling_s"] < sampled["step_s"]
+    checks = {c["check"] for c in report["targets"]}
+    assert {"peak memory NCA / OPD", "NCA step peak (reserved) GiB", "step time NCA under ZeRO-3 / NCA"} <= checks
     assert all(c["pass"] is None for c in report["targets"])  # a dry run judges nothing
     assert report["table"] in result.stdout and "no timing or memory claims" in result.stdout
-    assert report["skipped"] == []
+
+
+def test_the_parts_and_the_install_fit_one_device_call():
+    """On the GPU the wheel install and the parts' timeouts add up to at most 540 s (the device tool's call is 10
+    minutes, of which the machine's start and the transfers take some); the dry run's to at most 10 minutes. Each part
+    has its own timeout, and gpu_check.sh takes its install limit from gpu_check.py."""
+    gpu_check = _gpu_check()
+    assert gpu_check.GPU_CALL_S <= 540 and gpu_check.DRY_RUN_CALL_S <= 600
+    assert gpu_check.INSTALL_TIMEOUT_S + sum(p.timeout_s for p in gpu_check.PARTS) <= gpu_check.GPU_CALL_S
+    assert gpu_check.INSTALL_TIMEOUT_S + sum(p.dry_run_timeout_s for p in gpu_check.PARTS) <= gpu_check.DRY_RUN_CALL_S
+    assert all(p.timeout_s > 0 and p.dry_run_timeout_s > 0 for p in gpu_check.PARTS)
+    names = [p.name for p in gpu_check.PARTS]
+    assert names[0] == "environment" and set(gpu_check.STEP_PARTS) <= set(names) and "launch" in names
+    printed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--install-timeout"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert printed.stdout.strip() == str(gpu_check.INSTALL_TIMEOUT_S)
+    script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    assert "gpu_check.py --install-timeout" in script and 'timeout "$(left)"' in script
+
+
+def test_the_real_lengths_fit_the_8b_shape():
+    """The GPU workload's rows as built (the tiny tokenizer, the chat template): a prompt of at least 1536 tokens, a
+    context of at least 1024 more, and with the 1024-token completion within the 8B shape's positions."""
+    gpu_check = _gpu_check()
+    from trl_nca.testing import make_tiny_tokenizer
+
+    workload = gpu_check.GPU_WORKLOAD
+    assert (workload.prompt_tokens, workload.context_tokens, workload.completion_tokens) == (1536, 1024, 1024)
+    assert workload.sampled_tokens == 256
+    _, (prompt, context) = gpu_check.build_dataset(make_tiny_tokenizer(), 2, workload)
+    assert prompt >= 1536 and context - prompt >= 1024
+    assert context + workload.completion_tokens <= gpu_check.SHAPES["qwen3-8b"]["max_position_embeddings"]
+
+
+def test_a_part_past_its_timeout_is_killed_and_the_json_keeps_what_finished(tmp_path, monkeypatch):
+    """Parts whose commands stand in for the real ones: `opd` ends, `nca` writes a first figure and hangs. The JSON
+    is rewritten when `opd` ends (the hanging part reads it), `nca` is killed with its process group at its timeout
+    and keeps the figure it wrote, and the call exits 1."""
+    gpu_check = _gpu_check()
+    out = tmp_path / "gpu_check.json"
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import json, os, subprocess, sys, time\n"
+        "name, part_out, out = sys.argv[1:4]\n"
+        "on = {'device': 'test', 'dtype': 'none', 'versions': {}}\n"
+        "doc = {'status': 'ok', 'settings': {'missing': [], 'missing_wheels': [], 'cuda_available': False},"
+        " 'measured': {}, 'measured_on': on}\n"
+        "if name == 'opd':\n"
+        "    doc['measured'] = {'step_s': 1.5}\n"
+        "if name == 'nca':\n"
+        "    seen = json.load(open(out))['parts']['opd']['status']\n"
+        "    doc.update(status='running', measured={'step_s_all': [2.5]}, settings={'saw_opd': seen})\n"
+        "    json.dump(doc, open(part_out, 'w'))\n"
+        "    grandchild = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"    open({str(tmp_path / 'grandchild.pid')!r}, 'w').write(str(grandchild.pid))\n"
+        "    time.sleep(60)\n"
+        "json.dump(doc, open(part_out, 'w'))\n"
+    )
+    parts = (gpu_check.Part("environment", 30, 30, "stand-in"), gpu_check.Part("opd", 30, 30, "stand-in"),
+             gpu_check.Part("nca", 3, 3, "stand-in"))  # fmt: skip
+    monkeypatch.setattr(gpu_check, "PARTS", parts)
+    monkeypatch.setattr(gpu_check, "print_environment", lambda env: None)
+    monkeypatch.setattr(
+        gpu_check,
+        "_part_command",
+        lambda part, cli, part_out, port: [sys.executable, str(child), part.name, str(part_out), str(out)],  # fmt: skip
+    )
+    assert gpu_check.main(["--dry-run", "--out", str(out), "--parts", "opd", "nca"]) == 1
+    report = json.loads(out.read_text())
+    opd, nca = report["parts"]["opd"], report["parts"]["nca"]
+    assert opd["status"] == "ok" and opd["measured"]["step_s"] == 1.5
+    assert nca["status"] == "timeout" and nca["error"] == "killed at its timeout of 3 s" and nca["timeout_s"] == 3
+    assert nca["measured"]["step_s_all"] == [2.5] and nca["settings"]["saw_opd"] == "ok"
+    assert 3 <= nca["measured"]["part_wall_s"] < 30
+    assert_every_figure_is_labelled(report)
+    status = Path(f"/proc/{(tmp_path / 'grandchild.pid').read_text()}/status")  # killed with its part's group
+    assert not status.exists() or "zombie" in status.read_text()
 
 
 @pytest.mark.slow  # runs benchmarks/gpu_check.sh
@@ -94,8 +197,9 @@ def test_a_missing_package_is_named_and_nothing_else_runs(tmp_path):
     )
     assert "gpu_check: exit status 3" in result.stdout
     report = json.loads(out.read_text())
-    assert report["launch"] is None and report["runs"] == []
-    assert "datasets" in report["environment"]["missing"]
+    assert report["parts"]["environment"]["status"] == "ok"
+    assert "datasets" in report["parts"]["environment"]["settings"]["missing"]
+    assert {entry["status"] for name, entry in report["parts"].items() if name != "environment"} == {"not run"}
 
 
 def _wheel(directory: Path, filename: str, requires=(), requires_python=None):
@@ -132,13 +236,11 @@ def test_the_wheel_plan_names_every_requirement_the_machine_lacks(tmp_path):
 
 
 def test_inline_architectures_have_the_published_parameter_counts():
-    """Built on the meta device (no memory). The model cards give Qwen3-1.7B 1.7B parameters, 1.4B besides the
-    embedding (tied with the output layer), and Qwen3-8B 8.2B, 6.95B besides the embedding and the output layer."""
+    """Built on the meta device (no memory). The model card gives Qwen3-8B 8.2B parameters, 6.95B besides the
+    embedding and the output layer."""
     gpu_check = _gpu_check()
     counts = {name: gpu_check._parameters(shape) for name, shape in gpu_check.SHAPES.items()}
-    assert counts == {"qwen3-1.7b": 1_720_574_976, "qwen3-8b": 8_190_735_360}
-    embedding = 151936 * 2048
-    assert round((counts["qwen3-1.7b"] - embedding) / 1e9, 1) == 1.4
+    assert counts == {"qwen3-8b": 8_190_735_360}
     assert round((counts["qwen3-8b"] - 2 * 151936 * 4096) / 1e9, 2) == 6.95
 
 

@@ -64,6 +64,12 @@ def test_slices_give_the_whole_runs_table_and_statistics(sliced):
     outcomes = [value for item in one["items"] for view in ("x", "xc") for sample in item[view] for value in sample]
     assert all(type(value) is int for value in outcomes) and one["machine"]["cpu_capability"]  # counts, no text
     assert "(from the slices in" in (root / "built" / "comparison.md").read_text()
+    from trl_nca.recipes.slices import describe_slice, slice_metrics
+
+    line = describe_slice(one)  # what `--slice` prints: the unit's own paired metrics
+    nca1 = next(row for row in whole["per_seed"]["nca"] if row["seed"] == 1)
+    assert slice_metrics(one)["acc_xc"] == nca1["acc_xc"] and f"Acc_xc {100 * nca1['acc_xc']:.1f}%" in line
+    assert line.startswith("nca-seed1: Acc_x ") and "95% bootstrap interval over 3 items" in line
 
 
 def _refused(capsys, root, config, slices, *extra):

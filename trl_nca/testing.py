@@ -9,6 +9,7 @@ one full-logit reference is `full_logprobs` with `token_kl`.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -61,6 +62,26 @@ def make_tiny_tokenizer(vocab_size: int = 320):
     )
     fast.chat_template = CHATML_TEMPLATE
     fast.padding_side = "left"
+    return fast
+
+
+def permuted_tokenizer(swap=(100, 101)):
+    """The tiny tokenizer with two ordinary tokens' ids swapped: same size, different token -> id map."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    base = make_tiny_tokenizer()
+    data = json.loads(base.backend_tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    by_id = {i: t for t, i in vocab.items()}
+    a, b = by_id[swap[0]], by_id[swap[1]]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)), pad_token="<|pad|>", eos_token="<|im_end|>",
+        bos_token="<|endoftext|>",
+    )  # fmt: skip
+    fast.chat_template = base.chat_template
+    assert len(fast) == len(base) and fast.get_vocab() != base.get_vocab()
     return fast
 
 
@@ -318,9 +339,10 @@ KL32 = Tolerance(
 )  # fmt: skip
 
 
-def one_error_line(command_main, argv, capsys) -> str:
+def one_error_line(command_main, argv, capsys, command: str | None = None) -> str:
     """Run a command-line entry point (`trl_nca.cli.main`) on `argv`; it must exit 2 with exactly one error line on
-    stderr and no traceback (`capsys`: pytest's fixture). Returns that line."""
+    stderr and no traceback (`capsys`: pytest's fixture), which starts with `trl-nca COMMAND: error: ` when `command`
+    is given. Returns that line."""
     try:
         code = command_main(argv)
     except SystemExit as exit_info:  # argparse's own errors
@@ -329,4 +351,5 @@ def one_error_line(command_main, argv, capsys) -> str:
     assert code == 2 and "Traceback" not in err, err
     lines = [line for line in err.splitlines() if ": error: " in line]  # argparse's usage lines may come before
     assert len(lines) == 1, err
+    assert command is None or lines[0].startswith(f"trl-nca {command}: error: "), lines[0]
     return lines[0]

@@ -343,6 +343,7 @@ def _setup_training(script_args, training_args, model_args):
     settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
     if resume is not None:  # before any model loads
         _check_resumed_settings(training_args.output_dir, settings)
+    _check_prompt_sizes(training_args, model_args, model_path, {"train": train_dataset, "eval": eval_dataset})
     trainer = NCATrainer(
         model=model_path,
         args=training_args,
@@ -351,6 +352,36 @@ def _setup_training(script_args, training_args, model_args):
         peft_config=peft_config,
     )
     return trainer, resume, settings, model_path, paired_dataset
+
+
+def _check_prompt_sizes(training_args, model_args, model_path: str, datasets: dict) -> None:
+    """The rows' prompts against `max_context_length`, or else the student's and teacher's positions (read from their
+    configs), before any model loads and before the trainer tokenises (`trainers.data.check_prompt_sizes`)."""
+    from transformers import AutoTokenizer
+
+    from ..recipes.budgets import position_limit_of
+    from ..trainers.data import Limits, check_prompt_sizes
+
+    if training_args.max_context_length:
+        limit, name = training_args.max_context_length, f"max_context_length={training_args.max_context_length}"
+    else:
+        positions = {}
+        for path in filter(None, (model_path, training_args.teacher_model_name_or_path)):
+            try:
+                positions[path] = position_limit_of(path)
+            except (OSError, ValueError):
+                continue  # loading the model reports it, with its own message
+        known = {path: limit for path, limit in positions.items() if limit}
+        if not known:
+            return
+        path = min(known, key=known.get)
+        limit, name = known[path], f"the {known[path]} positions of the model {path} (max_position_embeddings)"
+    tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=training_args.trust_remote_code)
+    limits = Limits(max_new_tokens=training_args.max_new_tokens, max_context_length=limit,
+                    truncate_context=training_args.truncate_context)  # fmt: skip
+    for split, dataset in datasets.items():
+        if dataset is not None:
+            check_prompt_sizes(dataset, training_args.context_spec, tokenizer, limits, name, split)
 
 
 def _run_training(trainer, resume, training_args) -> None:
@@ -475,13 +506,14 @@ def _compare_slices(compare_args, plan) -> dict:
     except slices.SliceError as error:
         raise CommandLineError(str(error)) from error
     missing = slices.missing_units(plan, compare_args.slices_dir)
-    print(f"Slice {compare_args.slice} written: {path}")
+    data = json.loads(path.read_text())
+    print(f"Slice {compare_args.slice} written: {path}\n{slices.describe_slice(data)}")
     print(
         f"Units still without a slice: {', '.join(missing)}"
         if missing
         else f"Every unit has its slice: build the tables with --from_slices --slices_dir {compare_args.slices_dir}"
     )
-    return json.loads(path.read_text())
+    return data
 
 
 def experience(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from ..core.console import Stopwatch, closing_line, say
 from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
+from ..core.views import check_text_sizes
 from ..envs import game_generation_settings
 from ..envs.registry import parse_game_options
 from ..eval import loading
@@ -295,21 +296,10 @@ def check_position_limits(plan: EvalPlan, args) -> None:
 
 
 def _check_text_sizes(task: PairedEvaluator, tokenizer, limit: int, budget: int, spec: ModelSpec) -> None:
-    """Refuse an item whose text alone proves its prompt too long: no token of `tokenizer` holds more than
-    `most` UTF-8 bytes (the longest entry of its vocabulary), so a text of n bytes is at least n / most tokens (a
-    normalizer that deletes text could make it fewer; none of the chat models' tokenizers deletes text)."""
-    most = max((len(token.encode("utf-8")) for token in tokenizer.get_vocab()), default=1)
-    for item_id, *sizes in task.text_sizes():
-        for view, size in zip(("without", "with"), sizes, strict=True):
-            least = -(-size // most)
-            if least + budget > limit:
-                raise EvalInputError(
-                    f"Item {item_id!r}: its prompt {view} the context holds {size:,} bytes of text, so at least "
-                    f"{least:,} tokens (no token of the tokenizer holds more than {most} bytes), which with "
-                    f"--max-new-tokens {budget} exceeds the {limit} positions of the model {spec.name} ({spec.path}, "
-                    "max_position_embeddings). Shorten the prompt or the context, or leave such items out of the "
-                    "dataset; prompts are never truncated."
-                )
+    """An item whose text alone proves its prompt too long is refused before it is tokenised (`check_text_sizes`)."""
+    sizes = [(f"Item {item_id!r}", *views) for item_id, *views in task.text_sizes()]
+    where = f"the {limit} positions of the model {spec.name} ({spec.path}, max_position_embeddings)"
+    check_text_sizes(sizes, tokenizer, limit, budget, "--max-new-tokens", where, error=EvalInputError)
 
 
 def plan_eval(args: argparse.Namespace) -> EvalPlan:

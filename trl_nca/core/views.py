@@ -185,6 +185,35 @@ def add_context(messages: Sequence[Message], context: str, spec: ContextSpec) ->
     raise ValueError("The prompt has no user message to put the context into; use `context_placement='system'`.")
 
 
+def text_bytes(messages: Sequence[Message]) -> int:
+    """The UTF-8 bytes of the messages' text (their `content`), read without a tokenizer."""
+    return sum(len(str(m.get("content", "")).encode("utf-8")) for m in messages)
+
+
+def check_text_sizes(sizes, tokenizer, limit: int, budget: int, budget_name: str, limit_name: str, error=ValueError):
+    """Refuse, before any prompt is tokenised, the first prompt whose text alone proves it too long: no token of
+    `tokenizer` holds more than `most` UTF-8 bytes (the longest entry of its vocabulary), so a text of n bytes is at
+    least n / most tokens (a normalizer that deletes text could make it fewer; none of the chat models' tokenizers
+    deletes text). A 20 MB prompt is refused in a second instead of tokenised for minutes.
+
+    `sizes`: (label, bytes without the context[, bytes with it]) per prompt (`text_bytes`); `limit_name`: what the
+    `limit` is, e.g. "the 4096 positions of the model M (max_position_embeddings)". Used by `trl-nca eval` and
+    `trl-nca train`."""
+    if budget >= limit:  # no prompt fits: the budget is the mistake, whatever the rows hold
+        raise error(f"{budget_name} {budget} leaves no room for a prompt in {limit_name}. Lower {budget_name}.")
+    most = max((len(token.encode("utf-8")) for token in tokenizer.get_vocab()), default=1)
+    for label, *views in sizes:
+        for view, size in zip(("without", "with"), views):
+            least = -(-size // most)
+            if least + budget > limit:
+                raise error(
+                    f"{label}: its prompt {view} the context holds {size:,} bytes of text, so at least {least:,} "
+                    f"tokens (no token of the tokenizer holds more than {most} bytes), which with {budget_name} "
+                    f"{budget} exceeds {limit_name}. Shorten the prompt or the context, lower {budget_name}, or leave "
+                    "such items out of the dataset; prompts are never truncated."
+                )
+
+
 def render_prompt_ids(tokenizer, messages: Sequence[Message], **template_kwargs) -> list[int]:
     """Token ids of a chat prompt ending with the generation prompt of the assistant turn."""
     if getattr(tokenizer, "chat_template", None) is None:

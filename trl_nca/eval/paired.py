@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.checks import is_int
 from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
-from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example
+from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example, text_bytes
 from ..inputs import sha256_text
 from .errors import EvalInputError
 from .loading import load_model, load_tokenizer
@@ -219,10 +219,7 @@ class PairedEvaluator:
         for index, row in enumerate(self.rows):
             messages = self._prompt_messages(row)
             with_context = add_context(messages, self.context.context_of(row, index), self.context)
-            x, xc = (
-                sum(len(str(m.get("content", "")).encode("utf-8")) for m in view) for view in (messages, with_context)
-            )
-            sizes.append((self.item_id(row, index), x, xc))
+            sizes.append((self.item_id(row, index), text_bytes(messages), text_bytes(with_context)))
         return sizes
 
     def items(self, tokenizer, cache: bool = True) -> list[EvalItem]:

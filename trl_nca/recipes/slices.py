@@ -289,6 +289,25 @@ def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
     return write_summary(plan, summary, heading=f" (from the slices in {slices_dir})")
 
 
+def slice_metrics(data: Mapping[str, Any], n_bootstrap: int = 1000) -> dict[str, Any]:
+    """The paired metrics of one slice's outcomes, with bootstrap intervals over items (`eval.metrics.compute_metrics`)."""
+    from ..eval.metrics import compute_metrics
+
+    return compute_metrics(_records(data["items"]), n_bootstrap=n_bootstrap)
+
+
+def describe_slice(data: Mapping[str, Any]) -> str:
+    """One line of a slice's result: Acc_x, Acc_xc and Delta with its 95% interval over items, harm and the regime."""
+    m = slice_metrics(data)
+    low, high = m["ci"]["delta"] or (float("nan"), float("nan"))
+    harm = "n/a" if m["harm"] is None else f"{100 * m['harm']:.1f}%"
+    return (
+        f"{data['unit']}: Acc_x {100 * m['acc_x']:.1f}%, Acc_xc {100 * m['acc_xc']:.1f}%, Delta {100 * m['delta']:+.1f} "
+        f"points (95% bootstrap interval over {m['n']} items [{100 * low:+.1f}, {100 * high:+.1f}]), harm {harm}, "
+        f"regime {m['regime']}"
+    )
+
+
 def missing_units(plan: Plan, slices_dir: str | Path) -> list[str]:
     """The plan's units without a slice file in `slices_dir`."""
     return [unit for unit in unit_names(plan) if not slice_file(slices_dir, unit).exists()]

@@ -22,12 +22,14 @@ from ..core.checks import is_int
 from ..core.views import (
     ContextSpec,
     add_context,
+    check_text_sizes,
     left_pad,
     missing_column_message,
     render_completion_ids,
     render_prompt_ids,
     right_pad,
     split_example,
+    text_bytes,
 )
 
 
@@ -88,6 +90,44 @@ def tokenize_example(
         budget = limits.max_context_length - max(limits.max_new_tokens, len(completion_ids))
         context_prompt_ids = _truncate_context(tokenizer, prompt, context, spec, budget, where)
     return {"prompt_ids": prompt_ids, "context_prompt_ids": context_prompt_ids, "completion_ids": completion_ids}
+
+
+def check_prompt_sizes(dataset, spec: ContextSpec, tokenizer, limits: Limits, limit_name: str, split: str) -> None:
+    """Every row's prompts against `limits.max_context_length` before any model loads (`trl-nca train`), without
+    tokenising the rows whose text cannot exceed it. A row whose text alone proves it too long is refused untokenised
+    (`check_text_sizes`, as in `trl-nca eval`: a 20 MB row in a second); a row whose text could make it too long is
+    tokenised as the trainer will (`tokenize_example`), so its error comes now, not after the model loaded; the others
+    are left to the trainer (a token holds at least one byte, so a view has at most its text's bytes in tokens, plus
+    the chat template's own tokens for its roles and one more per message). `limit_name` names the limit in the
+    message. Pre-tokenised and iterable datasets are left to `prepare_dataset`."""
+    limit = limits.max_context_length
+    column_names = getattr(dataset, "column_names", None) or []
+    if limit is None or all(c in column_names for c in TOKEN_COLUMNS) or not hasattr(dataset, "__len__"):
+        return
+    check_examples(dataset, spec, split)  # the rows' own problems first, each with its message
+    views, sizes = [], []
+    for index, example in enumerate(dataset):
+        where = f"row {index} of the {split} dataset"
+        prompt, completion = split_example(example, where)
+        with_context = add_context(prompt, spec.context_of(example, index), spec)
+        completion_bytes = text_bytes(completion or [])
+        views.append((index, example, prompt, with_context, completion_bytes))
+        label = f"Row {index} of the {split} dataset"
+        sizes.append((label, text_bytes(prompt)) if limits.truncate_context else
+                     (label, text_bytes(prompt), text_bytes(with_context)))  # fmt: skip
+    check_text_sizes(sizes, tokenizer, limit, limits.max_new_tokens, "max_new_tokens", limit_name)
+    template_tokens: dict[tuple[str, ...], int] = {}
+
+    def most_tokens(messages) -> int:
+        roles = tuple(m["role"] for m in messages)
+        if roles not in template_tokens:
+            template_tokens[roles] = len(render_prompt_ids(tokenizer, [dict(m, content="") for m in messages]))
+        return text_bytes(messages) + template_tokens[roles] + len(messages)
+
+    for index, example, prompt, with_context, completion_bytes in views:
+        completion_budget = max(limits.max_new_tokens, completion_bytes + 8)
+        if max(most_tokens(prompt), most_tokens(with_context)) + completion_budget > limit:
+            tokenize_example(example, index, tokenizer, spec, limits)
 
 
 def _check_lengths(prompt_ids, context_prompt_ids, completion_ids, limits: Limits, where: str, fix: str) -> bool:
