@@ -215,3 +215,15 @@ def test_eval_opens_with_its_models_and_items_and_closes_with_its_outputs(tiny_d
         rf"trl-nca eval: done in [\d.]+ s; report: {out}/report.md; summary: {out}/summary.json; records: {out}\.",
         lines[-1],
     )
+
+
+def test_an_evaluation_bar_is_named_for_its_model(tok, capsys, monkeypatch):
+    from trl_nca.core.views import ContextSpec
+    from trl_nca.eval import GenerationSettings, PairedEvaluator
+    from trl_nca.testing import CONTEXT
+
+    monkeypatch.setattr(console, "on_terminal", lambda: True)
+    rows = [{"prompt": f"Which? {i} (A) yes (B) no", "answer": "A", "context": CONTEXT} for i in range(2)]
+    evaluator = PairedEvaluator(rows, context=ContextSpec(), generation=GenerationSettings(max_new_tokens=2))
+    evaluator.run(make_tiny_model(tok).eval(), tok, desc="paired eval opd/seed0")
+    assert "paired eval opd/seed0 (0 done): 100%" in capsys.readouterr().err

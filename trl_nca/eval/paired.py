@@ -307,8 +307,10 @@ class PairedEvaluator:
         model_path: str | None = None,
         adapter: str | None = None,
         provenance: Mapping[str, Any] | None = None,
+        desc: str = "paired eval",
     ) -> list[PairedRecord]:
-        """Evaluate `model` on every item and return the records in dataset order (`trl_nca.eval.runner.run_paired`).
+        """Evaluate `model` on every item and return the records in dataset order (`trl_nca.eval.runner.run_paired`;
+        `desc` names its progress bar).
 
         With `output_path`, each finished record is appended to that JSONL file right away, and on a rerun the items
         whose ids are already there are loaded instead of generated (no duplicates; a half-written last line from an
@@ -319,7 +321,7 @@ class PairedEvaluator:
             provenance = self.provenance(model, model_path, adapter, tokenizer=tokenizer)
         return run_paired(
             self, model, tokenizer, generation=self.generation, output_path=output_path, backend=backend,
-            provenance=provenance, progress=progress,
+            provenance=provenance, progress=progress, desc=desc,
         )  # fmt: skip
 
     def play(

@@ -116,7 +116,9 @@ def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> 
         for row in done.get("tracking", [])
     ]
     prov = plan.evaluator.provenance(student, model_path, adapter=str(run.folder))
-    records = plan.evaluator.run(student, tokenizer, output_path=records_path, provenance=prov)
+    records = plan.evaluator.run(
+        student, tokenizer, output_path=records_path, provenance=prov, desc=f"paired eval {run.name}"
+    )
     evaluated.runs.append(ModelRun(run.name, records, provenance=prov, records_path=str(records_path)))
     evaluated.identity[run.name] = (run.method.name, run.organism, run.seed)
     del student
