@@ -116,6 +116,7 @@ disable_tqdm: true
         "trl-nca compare: train 4 students (opd, nca x 1 model x 2 seeds, 2 steps each) on reply_in_french, then "
         "evaluate 5 models (1 base and the students) paired on 3 items x 2 views x 1 sample; output "
     ), printed[0]
+    assert "time: no training estimate (2 steps or fewer" in printed[0]  # a 2-step training prints none
     assert re.fullmatch(
         r"trl-nca compare: done in [\d.]+ s; table: .*comparison.md; summary: .*; report: .*\.", printed[-1]
     )

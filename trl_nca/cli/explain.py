@@ -12,6 +12,13 @@ from ..core.console import plural, say
 
 
 TRAIN_TIME = "time: printed after the second training step, from its rate measured in this run (no default is assumed)"
+SHORT_TIME = "time: no training estimate (2 steps or fewer: the end is as near as one)"
+
+
+def _train_time(args) -> str:
+    return SHORT_TIME if 0 < (args.max_steps or 0) <= 2 else TRAIN_TIME
+
+
 EVAL_TIME = "time: printed after each model's first chunk of items, from its rate measured in this run"
 
 
@@ -36,7 +43,7 @@ def train_opening(script_args, training_args, model_path: str, rows: int, peft_c
     return (
         f"trl-nca train: distil the context into {weights} {model_path} (1 student; teacher: {teacher}) for "
         f"{_steps(training_args)} of {batch} prompts (per device) from {plural(rows, 'row')} of "
-        f"{script_args.dataset_name}{then}; output {training_args.output_dir}; {TRAIN_TIME}."
+        f"{script_args.dataset_name}{then}; output {training_args.output_dir}; {_train_time(training_args)}."
     )
 
 
@@ -55,7 +62,7 @@ def compare_opening(plan) -> str:
         f"{plural(seeds, 'seed')}, {_steps(runs[0].config) if runs else '0 steps'} each) on {plan.task.name}, then "
         f"evaluate {plural(bases + len(runs), 'model')} ({plural(bases, 'base')} and the students) paired on "
         f"{plural(len(plan.test_rows), 'item')} x 2 views x {plural(samples, 'sample')}; output {plan.root}; "
-        f"{TRAIN_TIME}, and {EVAL_TIME.removeprefix('time: ')}."
+        f"{_train_time(runs[0].config) if runs else TRAIN_TIME}, and {EVAL_TIME.removeprefix('time: ')}."
     )
 
 
