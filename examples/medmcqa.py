@@ -21,6 +21,7 @@ from datasets import load_dataset
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.console import quiet_library_bars
 from trl_nca.core.launch import end_process_group
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.compare import compare_base_and_student
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         usage=SCRIPT_USAGE, description=__doc__, formatter_class=ScriptHelpFormatter,
     )  # fmt: skip
     script_args, args, model_args = parser.parse_args_and_config(args=argv)
+    quiet_library_bars()  # no weights-loading or shard-writing bars; TRL_NCA_VERBOSE=1 keeps them
     if args.output_dir in (None, "trainer_output"):
         args.output_dir = "outputs/medmcqa-nca"
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded")

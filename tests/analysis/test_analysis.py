@@ -289,7 +289,11 @@ def test_cli_end_to_end_on_a_tiny_model(tiny_setup, tmp_path, capsys):
         "--grad-items", "3", "--batch-size", "2", "--top-tokens", "3", "--output-dir", str(out), "--no-progress",
     ]  # fmt: skip
     assert main(argv) == 0
-    assert "## Summary" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "## Summary" in printed
+    lines = printed.strip().splitlines()  # what it will do first; its time and outputs last
+    assert lines[0].startswith("trl-nca analyze: measure 3 models (base, nca, same; the first is the reference) on 5 ")
+    assert lines[-1].startswith("trl-nca analyze: done in ") and f"result: {out / 'analysis.json'}." in lines[-1]
     result = json.loads((out / "analysis.json").read_text())
     names = [m["name"] for m in result["models"]]
     assert names == ["base", "nca", "same"]

@@ -55,12 +55,17 @@ def test_extraction_keeps_lessons_that_win_on_validation(tmp_path):
     ]
 
 
-def test_extraction_command_on_tiny_model(tiny_dir, tmp_path):
+def test_extraction_command_on_tiny_model(tiny_dir, tmp_path, capsys):
     output = tmp_path / "exp.txt"
     code = main(
         ["--model", tiny_dir, "--game", "sokoban", "--output", str(output), "--rounds", "1", "--episodes", "2",
          "--validation-size", "2", "--max-new-tokens", "4", "--device", "cpu"]
     )  # fmt: skip
     assert code == 0 and output.exists()
+    lines = capsys.readouterr().out.strip().splitlines()  # what it will do first; its time and outputs last
+    assert lines[0].startswith(f"trl-nca experience: extract sokoban experience from 1 model ({tiny_dir}) in 1 round ")
+    assert (
+        lines[-1].startswith("trl-nca experience: done in ") and f"history: {output.with_suffix('.json')}." in lines[-1]
+    )
     history = json.loads(output.with_suffix(".json").read_text())
     assert len(history["history"]) == 2 and 0.0 <= history["score"] <= 1.0

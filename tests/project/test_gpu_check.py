@@ -110,11 +110,17 @@ def test_the_parts_and_the_install_fit_one_device_call():
     assert all(p.timeout_s > 0 and p.dry_run_timeout_s > 0 for p in gpu_check.PARTS)
     names = [p.name for p in gpu_check.PARTS]
     assert names[0] == "environment" and set(gpu_check.STEP_PARTS) <= set(names) and "launch" in names
+    script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    assert "gpu_check.py --install-timeout" in script and 'timeout "$(left)"' in script
+
+
+@pytest.mark.slow
+def test_the_shell_script_reads_the_install_limit_from_the_python_check():
+    """gpu_check.sh's install step waits as long as gpu_check.py says (`--install-timeout`), one number in one place."""
+    gpu_check = _gpu_check()
     printed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--install-timeout"],
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     assert printed.stdout.strip() == str(gpu_check.INSTALL_TIMEOUT_S)
-    script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
-    assert "gpu_check.py --install-timeout" in script and 'timeout "$(left)"' in script
 
 
 def test_the_real_lengths_fit_the_8b_shape():

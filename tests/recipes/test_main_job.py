@@ -33,7 +33,7 @@ def test_main_job_quick_variant(tmp_path, capsys):
     out = capsys.readouterr().out
     for model in ("base", "opd", "nca"):
         assert f"| {model} |" in out
-    assert summary["conclusion"] in out and "Total time:" in out
+    assert summary["conclusion"] in out and "trl-nca compare: done in " in out
     for path in summary["figures"].values():
         assert Path(path).is_file() and Path(path).stat().st_size > 0
     saved = json.loads((tmp_path / "comparison.json").read_text())

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,18 @@ report_to: none
 disable_tqdm: true
 """
     )
+    capsys.readouterr()
     summary = compare(["--config", str(config)])
+    printed = capsys.readouterr().out.strip().splitlines()  # what it will do first, its time and outputs last
+    assert printed[0].startswith(
+        "trl-nca compare: train 4 students (opd, nca x 1 model x 2 seeds, 2 steps each) on reply_in_french, then "
+        "evaluate 5 models (1 base and the students) paired on 3 items x 2 views x 1 sample; output "
+    ), printed[0]
+    assert "time: no training estimate (2 steps or fewer" in printed[0]  # a 2-step training prints none
+    assert re.fullmatch(
+        r"trl-nca compare: done in [\d.]+ s; table: .*comparison.md; summary: .*; report: .*\.", printed[-1]
+    )
+    assert sum(line.startswith("step ") for line in printed) == 8 and not any("{'" in line for line in printed), printed
     out = tmp_path / "out"
     assert list(summary["per_seed"]) == ["base", "opd", "nca"]
     assert [row["seed"] for row in summary["per_seed"]["nca"]] == [0, 1]

@@ -286,8 +286,7 @@ def sample_items(
 ) -> list[AnalysisItem]:
     """One completion per prompt, sampled from `model` WITHOUT the context (as training samples), with the paired
     evaluation's sampler (`trl_nca.core.sampling`: per-item seeds, independent of the batch)."""
-    from tqdm.auto import tqdm
-
+    from ..core.console import progress_bar
     from ..core.sampling import HFBackend, item_seed
 
     backend = HFBackend(model, tokenizer)
@@ -295,7 +294,7 @@ def sample_items(
     model.eval()
     items = []
     try:
-        with tqdm(total=len(prompts), desc=desc, unit="item", disable=not progress) as bar:
+        with progress_bar(len(prompts), desc, "item", progress) as bar:
             for start in range(0, len(prompts), settings.batch_size):
                 chunk = prompts[start : start + settings.batch_size]
                 seeds = [item_seed(settings.seed, p.item_id) for p in chunk]

@@ -105,9 +105,9 @@ def _check_items(items: Sequence[AnalysisItem]) -> None:
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    from tqdm.auto import tqdm
+    from ..core.console import progress_bar
 
-    return tqdm(total=total, desc=desc, unit="item", disable=not enabled)
+    return progress_bar(total, desc, "item", enabled)
 
 
 # ----------------------------------------------------------------------------------------------------------------------

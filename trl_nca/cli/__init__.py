@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..core.console import quiet_library_bars, take_verbose_flag
 from ..core.launch import end_process_group
 from ..inputs import (
     BUILTIN_CONTEXTS,
@@ -60,7 +61,8 @@ USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
   experience  extract game experience from a model's own played episodes
           e.g. trl-nca experience --help
 
-Run `trl-nca COMMAND --help` for every option of a command."""
+Run `trl-nca COMMAND --help` for every option of a command; `--verbose` (any command) prints each training log's
+full dict and the libraries' progress bars."""
 
 
 def _name_cpu_for_deepspeed() -> None:
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    command, rest = argv[0], argv[1:]
+    command, rest = argv[0], take_verbose_flag(argv[1:])  # --verbose: the full log dicts and every library's bars
+    quiet_library_bars()
     if command not in COMMANDS:
         print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

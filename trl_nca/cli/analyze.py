@@ -25,11 +25,13 @@ from ..analysis.items import (
 from ..analysis.measures import AnalysisItem
 from ..analysis.report import write_analysis
 from ..analysis.run import AnalysisOptions, analyze_model, load_model, parse_model_specs
+from ..core.console import closing_line, say
 from ..core.sampling import GenerationSettings
 from ..eval import loading
 from ..eval.loading import ContextChoice, ModelSpec
 from ..inputs import InputError, output_folder_lock
 from ..tasks import task_names
+from . import explain
 from .options import CONTEXT_OPTIONS, add_context_options, add_dtype_option, add_model_options
 
 
@@ -190,6 +192,7 @@ def run_analyze(args: argparse.Namespace) -> dict[str, Any]:
     with output_folder_lock(
         args.output_dir, "trl-nca analyze", "--output-dir"
     ):  # checked (a folder we can write) before any work
+        explain.opening(explain.analyze_opening(plan, args.output_dir))
         reference = load_reference(plan, args)
         measured = [measure_model(number, spec, plan, reference, args) for number, spec in enumerate(plan.specs)]
         result = analysis_result(plan, args, measured, wall_seconds=time.time() - started)
@@ -526,7 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     files = result["files"]
     print(Path(files["markdown"]).read_text(encoding="utf-8"))
-    print(f"Wrote {files['json']} and {files['markdown']}", file=sys.stderr)
+    say(closing_line("analyze", result["wall_seconds"], {"report": files["markdown"], "result": files["json"]}))
     return 0
 
 

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+from ..core.console import closing_line, say
 from ..inputs import output_folder_lock
+from . import explain
 from .config_files import CommandLineError, check_config_file, with_builtin_config
 
 
@@ -31,15 +34,17 @@ def compare(argv: list[str] | None = None) -> dict:
             raise CommandLineError(str(error)) from error
         if compare_args.slice is not None or compare_args.from_slices:
             return _compare_slices(compare_args, plan)
+        explain.opening(explain.compare_opening(plan))
         summary = execute(plan)
-    minutes, seconds = divmod(int(summary["wall_seconds"]), 60)
     print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
     if summary.get("tracking_reading"):
         print(f"{summary['tracking_reading']}\n")
     print(f"{summary['statistics_table']}\n")
     print(f"Figures: {', '.join(summary['figures'].values())}")
     print(f"Full paired report: {summary['report']}")
-    print(f"Total time: {minutes} min {seconds} s")
+    output = Path(training_args.output_dir)
+    say(closing_line("compare", summary["wall_seconds"], explain.outputs_of(
+        table=output / "comparison.md", summary=output / "comparison.json", report=summary["report"])))  # fmt: skip
     return summary
 
 

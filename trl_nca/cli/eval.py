@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..core.console import Stopwatch, closing_line, say
 from ..core.deprecation import moved_names
 from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
 from ..core.views import check_text_sizes
@@ -27,6 +28,7 @@ from ..eval.report import ModelRun, safe_name, write_report
 from ..eval.runner import PairedTask, run_paired, run_provenance
 from ..eval.scorers import SCORERS
 from ..inputs import LOCAL_FORMATS, load_rows, output_folder_lock
+from . import explain
 from .options import (
     CONTEXT_DEFAULTS,
     DEFAULT_SEPARATOR,
@@ -204,6 +206,7 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     plan = plan_eval(args)
     with output_folder_lock(plan.output_dir, "trl-nca eval", "--output-dir"):  # one writer; a folder we can write
         check_position_limits(plan, args)
+        explain.opening(explain.eval_opening(plan))
         runs = [evaluate_model(spec, plan, args) for spec in plan.specs]
         return write_eval_report(runs, plan.output_dir, args)
 
@@ -452,11 +455,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m trl_nca.cli.eval`: exit status 0 on success, 2 with a one-line error on bad input."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    clock = Stopwatch()
     try:
         summary = run_eval(args)
     except EvalInputError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    print(f"Wrote {summary['files']['markdown']} and {summary['files']['summary']}", file=sys.stderr)
+    files = summary["files"]
+    say(closing_line("eval", clock.seconds, {"report": files["markdown"], "summary": files["summary"],
+                                            "records": args.output_dir}))  # fmt: skip
     return 0
 
 

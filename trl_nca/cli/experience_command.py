@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..core.console import Stopwatch, closing_line, say
 from ..eval import loading
 from ..inputs import InputError, write_text_atomic
+from . import explain
 from .options import add_dtype_option, add_model_options
 
 
@@ -78,6 +80,7 @@ def experience(argv: list[str] | None = None) -> int:
                 f"{output.with_suffix('.txt')}."
             )
         check_output_file(history, "--output (its JSON history)")
+        clock = Stopwatch()
         env_kwargs = check_options(args.game_option, args.game, args.max_calls)
         model_path, adapter = _model_and_adapter(args)
         loading.check_weights(loading.resolve_model_path(model_path), adapter, f"--model {args.model!r}")
@@ -91,6 +94,7 @@ def experience(argv: list[str] | None = None) -> int:
         )
     except ValueError as error:  # InputError (EvalInputError) included
         parser.error(str(error))
+    explain.opening(explain.experience_opening(args, output))
     with output_file_lock(output, "trl-nca experience", "--output"):  # one writer of the text and its history
         try:
             model = loading.load_model(model_path, adapter, dtype=args.dtype, device=args.device)
@@ -101,6 +105,7 @@ def experience(argv: list[str] | None = None) -> int:
         write_text_atomic(history, json.dumps(result.to_dict(), indent=2) + "\n")
         write_text_atomic(output, (result.text or "") + "\n")
     print(f"Validation win rate {result.score:.3f} with {len(result.items)} lessons; written to {output}.")
+    say(closing_line("experience", clock.seconds, {"experience": output, "history": history}))
     return 0
 
 

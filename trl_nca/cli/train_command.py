@@ -9,8 +9,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.console import Stopwatch, closing_line
 from ..inputs import OutputError, load_dataset_any, read_context, write_text_atomic
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
+from . import explain
 from .config_files import CommandLineError, check_config_file, main_process_lock, with_builtin_config
 
 
@@ -120,10 +122,14 @@ class TrainingInterrupted(Exception):
 def _train(script_args, training_args, model_args):
     from ..models.names import EmbeddedModelUnavailableError
 
+    clock = Stopwatch()
     try:
         trainer, resume, settings, model_path, paired_dataset = _setup_training(script_args, training_args, model_args)
     except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
+    paired_items = None if paired_dataset is None else len(paired_dataset)
+    explain.opening(explain.train_opening(script_args, training_args, model_path, settings["data"]["rows"],
+                                          settings["peft"], paired_items))  # fmt: skip
     if trainer.accelerator.is_main_process:
         write_text_atomic(
             Path(training_args.output_dir) / TRAIN_SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n"
@@ -134,6 +140,9 @@ def _train(script_args, training_args, model_args):
         trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
     if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
         _paired_eval_after_training(trainer, script_args, training_args, model_path, paired_dataset)
+    output = Path(training_args.output_dir)
+    explain.opening(closing_line("train", clock.seconds, explain.outputs_of(
+        model=output, settings=output / TRAIN_SETTINGS, report=output / "paired_eval" / "report.md")))  # fmt: skip
     return trainer
 
 

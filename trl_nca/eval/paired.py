@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..core.checks import is_int
+from ..core.console import duration
 from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
 from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example, text_bytes
 from ..inputs import sha256_text
@@ -307,8 +308,10 @@ class PairedEvaluator:
         model_path: str | None = None,
         adapter: str | None = None,
         provenance: Mapping[str, Any] | None = None,
+        desc: str = "paired eval",
     ) -> list[PairedRecord]:
-        """Evaluate `model` on every item and return the records in dataset order (`trl_nca.eval.runner.run_paired`).
+        """Evaluate `model` on every item and return the records in dataset order (`trl_nca.eval.runner.run_paired`;
+        `desc` names its progress bar).
 
         With `output_path`, each finished record is appended to that JSONL file right away, and on a rerun the items
         whose ids are already there are loaded instead of generated (no duplicates; a half-written last line from an
@@ -319,7 +322,7 @@ class PairedEvaluator:
             provenance = self.provenance(model, model_path, adapter, tokenizer=tokenizer)
         return run_paired(
             self, model, tokenizer, generation=self.generation, output_path=output_path, backend=backend,
-            provenance=provenance, progress=progress,
+            provenance=provenance, progress=progress, desc=desc,
         )  # fmt: skip
 
     def play(
@@ -461,21 +464,9 @@ def estimate_line(
     return (
         f"Paired evaluation: {n_items} items x 2 views x {samples_per_view} sample(s) = {replies} replies of at most "
         f"{max_new_tokens} new tokens, in {chunks} chunks of {chunk_calls} generate calls (both views); the first "
-        f"chunk took {first_chunk_s:.1f} s, so about {_duration(first_chunk_s * chunks)} in all for this model "
+        f"chunk took {first_chunk_s:.1f} s, so about {duration(first_chunk_s * chunks)} in all for this model "
         "(measured in this run, not a bound)."
     )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
 
 
 class _FirstChunkClock:

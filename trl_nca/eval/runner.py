@@ -240,6 +240,6 @@ class _NullBar:
 def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return _NullBar()
-    from tqdm.auto import tqdm
+    from ..core.console import progress_bar
 
-    return tqdm(total=total, desc=desc, unit="item")
+    return progress_bar(total, desc, "item")  # drawn on a terminal only (trl_nca.core.console.on_terminal)

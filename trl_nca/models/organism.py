@@ -216,9 +216,9 @@ def pretrain(spec: OrganismSpec, progress: bool = True):
     model.train()
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from ..core.console import progress_bar
 
-        bar = tqdm(total=spec.steps, desc="pretraining the organism", unit="step")
+        bar = progress_bar(spec.steps, "pretraining the organism", "step")
     loss_value = float("nan")
     for _ in range(spec.steps):
         ids, mask, target = _encode_batch(tokenizer, [sample_turn(rng, spec) for _ in range(spec.batch_size)])

@@ -104,8 +104,8 @@ def _evaluate_bases(plan: Plan, evaluated: Evaluated) -> dict[int | None, Any]:
         base = _load_base(model_path, plan.model_init_kwargs)
         prov = plan.evaluator.provenance(base, model_path)
         path = plan.base_folder(organism) / "records.jsonl"
-        records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov)
         name = plan.base_name(organism)
+        records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov, desc=f"paired eval {name}")
         evaluated.runs.append(ModelRun(name, records, provenance=prov, records_path=str(path)))
         evaluated.identity[name] = ("base", organism, None)
         del base

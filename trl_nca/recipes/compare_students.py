@@ -27,9 +27,12 @@ def _dataset(rows: Sequence[dict[str, Any]]):
 
 
 def train_run(
-    task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None
-):
-    """Train one student; returns the trainer (its model holds the trained adapter)."""
+    task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None,
+    phase: str | None = None,
+):  # fmt: skip
+    """Train one student; returns the trainer (its model holds the trained adapter). `phase` names its progress bar
+    and training estimate (`trl_nca.core.console`)."""
+    from ..core.console import explain_training
     from ..trainers.nca_trainer import NCATrainer
     from . import sdft
 
@@ -48,6 +51,7 @@ def train_run(
     )
     if tracker is not None:
         tracker.bind(trainer)
+    explain_training(trainer, phase)  # also TRL's SDFTTrainer
     trainer.train()
     return trainer
 
@@ -112,7 +116,9 @@ def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> 
         for row in done.get("tracking", [])
     ]
     prov = plan.evaluator.provenance(student, model_path, adapter=str(run.folder))
-    records = plan.evaluator.run(student, tokenizer, output_path=records_path, provenance=prov)
+    records = plan.evaluator.run(
+        student, tokenizer, output_path=records_path, provenance=prov, desc=f"paired eval {run.name}"
+    )
     evaluated.runs.append(ModelRun(run.name, records, provenance=prov, records_path=str(records_path)))
     evaluated.identity[run.name] = (run.method.name, run.organism, run.seed)
     del student
@@ -134,7 +140,7 @@ def _train_student(plan: Plan, run: Run, model_path: str, tokenizer):
     trainer = train_run(
         task, run.config, model_path, plan.model_init_kwargs, tokenizer, copy.deepcopy(plan.peft_config),
         plan.train_rows,
-        tracker,
+        tracker, phase=f"training {run.name} (student {plan.runs.index(run) + 1} of {len(plan.runs)})",
     )  # fmt: skip
     trainer.save_model(str(run.folder))
     done = {
