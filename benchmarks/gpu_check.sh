@@ -16,7 +16,7 @@ WHEELS=${GPU_CHECK_WHEELS:-benchmarks/wheels}
 SITE=${GPU_CHECK_SITE:-/tmp/gpu_check_site}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # trl_nca from this checkout
 # The install's time limit, from gpu_check.py (INSTALL_TIMEOUT_S: with the parts' timeouts it fits the one call)
-INSTALL_TIMEOUT_S=$("$PYTHON" benchmarks/gpu_check.py --install-timeout 2>/dev/null || echo 40)
+INSTALL_TIMEOUT_S=$("$PYTHON" benchmarks/gpu_check.py --install-timeout 2>/dev/null || echo 20)
 left() { echo $((INSTALL_TIMEOUT_S - SECONDS > 1 ? INSTALL_TIMEOUT_S - SECONDS : 1)); }
 shopt -s nullglob
 wheels=("$WHEELS"/*.whl)
