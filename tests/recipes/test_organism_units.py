@@ -2,6 +2,7 @@
 exclusion rule, and students trained in worker processes equal to a sequential run."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -114,11 +115,14 @@ def _records(path):
 
 
 @pytest.mark.slow
-def test_students_in_workers_equal_a_sequential_run(tmp_path, tiny_organism):
+def test_units_in_workers_equal_a_sequential_run(tmp_path, tiny_organism, caplog):
     from trl_nca.cli import compare
 
     sequential = compare(["--config", _config(tmp_path, "seq")])
-    parallel = compare(["--config", _config(tmp_path, "par", "workers: 2")])
+    with caplog.at_level(logging.INFO, logger="trl_nca.recipes.compare_students"):
+        parallel = compare(["--config", _config(tmp_path, "par", "workers: 2")])
+    in_workers = {r.getMessage().removesuffix(" finished in a worker.") for r in caplog.records}
+    assert {"base/org0", "base/org1", "opd/org0/seed0"} <= in_workers
     for run in ("org0/opd/seed0", "org0/nca/seed1", "org1/nca/seed0", "org1/opd/seed1"):
         a, b = (_records(tmp_path / d / run / "eval" / "records.jsonl") for d in ("seq", "par"))
         assert a == b and len(a) == 3, run
@@ -127,6 +131,12 @@ def test_students_in_workers_equal_a_sequential_run(tmp_path, tiny_organism):
         assert [{k: v for k, v in r.items() if k not in drop} for r in logs[0]] == [
             {k: v for k, v in r.items() if k not in drop} for r in logs[1]
         ]
+    for base in ("org0/base", "org1/base"):  # evaluated in the workers too: no exclusion rule waits on them
+        a, b = (
+            [json.loads(x) for x in (tmp_path / d / base / "records.jsonl").read_text().splitlines()]
+            for d in ("seq", "par")
+        )
+        assert a == b and len(a) == 3, base
     assert sequential["table"] == parallel["table"]
 
 

@@ -51,7 +51,15 @@ from .compare_args import (
     check_types,
     parse_method,
 )
-from .compare_eval import Evaluated, _apply_exclusion, _evaluate_bases, _load_base, diagnostic_rates
+from .compare_eval import (
+    Evaluated,
+    _apply_exclusion,
+    _bases_decide_runs,
+    _evaluate_bases,
+    _load_base,
+    _tokenizers,
+    diagnostic_rates,
+)
 from .compare_plan import (
     MAX_UNKNOWN_FRACTION,
     NON_SHAPING_FIELDS,
@@ -73,7 +81,7 @@ from .compare_plan import (
     training_settings,
 )
 from .compare_report import _report, _write_plan
-from .compare_students import CURVE_KEYS, _evaluate_student, _students_in_workers, compact_history, train_run
+from .compare_students import CURVE_KEYS, _evaluate_student, _units_in_workers, compact_history, train_run
 from .statistics import SUMMARY_KEYS, aggregate, conclusion, render_table, table_legend
 
 
@@ -236,10 +244,13 @@ class CompareRecipe:
         start = time.perf_counter()
         _write_plan(plan)
         evaluated = Evaluated()
-        tokenizers = _evaluate_bases(plan, evaluated)
+        if plan.args.workers > 1 and not _bases_decide_runs(plan):
+            # no base result chooses the students: the bases' evaluations run in the workers beside the students
+            _units_in_workers(plan, _tokenizers(plan), bases=list(plan.model_paths))
+        tokenizers = _evaluate_bases(plan, evaluated)  # loads what the workers wrote
         plan = _apply_exclusion(plan, evaluated)
         if plan.args.workers > 1:
-            _students_in_workers(plan, tokenizers)
+            _units_in_workers(plan, tokenizers)
         for run in plan.runs:  # after the workers, each student is loaded back with its records
             _evaluate_student(plan, run, tokenizers[run.organism], evaluated)
         return _report(plan, evaluated, start)

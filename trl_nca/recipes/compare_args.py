@@ -106,9 +106,10 @@ class CompareArguments:
     )  # fmt: skip
     workers: int = field(
         default=1,
-        metadata={"help": "Students trained and evaluated at once, each in a process of its own with one CPU thread "
-                  "(a CPU with N free cores runs N). The records and tables equal a sequential run's; only the "
-                  "measured times differ."},
+        metadata={"help": "Units run at once, each in a process of its own with one CPU thread (a CPU with N free "
+                  "cores runs N): every student, and every base evaluation too unless `organism_min_base_acc_xc` or "
+                  "`organism_limit` waits on the bases. The records and tables equal a sequential run's at one "
+                  "thread; only the measured times differ."},
     )  # fmt: skip
 
 

@@ -93,23 +93,38 @@ def _apply_exclusion(plan: Plan, evaluated: Evaluated) -> Plan:
 
 
 def _evaluate_bases(plan: Plan, evaluated: Evaluated) -> dict[int | None, Any]:
-    """Evaluate each base model (one per organism seed); returns their tokenizers, which the students share."""
+    """Evaluate each base model (one per organism seed), or load its records where a worker or an earlier invocation
+    wrote them; returns their tokenizers, which the students share."""
+    tokenizers = _tokenizers(plan)
+    for organism in plan.model_paths:
+        _evaluate_base(plan, organism, tokenizers[organism], evaluated)
+    return tokenizers
+
+
+def _tokenizers(plan: Plan) -> dict[int | None, Any]:
     from transformers import AutoTokenizer
 
+    return {organism: AutoTokenizer.from_pretrained(path) for organism, path in plan.model_paths.items()}
+
+
+def _evaluate_base(plan: Plan, organism: int | None, tokenizer, evaluated: Evaluated) -> None:
+    """The paired evaluation of one base model, its records appended to `evaluated`."""
     from ..eval import ModelRun
 
-    tokenizers = {}
-    for organism, model_path in plan.model_paths.items():
-        tokenizers[organism] = tokenizer = AutoTokenizer.from_pretrained(model_path)
-        base = _load_base(model_path, plan.model_init_kwargs)
-        prov = plan.evaluator.provenance(base, model_path)
-        path = plan.base_folder(organism) / "records.jsonl"
-        name = plan.base_name(organism)
-        records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov, desc=f"paired eval {name}")
-        evaluated.runs.append(ModelRun(name, records, provenance=prov, records_path=str(path)))
-        evaluated.identity[name] = ("base", organism, None)
-        del base
-    return tokenizers
+    model_path = plan.model_paths[organism]
+    base = _load_base(model_path, plan.model_init_kwargs)
+    prov = plan.evaluator.provenance(base, model_path)
+    path = plan.base_folder(organism) / "records.jsonl"
+    name = plan.base_name(organism)
+    records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov, desc=f"paired eval {name}")
+    evaluated.runs.append(ModelRun(name, records, provenance=prov, records_path=str(path)))
+    evaluated.identity[name] = ("base", organism, None)
+
+
+def _bases_decide_runs(plan: Plan) -> bool:
+    """Whether the bases' results choose which students run (the exclusion rule or the organism limit), so that the
+    bases are evaluated before any student starts."""
+    return plan.args.organism_min_base_acc_xc is not None or plan.args.organism_limit is not None
 
 
 def _per_seed_rows(

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..inputs import read_json_output, write_text_atomic
 from ..tasks import BuiltinTask
-from .compare_eval import Evaluated, _load_base
+from .compare_eval import Evaluated, _evaluate_base, _load_base
 from .compare_plan import Plan, Run, _done_fix
 
 
@@ -69,29 +69,36 @@ def compact_history(log_history: Sequence[dict[str, Any]]) -> dict[str, list[flo
     return curves
 
 
-def _student_in_worker(plan: Plan, tokenizers: dict[int | None, Any], index: int) -> str:
+def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any]) -> str:
+    """One unit in a worker, with one CPU thread: ("base", organism) evaluates that base, ("student", index) trains
+    and evaluates that student. Each writes its records (and a student its folder) as a sequential run would."""
     import torch
 
     torch.set_num_threads(1)
-    run = plan.runs[index]
+    kind, key = unit
+    if kind == "base":
+        _evaluate_base(plan, key, tokenizers[key], Evaluated())
+        return plan.base_name(key)
+    run = plan.runs[key]
     _evaluate_student(plan, run, tokenizers[run.organism], Evaluated())
     return run.name
 
 
-def _students_in_workers(plan: Plan, tokenizers: dict[int | None, Any]) -> None:
-    """Train and evaluate the unfinished students in `workers` forked processes, one CPU thread each; each writes its
-    folder (`done.json`, adapter, records) as a sequential run would. The plan and the tokenizers go to each worker
-    with its student's index."""
+def _units_in_workers(plan: Plan, tokenizers: dict[int | None, Any], bases: Sequence[int | None] = ()) -> None:
+    """Evaluate the bases in `bases` and train and evaluate the unfinished students in `workers` forked processes,
+    the bases first; the caller then loads each unit back from the files it wrote. The plan and the tokenizers go to
+    each worker with its unit."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    pending = [i for i, run in enumerate(plan.runs) if not (run.folder / "done.json").exists()]
-    if not pending:
+    units = [("base", organism) for organism in bases]
+    units += [("student", i) for i, run in enumerate(plan.runs) if not (run.folder / "done.json").exists()]
+    if not units:
         return
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(min(plan.args.workers, len(pending)), mp_context=context) as pool:
-        for name in pool.map(functools.partial(_student_in_worker, plan, tokenizers), pending):
-            logger.info("Student %s finished in a worker.", name)
+    with ProcessPoolExecutor(min(plan.args.workers, len(units)), mp_context=context) as pool:
+        for name in pool.map(functools.partial(_unit_in_worker, plan, tokenizers), units):
+            logger.info("%s finished in a worker.", name)
 
 
 def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
