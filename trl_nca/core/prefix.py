@@ -269,6 +269,36 @@ def weights_fingerprint(tensors: Iterable[torch.Tensor]) -> tuple:
     return tuple((t._version, t.data_ptr()) for t in tensors)
 
 
+def sharing_problem(model: nn.Module) -> tuple[str, str] | None:
+    """(kind, reason) that makes shared-prefix reuse inexact or unsupported for `model` in its current mode (training or
+    evaluation, gradients on or off); None when its prefix can be shared. Also used for sampling
+    (`trl_nca.core.sampling.shared_prefill`)."""
+    decoder = model.get_decoder()
+    params = inspect.signature(decoder.forward).parameters
+    if not ({"cache", "past_key_values"} & set(params)) or "position_ids" not in params:
+        return "no-cache", f"{type(decoder).__name__}.forward takes no key/value cache or no position ids"
+    config = _text_config(model)
+    kinds = _layer_kinds(config)
+    if any(kind != "full_attention" for kind in kinds):
+        return "attention-kind", (
+            f"its layers are {sorted(set(kinds))}, not all full attention: a sliding or chunked window counts "
+            "the padding between prefix and suffix as distance"
+        )
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    if implementation not in SUPPORTED_ATTENTION:
+        return "attention-implementation", (
+            f"the attention implementation {implementation!r} is not verified with it (only {SUPPORTED_ATTENTION})"
+        )
+    dropout = active_dropout(model, config)
+    if dropout is not None:
+        return "dropout", f"dropout is active ({dropout}): the rows would share the prefix's dropout draws"
+    if model.training:  # checkpointed layers may drop the cache in training mode, gradients or not
+        problem = _checkpoint_problem(_checkpointed_layers(decoder), gradients=torch.is_grad_enabled())
+        if problem is not None:
+            return "checkpointing", problem
+    return None
+
+
 class PrefixSharing:
     """Runs the views of a trainer with their shared prefix once (see the module docstring), or unshared.
 
@@ -292,30 +322,7 @@ class PrefixSharing:
 
     def problem(self, model: nn.Module) -> tuple[str, str] | None:
         """(kind, reason) that makes sharing inexact or unsupported for `model` now; None when it can share."""
-        decoder = model.get_decoder()
-        params = inspect.signature(decoder.forward).parameters
-        if not ({"cache", "past_key_values"} & set(params)) or "position_ids" not in params:
-            return "no-cache", f"{type(decoder).__name__}.forward takes no key/value cache or no position ids"
-        config = _text_config(model)
-        kinds = _layer_kinds(config)
-        if any(kind != "full_attention" for kind in kinds):
-            return "attention-kind", (
-                f"its layers are {sorted(set(kinds))}, not all full attention: a sliding or chunked window counts "
-                "the padding between prefix and suffix as distance"
-            )
-        implementation = getattr(config, "_attn_implementation", None) or "eager"
-        if implementation not in SUPPORTED_ATTENTION:
-            return "attention-implementation", (
-                f"the attention implementation {implementation!r} is not verified with it (only {SUPPORTED_ATTENTION})"
-            )
-        dropout = active_dropout(model, config)
-        if dropout is not None:
-            return "dropout", f"dropout is active ({dropout}): the rows would share the prefix's dropout draws"
-        if model.training:  # checkpointed layers may drop the cache in training mode, gradients or not
-            problem = _checkpoint_problem(_checkpointed_layers(decoder), gradients=torch.is_grad_enabled())
-            if problem is not None:
-                return "checkpointing", problem
-        return None
+        return sharing_problem(model)
 
     def completion_states(
         self, model: nn.Module, view: View, completion_mask: torch.Tensor, what: str, persist: Hashable | None = None

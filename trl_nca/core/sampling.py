@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,9 @@ import torch
 
 from .checks import is_int
 from .views import left_pad
+
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -180,26 +184,40 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return set(eos) if isinstance(eos, (list, tuple)) else {int(eos)}
 
 
+MIN_PREFIX_TOKENS = 8
+"""The shortest prefix `HFBackend` and the trainers' sampling run once for the whole batch: shorter ones save less
+than the extra pass costs."""
+
+
 class HFBackend:
-    """Left-padded batched `model.generate` with `PerRowSampler` for sampling.
+    """Left-padded batched `model.generate` with `PerRowSampler` for sampling, each call's prefill shared where the
+    rows allow it (`shared_prefill`).
 
     `share_prompts`: rows of one call that repeat a prompt (the k samples of an item's view, which
-    `trl_nca.eval.PairedEvaluator` sends together) share its prefill. Every distinct prompt but its last token runs
-    once, its keys and values are copied to each row that repeats it (`Cache.reorder_cache`), and `generate` continues
-    from that cache with the last prompt token. Each row keeps its own seed and random stream, so the samples are
-    those of the unshared call up to float rounding: the cached keys come from a forward of another batch shape, which
-    can flip a sample only where two candidates are within rounding of each other (as a change of batch size can; see
-    the module docstring). Calls without a repeated prompt, models that take no cache, and one-token prompts run
-    unshared.
+    `trl_nca.eval.PairedEvaluator` sends together) run that prompt once, and their keys and values are copied to each
+    row that repeats it. `share_prefix`: the tokens every prompt of the call starts with (the chat template's opening,
+    a system message, a context shared by the batch), when there are at least `min_prefix_tokens` of them, run once at
+    batch size 1. Each row keeps its own seed and random stream, so the samples are those of the unshared call up to
+    float rounding: the cached keys come from forwards of other batch shapes, which can flip a sample only where two
+    candidates are within rounding of each other (as a change of batch size can; see the module docstring). Calls
+    with nothing to share run unshared, and so does the prefix of a model it would not be exact for
+    (`trl_nca.core.prefix.sharing_problem`, logged once).
     """
 
     name = "hf"
 
-    def __init__(self, model, tokenizer, *, share_prompts: bool = True):
+    def __init__(
+        self, model, tokenizer, *, share_prompts: bool = True, share_prefix: bool = True,
+        min_prefix_tokens: int = MIN_PREFIX_TOKENS,
+    ):  # fmt: skip
         self.model = model
         self.tokenizer = tokenizer
         self.share_prompts = share_prompts
+        self.share_prefix = share_prefix
+        self.min_prefix_tokens = min_prefix_tokens
         self.prefill_rows_saved = 0  # prompt rows whose prefill was shared (for benchmarks and tests)
+        self.prefix_tokens_shared = 0  # prompt tokens not run again thanks to a shared prefix (same)
+        self._logged: set[str] = set()
 
     @torch.no_grad()
     def generate(
@@ -211,7 +229,6 @@ class HFBackend:
         eos_ids = _eos_ids(model, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
         device = next(model.parameters()).device
-        input_ids, attention_mask = left_pad(prompts, pad_id)
         config = copy.deepcopy(model.generation_config)
         config.max_new_tokens = settings.max_new_tokens
         config.max_length = None
@@ -228,14 +245,24 @@ class HFBackend:
         processors = LogitsProcessorList()
         if not settings.greedy:
             processors.append(PerRowSampler(seeds, settings, device))
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        cache = self._shared_prefill(prompts, input_ids, attention_mask) if self.share_prompts else None
+        prefill = None
+        if self.share_prompts or self.share_prefix:
+            tokens = self._prefix_tokens(prompts) if self.share_prefix else 0
+            prefill = shared_prefill(model, prompts, pad_id, tokens, share_repeats=self.share_prompts)
+        if prefill is None:
+            input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, pad_id))
+            extra = {}
+        else:
+            input_ids, attention_mask = prefill.input_ids, prefill.attention_mask
+            extra = prefill.cache_inputs
+            self.prefill_rows_saved += prefill.rows_saved
+            self.prefix_tokens_shared += prefill.prefix_tokens * (prefill.prompts_run - 1)
         output = model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=config,
             logits_processor=processors,
-            **({} if cache is None else {_cache_argument(model): cache}),
+            **extra,
         )
         completions = output[:, input_ids.shape[1] :].tolist()
         results = []
@@ -246,30 +273,122 @@ class HFBackend:
             results.append(Generated(tokens, tokenizer.decode(tokens, skip_special_tokens=True), truncated))
         return results
 
-    def _shared_prefill(self, prompts, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        """The cache of every row's prompt but its last token, computed once per distinct prompt and copied to the
-        rows that repeat it; None when no prompt repeats or sharing does not apply (see the class docstring)."""
-        first: dict[tuple[int, ...], int] = {}
-        rows = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
-        if len(first) == len(prompts) or input_ids.shape[1] < 2:
-            return None
-        argument = _cache_argument(self.model)
-        if argument is None:
-            return None
-        from transformers import DynamicCache
+    def _prefix_tokens(self, prompts: Sequence[Sequence[int]]) -> int:
+        return sharable_prefix_tokens(self.model, prompts, self.min_prefix_tokens, self._logged)
 
-        distinct = torch.tensor(sorted(first.values()), device=input_ids.device)
-        ids, mask = input_ids[distinct, :-1], attention_mask[distinct, :-1]
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-        cache = DynamicCache(config=self.model.config)
-        self.model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-            **{argument: cache},
+
+def sharable_prefix_tokens(
+    model, prompts: Sequence[Sequence[int]], min_tokens: int = MIN_PREFIX_TOKENS, logged: set[str] | None = None
+) -> int:
+    """The prefix a sampling call of `model` on `prompts` runs once: `shared_prefix_tokens`, or 0 when it is shorter
+    than `min_tokens` or the model cannot share it exactly (`trl_nca.core.prefix.sharing_problem`; the reason is
+    logged once per kind in `logged`)."""
+    tokens = shared_prefix_tokens(prompts)
+    if tokens < max(1, min_tokens):
+        return 0
+    from .prefix import sharing_problem
+
+    problem = sharing_problem(model)
+    if problem is None:
+        return tokens
+    kind, reason = problem
+    if logged is None or kind not in logged:
+        if logged is not None:
+            logged.add(kind)
+        logger.warning("Sampling runs its prompts' shared prefix unshared: %s (logged once).", reason)
+    return 0
+
+
+def shared_prefix_tokens(prompts: Sequence[Sequence[int]]) -> int:
+    """Tokens that every prompt starts with, at most the shortest prompt minus two (each row keeps at least one token
+    for the suffix pass and its last token for `generate`); 0 for fewer than two distinct prompts."""
+    distinct = {tuple(p) for p in prompts}
+    if len(distinct) < 2:
+        return 0
+    limit = min(len(p) for p in distinct) - 2
+    first = next(iter(distinct))
+    length = 0
+    while length < limit and all(p[length] == first[length] for p in distinct):
+        length += 1
+    return length
+
+
+@dataclass
+class Prefill:
+    """A batch of prompts laid out for `generate` after `shared_prefill`: each row is `[shared prefix | padding |
+    the rest of its prompt]` (the padding between prefix and suffix is masked out, and positions count real tokens
+    only, so every token has the position and sees the keys it has in the left-padded batch), and `cache` holds the
+    keys and values of every column but the last, which `generate` runs first."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    cache: Any
+    prefix_tokens: int  # P: tokens run once at batch size 1 (0: none)
+    prompts_run: int  # distinct prompts whose suffix ran
+    rows_saved: int  # rows whose prompt repeated another row's and was not run again
+    cache_argument: str = "cache"  # the name `generate` takes the cache under (`past_key_values` before 5.2x)
+
+    @property
+    def cache_inputs(self) -> dict[str, Any]:
+        """The cache as `generate`'s keyword argument."""
+        return {self.cache_argument: self.cache}
+
+
+def shared_prefill(
+    model, prompts: Sequence[Sequence[int]], pad_id: int, prefix_tokens: int, *, share_repeats: bool = True
+) -> Prefill | None:
+    """Prefill `prompts` (token lists) with their first `prefix_tokens` tokens (which all of them share; see
+    `shared_prefix_tokens`) run once at batch size 1, and, with `share_repeats`, each distinct prompt run once and its
+    keys and values copied to every row that repeats it. Returns the layout and cache to continue with `generate`, or
+    None when nothing is shared (no prefix and no repeated prompt) or the model's forward takes no cache.
+
+    The prefix pass and the suffix pass are one forward each, whatever the rows (a caller under DeepSpeed ZeRO-3,
+    where each forward is a collective, agrees on `prefix_tokens` across processes first: 0 everywhere, or > 0
+    everywhere)."""
+    from transformers import DynamicCache
+
+    argument = _cache_argument(model)
+    if argument is None or not prompts:
+        return None
+    device = next(model.parameters()).device
+    first: dict[tuple[int, ...], int] = {}
+    slots = [first.setdefault(tuple(p), len(first)) if share_repeats else i for i, p in enumerate(prompts)]
+    distinct = list(first) if share_repeats else [tuple(p) for p in prompts]
+    P = prefix_tokens
+    if P == 0 and len(distinct) == len(prompts):
+        return None
+    if min(len(p) for p in distinct) < P + 2 or (P == 0 and max(len(p) for p in distinct) < 2):
+        return None  # each row needs a suffix token (P > 0) or a cached token (P == 0) besides its last one
+    head = list(distinct[0][:P])
+    if any(list(p[:P]) != head for p in distinct):
+        raise ValueError(f"shared_prefill: the prompts do not all start with the same {P} tokens.")
+    cache = DynamicCache(config=model.config)
+    if P > 0:
+        ids = torch.tensor([head], device=device)
+        model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(P, device=device)[None, :],
+            use_cache=True, logits_to_keep=1, **{argument: cache},
         )  # fmt: skip
-        slot = {row: j for j, row in enumerate(sorted(first.values()))}
-        cache.reorder_cache(torch.tensor([slot[r] for r in rows], device=input_ids.device))
-        self.prefill_rows_saved += len(prompts) - len(first)
-        return cache
+        cache.batch_repeat_interleave(len(distinct))
+    suffix_ids, suffix_mask = left_pad([p[P:-1] for p in distinct], pad_id)
+    suffix_ids, suffix_mask = suffix_ids.to(device), suffix_mask.to(device)
+    positions = (suffix_mask.cumsum(-1) - 1 + P).masked_fill(suffix_mask == 0, 0)
+    model(
+        input_ids=suffix_ids,
+        attention_mask=torch.cat([suffix_mask.new_ones(len(distinct), P), suffix_mask], dim=1),
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{argument: cache},
+    )
+    if share_repeats and len(distinct) < len(prompts):
+        cache.reorder_cache(torch.tensor(slots, device=device))
+    rows = torch.tensor(slots, device=device)
+    last = torch.tensor([[p[-1]] for p in prompts], device=device)
+    prefix = torch.tensor(head, device=device, dtype=torch.long).expand(len(prompts), P)
+    input_ids = torch.cat([prefix, suffix_ids[rows], last], dim=1)
+    attention_mask = torch.cat([suffix_mask.new_ones(len(prompts), P), suffix_mask[rows], torch.ones_like(last)], dim=1)
+    return Prefill(input_ids, attention_mask, cache, P, len(distinct), len(prompts) - len(distinct), argument)
 
 
 def _cache_argument(model) -> str | None:

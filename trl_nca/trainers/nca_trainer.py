@@ -18,8 +18,14 @@ from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
 
 from ..core.gradients import compare_gradients, loss_gradients
-from ..core.launch import agreed_max, rank0_choice
-from ..core.sampling import Generated, mask_through_eos, policy_mode
+from ..core.launch import agreed_max, agreed_min, rank0_choice
+from ..core.sampling import (
+    Generated,
+    mask_through_eos,
+    policy_mode,
+    sharable_prefix_tokens,
+    shared_prefill,
+)
 from ..core.views import ContextSpec, left_pad
 from .checkpointing import quiet_old_checkpointing_names
 from .data import (
@@ -182,6 +188,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         self.generation_config.use_cache = True
         self._redirect = _ForwardRedirection()
         self._lockstep_generation = self.accelerator.num_processes > 1 and is_deepspeed_zero3_enabled()
+        self._sampling_logged: set[str] = set()  # kinds of reason the sampling prefix ran unshared, logged once
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
 
@@ -263,12 +270,29 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
                 teacher.active() if teacher is not None else nullcontext(),
                 policy_mode(unwrapped),  # the policy samples: no dropout (disable_dropout=False keeps it in training)
             ):
-                output = unwrapped.generate(
-                    input_ids=prompts, attention_mask=prompt_mask, generation_config=self.generation_config
-                )
+                inputs = self._sampling_inputs(unwrapped, prompts, prompt_mask)
+                output = unwrapped.generate(**inputs, generation_config=self.generation_config)
         sequences = output if isinstance(output, torch.Tensor) else output.sequences
-        completion = sequences[:, prompts.shape[1] :]
+        completion = sequences[:, inputs["input_ids"].shape[1] :]
         return completion, mask_through_eos(completion, self.generation_config.eos_token_id)
+
+    def _sampling_inputs(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor) -> dict[str, Any]:
+        """`generate`'s inputs for a left-padded batch of prompts: with `share_prefix`, the tokens every prompt starts
+        with (a system message, a context shared by the batch) run once in a prefill of their own
+        (`trl_nca.core.sampling.shared_prefill`), the samples being those of the plain batch up to float rounding.
+        Under ZeRO-3 with several processes, where each forward may be a collective, the processes agree on the
+        prefix length first (all share one, or none does)."""
+        plain = {"input_ids": prompts, "attention_mask": prompt_mask}
+        if not self.args.share_prefix:
+            return plain
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts, prompt_mask)]
+        tokens = sharable_prefix_tokens(model, rows, logged=self._sampling_logged)
+        if self._lockstep_generation:
+            tokens = agreed_min([tokens], prompts.device)[0]
+        prefill = shared_prefill(model, rows, self.processing_class.pad_token_id, tokens) if tokens else None
+        if prefill is None:
+            return plain
+        return {"input_ids": prefill.input_ids, "attention_mask": prefill.attention_mask, **prefill.cache_inputs}
 
     def _generate_for_rollout(self, prompts: Sequence[Sequence[int]], seeds: Sequence[int]) -> list[Generated]:
         """The trainer's `trl_nca.core.sampling.GenerateFn`: one completion per prompt, sampled by the student with
