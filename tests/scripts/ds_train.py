@@ -16,6 +16,11 @@ passes a ZeRO config as `NCAConfig(deepspeed=...)` instead (for `torch.distribut
   long context and a long question start, those of process 1 no context and a shorter question start (prefixes of
   different lengths, one view shared on one process only), with completions of different lengths; rows are dealt to
   the processes in order.
+- `--sampling-prefixes` (with `--on-policy --steps 2`): 8 rows whose prompts let the processes share prefixes of
+  different lengths in their sampling prefill on step 1 and let only process 0 share one on step 2. Every process
+  writes `sampling_rank{R}.json`: the prefix it could share at each sampling call (`local`) and the prefix of each
+  shared prefill it ran (`shared`). `--no-gather-for-generation` sets `ds3_gather_for_generation=False`, so that
+  under ZeRO-3 every forward of sampling gathers weights with collectives.
 - `--steps N`: N optimizer steps instead of 1. Every process writes `teacher_calls_rank{R}.json`: the global step at
   each call of the teacher's top-level module (a separate teacher under ZeRO-3 is called through its engine, whose
   hooks sit there) and the type of the teacher the trainer holds.
@@ -67,6 +72,8 @@ def main():
     parser.add_argument("--steps", type=int, default=1, help="optimizer steps (the reference runs 1)")
     parser.add_argument("--zero-in-args", type=int, help="pass a ZeRO config of this stage as `deepspeed=` instead")
     parser.add_argument("--on-policy", action="store_true", help="sample the completions (lmbda=1)")
+    parser.add_argument("--sampling-prefixes", action="store_true")
+    parser.add_argument("--no-gather-for-generation", action="store_true")
     parser.add_argument(
         "--trainer", choices=["nca", "distill"], default="nca", help="NCATrainer or NCADistillationTrainer"
     )
@@ -97,6 +104,13 @@ def main():
             [{"role": "user", "content": q}, {"role": "assistant", "content": "ok" + " yes" * (5 - i)}]
             for i, q in enumerate(questions)
         ]
+    if opts.sampling_prefixes:
+        # step 1: both processes' rows share a long start (of different lengths); step 2: only process 0's do
+        starts = ["A patient of forty-five presents with severe abdominal pain. ", "The child has a fever and a rash. "]
+        questions = [starts[0] + "What now?", starts[0] + "Which test?", starts[1] + "Cause?", starts[1] + "Why?",
+                     starts[0] + "Dose?", starts[0] + "Which drug first?", "Cause?", "Why so, doctor?"]  # fmt: skip
+        rows = [[{"role": "user", "content": q}, {"role": "assistant", "content": "ok"}] for q in questions]
+        contexts = ["Be brief and precise."] * len(rows)
     data = Dataset.from_dict({"messages": rows, "context": contexts})
     distill = opts.trainer == "distill"
     if distill:  # DistillationTrainer samples every completion from the prompts (it has no off-policy steps)
@@ -116,7 +130,8 @@ def main():
         nca_joint_forward=None if opts.joint_forward == "auto" else opts.joint_forward == "true",
         learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=not distributed,
         report_to=[], save_strategy="no", seed=0, logging_steps=1, dataloader_drop_last=False, **lengths,
-        train_sampling_strategy="sequential" if opts.mixed else "random",
+        train_sampling_strategy="sequential" if opts.mixed or opts.sampling_prefixes else "random",
+        ds3_gather_for_generation=not opts.no_gather_for_generation,
         ddp_backend="gloo" if distributed else None,  # on a CPU, accelerate needs the backend named
         deepspeed=None if opts.zero_in_args is None else {
             "zero_optimization": {"stage": opts.zero_in_args}, "train_micro_batch_size_per_gpu": "auto",
@@ -155,8 +170,27 @@ def main():
     trainer.accelerator.unwrap_model(trainer.teacher_model).register_forward_pre_hook(
         lambda module, args: teacher_calls.append(trainer.state.global_step)
     )
+    sampled = {"local": [], "shared": []}  # the prefix each sampling call could share here, and the prefills it ran
+    if opts.sampling_prefixes:
+        import trl_nca.trainers.nca_trainer as module
+
+        could, prefill = module.sharable_prefix_tokens, module.shared_prefill
+
+        def local(*args, **kwargs):
+            sampled["local"].append(could(*args, **kwargs))
+            return sampled["local"][-1]
+
+        def shared(*args, **kwargs):
+            out = prefill(*args, **kwargs)
+            sampled["shared"].append(out.prefix_tokens)
+            return out
+
+        module.sharable_prefix_tokens, module.shared_prefill = local, shared
     before = full_params(trainer.model)
     trainer.train()
+    if opts.sampling_prefixes:
+        with open(os.path.join(opts.out, f"sampling_rank{trainer.accelerator.process_index}.json"), "w") as f:
+            json.dump(sampled, f)
     with open(os.path.join(opts.out, f"teacher_calls_rank{trainer.accelerator.process_index}.json"), "w") as f:
         json.dump({"calls": teacher_calls, "engine": type(trainer.teacher_model).__name__}, f)
     after = full_params(trainer.model)

@@ -198,6 +198,18 @@ def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, mod
         assert shared[0]["student's context view"] == shared[0]["teacher"] == 0  # process 1 cannot share them
 
 
+def test_zero3_processes_agree_on_the_sampling_prefix(tmp_path, models):
+    """On-policy sampling under ZeRO-3 without gathering the weights for generation, where every forward of the
+    sampling prefill gathers weights with collectives: on step 1 both processes share a prefix (the shorter of their
+    two), on step 2 process 1 has none to share, so neither runs a prefix pass; the run finishes."""
+    extra = ("--per-device", "2", "--on-policy", "--steps", "2", "--sampling-prefixes", "--no-gather-for-generation")
+    out = _train(tmp_path / "zero", models, "lora", "self", "zero3", *extra)
+    sampled = [json.loads((out / f"sampling_rank{rank}.json").read_text()) for rank in range(2)]
+    (a0, b0), (a1, b1) = (record["local"] for record in sampled)
+    assert a0 > a1 > 0 and b0 > 0 and b1 == 0  # what each process could share on its own, per step
+    assert sampled[0]["shared"] == sampled[1]["shared"] == [a1]  # what they ran: the agreed length, then nothing
+
+
 @pytest.mark.parametrize("teacher", ["separate", "self-copy"])
 def test_zero3_teacher_runs_through_its_engine_every_step(tmp_path, models, teacher):
     """A teacher with weights of its own (a separate model, a frozen merged copy of the student) under ZeRO-3 is called
