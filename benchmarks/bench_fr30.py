@@ -28,6 +28,12 @@ out; the job itself is measured end to end with `trl-nca compare` (benchmarks/RE
     python benchmarks/bench_fr30.py --items 64 --repeats 2
     python benchmarks/bench_fr30.py --eval-batch-sizes 32 64 128 --items 32 --repeats 2   # the evaluation batch only
     python benchmarks/bench_fr30.py --dtype bfloat16                  # the same in bfloat16 (fr-30 is float32)
+    python benchmarks/bench_fr30.py --decoding                        # decoding alone: dtypes, batches, caches
+
+`--decoding` measures the model's decoding alone, at one thread: for float32 and bfloat16, the prefill of 45-token
+prompts (every position's logits) and 8 decoding steps at batches of 8, 32, 64 and 128, with a LoRA adapter on every
+linear (a student); then 128 rows x 32 greedy tokens of the base with transformers' dynamic cache, its static cache,
+and the static cache with a compiled decoding step, each twice in turn, the tokens compared.
 """
 
 from __future__ import annotations
@@ -189,6 +195,59 @@ def batch_sizes(plan, sizes: list[int], repeats: int):
               f"{len(records[size])} |")  # fmt: skip
 
 
+def decoding(plan):
+    """Decoding alone (see the module docstring): prefill and per-step times per dtype and batch, then the caches."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import CompileConfig
+
+    from trl_nca.recipes.compare import _load_base
+
+    path = plan.model_paths[None]
+    print(
+        "\n| dtype | batch | prefill of 45 tokens s | decoding step ms | tokens/s |\n| --- | ---: | ---: | ---: | ---: |"
+    )
+    for dtype in ("float32", "bfloat16"):
+        model = _load_base(path, {**plan.model_init_kwargs, "dtype": dtype})
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets)).eval()
+        for rows in (8, 32, 64, 128):
+            ids = torch.randint(100, 1000, (rows, 45), generator=torch.Generator().manual_seed(rows))
+            with torch.no_grad():
+                start = time.perf_counter()
+                out = model(input_ids=ids, use_cache=True)
+                prefill = time.perf_counter() - start
+                cache, last = out.past_key_values, ids[:, -1:]
+                start = time.perf_counter()
+                for _ in range(8):
+                    cache = model(input_ids=last, past_key_values=cache, use_cache=True).past_key_values
+                step = (time.perf_counter() - start) / 8
+            print(f"| {dtype} | {rows} | {prefill:.2f} | {1000 * step:.0f} | {rows / step:.1f} |", flush=True)
+        del model
+    model = _load_base(path, plan.model_init_kwargs).eval()
+    ids = torch.randint(100, 1000, (128, 40), generator=torch.Generator().manual_seed(0))
+    seconds, tokens = defaultdict(list), {}
+    for _ in range(2):
+        for kind in ("dynamic", "static", "compiled"):
+            config = GenerationConfig(max_new_tokens=32, do_sample=False, pad_token_id=0, eos_token_id=None)
+            if kind != "dynamic":
+                config.cache_implementation = "static"
+            if kind == "compiled":
+                config.compile_config = CompileConfig(mode="default")
+                config.compile_config._compile_all_devices = True  # transformers compiles on CUDA-like devices only
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            seconds[kind].append(time.perf_counter() - start)
+            tokens.setdefault(kind, out)
+            print(f"{kind} cache: {seconds[kind][-1]:.1f} s", flush=True)
+    print("\n| decoding, 128 rows x 32 tokens | first call s | second call s | tokens as the dynamic cache's |")
+    print("| --- | ---: | ---: | --- |")
+    for kind in ("dynamic", "static", "compiled"):
+        same = torch.equal(tokens[kind], tokens["dynamic"])
+        print(f"| {kind} | {seconds[kind][0]:.1f} | {seconds[kind][1]:.1f} | {'same' if same else 'different'} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=32, help="held-out items evaluated (fr-30: 240)")
@@ -198,6 +257,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=1, help="evaluations per path and model (interleaved)")
     parser.add_argument("--today-eval-batch", type=int, default=32, help="today's evaluation batch")
     parser.add_argument("--fast-eval-batch", type=int, default=None, help="the fast path's (default: fr-30.yaml's)")
+    parser.add_argument("--decoding", action="store_true", help="decoding alone: dtypes, batches, caches")
     parser.add_argument("--eval-batch-sizes", type=int, nargs="+", default=None,
                         help="only the base's fast evaluation at these batch sizes, interleaved (e.g. 32 64 128)")  # fmt: skip
     cli = parser.parse_args()
@@ -213,6 +273,9 @@ def main():
           f"{torch.backends.cpu.get_cpu_capability()}, {cli.dtype}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         plan = plan_for(cli.dtype, cli.items, cli.warmup + cli.steps, Path(tmp))
+        if cli.decoding:
+            decoding(plan)
+            return
         if cli.eval_batch_sizes:
             batch_sizes(plan, cli.eval_batch_sizes, cli.repeats)
             return

@@ -19,7 +19,8 @@ else
     # the budget runs first: they fix the training budgets the other runs use
     names=(fr-budget isl-budget org-main org-100 org-sweep org-sweep-100 org-adaptive org-adaptive-100 org-gated fr-main
            flip-budget facts-budget org10-shift org10-flip org10-facts org10-shift-schedules units-shift units-flip
-           units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town town-budget fr-30)
+           units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town town-budget fr-30
+           fr-30-fast)
 fi
 for name in "${names[@]}"; do
     config="examples/configs/results/${name}.yaml"
@@ -32,6 +33,12 @@ for name in "${names[@]}"; do
             echo "=== ${name}: ${SECONDS} s"
             continue ;;
         fr-30)  # run as committed slices (section 11.1), the table built from them
+            for unit in base opd-seed0 nca-seed0 opd-seed1 nca-seed1 opd-seed2 nca-seed2; do
+                trl-nca compare --config "$config" --slice "$unit"
+            done
+            trl-nca compare --config "$config" --from_slices true ;;
+        fr-30-fast)  # the whole job in one command (section 11.6), then its units' slices from the finished run
+            trl-nca compare --config "$config"
             for unit in base opd-seed0 nca-seed0 opd-seed1 nca-seed1 opd-seed2 nca-seed2; do
                 trl-nca compare --config "$config" --slice "$unit"
             done

@@ -143,3 +143,19 @@ def test_lengths_figure_shows_the_length_change_per_model():
     assert [t.get_text() for t in ax.get_yticklabels()] == [m[0] for m in models]  # one readable row per model
     assert [t.get_text() for t in ax.texts][:2] == ["+20.0%", "+9.1%"]  # 10 -> 12 tokens, 11 -> 12
     assert ax.get_xlabel() and not overlapping(fig, list(ax.get_yticklabels()), list(ax.get_yticklabels()))
+
+
+def test_harm_per_run_draws_rates_of_few_items_hollow():
+    """fr-30's base answers almost nothing right without the context, so its harm divides by 0.2 items: a hollow dot,
+    with the note saying why; the students' harms (about 200 items each) stay solid."""
+    from trl_nca.recipes.plots import harm_figure
+
+    data = summary("fr-30-fast")
+    fig = harm_figure(data["per_seed"], n_items=data["num_test"])
+    (ax,) = fig.axes
+    hollow = [len(c.get_offsets()) for c in ax.collections if len(c.get_facecolors()) == 0]
+    solid = [len(c.get_offsets()) for c in ax.collections if len(c.get_facecolors()) > 0]
+    assert hollow == [1] and solid == [3, 3]  # the base; opd's and nca's three seeds
+    assert any(t.get_text().startswith("hollow: fewer than 10 items") for t in ax.texts)
+    (ax,) = harm_figure(data["per_seed"]).axes  # without the item count nothing is known to be few
+    assert all(len(c.get_facecolors()) > 0 for c in ax.collections) and not ax.texts

@@ -244,20 +244,35 @@ def plot_tracking(tracking: Mapping[str, Sequence[Mapping[str, Any]]], path: str
     return save_figure(tracking_figure(tracking), path)
 
 
-def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str = ""):
-    """Harm per run, per model: a box (quartiles, whiskers to min and max) and one dot per run (organism x seed)."""
+def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str = "", n_items: int | None = None):
+    """Harm per run, per model: a box (quartiles, whiskers to min and max) and one dot per run (organism x seed). With
+    `n_items` (the evaluated items), a run whose harm divides by fewer than `FEW_ITEMS` items right without the context
+    is a hollow dot, left out of the box, and a note says so: a rate of so few items is not one to read."""
+    from ..eval.metrics import FEW_ITEMS
+
     names = list(per_seed)
     fig = new_figure(max(4.0, 1.2 + 1.1 * len(names)), 3.4)
     ax = fig.add_subplot()
     rng = np.random.default_rng(0)  # horizontal jitter of the dots only
+    any_few = False
     for i, name in enumerate(names):
-        values = [100 * row["harm"] for row in per_seed[name] if row.get("harm") is not None]
-        if not values:
+        rows = [row for row in per_seed[name] if row.get("harm") is not None]
+        if not rows:
             ax.text(i, 2, "n/a", ha="center", fontsize=8)
             continue
-        if len(values) > 1:
-            ax.boxplot([values], positions=[i], widths=0.5, whis=(0, 100), showfliers=False, manage_ticks=False)
-        ax.scatter(i + rng.uniform(-0.12, 0.12, len(values)), values, s=14, color=f"C{i}", zorder=3)
+        few = [n_items is not None and row.get("acc_x") is not None and row["acc_x"] * n_items < FEW_ITEMS
+               for row in rows]  # fmt: skip
+        values = np.array([100 * row["harm"] for row in rows])
+        solid = values[~np.array(few)]
+        if len(solid) > 1:
+            ax.boxplot([solid], positions=[i], widths=0.5, whis=(0, 100), showfliers=False, manage_ticks=False)
+        x = i + rng.uniform(-0.12, 0.12, len(values))
+        for hollow in (False, True):
+            pick = np.array(few) == hollow
+            if pick.any():
+                face = "none" if hollow else f"C{i}"
+                ax.scatter(x[pick], values[pick], s=14, facecolors=face, edgecolors=f"C{i}", zorder=3)
+        any_few = any_few or any(few)
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names)
     ax.set_xlim(-0.6, len(names) - 0.4)
@@ -265,13 +280,19 @@ def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str 
     ax.set_ylabel("harm (%)")
     ax.set_title(title or "Harm per run: P(wrong with the context | right without it)")
     ax.grid(axis="y", alpha=0.3)
+    if any_few:
+        ax.text(0.99, 0.97, f"hollow: fewer than {FEW_ITEMS} items right without the context (too few to read)",
+                transform=ax.transAxes, ha="right", va="top", fontsize=7)  # fmt: skip
     fig.tight_layout()
     return fig
 
 
-def plot_harm(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike, title: str = "") -> str:
+def plot_harm(
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike, title: str = "",
+    n_items: int | None = None,
+) -> str:  # fmt: skip
     """`harm_figure`, written to `path` (PNG)."""
-    return save_figure(harm_figure(per_seed, title=title), path)
+    return save_figure(harm_figure(per_seed, title=title, n_items=n_items), path)
 
 
 def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix: str = "") -> dict[str, str]:
@@ -288,7 +309,12 @@ def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix:
         "comparison": plot_comparison(
             summary["aggregated"], summary["per_seed"], folder / f"{prefix}comparison.png", title=title
         ),
-        "harm": plot_harm(summary["per_seed"], folder / f"{prefix}harm.png", title=f"{title}: harm per run"),
+        "harm": plot_harm(
+            summary["per_seed"],
+            folder / f"{prefix}harm.png",
+            title=f"{title}: harm per run",
+            n_items=summary.get("num_test"),
+        ),  # fmt: skip
         "curves": plot_curves(summary["curves"], folder / f"{prefix}curves.png"),
     }
     if any(summary.get("tracking", {}).values()):
