@@ -45,6 +45,7 @@ def test_every_step_scores_as_the_left_padded_batch_in_float64(tok, share_repeat
     prefill = shared_prefill(model, prompts, tok.pad_token_id, tokens, share_repeats=share_repeats)
     assert prefill.prefix_tokens == tokens
     assert prefill.rows_saved == (2 if share_repeats else 0)
+    assert not any(layer.keys.requires_grad for layer in prefill.cache.layers)  # sampling keeps no graph
     ids, mask = left_pad(prompts, tok.pad_token_id)
     settings = {"max_new_tokens": 6, "do_sample": False, "output_scores": True, "return_dict_in_generate": True,
                 "pad_token_id": tok.pad_token_id, "eos_token_id": None}  # fmt: skip

@@ -334,6 +334,7 @@ class Prefill:
         return {self.cache_argument: self.cache}
 
 
+@torch.no_grad()
 def shared_prefill(
     model, prompts: Sequence[Sequence[int]], pad_id: int, prefix_tokens: int, *, share_repeats: bool = True
 ) -> Prefill | None:
@@ -344,7 +345,7 @@ def shared_prefill(
 
     The prefix pass and the suffix pass are one forward each, whatever the rows (a caller under DeepSpeed ZeRO-3,
     where each forward is a collective, agrees on `prefix_tokens` across processes first: 0 everywhere, or > 0
-    everywhere)."""
+    everywhere). Runs without gradient, as sampling does."""
     from transformers import DynamicCache
 
     argument = _cache_argument(model)
