@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from .checks import is_int
+from .prefix import sharing_problem
 from .views import left_pad
 
 
@@ -247,7 +248,9 @@ class HFBackend:
             processors.append(PerRowSampler(seeds, settings, device))
         prefill = None
         if self.share_prompts or self.share_prefix:
-            tokens = self._prefix_tokens(prompts) if self.share_prefix else 0
+            tokens = (
+                sharable_prefix_tokens(model, prompts, self._logged, self.min_prefix_tokens) if self.share_prefix else 0
+            )
             prefill = shared_prefill(model, prompts, pad_id, tokens, share_repeats=self.share_prompts)
         if prefill is None:
             input_ids, attention_mask = (t.to(device) for t in left_pad(prompts, pad_id))
@@ -273,28 +276,22 @@ class HFBackend:
             results.append(Generated(tokens, tokenizer.decode(tokens, skip_special_tokens=True), truncated))
         return results
 
-    def _prefix_tokens(self, prompts: Sequence[Sequence[int]]) -> int:
-        return sharable_prefix_tokens(self.model, prompts, self.min_prefix_tokens, self._logged)
-
 
 def sharable_prefix_tokens(
-    model, prompts: Sequence[Sequence[int]], min_tokens: int = MIN_PREFIX_TOKENS, logged: set[str] | None = None
+    model, prompts: Sequence[Sequence[int]], logged: set[str], min_tokens: int = MIN_PREFIX_TOKENS
 ) -> int:
     """The prefix a sampling call of `model` on `prompts` runs once: `shared_prefix_tokens`, or 0 when it is shorter
     than `min_tokens` or the model cannot share it exactly (`trl_nca.core.prefix.sharing_problem`; the reason is
-    logged once per kind in `logged`)."""
+    logged once per kind, the kinds already logged kept in `logged`)."""
     tokens = shared_prefix_tokens(prompts)
     if tokens < max(1, min_tokens):
         return 0
-    from .prefix import sharing_problem
-
     problem = sharing_problem(model)
     if problem is None:
         return tokens
     kind, reason = problem
-    if logged is None or kind not in logged:
-        if logged is not None:
-            logged.add(kind)
+    if kind not in logged:
+        logged.add(kind)
         logger.warning("Sampling runs its prompts' shared prefix unshared: %s (logged once).", reason)
     return 0
 

@@ -286,7 +286,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         if not self.args.share_prefix:
             return plain
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts, prompt_mask)]
-        tokens = sharable_prefix_tokens(model, rows, logged=self._sampling_logged)
+        tokens = sharable_prefix_tokens(model, rows, self._sampling_logged)
         if self._lockstep_generation:
             tokens = agreed_min([tokens], prompts.device)[0]
         prefill = shared_prefill(model, rows, self.processing_class.pad_token_id, tokens) if tokens else None
