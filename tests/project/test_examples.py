@@ -163,6 +163,25 @@ def test_examples_read_on_their_own(name):
     assert EXAMPLES == ["frozenlake", "medmcqa", "safety", "sokoban"]  # no shared helper module next to them
 
 
+# Scripts started under a launcher (accelerate launch, torchrun) that are meant to succeed; rank_failure.py is not: one
+# of its processes raises on purpose, and the others must be stopped by the launcher, not meet at a barrier.
+LAUNCHED = sorted([*(ROOT / "examples").glob("*.py"), *(ROOT / "tests" / "scripts").glob("*.py")])
+FAILS_ON_PURPOSE = {"rank_failure.py"}
+
+
+@pytest.mark.parametrize("path", [p for p in LAUNCHED if p.name not in FAILS_ON_PURPOSE], ids=lambda p: p.name)
+def test_launched_scripts_end_their_process_group(path):
+    """A process that exits with its gloo group still up can abort in teardown (`terminate called without an active
+    exception`, SIGABRT) after a good run, and the launch fails (CI, tests/trainers/test_distributed.py): every script
+    a launcher starts calls `end_process_group()` last, in its `__main__` block (trl_nca.core.launch)."""
+    tree = ast.parse(path.read_text())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    last = block.body[-1]
+    assert isinstance(last, ast.Expr) and ast.unparse(last.value) == "end_process_group()", (
+        f"{path.name}: its `if __name__ == '__main__':` block must end with `end_process_group()`"
+    )
+
+
 @pytest.mark.parametrize("name", ["quickstart", "medmcqa", "safety", "sokoban", "frozenlake"])
 def test_example_configs_parse(name):
     """Every shipped YAML parses into the dataclasses of the script that uses it (catches renamed fields)."""

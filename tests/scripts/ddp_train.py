@@ -20,6 +20,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.launch import end_process_group
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer
 
 
@@ -79,3 +80,4 @@ if __name__ == "__main__":
     reentrant = "reentrant" in rest
     numbers = [int(a) for a in rest if a != "reentrant"]
     main(sys.argv[1], int(sys.argv[2]), numbers[0] if numbers else 1, reentrant)
+    end_process_group()  # a clean exit under a launcher (trl_nca.core.launch.end_process_group)
