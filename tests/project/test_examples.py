@@ -1,4 +1,5 @@
-"""The example scripts and the `trl-nca train` CLI run end to end on local data and local models, in this process."""
+"""The example scripts and the `trl-nca train` CLI run end to end on local data and local models, in this process;
+every script a launcher starts (examples/, tests/scripts/) ends its process group."""
 
 import ast
 import importlib

@@ -273,9 +273,9 @@ class NCAFields:
             "implementations other than `'eager'` and `'sdpa'`, active dropout, reentrant gradient checkpointing, a "
             "model whose forward takes no cache. See `trl_nca.core.prefix`. `NCATrainer` also runs it once in "
             "the prefill of its on-policy sampling (and of `seq_kd`'s teacher sampling) when the rows share at least "
-            "`trl_nca.core.sampling.MIN_PREFIX_TOKENS` prompt tokens, whatever `share_prefix_min_tokens` (`trl_nca.core.sampling.shared_prefill`: the samples "
-            "are those of the plain batch up to float rounding); `NCADistillationTrainer` samples through TRL's "
-            "generation, unchanged."
+            "`trl_nca.core.sampling.MIN_PREFIX_TOKENS` prompt tokens, whatever `share_prefix_min_tokens` "
+            "(`trl_nca.core.sampling.shared_prefill`: the samples are those of the plain batch up to float rounding); "
+            "`NCADistillationTrainer` samples through TRL's generation, unchanged."
         },
     )
     share_prefix_min_tokens: int = field(
