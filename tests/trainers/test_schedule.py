@@ -2,10 +2,13 @@
 model card (the schedules on their own: tests/core/test_schedule_rules.py)."""
 
 import json
+import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from test_trainer import make_args
 
 from trl_nca import NCAConfig, NCATrainer
@@ -224,3 +227,44 @@ def test_model_card_says_which_anchor_the_run_used(tok, tmp_path, fields, says):
     card = (tmp_path / "out" / "README.md").read_text()
     named = card.index("This model was trained with NCA")
     assert says in card[named : card.index("\n\n", card.index("\n", named) + 2) + 1] and "2606.11627" in card
+
+
+SCHEDULE_SETTINGS = ("max_steps", "nca_beta", "nca_beta_schedule", "nca_warmup_steps", "nca_adaptive_init",
+                     "nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon")  # fmt: skip
+
+
+@pytest.mark.parametrize("path", sorted(Path("examples/configs/results").glob("*.yaml")), ids=lambda p: p.stem)
+def test_the_shipped_result_configs_build_every_method_without_a_warning(tmp_path, caplog, path):
+    """The result configs pin the adaptive fields under `nca_beta_schedule: constant` for the methods that switch the
+    schedule (anchor-shift.yaml, fr-30-default.yaml): each method's config is built as `compare` builds it (the shared
+    settings with the method's overrides) and names nothing, since the schedule fields a method's own schedule does
+    not read are named by `trl-nca train` only (`core.schedule.unread_settings`), not by the config."""
+    config = yaml.safe_load(path.read_text())
+    shared = {k: v for k, v in config.items() if k in SCHEDULE_SETTINGS}
+    for spec in config.get("methods", ["default"]):
+        _, _, overrides = spec.partition(":")
+        method = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in overrides.split(",") if item)}
+        with caplog.at_level(logging.WARNING, logger="trl_nca"):
+            run_args(NCAConfig, tmp_path, {}, **{**shared, **{k: v for k, v in method.items() if k in SCHEDULE_SETTINGS}})
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("trl_nca")] == []
+
+
+def test_a_warmup_longer_than_the_run_is_said_by_the_config_and_the_model_card(tok, tmp_path, caplog):
+    """nca_warmup_steps=1000 with max_steps=1: one warning when the config is built, and the model card says what the
+    run did (its only step weighed the anchor at 0), not that it warmed up over 1000 steps."""
+    with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.nca_config"):
+        args = default_anchor_args(tmp_path, max_steps=1, nca_beta=0.5, nca_beta_schedule="warmup",
+                                   nca_warmup_steps=1000)  # fmt: skip
+    assert [r.getMessage() for r in caplog.records].count(
+        "nca_warmup_steps=1000 is not shorter than the run (max_steps=1): the anchor never reaches nca_beta=0.5, its "
+        "last step weighs it at 0. Set nca_warmup_steps below max_steps, or nca_beta_schedule='constant'."
+    ) == 1
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
+        train_dataset=prompt_dataset(4), processing_class=tok,
+    )  # fmt: skip
+    trainer.train()
+    trainer.create_model_card(model_name="student")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "warmed up linearly" not in card
+    assert "but the run ended after 1 optimizer step, the last weighing the anchor at 0 (it never acted)" in card
