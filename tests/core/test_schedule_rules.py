@@ -35,9 +35,7 @@ def test_constant_and_warmup_values():
 
 
 def test_adaptive_update_follows_the_formula_and_the_bounds():
-    s = AdaptiveSchedule(
-        beta=0.5, adaptive_init=0.1, adaptive_min=0.01, adaptive_target=1.0, adaptive_horizon=2.0
-    )
+    s = AdaptiveSchedule(beta=0.5, adaptive_init=0.1, adaptive_min=0.01, adaptive_target=1.0, adaptive_horizon=2.0)
     assert s.value == 0.1
     # ratio 1.1 -> e = 0.1 -> x (1 + 0.1 / 2)
     assert s.update({"opd_loss": 1.0, "view_kl": 1.1}) == pytest.approx(0.105)
@@ -121,9 +119,14 @@ def test_the_registry_holds_the_shipped_schedules_and_what_each_reads():
 def _config(**fields):
     """The schedule fields of a config at their defaults (a plain namespace: the schedules read only these)."""
     defaults = dict(
-        nca_beta=0.5, nca_beta_schedule="adaptive", nca_warmup_steps=0, nca_adaptive_init=0.0, nca_adaptive_min=0.05,
-        nca_adaptive_target=1.1, nca_adaptive_horizon=1.0,
-    )  # fmt: skip
+        nca_beta=0.5,
+        nca_beta_schedule="adaptive",
+        nca_warmup_steps=0,
+        nca_adaptive_init=0.0,
+        nca_adaptive_min=0.05,
+        nca_adaptive_target=1.1,
+        nca_adaptive_horizon=1.0,
+    )
     return SimpleNamespace(**{**defaults, **fields})
 
 

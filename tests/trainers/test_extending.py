@@ -63,9 +63,12 @@ def test_a_step_trains_with_the_pages_divergence(extension, tok, tmp_path):
     for divergence in ("forward_kl", "reverse_kl"):
         args = make_args(tmp_path / divergence, max_steps=1, nca_beta=0.5, nca_divergence=divergence)
         trainer = NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-            train_dataset=prompt_dataset(2), processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=args,
+            train_dataset=prompt_dataset(2),
+            processing_class=tok,
+        )
         trainer.train()
         (steps[divergence],) = [h for h in trainer.state.log_history if "nca_loss" in h]
     forward, reverse = steps["forward_kl"], steps["reverse_kl"]

@@ -12,7 +12,7 @@ import yaml
 from test_trainer import make_args
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core.schedule import AdaptiveSchedule
+from trl_nca.core.schedule import AdaptiveSchedule, schedule_reads
 from trl_nca.testing import SHORT_RUN, STORED32, cloned_parameters, make_tiny_model, prompt_dataset, run_args
 
 
@@ -229,8 +229,7 @@ def test_model_card_says_which_anchor_the_run_used(tok, tmp_path, fields, says):
     assert says in card[named : card.index("\n\n", card.index("\n", named) + 2) + 1] and "2606.11627" in card
 
 
-SCHEDULE_SETTINGS = ("max_steps", "nca_beta", "nca_beta_schedule", "nca_warmup_steps", "nca_adaptive_init",
-                     "nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon")  # fmt: skip
+SCHEDULE_SETTINGS = ("max_steps", "nca_beta", *schedule_reads())  # what decides a run's schedule and its checks
 
 
 @pytest.mark.parametrize("path", sorted(Path("examples/configs/results").glob("*.yaml")), ids=lambda p: p.stem)
@@ -245,7 +244,9 @@ def test_the_shipped_result_configs_build_every_method_without_a_warning(tmp_pat
         _, _, overrides = spec.partition(":")
         method = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in overrides.split(",") if item)}
         with caplog.at_level(logging.WARNING, logger="trl_nca"):
-            run_args(NCAConfig, tmp_path, {}, **{**shared, **{k: v for k, v in method.items() if k in SCHEDULE_SETTINGS}})
+            run_args(
+                NCAConfig, tmp_path, {}, **{**shared, **{k: v for k, v in method.items() if k in SCHEDULE_SETTINGS}}
+            )
     assert [r.getMessage() for r in caplog.records if r.name.startswith("trl_nca")] == []
 
 
@@ -253,16 +254,20 @@ def test_a_warmup_longer_than_the_run_is_said_by_the_config_and_the_model_card(t
     """nca_warmup_steps=1000 with max_steps=1: one warning when the config is built, and the model card says what the
     run did (its only step weighed the anchor at 0), not that it warmed up over 1000 steps."""
     with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.nca_config"):
-        args = default_anchor_args(tmp_path, max_steps=1, nca_beta=0.5, nca_beta_schedule="warmup",
-                                   nca_warmup_steps=1000)  # fmt: skip
+        args = default_anchor_args(
+            tmp_path, max_steps=1, nca_beta=0.5, nca_beta_schedule="warmup", nca_warmup_steps=1000
+        )
     assert [r.getMessage() for r in caplog.records].count(
         "nca_warmup_steps=1000 is not shorter than the run (max_steps=1): the anchor never reaches nca_beta=0.5, its "
         "last step weighs it at 0. Set nca_warmup_steps below max_steps, or nca_beta_schedule='constant'."
     ) == 1
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-        train_dataset=prompt_dataset(4), processing_class=tok,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=prompt_dataset(4),
+        processing_class=tok,
+    )
     trainer.train()
     trainer.create_model_card(model_name="student")
     card = (tmp_path / "out" / "README.md").read_text()

@@ -244,8 +244,11 @@ class AdaptiveSchedule(BetaSchedule):
 
     kind: ClassVar[str] = "adaptive"
     reads: ClassVar[tuple[str, ...]] = (
-        "nca_adaptive_init", "nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon",
-    )  # fmt: skip
+        "nca_adaptive_init",
+        "nca_adaptive_min",
+        "nca_adaptive_target",
+        "nca_adaptive_horizon",
+    )
     summary: ClassVar[str] = (
         "`'adaptive'` with `nca_adaptive_init=0` (the gated anchor) keeps the anchor off until the first step whose "
         "`view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts it at `nca_adaptive_min` and multiplies it "
