@@ -3,6 +3,7 @@ and no model is loaded before it. A resume is refused when a setting that shapes
 started (`train_settings.json`), and a checkpoint is judged by its files."""
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -145,6 +146,8 @@ CASES = [
      "for a prompt in the 4096 positions of the model"),
     ("a huge prompt, refused untokenised", ["--dataset_name", "HUGE"], "Row 0 of the train dataset: its prompt "
      "without the context holds 200,000 bytes of text, so at least"),
+    ("a gate target no step can reach", ["--nca_adaptive_target", "1e300"], "nca_adaptive_target=1e+300 can never be "
+     "reached: the anchor grows only at a step whose view_kl exceeds nca_adaptive_target x opd_loss"),
 ]  # fmt: skip
 
 
@@ -172,6 +175,41 @@ def test_bad_train_input_is_one_line_before_any_model_loads(
     line = one_line([*argv, *extra], capsys)
     assert line.startswith("trl-nca train: error: ") and expected.format(tmp=tmp_path) in line, line
     assert not (tmp_path / "out").exists()
+
+
+# Settings that can never act but leave a valid run (issue 50 item 6): one warning line each, naming the field and the
+# fix, before any model loads; the run then trains as given. (case, options, the expected line)
+NEVER_ACTING = [
+    ("adaptive fields under the constant anchor", ["--nca_beta_schedule", "constant", "--nca_adaptive_target", "2"],
+     "nca_adaptive_target=2.0 is set but nca_beta_schedule='constant' does not read it. Remove it, or set "
+     "nca_beta_schedule='adaptive' to use it."),
+    ("warmup fields under the adaptive anchor", ["--nca_warmup_steps", "5"], "nca_warmup_steps=5 is set but "
+     "nca_beta_schedule='adaptive' does not read it. Remove it, or set nca_beta_schedule='warmup' to use it."),
+    ("schedule fields under plain OPD", ["--nca_beta", "0", "--nca_adaptive_min", "0.1"], "nca_adaptive_min=0.1 is "
+     "set but nca_beta=0 (plain OPD) schedules no anchor. Remove it, or set nca_beta > 0 and "
+     "nca_beta_schedule='adaptive' to use it."),
+    ("a warmup longer than the run", ["--nca_beta_schedule", "warmup", "--nca_warmup_steps", "1000", "--max_steps",
+     "1"], "nca_warmup_steps=1000 is not shorter than the run (max_steps=1): the anchor never reaches nca_beta=0.5, "
+     "its last step weighs it at 0. Set nca_warmup_steps below max_steps, or nca_beta_schedule='constant'."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, extra, expected", NEVER_ACTING, ids=[c[0] for c in NEVER_ACTING])
+def test_settings_that_can_never_act_are_named_before_any_model_loads(
+    tiny_dir, tmp_path, caplog, no_model_loads, case, extra, expected
+):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    argv = train_argv(tiny_dir, data, tmp_path / "out")
+    for option, value in zip(extra[::2], extra[1::2]):
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="a model was loaded"):
+        cli_main(argv)  # no_model_loads stops the run at its first model: the line came before it
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [line for line in lines if expected in line] == [expected], lines
 
 
 @pytest.mark.slow  # starts `mount` and `umount`

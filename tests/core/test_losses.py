@@ -10,11 +10,26 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from trl.experimental.gkd import GKDTrainer
 
-from trl_nca.core.losses import DivergenceSpec, LMHead, token_divergences
+from trl_nca.core.losses import NCA_DIVERGENCES, DivergenceSpec, LMHead, register_divergence, token_divergences
 from trl_nca.testing import FLOAT64
 
 
 pytestmark = pytest.mark.numerics  # replayed by CI under other vector units (.ci/run)
+
+BUILTIN_DIVERGENCES = tuple(NCA_DIVERGENCES)  # at import: before any test registers one of its own
+
+
+def _kl(p_log, q_log):
+    """Elementwise KL(p || q) terms, through torch's own `kl_div`."""
+    return F.kl_div(q_log, p_log, log_target=True, reduction="none")
+
+
+# Each NCA divergence of `trl_nca.core.losses.NCA_DIVERGENCES`, written here on its own from the full log-probabilities
+# (anchor, q_c): a divergence added to the package without its line here fails `test_every_divergence_has_a_reference`.
+REFERENCE_DIVERGENCES = {
+    "forward_kl": lambda anchor, lpc: _kl(anchor, lpc),
+    "symmetric_kl": lambda anchor, lpc: _kl(anchor, lpc) + _kl(lpc, anchor),
+}
 
 
 def reference(h_x, h_c, h_t, w_s, w_t, spec: DivergenceSpec):
@@ -34,9 +49,7 @@ def reference(h_x, h_c, h_t, w_s, w_t, spec: DivergenceSpec):
         lpx, lpc, lpt = (F.log_softmax(z, -1) for z in (lx, lc, lt))
         opd = GKDTrainer.generalized_jsd_loss(lx, lt, beta=spec.beta, reduction="none").sum(-1)
     anchor = lpt if spec.nca_target == "teacher" else (lpx.detach() if spec.nca_stop_gradient else lpx)
-    nca = F.kl_div(lpc, anchor, log_target=True, reduction="none")
-    if spec.nca_divergence == "symmetric_kl":
-        nca = nca + F.kl_div(anchor, lpc, log_target=True, reduction="none")
+    nca = REFERENCE_DIVERGENCES[spec.nca_divergence](anchor, lpc)
     view_kl = F.kl_div(lpc, lpx, log_target=True, reduction="none").sum(-1).detach()
     return {"opd": opd, "nca": nca.sum(-1), "view_kl": view_kl}
 
@@ -54,9 +67,25 @@ SPECS = [
     DivergenceSpec(beta=1.0, top_k=5),
     DivergenceSpec(beta=1.0, top_k=5, renormalize=True),
     DivergenceSpec(nca_target="teacher"),
-    DivergenceSpec(nca_divergence="symmetric_kl"),
     DivergenceSpec(nca_stop_gradient=False),
+    # every registered divergence (the default forward_kl is above), also on the top-k support
+    *(DivergenceSpec(nca_divergence=name) for name in BUILTIN_DIVERGENCES if name != "forward_kl"),
+    *(DivergenceSpec(top_k=5, renormalize=True, nca_divergence=name) for name in BUILTIN_DIVERGENCES),
 ]
+
+
+def test_every_divergence_has_a_reference():
+    """The reference above writes out each divergence the package registers; one without it is untested."""
+    assert set(BUILTIN_DIVERGENCES) == set(REFERENCE_DIVERGENCES)
+
+
+def test_a_divergence_name_is_checked_and_registered_once():
+    with pytest.raises(ValueError, match=r"nca_divergence must be one of \('forward_kl', 'symmetric_kl'"):
+        DivergenceSpec(nca_divergence="no_such_divergence")
+    with pytest.raises(ValueError, match="'forward_kl' is already registered"):
+        register_divergence("forward_kl", "again")(lambda anchor, context: anchor)
+    with pytest.raises(ValueError, match="must be a Python identifier"):
+        register_divergence("two words", "no")(lambda anchor, context: anchor)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: str(s)[15:-1])

@@ -1,81 +1,23 @@
-"""Anchor-weight schedules: the formulas, their use by the trainer step by step, and exact resume."""
+"""Anchor-weight schedules in the trainer: their use step by step, exact resume, the checks at construction and the
+model card (the schedules on their own: tests/core/test_schedule_rules.py)."""
 
 import json
+import logging
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from test_trainer import make_args
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core.schedule import BetaSchedule
+from trl_nca.core.schedule import AdaptiveSchedule, schedule_reads
 from trl_nca.testing import SHORT_RUN, STORED32, cloned_parameters, make_tiny_model, prompt_dataset, run_args
 
 
 # Tolerances: pytest.approx with its default tolerance compares float64 arithmetic on counts and rewards with exact
 # fractions (error near 1e-16); trl_nca.testing names the tolerances of float computations.
-
-
-def test_constant_and_warmup_values():
-    constant = BetaSchedule("constant", beta=0.5)
-    assert [constant.value] + [constant.update() for _ in range(3)] == [0.5] * 4
-    warmup = BetaSchedule("warmup", beta=0.6, warmup_steps=3)
-    values = [warmup.value] + [warmup.update() for _ in range(4)]
-    assert values == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.6])
-
-
-def test_adaptive_update_follows_the_formula_and_the_bounds():
-    s = BetaSchedule(
-        "adaptive", beta=0.5, adaptive_init=0.1, adaptive_min=0.01, adaptive_target=1.0, adaptive_horizon=2.0
-    )
-    assert s.value == 0.1
-    # ratio 1.1 -> e = 0.1 -> x (1 + 0.1 / 2)
-    assert s.update({"opd_loss": 1.0, "view_kl": 1.1}) == pytest.approx(0.105)
-    # ratio far above 1 -> e clipped at 0.2 -> x 1.1
-    assert s.update({"opd_loss": 1e-4, "view_kl": 0.3}) == pytest.approx(0.1155)
-    # ratio 0 -> e = -0.2 -> x 0.9
-    assert s.update({"opd_loss": 2.0, "view_kl": 0.0}) == pytest.approx(0.10395)
-    for _ in range(200):
-        s.update({"opd_loss": 1.0, "view_kl": 0.0})
-    assert s.value == 0.01  # the lower bound
-    for _ in range(200):
-        s.update({"opd_loss": 0.0, "view_kl": 1.0})
-    assert s.value == 0.5  # the upper bound is nca_beta
-    s.update({"opd_loss": float("nan"), "view_kl": 1.0})
-    assert s.value == 0.5 and s.steps_done == 404
-    target = BetaSchedule("adaptive", beta=1.0, adaptive_init=0.5, adaptive_target=2.0)
-    assert target.update({"opd_loss": 1.0, "view_kl": 1.5}) == pytest.approx(0.5 * (1 - 0.2))  # 1.5 / 2 - 1 < -0.2
-
-
-def test_adaptive_anchor_can_start_off_until_the_views_drift():
-    s = BetaSchedule("adaptive", beta=0.5, adaptive_init=0.0, adaptive_min=0.05)
-    assert s.value == 0.0
-    assert s.update({"opd_loss": 9.0, "view_kl": 9.0}) == 0.0  # ratio 1: no drift yet
-    assert s.update({"opd_loss": 5.0, "view_kl": 2.0}) == 0.0
-    assert s.update({"opd_loss": 0.1, "view_kl": 0.3}) == 0.05  # the context view drifted: on, at the minimum
-    assert s.update({"opd_loss": 0.1, "view_kl": 0.3}) == pytest.approx(0.06)
-    assert s.update({"opd_loss": 1.0, "view_kl": 0.0}) == pytest.approx(0.05)  # once on, never below the minimum
-    with pytest.raises(ValueError, match="either 0"):
-        BetaSchedule("adaptive", beta=0.5, adaptive_init=0.01, adaptive_min=0.05)
-
-
-def test_state_round_trip_and_errors():
-    s = BetaSchedule("adaptive", beta=0.5)
-    for _ in range(3):
-        s.update({"opd_loss": 0.1, "view_kl": 1.0})
-    restored = BetaSchedule("adaptive", beta=0.5)
-    restored.load_state_dict(json.loads(json.dumps(s.state_dict())))
-    assert restored.value == s.value and restored.steps_done == 3
-    with pytest.raises(ValueError, match="same nca_beta_schedule"):
-        BetaSchedule("warmup", beta=0.5, warmup_steps=2).load_state_dict(s.state_dict())
-    with pytest.raises(ValueError, match="nca_warmup_steps >= 1"):
-        BetaSchedule("warmup", beta=0.5)
-    with pytest.raises(ValueError, match="upper bound"):
-        BetaSchedule("adaptive", beta=0.0)
-    with pytest.raises(ValueError, match="nca_adaptive_min <= nca_beta"):
-        BetaSchedule("adaptive", beta=0.5, adaptive_init=0.9)
-    with pytest.raises(ValueError, match="opd_loss and view_kl"):
-        BetaSchedule("adaptive", beta=0.5).update({"opd_loss": 1.0})
 
 
 def _logged_steps(trainer):
@@ -97,7 +39,7 @@ def test_trainer_uses_the_adaptive_weight_of_each_step(tok, tmp_path, accumulati
     trainer.train()
     steps = _logged_steps(trainer)
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
-    expected = BetaSchedule("adaptive", beta=0.5, adaptive_init=0.1)
+    expected = AdaptiveSchedule(beta=0.5, adaptive_init=0.1)
     for entry in steps:
         assert entry["nca_beta"] == pytest.approx(expected.value, rel=1e-12)  # the same float64 updates, in order
         assert entry["loss"] == STORED32.approx(entry["opd_loss"] + entry["nca_beta"] * entry["nca_loss"])
@@ -201,14 +143,6 @@ def test_resuming_a_schedule_from_a_checkpoint_without_its_state_is_refused(tok,
         trainer.train(resume_from_checkpoint=str(checkpoint))
 
 
-def test_non_finite_adaptive_settings_are_refused():
-    # an infinite target would keep a gated anchor off for good, an infinite horizon would freeze the weight
-    for field in ("adaptive_target", "adaptive_horizon"):
-        for value in (math.inf, math.nan):
-            with pytest.raises(ValueError, match="must be finite and > 0"):
-                BetaSchedule("adaptive", beta=0.5, **{field: value})
-
-
 def test_a_gate_a_live_self_teacher_can_never_open_is_refused_before_training(tok, tmp_path):
     """With self_teacher='live' and reverse-KL OPD, view_kl equals opd_loss at every step, so the gated anchor
     (nca_adaptive_init=0) never opens at a target >= 1: one error line at construction. Below 1 it opens at once."""
@@ -293,3 +227,49 @@ def test_model_card_says_which_anchor_the_run_used(tok, tmp_path, fields, says):
     card = (tmp_path / "out" / "README.md").read_text()
     named = card.index("This model was trained with NCA")
     assert says in card[named : card.index("\n\n", card.index("\n", named) + 2) + 1] and "2606.11627" in card
+
+
+SCHEDULE_SETTINGS = ("max_steps", "nca_beta", *schedule_reads())  # what decides a run's schedule and its checks
+
+
+@pytest.mark.parametrize("path", sorted(Path("examples/configs/results").glob("*.yaml")), ids=lambda p: p.stem)
+def test_the_shipped_result_configs_build_every_method_without_a_warning(tmp_path, caplog, path):
+    """The result configs pin the adaptive fields under `nca_beta_schedule: constant` for the methods that switch the
+    schedule (anchor-shift.yaml, fr-30-default.yaml): each method's config is built as `compare` builds it (the shared
+    settings with the method's overrides) and names nothing, since the schedule fields a method's own schedule does
+    not read are named by `trl-nca train` only (`core.schedule.unread_settings`), not by the config."""
+    config = yaml.safe_load(path.read_text())
+    shared = {k: v for k, v in config.items() if k in SCHEDULE_SETTINGS}
+    for spec in config.get("methods", ["default"]):
+        _, _, overrides = spec.partition(":")
+        method = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in overrides.split(",") if item)}
+        with caplog.at_level(logging.WARNING, logger="trl_nca"):
+            run_args(
+                NCAConfig, tmp_path, {}, **{**shared, **{k: v for k, v in method.items() if k in SCHEDULE_SETTINGS}}
+            )
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("trl_nca")] == []
+
+
+def test_a_warmup_longer_than_the_run_is_said_by_the_config_and_the_model_card(tok, tmp_path, caplog):
+    """nca_warmup_steps=1000 with max_steps=1: one warning when the config is built, and the model card says what the
+    run did (its only step weighed the anchor at 0), not that it warmed up over 1000 steps."""
+    with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.nca_config"):
+        args = default_anchor_args(
+            tmp_path, max_steps=1, nca_beta=0.5, nca_beta_schedule="warmup", nca_warmup_steps=1000
+        )
+    assert [r.getMessage() for r in caplog.records].count(
+        "nca_warmup_steps=1000 is not shorter than the run (max_steps=1): the anchor never reaches nca_beta=0.5, its "
+        "last step weighs it at 0. Set nca_warmup_steps below max_steps, or nca_beta_schedule='constant'."
+    ) == 1
+    trainer = NCATrainer(
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=prompt_dataset(4),
+        processing_class=tok,
+    )
+    trainer.train()
+    trainer.create_model_card(model_name="student")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "warmed up linearly" not in card
+    assert "but the run ended after 1 optimizer step, the last weighing the anchor at 0 (it never acted)" in card

@@ -50,7 +50,15 @@ def test_config_refuses_non_finite_mistyped_and_out_of_range_numbers(tmp_path, f
         args(tmp_path, **{field: value})
 
 
-@pytest.mark.parametrize("field,value", [("context_placement", "assistant"), ("divergence_support", "top_p")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("context_placement", "assistant"),
+        ("divergence_support", "top_p"),
+        ("nca_divergence", "no_such_divergence"),  # the choices of these two come from the registries
+        ("nca_beta_schedule", "cosine"),
+    ],
+)
 def test_config_refuses_unknown_choices(tmp_path, field, value):
     with pytest.raises(ValueError, match=f"{field} must be one of"):
         args(tmp_path, **{field: value})

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.console import Stopwatch, closing_line
+from ..core.schedule import unread_settings
 from ..inputs import OutputError, load_dataset_any, read_context, write_text_atomic
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
 from . import explain
@@ -90,6 +92,8 @@ def train(argv: list[str] | None = None):
         script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
     except (ValueError, TypeError) as error:
         raise CommandLineError(str(error)) from error
+    for line in unread_settings(training_args):  # schedule fields this run's schedule does not read: one line each
+        logging.getLogger(__name__).warning(line)
     try:
         lock = main_process_lock(training_args.output_dir, "trl-nca train")
     except (ValueError, OSError) as error:  # an output_dir that is a file or cannot be made

@@ -8,7 +8,8 @@ Notation per completion token (all logits divided by the temperature T):
     OPD  (GKD's generalized JSD, `beta`):  beta=1 KL(q_x || f),  beta=0 KL(f || q_x),
          otherwise  beta * KL(f || m) + (1 - beta) * KL(q_x || m),  m = beta * f + (1 - beta) * q_x
     NCA  (default):  KL(sg[q_x] || q_c) = sum_v p(v) (log p(v) - log q_c(v)),  p = q_x detached
-         options: anchor p = f ("DualOPD"), no stop-gradient, symmetric KL(p || q_c) + KL(q_c || p)
+         options: anchor p = f ("DualOPD"), no stop-gradient, and the divergence between p and q_c, by name from
+         `NCA_DIVERGENCES` (`forward_kl`: the KL above; `symmetric_kl`: KL(p || q_c) + KL(q_c || p))
 
 Total loss = mean over valid tokens of OPD + nca_beta * NCA (assembled by the trainer).
 
@@ -27,6 +28,7 @@ forward of a call and once for its backward.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -37,17 +39,83 @@ from trl.trainer.utils import maybe_gather_lm_head_ctx
 from .deprecation import renamed_keyword
 
 
+def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
+    """Elementwise terms of KL(p || q) from (finite) log-probabilities."""
+    return p_log.exp() * (p_log - q_log)
+
+
+@dataclass(frozen=True)
+class AnchorDivergence:
+    """One divergence the NCA term can use between its anchor and the context view q_c.
+
+    `terms(anchor, context)` takes the log-probabilities of one (tokens x vocabulary-slice) tile, the anchor's (already
+    detached where the anchor is a constant) and q_c's, and returns the tile's elementwise terms: the tiling sums them
+    over the vocabulary (or the top-k support) and autograd derives their gradient, so the function is all a new
+    divergence needs. It must be a sum over the vocabulary of elementwise terms (as every f-divergence is), written
+    with torch operations that keep the input's dtype. `help` is its sentence in the config's help and the docs.
+    """
+
+    name: str
+    terms: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    help: str
+
+
+# The NCA term's divergences by name (`DivergenceSpec.nca_divergence`, the config's `nca_divergence`), in the order the
+# docs list them. `register_divergence` adds one.
+NCA_DIVERGENCES: dict[str, AnchorDivergence] = {}
+
+
+def register_divergence(name: str, help: str):
+    """Decorator: register `terms(anchor, context) -> elementwise terms` as the NCA divergence `name` (see
+    `AnchorDivergence`). The config accepts the name from then on; a name already taken is refused."""
+
+    def register(terms):
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"A divergence's name must be a Python identifier (it is a config value), got {name!r}.")
+        if name in NCA_DIVERGENCES:
+            raise ValueError(f"The NCA divergence {name!r} is already registered; choose another name.")
+        NCA_DIVERGENCES[name] = AnchorDivergence(name, terms, help)
+        return terms
+
+    return register
+
+
+def divergence_names() -> tuple[str, ...]:
+    """The registered NCA divergences, in registration order."""
+    return tuple(NCA_DIVERGENCES)
+
+
+@register_divergence("forward_kl", "KL(anchor || q_c), the expectation under the anchor.")
+def _forward_kl(anchor: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    return _kl(anchor, context)
+
+
+@register_divergence("symmetric_kl", "KL(anchor || q_c) + KL(q_c || anchor) (an ablation).")
+def _symmetric_kl(anchor: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    return _kl(anchor, context) + _kl(context, anchor)
+
+
+# The divergences this package ships, as the config's type (a name registered later is accepted by the config's check,
+# which reads `NCA_DIVERGENCES`; docs/extending.md).
+DivergenceName = Literal[divergence_names()]
+
+
 @dataclass(frozen=True)
 class DivergenceSpec:
-    """Which divergences to compute; see the module docstring for the formulas."""
+    """Which divergences to compute; see the module docstring for the formulas. `nca_divergence` names one of
+    `NCA_DIVERGENCES`."""
 
     beta: float = 1.0
     temperature: float = 1.0
     top_k: int | None = None
     renormalize: bool = False
     nca_target: Literal["student", "teacher"] = "student"
-    nca_divergence: Literal["forward_kl", "symmetric_kl"] = "forward_kl"
+    nca_divergence: str = "forward_kl"
     nca_stop_gradient: bool = True
+
+    def __post_init__(self):
+        if self.nca_divergence not in NCA_DIVERGENCES:
+            raise ValueError(f"nca_divergence must be one of {divergence_names()}, got {self.nca_divergence!r}.")
 
 
 @dataclass
@@ -185,11 +253,6 @@ def _top_k_support(hidden: torch.Tensor, head: LMHead, k: int, chunk: int) -> to
     return best_idx
 
 
-def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
-    """Elementwise terms of KL(p || q) from (finite) log-probabilities."""
-    return p_log.exp() * (p_log - q_log)
-
-
 def _opd_terms(ls: torch.Tensor, lt: torch.Tensor, beta: float) -> torch.Tensor:
     if beta == 1.0:
         return _kl(ls, lt)
@@ -211,10 +274,7 @@ def _tile_terms(ls, lt, lc, mask, spec: DivergenceSpec, terms) -> list[torch.Ten
         out.append(total(_opd_terms(ls, lt, spec.beta)))
     if "nca" in terms:
         anchor = lt if spec.nca_target == "teacher" else (ls.detach() if spec.nca_stop_gradient else ls)
-        nca = _kl(anchor, lc)
-        if spec.nca_divergence == "symmetric_kl":
-            nca = nca + _kl(lc, anchor)
-        out.append(total(nca))
+        out.append(total(NCA_DIVERGENCES[spec.nca_divergence].terms(anchor, lc)))
     if "view_kl" in terms:
         out.append(total(_kl(ls.detach(), lc.detach())))
     if "entropy" in terms:

@@ -17,7 +17,7 @@ from importlib import resources
 from typing import Any
 
 from ..core.checks import format_pct
-from ..core.schedule import SCHEDULE_READS
+from ..core.schedule import schedule_reads
 from .ranges import canonical, json_default, matching_settings
 
 
@@ -35,7 +35,8 @@ def method_settings(summary: Mapping[str, Any], method: str) -> dict[str, Any]:
     whichever defaults it was written against: the README's `nca` under the gated default is section 10's `gated`."""
     settings = {**canonical(summary["settings"]["training"]), **summary["methods"][method]}
     kind = None if settings.get("nca_beta") == 0 else settings.get("nca_beta_schedule")
-    return {k: v for k, v in settings.items() if k not in SCHEDULE_READS or kind in SCHEDULE_READS[k]}
+    reads = schedule_reads()
+    return {k: v for k, v in settings.items() if k not in reads or kind in reads[k]}
 
 
 def _fingerprint(settings: Mapping[str, Any]) -> str:

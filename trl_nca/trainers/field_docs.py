@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import json
 import textwrap
+import typing
 from typing import Any
 
 
@@ -40,6 +41,10 @@ def annotation(cls: type, name: str) -> str:
     for klass in cls.__mro__:
         if name in klass.__dict__.get("__annotations__", {}):
             written = klass.__dict__["__annotations__"][name]
+            if isinstance(written, str) and written.isidentifier():  # a named type: a Literal built from a registry
+                resolved = typing.get_type_hints(klass).get(name)
+                if typing.get_origin(resolved) is typing.Literal:
+                    return "Literal[" + ", ".join(map(repr, typing.get_args(resolved))) + "]"
             return written if isinstance(written, str) else getattr(written, "__name__", str(written))
     raise KeyError(name)
 

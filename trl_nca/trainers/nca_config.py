@@ -15,14 +15,16 @@ from trl.import_utils import TRLExperimentalWarning
 
 from ..core.checks import check_integer, check_number
 from ..core.launch import deepspeed_requested, skip_deepspeed_shared_memory_op
-from ..core.losses import DivergenceSpec
+from ..core.losses import NCA_DIVERGENCES, DivergenceName, DivergenceSpec, divergence_names
 from ..core.schedule import (
     ADAPTIVE_INIT,
     ADAPTIVE_MIN,
     ADAPTIVE_TARGET,
     DEFAULT_SCHEDULE,
     SCHEDULES,
+    ScheduleName,
     schedule_from_config,
+    schedule_names,
 )
 from ..core.views import ContextSpec
 from .checkpointing import checkpointing_kwargs, needs_joint_forward
@@ -93,12 +95,9 @@ class NCAFields:
             "`'teacher'` (the teacher's distribution, the paper's DualOPD ablation)."
         },
     )
-    nca_divergence: Literal["forward_kl", "symmetric_kl"] = field(
+    nca_divergence: DivergenceName = field(
         default="forward_kl",
-        metadata={
-            "help": "`'forward_kl'`: KL(anchor || q_c), the expectation under the anchor. `'symmetric_kl'`: "
-            "KL(anchor || q_c) + KL(q_c || anchor) (an ablation)."
-        },
+        metadata={"help": " ".join(f"`{d.name!r}`: {d.help}" for d in NCA_DIVERGENCES.values())},
     )
     nca_stop_gradient: bool = field(
         default=True,
@@ -114,20 +113,16 @@ class NCAFields:
             "so the context-induced drift of plain OPD can be watched. Costs one extra forward per step."
         },
     )
-    nca_beta_schedule: Literal["constant", "warmup", "adaptive"] = field(
+    nca_beta_schedule: ScheduleName = field(
         default=DEFAULT_SCHEDULE,
         metadata={
             "help": "How the anchor weight evolves over optimizer steps (logged every step as `nca_beta`). The default "
             "is the gated anchor (beyond the paper, chosen by the study of docs/results.md section 10, where it stalled "
-            "internalisation in fewer runs than the constant one): `'adaptive'` with `nca_adaptive_init=0`, so the "
-            "anchor is off until the first step whose `view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts "
-            "at `nca_adaptive_min` and is multiplied after each step by `1 + clip(view_kl / (nca_adaptive_target * "
-            "opd_loss) - 1, -0.2, 0.2) / nca_adaptive_horizon`, within `[nca_adaptive_min, nca_beta]` (see "
-            "`trl_nca.core.schedule`). `'constant'` is the paper's anchor (`nca_beta` throughout); `'warmup'` goes from "
-            "0 up to `nca_beta` linearly over `nca_warmup_steps`. With `nca_beta=0` (plain OPD) there is no anchor to "
-            "schedule and this setting is not read. Where the gate can never open (`self_teacher='live'` with "
-            "reverse-KL OPD) and the schedule settings are left at their defaults, the constant anchor is used, with "
-            "one warning. Saved in checkpoints, restored on resume."
+            "internalisation in fewer runs than the constant one). "
+            + " ".join(schedule.summary for schedule in SCHEDULES.values())
+            + " With `nca_beta=0` (plain OPD) there is no anchor to schedule and this setting is not read. Where the "
+            "gate can never open (`self_teacher='live'` with reverse-KL OPD) and the schedule settings are left at "
+            "their defaults, the constant anchor is used, with one warning. Saved in checkpoints, restored on resume."
         },
     )
     nca_warmup_steps: int = field(
@@ -380,12 +375,12 @@ class NCAFields:
         """The choices among strings, the unused-option warning, and the specs built (so validated) now."""
         choices = {
             "nca_anchor": ("student", "teacher"),
-            "nca_divergence": ("forward_kl", "symmetric_kl"),
+            "nca_divergence": divergence_names(),  # the registries, read now: a name registered after import counts
             "context_placement": ("system", "user"),
             "divergence_support": ("full", "top_k"),
             "self_teacher": ("initial", "live"),
             "eval_completions": ("on_policy", "dataset"),
-            "nca_beta_schedule": SCHEDULES,
+            "nca_beta_schedule": schedule_names(),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -402,7 +397,9 @@ class NCAFields:
         if self.nca_monitor and self.nca_beta > 0:
             self.nca_monitor = False  # the NCA term is computed anyway
         # Builds (and so validates) the context placement, the divergence choice and the anchor schedule now.
-        _ = (self.context_spec, self.divergence_spec, schedule_from_config(self))
+        _ = (self.context_spec, self.divergence_spec)
+        for line in schedule_from_config(self).cannot_act(self.max_steps):  # a warmup longer than the run
+            logger.warning(line)
 
     @property
     def joint_forward(self) -> bool:
