@@ -272,6 +272,24 @@ def test_a_run_is_read_per_organism_against_the_documented_outcomes():
     assert read_per_organism(single, experiments) == ""
 
 
+def test_where_nca_did_not_prevent_it_the_reading_says_when_its_anchor_began_to_act():
+    """The quick job's old reading (issue 53): "opd degraded, nca did not prevent it", with the gate opening at step 35
+    of 40; the printed reading now says so, and says nothing of the anchor where NCA prevented it."""
+    from trl_nca.recipes.outcomes import read_per_organism
+
+    run = _summary([(0.8, 0.6), (0.5, 0.0)])
+    run["settings"]["training"]["max_steps"] = 40
+    steps = [5, 10, 15, 20, 25, 30, 35, 40]
+    run["curves"] = {f"nca/org{o}/seed{s}": {"step": steps, "nca_beta": [0.0] * 6 + [0.02, 0.086]}
+                     for o in (0, 1) for s in (0, 1)}  # fmt: skip
+    run["curves"]["nca/org0/seed1"]["nca_beta"] = [0.0] * 8
+    lines = read_per_organism(run, []).splitlines()
+    assert lines[0].startswith("organism 0: opd degraded, nca did not prevent it")
+    assert lines[0].endswith(" nca's anchor weight (nca_beta) stayed 0 until step 35 of 40 in seed 0 and through all "
+                             "40 steps in seed 1: it opened too late to act.")  # fmt: skip
+    assert lines[1].startswith("organism 1: opd degraded, nca prevented it") and "anchor weight" not in lines[1]
+
+
 def test_stalled_runs_are_counted_against_the_reference_run_of_the_same_organism_and_seed():
     from trl_nca.recipes.statistics import render_stalls, stalled_runs
 
