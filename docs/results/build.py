@@ -400,6 +400,13 @@ def summary_table(page: str) -> str:
         cells = [_heading(page, study.section), tasks, models, units, methods, study.fixed_in or "no", study.reading,
                  outcome, study.machine + versions]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    versions: dict[str, set[str]] = {}
+    for path in sorted(DATA.glob("*.json")):
+        for library, version in json.loads(path.read_text()).get("versions", {}).items():
+            versions.setdefault(library, set()).add(version)
+    lines += ["", "Library versions over all committed runs (each run's are in its summary's `versions`): " + ", ".join(
+        f"{library} {' or '.join(sorted(found))}" + (" (per study above)" if len(found) > 1 else "")
+        for library, found in versions.items()) + "."]  # fmt: skip
     fixed = list(dict.fromkeys(["1"] + [s.fixed_in for s in STUDIES_SUMMARY if s.fixed_in]))
     lines += ["", f"Written down before the runs they govern: sections {', '.join(fixed[:-1])} and {fixed[-1]} "
               "(section 1 chose the built-in tasks on the base model alone, before any training). Sections 1 and 6 "
