@@ -165,7 +165,8 @@ class Study(NamedTuple):
 
 
 STUDIES_SUMMARY = (
-    Study("2", ("isl-budget",), "budget", "budget: the first tracked step with Acc_x at least the base's + 30 points",
+    Study("2", ("isl-budget",), "budget", "budget: the first tracked step with Acc_x at least the base's + 30 points "
+          "(data committed for `island_facts` only)",
           "2", "2-core CPU machines of earlier sessions"),
     Study("3", ("org-main", "org-100"), "seeds", "(not fixed first) does OPD degrade, does NCA prevent it?", None,
           "2-core CPU machines of earlier sessions; organisms pretrained there"),
