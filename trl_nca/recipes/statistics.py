@@ -228,13 +228,14 @@ def _organism_entry(organism, seeds, theirs: Mapping[Any, Mapping[str, Any]], ou
 
 
 def rounding_tolerance(differences: Sequence[float]) -> float:
-    """The largest rounding error of `np.mean(differences)` when each difference is `a - b` of two stored values of
+    """A bound on the rounding error of `np.mean(differences)` when each difference is `a - b` of two stored values of
     size at most `scale = max(1, max |difference|)` (rates: at most 1). Error model, u = eps / 2 (IEEE 754 double):
-    the subtraction rounds once (at most u * scale), numpy's sum of n terms adds at most (n - 1) * u * scale, and the
-    division by n one more u * scale; so at most (n + 1) * u * scale, and this returns twice that, (n + 1) * eps *
-    scale. A mean within it of 0 is 0 up to rounding: -5.55e-17 from the seeds' 21.67 and -21.67 points is a tie,
-    while the smallest real difference of two rates over 240 items x 4 samples (1/960, about 1e-3) is 10^12 times
-    larger."""
+    each stored value is its exact (decimal or rational) value rounded once (at most u * scale each) and the
+    subtraction rounds once more, so 3 u * scale per difference; the sum of n terms adds at most (n - 1) u * scale to
+    the mean and the division by n one more u * scale: at most (n + 3) u * scale in all. This returns (n + 1) eps *
+    scale = (2n + 2) u * scale, which covers that for every n >= 1. A mean within it of 0 is 0 up to rounding: -5.55e-17
+    from the seeds' +21.67 and -21.67 points is a tie, while the smallest real difference of two rates over 240 items
+    x 4 samples (1/960, about 1e-3) is 10^12 times larger."""
     scale = max([1.0, *(abs(float(d)) for d in differences)])
     return (len(differences) + 1) * float(np.finfo(float).eps) * scale
 
