@@ -20,7 +20,7 @@ else
     names=(fr-budget isl-budget org-main org-100 org-sweep org-sweep-100 org-adaptive org-adaptive-100 org-gated fr-main
            flip-budget facts-budget org10-shift org10-flip org10-facts org10-shift-schedules units-shift units-flip
            units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town town-budget fr-30
-           fr-30-fast)
+           fr-30-fast main-quick)
 fi
 for name in "${names[@]}"; do
     config="examples/configs/results/${name}.yaml"
@@ -43,6 +43,8 @@ for name in "${names[@]}"; do
                 trl-nca compare --config "$config" --slice "$unit"
             done
             trl-nca compare --config "$config" --from_slices true ;;
+        main-quick)  # the quick job itself (section 10.6: its config is examples/configs/main_quick.yaml)
+            trl-nca compare --config "$config" --output_dir "outputs/results/${name}" ;;
         *)
             trl-nca compare --config "$config" ;;
     esac

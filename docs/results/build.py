@@ -20,6 +20,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 
 HERE = Path(__file__).resolve().parent
@@ -29,20 +30,32 @@ FIGURES = HERE / "figures"
 README = HERE.parents[1] / "README.md"
 RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
 BLOCK = re.compile(
-    r"<!-- (table|figures|ranges|statistics|organisms|anchors):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL
+    r"<!-- (table|figures|ranges|statistics|organisms|anchors|summary):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL
 )
 RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
 OUTCOMES = HERE.parents[1] / "trl_nca" / "resources" / "documented_organisms.json"
-# the documented per-organism outcomes: section 9, and the anchor-schedule study of section 10
+# the documented per-organism outcomes: section 9, the anchor-schedule study of section 10 and the quick job's (10.6)
 STUDIES = {"units-shift": "section 9", "units-flip": "section 9", "units-facts": "section 9",
-           "anchor-shift": "section 10", "anchor-facts": "section 10"}  # fmt: skip
+           "anchor-shift": "section 10", "anchor-facts": "section 10", "main-quick": "section 10.6"}  # fmt: skip
 
 
 def load(name: str) -> dict:
     path = DATA / f"{name}.json"
     if not path.is_file():
         raise SystemExit(f"results.md refers to {name!r}, but {path} does not exist.")
-    return json.loads(path.read_text())
+    return current_statistics(json.loads(path.read_text()))
+
+
+def current_statistics(summary: dict) -> dict:
+    """`summary` with its readings per organism recomputed from its per-seed records by today's
+    `trl_nca.recipes.statistics`, so that a mended statistic (e.g. an organism whose mean difference is zero up to
+    rounding, now a tie rather than a difference) reaches every table without editing the stored runs."""
+    from trl_nca.recipes.statistics import compare_organisms
+
+    statistics = summary.get("statistics") or {}
+    if statistics.get("organisms"):
+        statistics["organisms"] = compare_organisms(summary["per_seed"], statistics["baseline"])
+    return summary
 
 
 def table(summary: dict) -> str:
@@ -138,6 +151,270 @@ def anchors(summary: dict) -> str:
     return "\n\n".join(parts)
 
 
+# The summary at the top of results.md (`<!-- summary:studies -->`): one row per study. What each study's section fixed
+# before its runs (or, where nothing was fixed first, the question it asked) is declared here, once; every other cell
+# (task, model, units, methods, versions, the outcome) is read from the study's data by the reader it names. A study
+# whose data are not committed yet is shown as pending.
+class Study(NamedTuple):
+    section: str  # the heading's number: "9", "10.6"
+    data: tuple[str, ...]  # data/<name>.json, one per task
+    reader: str  # the name of its outcome reader in READERS
+    reading: str  # the reading its section fixed
+    fixed_in: str | None  # the section that wrote `reading` down before the study's first run; None: not pre-registered
+    machine: str  # where it ran
+
+
+STUDIES_SUMMARY = (
+    Study("2", ("isl-budget",), "budget", "budget: the first tracked step with Acc_x at least the base's + 30 points "
+          "(data committed for `island_facts` only)",
+          "2", "2-core CPU machines of earlier sessions"),
+    Study("3", ("org-main", "org-100"), "seeds", "(not fixed first) does OPD degrade, does NCA prevent it?", None,
+          "2-core CPU machines of earlier sessions; organisms pretrained there"),
+    Study("4", ("org-sweep", "org-sweep-100"), "seeds", "(not fixed first) harm against `nca_beta`", None,
+          "2-core CPU machines of earlier sessions; organisms pretrained there"),
+    Study("5", ("org-adaptive", "org-adaptive-100", "org-gated"), "seeds",
+          "(not fixed first) harm and internalisation under the anchor schedules", None,
+          "2-core CPU machines of earlier sessions; organisms pretrained there"),
+    Study("7", ("fr-main",), "seeds", "(not fixed first) does OPD degrade, does NCA prevent it?", None,
+          "a 2-core CPU machine of an earlier session"),
+    Study("8", ("org10-shift", "org10-flip", "org10-facts"), "distributions",
+          "finding 1: OPD's median harm above 2% and regime A in at least a quarter of its runs; finding 2: the paired "
+          "OPD - NCA harm interval above 0 and sign test p < 0.05", "8.1", "2-core Intel Xeon, AVX-512"),
+    Study("9", ("units-shift", "units-flip", "units-facts"), "organisms",
+          "finding 1: OPD degrades on at least half of the organisms; finding 2: the two-level OPD - NCA harm interval "
+          "above 0 and NCA prevents it on at least 3/4 of those", "9.1", "2-core AMD EPYC, AVX-512"),
+    Study("10", ("anchor-shift", "anchor-facts"), "anchor_rule",
+          "the default: the schedule with fewest stalled runs on both tasks, strictly fewer than constant over both, "
+          "and its constant - schedule harm interval not entirely below 0; else constant", "10.1",
+          "2-core AMD EPYC, AVX2"),
+    Study("10.6", ("main-quick",), "organisms_gate",
+          "the quick job: the first candidate whose reading is \"opd degraded, nca prevented it\" with the gate "
+          "open, at most 60 steps", "10.6.1", "2-core AMD EPYC, AVX-512"),
+    Study("11", ("fr-30",), "real_model",
+          "internalised: Acc_x at least the base's + 30 points; OPD degraded: regime A in 2 of 3 seeds; NCA prevented "
+          "it: no NCA seed in A, and NCA's harm below OPD's where OPD is in A", "11.1",
+          "2-core AMD EPYC: AVX2 (base, seed 0), AVX-512 (seeds 1, 2)"),
+    Study("11.5", ("town-budget",), "budget", "budget: the first tracked step with Acc_x at least the base's + 30 "
+          "points, within 60 steps; none: no NCA run", "11.1", "2-core AMD EPYC, AVX2"),
+    Study("12", ("fr-30-default",), "default_cost",
+          "the default (gated) anchor costs Acc_x (harm) when it is at least 5 points below (above) OPD's in 2 of 3 "
+          "seeds; internalised as in 11.1", "12.1", "2-core AMD EPYC, AVX-512"),
+)  # fmt: skip
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _rows(summary: dict, method: str) -> list[dict]:
+    return list(summary["per_seed"].get(method) or [])
+
+
+def _base_acc_x(summary: dict) -> float:
+    return _rows(summary, "base")[0]["acc_x"]
+
+
+def read_budget(summaries: dict[str, dict]) -> str:
+    """The budget rule (sections 2, 8.1, 11.1): t* is the first tracked step of the OPD run with Acc_x at least the
+    base's + 30 points."""
+    parts = []
+    for summary in summaries.values():
+        (track,) = [v for k, v in summary["tracking"].items() if k.startswith("opd/")]
+        need = _base_acc_x(summary) + 0.30
+        hit = next((p["step"] for p in track if p["acc_x"] >= need), None)
+        best = max(p["acc_x"] for p in track)
+        parts.append(f"`{summary['task']}`: " + (f"t* = step {hit}" if hit is not None else
+                     f"no t* within {track[-1]['step']} steps (tracked Acc_x at most {_pct(best)}, needed "
+                     f"{_pct(need)}), so no NCA run"))  # fmt: skip
+    return "; ".join(parts)
+
+
+def read_seeds(summaries: dict[str, dict]) -> str:
+    """Per experiment and method: the runs in regime A and the mean harm (one model, training seeds the units)."""
+    parts = []
+    for name, summary in summaries.items():
+        cells = []
+        for method, rows in summary["per_seed"].items():
+            if method == "base":
+                continue
+            harms = [r["harm"] for r in rows if r.get("harm") is not None]
+            mean = sum(harms) / len(harms) if harms else None
+            cells.append(f"{method} A in {sum(r.get('regime') == 'A' for r in rows)} of {len(rows)}, harm {_pct(mean)}")
+        parts.append(f"`{name}`: " + ", ".join(cells))
+    return "; ".join(parts)
+
+
+def read_distributions(summaries: dict[str, dict]) -> str:
+    """Section 8.1's findings per task, from the distributions and the paired OPD - NCA harm."""
+    parts = []
+    for summary in summaries.values():
+        stats = summary["statistics"]
+        opd, paired = _rows(summary, "opd"), stats["paired"]["nca"]["harm"]
+        one = stats["distributions"]["opd"]["harm"]["median"] > 0.02 and 4 * sum(
+            r.get("regime") == "A" for r in opd) >= len(opd)  # fmt: skip
+        two = paired["ci"][0] > 0 and paired["sign_test_p"] < 0.05
+        parts.append(f"`{summary['task']}`: finding 1 {'holds' if one else 'does not hold'}, finding 2 "
+                     f"{'holds' if two else 'does not hold'}")  # fmt: skip
+    return "; ".join(parts)
+
+
+def read_organisms(summaries: dict[str, dict]) -> str:
+    """Section 9.1's readings per task, from the per-organism outcomes of the NCA method against OPD."""
+    parts = []
+    for summary in summaries.values():
+        outcome = summary["statistics"]["organisms"]["nca"]
+        n, degraded, prevented = outcome["n"], outcome["degraded"], outcome["prevented"]
+        ci = outcome["over_organisms"]["harm"]["ci"]
+        one = 2 * degraded >= n
+        two = ci is not None and ci[0] > 0 and 4 * prevented >= 3 * degraded > 0
+        parts.append(f"`{summary['task']}`: OPD degraded on {degraded} of {n} organisms, NCA prevented it on "
+                     f"{prevented} of those; finding 1 {'holds' if one else 'falsified'}, finding 2 "
+                     f"{'holds' if two else 'falsified'}")  # fmt: skip
+    return "; ".join(parts)
+
+
+def read_anchor_rule(summaries: dict[str, dict]) -> str:
+    """Section 10.1's rule: the stalled runs per anchor and task, and the default it picks."""
+    from trl_nca.recipes import statistics as st
+
+    schedules, anchored = ("adaptive", "gated"), ("constant", "adaptive", "gated")
+    stalls = {}
+    for name, s in summaries.items():
+        runs = st.stalled_runs(s["per_seed"], s["statistics"]["baseline"])
+        stalls[name] = {method: len(v["stalled"]) for method, v in runs.items()}
+    qualified = []
+    for sch in schedules:
+        fewest = all(stalls[name][sch] <= min(stalls[name][m] for m in anchored) for name in summaries)
+        fewer = sum(stalls[n][sch] for n in summaries) < sum(stalls[n]["constant"] for n in summaries)
+        outcomes = [st.organism_outcomes(s["per_seed"]["constant"], s["per_seed"][sch]) for s in summaries.values()]
+        harm = [o["over_organisms"]["harm"] for o in outcomes]  # constant - schedule, over organisms
+        own = [sum(e["method"]["harm"] for e in o["organisms"]) / o["n"] for o in outcomes]  # the schedule's harm
+        if fewest and fewer and all(h["ci"] is not None and h["ci"][1] >= 0 for h in harm):
+            # the lower mean harm over organisms wins; equal at the reported 0.1 point: adaptive (fewer settings)
+            qualified.append((round(100 * sum(own) / len(own), 1), sch != "adaptive", sch))
+    counts = ", ".join(f"{m} {' and '.join(str(stalls[n][m]) for n in summaries)}" for m in anchored)
+    default = min(qualified)[2] if qualified else "constant"
+    return f"stalled runs ({' and '.join(summaries)}): {counts}; the default: **{default}**"
+
+
+def read_organisms_gate(summaries: dict[str, dict]) -> str:
+    """The quick job (10.6): each organism's reading and the first logged step with the anchor's weight above 0."""
+    parts = []
+    for summary in summaries.values():
+        for e in summary["statistics"]["organisms"]["nca"]["organisms"]:
+            verdict = ("opd did not degrade" if not e["degraded"] else
+                       f"opd degraded, nca {'prevented it' if e['prevented'] else 'did not prevent it'}")  # fmt: skip
+            steps = [(s, b) for key, curve in summary["curves"].items() if key.startswith("nca/")
+                     for s, b in zip(curve["step"], curve["nca_beta"])]  # fmt: skip
+            first = next((s for s, b in steps if b > 0), None)
+            gate = "the gate never opened" if first is None else f"the gate open from step {first}"
+            parts.append(f"organism {e['organism']}: {verdict}; {gate} of {steps[-1][0]}")
+    return "; ".join(parts)
+
+
+def read_real_model(summaries: dict[str, dict]) -> str:
+    """Section 11.1's readings: internalised, OPD degraded (2 of 3 seeds in A), NCA prevented it."""
+    parts = []
+    for summary in summaries.values():
+        need = _base_acc_x(summary) + 0.30
+        students = [r for m, rows in summary["per_seed"].items() if m != "base" for r in rows]
+        opd, nca = _rows(summary, "opd"), _rows(summary, "nca")
+        degraded = 3 * sum(r.get("regime") == "A" for r in opd) >= 2 * len(opd)
+        text = (f"internalised: {sum(r['acc_x'] >= need for r in students)} of {len(students)} students; OPD in "
+                f"regime A in {sum(r.get('regime') == 'A' for r in opd)} of {len(opd)} seeds, so ")  # fmt: skip
+        if not degraded:
+            text += "OPD did not degrade and there was nothing for NCA to prevent"
+        else:
+            by_seed = {r["seed"]: r for r in nca}
+            prevented = not any(r.get("regime") == "A" for r in nca) and all(
+                by_seed[r["seed"]]["harm"] < r["harm"] for r in opd if r.get("regime") == "A")  # fmt: skip
+            text += f"OPD degraded, NCA {'prevented it' if prevented else 'did not prevent it'}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def read_default_cost(summaries: dict[str, dict]) -> str:
+    """Section 12.1's readings: the default (gated) anchor against OPD of the same seed."""
+    parts = []
+    for summary in summaries.values():
+        need = _base_acc_x(summary) + 0.30
+        opd = {r["seed"]: r for r in _rows(summary, "opd")}
+        gated = _rows(summary, "gated")
+        lower = sum(r["acc_x"] <= opd[r["seed"]]["acc_x"] - 0.05 for r in gated)
+        higher = sum(r["harm"] >= opd[r["seed"]]["harm"] + 0.05 for r in gated)
+        costs = [what for what, k in (("Acc_x", lower), ("harm", higher)) if 3 * k >= 2 * len(gated)]
+        parts.append(f"gated internalised in {sum(r['acc_x'] >= need for r in gated)} of {len(gated)} seeds; Acc_x 5 "
+                     f"points below OPD's in {lower}, harm 5 points above in {higher}: "
+                     + (f"the default costs {' and '.join(costs)}" if costs else "no cost detected"))  # fmt: skip
+    return "; ".join(parts)
+
+
+READERS = {"budget": read_budget, "seeds": read_seeds, "distributions": read_distributions,
+           "organisms": read_organisms, "anchor_rule": read_anchor_rule, "organisms_gate": read_organisms_gate,
+           "real_model": read_real_model, "default_cost": read_default_cost}  # fmt: skip
+
+
+def _heading(page: str, section: str) -> str:
+    """The heading of `section` in the page ("## 9. ..." or "### 10.6 ...") and its link, as MkDocs writes anchors."""
+    match = re.search(rf"^#+ {re.escape(section)}\.? (.+)$", page, re.MULTILINE)
+    if match is None:
+        raise SystemExit(f"build.py's summary names section {section}, but results.md has no such heading.")
+    slug = re.sub(r"[^\w\s-]", "", f"{section} {match.group(1)}").strip().lower()
+    slug = re.sub(r"[-\s]+", "-", slug)
+    return f"[{section}](#{slug})"
+
+
+def _units(summary: dict) -> str:
+    rows = [r for m, v in summary["per_seed"].items() if m != "base" for r in v]
+    organisms = {r.get("organism") for r in rows} - {None}
+    seeds = len({r.get("seed") for r in rows})
+    count = f"{seeds} seed{'s' if seeds != 1 else ''}"
+    return f"{len(organisms)} organism{'s' if len(organisms) != 1 else ''} x {count}" if organisms else count
+
+
+def _model(summary: dict) -> str:
+    model = (summary.get("settings") or {}).get("student", {}).get("model")
+    if model is None:  # older summaries: their task names the model
+        model = "organism" if summary["task"].startswith("organism_") else "embedded"
+    return {"embedded": "SmolLM2-135M-Instruct"}.get(model, model)
+
+
+def summary_table(page: str) -> str:
+    """The summary's table: one row per study of `STUDIES_SUMMARY`, then which sections were written first."""
+    lines = ["| study | task | model | units | methods | fixed first | reading | outcome | machine; transformers |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for study in STUDIES_SUMMARY:
+        present = {name: load(name) for name in study.data if (DATA / f"{name}.json").is_file()}
+        if len(present) < len(study.data):
+            missing = ", ".join(f"data/{n}.json" for n in study.data if n not in present)
+            tasks = models = units = methods = "-"
+            outcome = f"**pending**: {missing} not committed yet"
+            versions = ""
+        else:
+            summaries = list(present.values())
+            tasks = ", ".join(dict.fromkeys(f"`{s['task']}`" for s in summaries))
+            models = ", ".join(dict.fromkeys(_model(s) for s in summaries))
+            units = ", ".join(dict.fromkeys(_units(s) for s in summaries))
+            methods = ", ".join(dict.fromkeys(m for s in summaries for m in s["methods"]))
+            outcome = READERS[study.reader](present)
+            versions = "; " + ", ".join(sorted({s["versions"]["transformers"] for s in summaries}))
+        cells = [_heading(page, study.section), tasks, models, units, methods, study.fixed_in or "no", study.reading,
+                 outcome, study.machine + versions]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    versions: dict[str, set[str]] = {}
+    for path in sorted(DATA.glob("*.json")):
+        for library, version in json.loads(path.read_text()).get("versions", {}).items():
+            versions.setdefault(library, set()).add(version)
+    lines += ["", "Library versions over all committed runs (each run's are in its summary's `versions`): " + ", ".join(
+        f"{library} {' or '.join(sorted(found))}" + (" (per study above)" if len(found) > 1 else "")
+        for library, found in versions.items()) + "."]  # fmt: skip
+    fixed = list(dict.fromkeys(["1"] + [s.fixed_in for s in STUDIES_SUMMARY if s.fixed_in]))
+    lines += ["", f"Written down before the runs they govern: sections {', '.join(fixed[:-1])} and {fixed[-1]} "
+              "(section 1 chose the built-in tasks on the base model alone, before any training). Sections 1 and 6 "
+              "compare no methods and have no row."]  # fmt: skip
+    return "\n".join(lines)
+
+
 def render(text: str) -> str:
     def replace(match: re.Match) -> str:
         kind, name = match.group(1), match.group(2)
@@ -146,6 +423,8 @@ def render(text: str) -> str:
             body = organisms(load(experiment), method)
         elif kind == "figures":
             body = figure_links(name)
+        elif kind == "summary":
+            body = summary_table(text)
         else:
             body = {"table": table, "ranges": spread, "statistics": statistics, "anchors": anchors}[kind](load(name))
         return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"

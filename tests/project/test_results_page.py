@@ -43,3 +43,35 @@ def test_every_reported_experiment_can_be_rerun():
     script = (ROOT / "benchmarks" / "reproduce_results.sh").read_text()
     missing = [name for name in configs if name not in script]
     assert not missing, f"benchmarks/reproduce_results.sh does not run {missing}"
+
+
+def test_the_summary_reads_each_study_from_its_data_and_shows_a_missing_one_as_pending(tmp_path, monkeypatch):
+    """The summary at the top of results.md: section 12's row is pending until its data exist, then reads 12.1's
+    rules from them; a changed outcome in a study's data changes its row."""
+    build = _build_module()
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in (ROOT / "docs" / "results" / "data").glob("*.json"):
+        (data / path.name).write_text(path.read_text())
+    monkeypatch.setattr(build, "DATA", data)
+    page = (ROOT / "docs" / "results.md").read_text()
+    row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [12]"))
+    assert "**pending**: data/fr-30-default.json not committed yet" in row
+    # fr-30-default's data: fr-30-fast's, with a gated method 6 points lower in Acc_x than OPD on seeds 0 and 1
+    summary = json.loads((data / "fr-30-fast.json").read_text())
+    summary["methods"]["gated"] = summary["methods"]["nca"]
+    summary["per_seed"]["gated"] = [dict(r) for r in summary["per_seed"]["opd"]]
+    for r in summary["per_seed"]["gated"][:2]:
+        r["acc_x"] -= 0.06
+    (data / "fr-30-default.json").write_text(json.dumps(summary))
+    row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [12]"))
+    assert "pending" not in row and "| opd, nca, gated |" in row
+    assert "Acc_x 5 points below OPD's in 2, harm 5 points above in 0: the default costs Acc_x" in row
+    # section 9's row follows its data: one more organism where OPD degrades on organism_shift
+    units = json.loads((data / "units-shift.json").read_text())
+    for r in units["per_seed"]["opd"]:
+        if r["organism"] == 5:
+            r["regime"] = "A"
+    (data / "units-shift.json").write_text(json.dumps(units))
+    row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [9]"))
+    assert "`organism_shift`: OPD degraded on 4 of 8 organisms" in row and "finding 1 holds" in row

@@ -68,6 +68,57 @@ def test_organism_outcomes_degraded_prevented_and_counts():
     assert few["over_organisms"]["harm"]["sign_test_p"] is None and "at least 6 organisms" in few["note"]
 
 
+def test_an_organism_whose_mean_difference_is_zero_up_to_rounding_is_a_tie():
+    """docs/results.md 10.3: organism 4's Acc_x differences of +21.67 and -21.67 points averaged to -5.55e-17 in
+    floats, and that residue was counted as a difference, in the counts and in the sign test."""
+    from fractions import Fraction
+
+    from trl_nca.eval.metrics import mcnemar_exact
+    from trl_nca.recipes.statistics import organism_outcomes, render_over_organisms
+
+    key = "acc_x"
+    # organism 0: the baseline's 70% and 30% against the method's 50% twice; exactly 0 as decimals, not in floats
+    opd, nca = rows(["0.7", "0.3"], 0, key=key), rows(["0.5", "0.5"], 0, key=key)
+    exact = sum(Fraction(a[key]) - Fraction(b[key]) for a, b in zip(opd, nca))
+    for row in opd + nca:
+        row[key] = float(row[key])
+    assert exact == 0 and np.mean([a[key] - b[key] for a, b in zip(opd, nca)]) != 0  # the residue this test is about
+    for o in range(1, 5):  # the method lower on 4 organisms
+        opd += rows([0.9, 0.9], o, key=key)
+        nca += rows([0.5, 0.5], o, key=key)
+    for o in (5, 6):  # and higher on 2, one of them by the smallest difference 240 items x 4 samples can show
+        opd += rows([0.5, 0.5], o, key=key)
+        nca += rows([0.9 if o == 5 else 0.5 + 1 / 960, 0.9], o, key=key)
+    out = organism_outcomes(opd, nca, keys=(key,), n_resamples=200)["over_organisms"][key]
+    assert (out["n"], out["below"], out["above"]) == (7, 4, 2)  # the tie on neither side
+    assert out["sign_test_p"] == pytest.approx(mcnemar_exact(4, 2)) == pytest.approx(0.6875)  # and out of the test
+    assert out["ties"] == 1
+    text = render_over_organisms({"note": None, "confidence": 0.95, "over_organisms": {key: out}}, "opd", "nca")
+    assert "| 4 of 7, 1 equal |" in text
+
+
+def test_the_rounding_tolerance_lies_between_rounding_and_the_smallest_real_difference():
+    """`rounding_tolerance` against float64 arithmetic: above the residues that means of differences which are exactly
+    zero as decimals leave (over many random draws), and far below the smallest real difference of two rates."""
+    from fractions import Fraction
+
+    from trl_nca.recipes.statistics import rounding_tolerance
+
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for _ in range(2000):
+        seeds = int(rng.integers(2, 11))
+        a = [int(v) / 960 for v in rng.integers(0, 961, seeds)]
+        b = list(a)
+        rng.shuffle(b)  # the same rates paired in another order: the exact mean difference is 0
+        diffs = [x - y for x, y in zip(a, b)]
+        assert sum(Fraction(x) - Fraction(y) for x, y in zip(a, b)) == 0
+        residue = abs(float(np.mean(diffs)))
+        worst = max(worst, residue / rounding_tolerance(diffs))
+    assert 0 < worst <= 1  # some residues are not zero, and every one lies within the tolerance
+    assert rounding_tolerance([1 / 960] * 10) < 1e-9 * (1 / 960)
+
+
 @pytest.fixture
 def tiny_organism(tmp_path, monkeypatch):
     from trl_nca.models import organism
@@ -219,6 +270,24 @@ def test_a_run_is_read_per_organism_against_the_documented_outcomes():
 
     single["statistics"]["organisms"] = compare_organisms(single["per_seed"], "opd", keys=("harm",))
     assert read_per_organism(single, experiments) == ""
+
+
+def test_where_nca_did_not_prevent_it_the_reading_says_when_its_anchor_began_to_act():
+    """The quick job's old reading (issue 53): "opd degraded, nca did not prevent it", with the gate opening at step 35
+    of 40; the printed reading now says so, and says nothing of the anchor where NCA prevented it."""
+    from trl_nca.recipes.outcomes import read_per_organism
+
+    run = _summary([(0.8, 0.6), (0.5, 0.0)])
+    run["settings"]["training"]["max_steps"] = 40
+    steps = [5, 10, 15, 20, 25, 30, 35, 40]
+    run["curves"] = {f"nca/org{o}/seed{s}": {"step": steps, "nca_beta": [0.0] * 6 + [0.02, 0.086]}
+                     for o in (0, 1) for s in (0, 1)}  # fmt: skip
+    run["curves"]["nca/org0/seed1"]["nca_beta"] = [0.0] * 8
+    lines = read_per_organism(run, []).splitlines()
+    assert lines[0].startswith("organism 0: opd degraded, nca did not prevent it")
+    assert lines[0].endswith(" nca's anchor weight (nca_beta) stayed 0 until step 35 of 40 in seed 0 and through all "
+                             "40 steps in seed 1: it opened too late to act.")  # fmt: skip
+    assert lines[1].startswith("organism 1: opd degraded, nca prevented it") and "anchor weight" not in lines[1]
 
 
 def test_stalled_runs_are_counted_against_the_reference_run_of_the_same_organism_and_seed():

@@ -92,6 +92,25 @@ def _verdict(baseline: str, method: str, degraded: bool, prevented: bool | None)
     return f"{baseline} degraded, {method} {'prevented it' if prevented else 'did not prevent it'}"
 
 
+def _anchor_timing(summary: Mapping[str, Any], method: str, organism: Any, seeds: list[Any]) -> str:
+    """Where the method did not prevent a degradation: until which logged step its anchor's weight (`nca_beta`) stayed
+    0 in each seed, and, when that was past half of the steps (or all of them) in every seed, that the anchor came too
+    late to act (a gated anchor opens late, or never); empty when the run logged no weight."""
+    last = (summary.get("settings") or {}).get("training", {}).get("max_steps")
+    notes, late = [], True
+    for seed in seeds:
+        curve = (summary.get("curves") or {}).get(f"{method}/org{organism}/seed{seed}") or {}
+        if not curve.get("nca_beta"):
+            return ""
+        first = next((s for s, b in zip(curve["step"], curve["nca_beta"]) if b > 0), None)
+        end = last or curve["step"][-1]
+        late = late and (first is None or 2 * first > end)
+        notes.append(f"through all {end} steps in seed {seed}" if first is None else
+                     f"until step {first} of {end} in seed {seed}")  # fmt: skip
+    why = ": it opened too late to act" if late else ""
+    return f" {method}'s anchor weight (nca_beta) stayed 0 " + " and ".join(notes) + why + "."
+
+
 def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, Any]] | None = None) -> str:
     """Lines reading each organism of `summary` (per method against the baseline) and the documented outcome on the
     same organism; empty when the comparison has no organisms."""
@@ -117,7 +136,10 @@ def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, An
                 text += "; documented: " + (
                     "not run" if same is None else _verdict(baseline, method, same["degraded"], same["prevented"])
                 )
-            lines.append(text + ".")
+            text += "."
+            if e["degraded"] and not e["prevented"]:
+                text += _anchor_timing(summary, method, e["organism"], e["seeds"])
+            lines.append(text)
         if known is not None:
             named = "" if name == method else f", there named {name!r}"
             lines.append(
