@@ -20,7 +20,7 @@ else
     names=(fr-budget isl-budget org-main org-100 org-sweep org-sweep-100 org-adaptive org-adaptive-100 org-gated fr-main
            flip-budget facts-budget org10-shift org10-flip org10-facts org10-shift-schedules units-shift units-flip
            units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town town-budget fr-30
-           fr-30-fast main-quick)
+           fr-30-fast fr-30-default main-quick)
 fi
 for name in "${names[@]}"; do
     config="examples/configs/results/${name}.yaml"
@@ -34,6 +34,11 @@ for name in "${names[@]}"; do
             continue ;;
         fr-30)  # run as committed slices (section 11.1), the table built from them
             for unit in base opd-seed0 nca-seed0 opd-seed1 nca-seed1 opd-seed2 nca-seed2; do
+                trl-nca compare --config "$config" --slice "$unit"
+            done
+            trl-nca compare --config "$config" --from_slices true ;;
+        fr-30-default)  # section 12: the gated units as slices beside fr-30-fast's (copied), the table from them
+            for unit in gated-seed0 gated-seed1 gated-seed2; do
                 trl-nca compare --config "$config" --slice "$unit"
             done
             trl-nca compare --config "$config" --from_slices true ;;

@@ -52,7 +52,8 @@ def test_the_summary_reads_each_study_from_its_data_and_shows_a_missing_one_as_p
     data = tmp_path / "data"
     data.mkdir()
     for path in (ROOT / "docs" / "results" / "data").glob("*.json"):
-        (data / path.name).write_text(path.read_text())
+        if path.name != "fr-30-default.json":  # section 12's own data: absent first, then made up below
+            (data / path.name).write_text(path.read_text())
     monkeypatch.setattr(build, "DATA", data)
     page = (ROOT / "docs" / "results.md").read_text()
     row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [12]"))
