@@ -16,7 +16,6 @@ from torch import nn
 from trl.models.utils import prepare_deepspeed
 
 from ..core.console import explain_training
-from ..core.deprecation import warn_renamed
 from ..core.prefix import active_dropout
 from ..core.stall import StallMonitor
 from .checkpointing import settle_checkpointing
@@ -112,18 +111,6 @@ class NCATrainerMixin:
     def nca_beta(self) -> float:
         """The anchor weight of the optimizer step in progress (`nca_beta_schedule`)."""
         return self.nca.schedule.value
-
-    @property
-    def nca_schedule(self):
-        """Deprecated: `trainer.nca.schedule`."""
-        warn_renamed(f"{type(self).__name__}.nca_schedule", "trainer.nca.schedule")
-        return self.nca.schedule
-
-    @property
-    def divergence_spec(self):
-        """Deprecated: `trainer.nca.spec`."""
-        warn_renamed(f"{type(self).__name__}.divergence_spec", "trainer.nca.spec")
-        return self.nca.spec
 
     def create_model_card(self, *args, **kwargs):
         """TRL's model card, with one line on the anchor the run used (the default anchor is beyond the paper the

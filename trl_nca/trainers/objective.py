@@ -20,7 +20,6 @@ import torch
 from torch import nn
 from trl.models.utils import _ForwardRedirection
 
-from ..core.deprecation import renamed_keyword
 from ..core.losses import LMHead, token_divergences
 from ..core.prefix import PrefixSharing, weights_fingerprint
 from ..core.schedule import BetaSchedule, schedule_from_config, schedule_left_at_default
@@ -223,12 +222,8 @@ class NCAObjective:
         """The anchor weight of the optimizer step in progress."""
         return self.schedule.value
 
-    def need_context(self, measure_gradients: bool = False, measure: bool | None = None) -> bool:
-        """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement.
-        `measure` is the deprecated name of `measure_gradients`."""
-        measure_gradients = renamed_keyword(
-            "NCAObjective.need_context", "measure", "measure_gradients", measure, measure_gradients, False
-        )
+    def need_context(self, measure_gradients: bool = False) -> bool:
+        """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement."""
         return self.active or self.args.nca_monitor or measure_gradients
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -287,18 +282,14 @@ class NCAObjective:
         need_context: bool,
         measure_gradients: bool = False,
         entropy: bool = False,
-        measure: bool | None = None,
     ) -> dict[str, torch.Tensor]:
         """Per-token "opd" (and "nca", "view_kl" with `need_context`) of the batch's valid completion tokens.
 
         `student` is the unwrapped student, `teacher` the unwrapped teacher (a model or a `SelfTeacher`). With
         `measure_gradients` and the NCA term off, the context view runs only to measure a gradient, on a side random
         stream. `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient). Which views run,
-        and how, is the batch's `ViewPlan` (`plan_views`). `measure` is the deprecated name of `measure_gradients`.
+        and how, is the batch's `ViewPlan` (`plan_views`).
         """
-        measure_gradients = renamed_keyword(
-            "NCAObjective.token_divergences", "measure", "measure_gradients", measure, measure_gradients, False
-        )
         plan = self.plan(need_context, measure_gradients, entropy)
         views = batch_views(batch)
         h_x, h_c = self.student_states(student, views, plan)
