@@ -18,8 +18,9 @@ from trl.models.utils import prepare_deepspeed
 from ..core.console import explain_training
 from ..core.prefix import active_dropout
 from ..core.stall import StallMonitor
-from .checkpointing import settle_checkpointing
-from .checkpoints import AnchorStep, resume
+from .activation_checkpointing import settle_checkpointing
+from .anchor import AnchorStep, load_anchor_state
+from .checkpoints import resolve_resume
 from .objective import NCAObjective
 from .setup import refuse_prompt_learning
 from .stats import StepStats, batch_stats
@@ -48,7 +49,7 @@ class NCATrainerMixin:
         `self.nca` (the objective), `self.step_stats` and the callback that drives the anchor schedule by Trainer's
         steps (`AnchorStep`), with the stall signal of an anchored run (`trl_nca.core.stall`), and what the run prints
         (`trl_nca.core.console.explain_training`). First, prompt-learning
-        adapters are refused and gradient checkpointing is settled reentrant or not (`trl_nca.trainers.checkpointing`;
+        adapters are refused and gradient checkpointing is settled reentrant or not (`trl_nca.trainers.activation_checkpointing`;
         `requested_reentrant` is the user's own `use_reentrant`), since the objective's view plan depends on it.
         """
         refuse_prompt_learning(self.model)
@@ -127,9 +128,10 @@ class NCATrainerMixin:
             handle.write(f"{text[:end]}\n\n{line}\n{text[end:]}")
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        resume_from_checkpoint = resume(
-            resume_from_checkpoint, self.args.output_dir, self.nca.schedule, self._anchor_step.stall
-        )
+        # the checkpoint folder named by True or checked (`resolve_resume`), and the anchor's state restored from it
+        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        if isinstance(resume_from_checkpoint, str):
+            load_anchor_state(resume_from_checkpoint, self.nca.schedule, self._anchor_step.stall)
         self._resuming_from(resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
 

@@ -20,7 +20,7 @@ from trl import DistillationTrainer
 
 from ..core.sampling import policy_mode
 from ..core.views import left_pad, split_example
-from .checkpointing import quiet_old_checkpointing_names
+from .activation_checkpointing import quiet_old_checkpointing_names
 from .data import check_batch_views, check_examples, prepare_dataset
 from .mixin import NCATrainerMixin
 from .nca_distillation_config import NCADistillationConfig
@@ -96,7 +96,7 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         # The teacher is prepared here, not by DistillationTrainer: a self-teacher has no parameters of its own, and
         # teachers whose output layer is padded to another size than the student's are supported (the divergences
         # use the common rows), which DistillationTrainer's vocab_size check would refuse.
-        with quiet_old_checkpointing_names():  # PEFT's PeftModel reads an old name (trainers.checkpointing)
+        with quiet_old_checkpointing_names():  # PEFT's PeftModel reads an old name (activation_checkpointing)
             super().__init__(
                 model,
                 teacher_model=None,

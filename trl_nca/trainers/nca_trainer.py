@@ -27,7 +27,7 @@ from ..core.sampling import (
     shared_prefill,
 )
 from ..core.views import ContextSpec, left_pad
-from .checkpointing import quiet_old_checkpointing_names
+from .activation_checkpointing import quiet_old_checkpointing_names
 from .data import (
     VIEW_KEYS,
     NCACollator,

@@ -21,7 +21,7 @@ from torch import nn
 from trl.models.utils import _ForwardRedirection
 
 from ..core.losses import LMHead, token_divergences
-from ..core.prefix import PrefixSharing, weights_fingerprint
+from ..core.prefix import PrefixSharing, tensor_versions
 from ..core.schedule import BetaSchedule, schedule_from_config, schedule_left_at_default
 from ..core.views import View, build_view, position_ids_from_mask
 from .teacher import SelfTeacher
@@ -371,7 +371,7 @@ def teacher_weights_key(teacher: nn.Module, model: nn.Module):
         used = [p for n, p in model.named_parameters() if "lora_" not in n and ".modules_to_save." not in n]
     else:
         used = list(model.parameters())
-    return (id(model), model.training, weights_fingerprint(used), weights_fingerprint(model.buffers()))
+    return (id(model), model.training, tensor_versions(used), tensor_versions(model.buffers()))
 
 
 def side_rng(tensor: torch.Tensor):
