@@ -1,5 +1,5 @@
-"""Gradient checkpointing settled once at setup (`trl_nca.trainers.activation_checkpointing`): non-reentrant unless asked, TRL's
-PEFT + ZeRO-3 workaround lifted where DeepSpeed has the fix, the views as one forward where checkpointing is reentrant
+"""Gradient checkpointing settled once at setup (`trl_nca.trainers.activation_checkpointing`): non-reentrant unless
+asked, TRL's PEFT + ZeRO-3 workaround lifted where DeepSpeed has the fix, the views as one forward where checkpointing is reentrant
 under DeepSpeed or DDP, and no FutureWarning for the old checkpointing names from PEFT or TRL (the launches that train
 under DeepSpeed are in tests/trainers/test_deepspeed.py)."""
 

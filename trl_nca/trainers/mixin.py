@@ -91,11 +91,34 @@ class NCATrainerMixin:
     # ----------------------------------------------------------------------------------------------------------------
     # Setup
 
-    def _init_base(self, model, teacher_model, args, **kwargs) -> None:
-        """The base trainer's `__init__` (PEFT's `PeftModel`, which it may build, reads an old checkpointing name:
-        `trl_nca.trainers.activation_checkpointing`)."""
+    def _init_base(
+        self,
+        model,
+        teacher_model,
+        args,
+        train_dataset,
+        eval_dataset,
+        processing_class,
+        callbacks,
+        optimizers,
+        peft_config,
+        **extra,
+    ) -> None:
+        """The base trainer's `__init__` with the arguments both take, and `extra` ones of its own (PEFT's
+        `PeftModel`, which it may build, reads an old checkpointing name: `activation_checkpointing`)."""
         with quiet_old_checkpointing_names():
-            super().__init__(model, teacher_model=teacher_model, args=args, **kwargs)
+            super().__init__(
+                model,
+                teacher_model=teacher_model,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+                **extra,
+            )
 
     def _setup_nca(
         self, teacher: nn.Module, common_rows: tuple[int, int], placed: bool, requested_reentrant: bool | None = None
@@ -109,9 +132,9 @@ class NCATrainerMixin:
         different sizes, sampling never emits an id past the common rows (the other model could not score it). Then
         `self.nca` (the objective), `self.step_stats` and the callback that drives the anchor schedule by Trainer's
         steps (`AnchorStep`), with the stall signal of an anchored run (`trl_nca.core.stall`), and what the run prints
-        (`trl_nca.core.console.explain_training`). First, prompt-learning
-        adapters are refused and gradient checkpointing is settled reentrant or not (`trl_nca.trainers.activation_checkpointing`;
-        `requested_reentrant` is the user's own `use_reentrant`), since the objective's view plan depends on it.
+        (`trl_nca.core.console.explain_training`). First, prompt-learning adapters are refused and gradient
+        checkpointing is settled reentrant or not (`trl_nca.trainers.activation_checkpointing`; `requested_reentrant`
+        is the user's own `use_reentrant`), since the objective's view plan depends on it.
         """
         refuse_prompt_learning(self.model)
         settle_checkpointing(self, requested_reentrant)

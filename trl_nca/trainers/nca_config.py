@@ -237,9 +237,9 @@ class NCAFields:
             "to the context prompts' width) instead of two forwards. Needed where gradient checkpointing is "
             "reentrant under DDP or DeepSpeed (any process count): a weight used by two forwards would reach its "
             "gradient hook twice in one backward (`trl_nca.trainers.activation_checkpointing`). `None` turns it on "
-            "exactly then; the trainers keep checkpointing non-reentrant unless `use_reentrant=True` is asked for (or DeepSpeed is "
-            "older than 0.19.3 under PEFT + ZeRO-3), so `None` rarely needs it. `False` where it is needed is an "
-            "error. Otherwise two forwards are cheaper, since the no-context view is not padded."
+            "exactly then; the trainers keep checkpointing non-reentrant unless `use_reentrant=True` is asked for "
+            "(or DeepSpeed is older than 0.19.3 under PEFT + ZeRO-3), so `None` rarely needs it. `False` where it is "
+            "needed is an error. Otherwise two forwards are cheaper, since the no-context view is not padded."
         },
     )
     nca_sequential_views: bool | None = field(

@@ -99,15 +99,7 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         # teachers whose output layer is padded to another size than the student's are supported (the divergences
         # use the common rows), which DistillationTrainer's vocab_size check would refuse.
         self._init_base(
-            model,
-            None,
-            args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            peft_config=peft_config,
+            model, None, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config
         )
         self._setup_nca(teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
 
