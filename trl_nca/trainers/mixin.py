@@ -92,28 +92,19 @@ class NCATrainerMixin:
     # Setup
 
     def _init_base(
-        self,
-        model,
-        teacher_model,
-        args,
-        train_dataset,
-        eval_dataset,
-        processing_class,
-        callbacks,
-        optimizers,
-        peft_config,
-        **extra,
-    ) -> None:
-        """The base trainer's `__init__` with the arguments both take, and `extra` ones of its own (PEFT's
-        `PeftModel`, which it may build, reads an old checkpointing name: `activation_checkpointing`)."""
+        self, model, teacher, args, train, evaluation, tokenizer, callbacks, optimizers, peft_config, **extra
+    ):
+        """The base trainer's `__init__` with the arguments both take (the teacher, the train and eval datasets, the
+        tokenizer, ...), and `extra` ones of its own. PEFT's `PeftModel`, which it may build, reads an old checkpointing
+        name (`activation_checkpointing`)."""
         with quiet_old_checkpointing_names():
             super().__init__(
                 model,
-                teacher_model=teacher_model,
+                teacher_model=teacher,
                 args=args,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                processing_class=processing_class,
+                train_dataset=train,
+                eval_dataset=evaluation,
+                processing_class=tokenizer,
                 callbacks=callbacks,
                 optimizers=optimizers,
                 peft_config=peft_config,
