@@ -36,6 +36,8 @@ import time
 import torch
 from datasets import Dataset
 
+from trl_nca.trainers.batch import NCABatch
+
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_step import CONTEXT_SENTENCES, PeakMemory, context_view_backward, load  # noqa: E402
@@ -94,8 +96,7 @@ def build(base, tok, data, placement, nca_beta, new_tokens, checkpointing, out):
     g = torch.Generator().manual_seed(0)
     batch["completion_ids"] = torch.randint(0, len(tok), (len(data), new_tokens), generator=g)
     batch["completion_mask"] = torch.ones_like(batch["completion_ids"])
-    batch = trainer._prepare_inputs(batch)
-    batch["completions_ready"], batch["on_policy"] = True, True
+    batch = NCABatch.from_mapping(trainer._prepare_inputs(batch), on_policy=True)  # completions ready
     return trainer, batch
 
 
@@ -143,14 +144,14 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
     from trl_nca.core.views import build_view
 
     model, sharing = trainer.model, trainer.nca.prefix_sharing
-    mask = batch["completion_mask"]
-    view_c = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], batch["completion_ids"], mask)
+    mask = batch.completion_mask
+    view_c = build_view(batch.context_prompts, batch.context_prompt_attention_mask, batch.completion_ids, mask)
     items = mask.sum()
     head = LMHead.from_model(model)
 
     def teacher():
         with torch.no_grad():
-            trainer.nca.teacher_states(trainer._teacher(), view_c, mask, None, head)
+            trainer.nca.teacher_states(view_c, mask, None, head)
 
     def context_view():
         states = lambda m, v, k: sharing.completion_states(m, v, k, "student's context view")  # noqa: E731
@@ -160,7 +161,7 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
     def step(sequential=True):
         def run():
             trainer.nca.sequential = sequential
-            trainer.training_step(model, dict(batch), items)
+            trainer.training_step(model, batch, items)
             model.zero_grad(set_to_none=True)
 
         return run
@@ -180,7 +181,7 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
             )
     if not nca_beta:
         return None
-    lengths = (int(batch["prompt_attention_mask"].sum(1).max()), int(view_c.attention_mask.sum(1).max()))
+    lengths = (int(batch.prompt_attention_mask.sum(1).max()), int(view_c.attention_mask.sum(1).max()))
     return lengths, sharing.last_shared.get("teacher", 0)
 
 

@@ -226,16 +226,29 @@ def cloned_parameters(model) -> dict:
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def record_batches(trainer) -> list[dict]:
-    """Wrap `trainer.compute_loss` to keep every micro-batch it sees in training, cloned, in order: the returned
-    list fills as the trainer trains."""
+def batch_dict(batch) -> dict:
+    """The fields of a trainer's `trl_nca.trainers.batch.NCABatch` by name (a mapping, such as a collator's batch, is
+    returned as it is), for references that read both kinds."""
+    import dataclasses
+
+    if isinstance(batch, dict):
+        return batch
+    return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+
+
+def record_batches(trainer) -> list:
+    """Wrap `trainer.compute_loss` to keep every micro-batch it sees in training (the trainer's
+    `trl_nca.trainers.batch.NCABatch`), cloned, in order: the returned list fills as the trainer trains."""
+    import dataclasses
+
     import torch
 
     batches, compute_loss = [], trainer.compute_loss
 
     def spy(model, inputs, *args, **kwargs):
         if trainer.model.training:
-            batches.append({key: v.clone() if torch.is_tensor(v) else v for key, v in inputs.items()})
+            fields = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
+            batches.append(inputs.replace(**{k: v.clone() for k, v in fields.items() if torch.is_tensor(v)}))
         return compute_loss(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = spy

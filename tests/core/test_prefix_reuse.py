@@ -356,7 +356,7 @@ def terms_and_grads(trainer):
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
     batch = trainer._with_completions(batch, on_policy=False)
     trainer.model.zero_grad()
-    terms = trainer.nca.token_divergences(trainer.model, trainer._teacher(), batch, need_context=True)
+    terms = trainer.nca.token_divergences(trainer.model, batch, need_context=True)
     (terms["opd"].sum() + terms["nca"].sum()).backward()
     grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
     return {k: v.detach() for k, v in terms.items()}, grads
@@ -447,10 +447,10 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
         trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
     )
     view = build_view(
-        batch["context_prompts"], batch["context_prompt_attention_mask"], batch["completion_ids"],
-        batch["completion_mask"],
+        batch.context_prompts, batch.context_prompt_attention_mask, batch.completion_ids,
+        batch.completion_mask,
     )  # fmt: skip
-    mask = batch["completion_mask"]
+    mask = batch.completion_mask
     head = None
     model = trainer.teacher_model if teacher == "separate" else trainer.model
 
@@ -463,27 +463,27 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
 
     calls, handle = _prefix_passes(model)
     try:
-        first, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
+        first, _ = trainer.nca.teacher_states(view, mask, None, head)
         FLOAT64.close(first, unshared())
         # the student's (trainable) weights change: a step of the optimizer, in place
         with torch.no_grad():
             for p in trainer.model.parameters():
                 if p.requires_grad:
                     p.add_(0.01)
-        again, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
+        again, _ = trainer.nca.teacher_states(view, mask, None, head)
         assert calls.count(1) == 1  # the prefix ran once for both calls
         FLOAT64.close(again, unshared())
         # the teacher's own weights change: the prefix is recorded again
         with torch.no_grad():
             frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
             frozen[3].mul_(1.5)
-        changed, _ = trainer.nca.teacher_states(trainer._teacher(), view, mask, None, head)
+        changed, _ = trainer.nca.teacher_states(view, mask, None, head)
         assert calls.count(1) == 2
         FLOAT64.close(changed, unshared())
         assert (changed - first).abs().max() > 1e-6
         # another context (another prefix): recorded again
-        plain = build_view(batch["prompts"], batch["prompt_attention_mask"], batch["completion_ids"], mask)
-        trainer.nca.teacher_states(trainer._teacher(), plain, mask, None, head)
+        plain = build_view(batch.prompts, batch.prompt_attention_mask, batch.completion_ids, mask)
+        trainer.nca.teacher_states(plain, mask, None, head)
         assert calls.count(1) == 3
     finally:
         handle.remove()
@@ -495,13 +495,13 @@ def test_live_self_teacher_never_keeps_its_prefix(tok, tmp_path):
         trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
     )
     view = build_view(
-        batch["context_prompts"], batch["context_prompt_attention_mask"], batch["completion_ids"],
-        batch["completion_mask"],
+        batch.context_prompts, batch.context_prompt_attention_mask, batch.completion_ids,
+        batch.completion_mask,
     )  # fmt: skip
     calls, handle = _prefix_passes(trainer.model)
     try:
         for _ in range(2):
-            trainer.nca.teacher_states(trainer._teacher(), view, batch["completion_mask"], None, None)
+            trainer.nca.teacher_states(view, batch.completion_mask, None, None)
     finally:
         handle.remove()
     assert calls.count(1) == 2

@@ -24,8 +24,7 @@ from trl_nca.testing import (
     run_args,
     token_kl,
 )
-from trl_nca.trainers.nca_distillation_trainer import _nca_batch
-from trl_nca.trainers.teacher import SelfTeacher
+from trl_nca.trainers.teacher import ModelTeacher, SelfTeacher
 
 
 def ragged(model, tok):
@@ -50,11 +49,11 @@ def make_args(tmp_path, **fields):
 def full_logit_loss(student, teacher, inputs, nca_beta):
     """OPD (reverse KL) + nca_beta * KL(sg[q_x] || q_c), token mean, from the models' own full logits (an independent
     reference: the model's forward and log_softmax in float64, no chunking). Returns (loss, per-term token means)."""
-    completions = (inputs["completion_ids"], inputs["completion_mask"])
-    lx = full_logprobs(student, inputs["prompt_ids"], inputs["prompt_mask"], *completions)
-    lc = full_logprobs(student, inputs["context_prompts"], inputs["context_prompt_attention_mask"], *completions)
+    completions = (inputs.completion_ids, inputs.completion_mask)
+    lx = full_logprobs(student, inputs.prompts, inputs.prompt_attention_mask, *completions)
+    lc = full_logprobs(student, inputs.context_prompts, inputs.context_prompt_attention_mask, *completions)
     with torch.no_grad():
-        lt = full_logprobs(teacher, inputs["context_prompts"], inputs["context_prompt_attention_mask"], *completions)
+        lt = full_logprobs(teacher, inputs.context_prompts, inputs.context_prompt_attention_mask, *completions)
     opd = token_kl(lx, lt)
     nca = token_kl(lx.detach(), lc)
     entropy = -(lx.exp() * lx).sum(-1)
@@ -63,8 +62,8 @@ def full_logit_loss(student, teacher, inputs, nca_beta):
 
 
 def nca_batch(inputs):
-    """The same micro-batch in NCATrainer's batch keys, completions ready."""
-    return {**_nca_batch(inputs), "completions_ready": True, "on_policy": True}
+    """The same micro-batch, outside a training step (the whole loss, differentiable)."""
+    return inputs.replace(training_step=False)
 
 
 @pytest.mark.numerics
@@ -82,7 +81,7 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     calls = record_batches(trainer)
     trainer.train()
     (inputs,) = calls
-    lengths = inputs["completion_mask"].sum(1)
+    lengths = inputs.completion_mask.sum(1)
     assert len(set(lengths.tolist())) > 1, "the test needs ragged completions"
     update = {n: p.detach() - initial.get_parameter(n) for n, p in student.named_parameters()}
     (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
@@ -98,7 +97,7 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     rows = [nca.train_dataset[i] for i in range(4)]
     ours = {tuple(r["prompt_ids"]): r["context_prompt_ids"] for r in rows}
     for ids, mask, cids, cmask in zip(
-        inputs["prompt_ids"], inputs["prompt_mask"], inputs["context_prompts"], inputs["context_prompt_attention_mask"]
+        inputs.prompts, inputs.prompt_attention_mask, inputs.context_prompts, inputs.context_prompt_attention_mask
     ):
         assert ours[tuple(ids[mask.bool()].tolist())] == cids[cmask.bool()].tolist()
     nca_loss = nca.compute_loss(nca_student, nca_batch(inputs))
@@ -136,10 +135,10 @@ def test_gradient_accumulation_equals_one_large_batch(tok, tmp_path):
         )  # fmt: skip
         calls = record_batches(trainer)
         trainer.train()
-        lengths = torch.cat([c["completion_mask"].sum(1) for c in calls])
+        lengths = torch.cat([c.completion_mask.sum(1) for c in calls])
         assert len(calls) == ga and len(set(lengths.tolist())) > 1
         if ga == 2:
-            assert calls[0]["completion_mask"].sum() != calls[1]["completion_mask"].sum()  # unequal micro-batches
+            assert calls[0].completion_mask.sum() != calls[1].completion_mask.sum()  # unequal micro-batches
         updates.append({n: p.detach() - before[n] for n, p in student.named_parameters()})
         logs.append(next(h for h in trainer.state.log_history if "opd_loss" in h))
     for name in updates[0]:  # float64 models
@@ -189,7 +188,7 @@ def test_evaluation_reports_token_means_over_the_set(tok, tmp_path):
     original = trainer.compute_loss
 
     def spy(model, inputs, *a, **k):
-        seen.append({key: v.clone() if torch.is_tensor(v) else v for key, v in inputs.items()})
+        seen.append(inputs.replace(**{f: getattr(inputs, f).clone() for f in ("completion_ids", "completion_mask")}))
         return original(model, inputs, *a, **k)
 
     trainer.compute_loss = spy
@@ -198,13 +197,13 @@ def test_evaluation_reports_token_means_over_the_set(tok, tmp_path):
     sums, tokens = {"loss": 0.0, "opd": 0.0, "nca": 0.0}, 0
     with torch.no_grad():
         for inputs in seen:
-            n = int(inputs["completion_mask"].sum())
+            n = int(inputs.completion_mask.sum())
             loss, terms = full_logit_loss(student, teacher, inputs, 0.5)
             sums["loss"] += loss.item() * n
             sums["opd"] += terms["opd"].item() * n
             sums["nca"] += terms["nca"].item() * n
             tokens += n
-    assert seen[0]["completion_mask"].sum() != seen[1]["completion_mask"].sum()  # a mean of means would differ
+    assert seen[0].completion_mask.sum() != seen[1].completion_mask.sum()  # a mean of means would differ
     assert metrics["eval_loss"] == FLOAT64.approx(sums["loss"] / tokens)  # float64 models and reference
     assert metrics["eval_opd_loss"] == FLOAT64.approx(sums["opd"] / tokens)
     assert metrics["eval_nca_loss"] == FLOAT64.approx(sums["nca"] / tokens)
@@ -230,10 +229,10 @@ def test_lora_self_teacher_is_the_adapter_disabled_student(tok, tmp_path):
     inputs = nca_batch(calls[-1])
     trainer.model.eval()
     with torch.no_grad():
-        self_terms = trainer.nca.token_divergences(trainer.model, trainer._teacher(), inputs, need_context=True)
-        trainer.teacher_model, kept = initial, trainer.teacher_model
-        copy_terms = trainer.nca.token_divergences(trainer.model, trainer._teacher(), inputs, need_context=True)
-        trainer.teacher_model = kept
+        self_terms = trainer.nca.token_divergences(trainer.model, inputs, need_context=True)
+        trainer.nca.teacher, kept = ModelTeacher(initial), trainer.nca.teacher
+        copy_terms = trainer.nca.token_divergences(trainer.model, inputs, need_context=True)
+        trainer.nca.teacher = kept
     assert self_terms["opd"].abs().sum() > 0  # the adapter was trained: the student moved away from its teacher
     KL32.close(self_terms["opd"], copy_terms["opd"])  # per-token KLs of two float32 teachers with the same weights
 
@@ -273,9 +272,7 @@ def _student_forwards_in_loss(tok, tmp_path, nca_beta):
     trainer.train()
     forwards = []
     handle = student.model.register_forward_hook(lambda *a: forwards.append(1))
-    trainer.nca.token_divergences(
-        student, trainer._teacher(), nca_batch(calls[0]), need_context=trainer.nca.need_context()
-    )
+    trainer.nca.token_divergences(student, nca_batch(calls[0]), need_context=trainer.nca.need_context())
     handle.remove()
     return len(forwards)
 

@@ -247,7 +247,7 @@ def nca_shaped_batch(made, kind):
             "context_prompt_attention_mask": batch["context_prompt_attention_mask"],
             "completion_ids": batch["completion_ids"], "completion_mask": batch["completion_mask"],
         }  # fmt: skip
-    return {**batch, "completions_ready": True, "on_policy": False}
+    return batch  # NCATrainer's view keys: compute_loss builds its NCABatch
 
 
 class NCATrainerBatchRows:
@@ -421,13 +421,13 @@ def test_sampling_stops_at_every_eos_id_of_the_generation_config(tmp_path, nca_b
     made.train()
     (batch,) = batches
     stopped = 0
-    for ids, mask in zip(batch["completion_ids"], batch["completion_mask"]):
+    for ids, mask in zip(batch.completion_ids, batch.completion_mask):
         kept = ids[mask.bool()].tolist()
         assert not any(t in ends for t in kept[:-1]), kept  # nothing after the first end
         stopped += kept[-1] in ends
     assert stopped > 0
     (log,) = [h for h in made.state.log_history if "completions/clipped_ratio" in h]
-    assert log["completions/clipped_ratio"] == pytest.approx(1 - stopped / len(batch["completion_ids"]))
+    assert log["completions/clipped_ratio"] == pytest.approx(1 - stopped / len(batch.completion_ids))
 
 
 @pytest.mark.parametrize("nca_beta", BETAS)

@@ -33,10 +33,10 @@ def test_two_step_game_training(tmp_path, game):
     # The seed schedule: step k plays rollout.seeds(k), in order.
     assert [seeds for seeds, _ in played] == [rollout.seeds(0), rollout.seeds(1)]
     for _, batch in played:
-        rows = batch["prompts"].shape[0]
+        rows = batch.prompts.shape[0]
         assert 2 <= rows <= 2 * rollout.max_calls  # one sample per model call
-        context = tok.batch_decode(batch["context_prompts"], skip_special_tokens=True)
-        plain = tok.batch_decode(batch["prompts"], skip_special_tokens=True)
+        context = tok.batch_decode(batch.context_prompts, skip_special_tokens=True)
+        plain = tok.batch_decode(batch.prompts, skip_special_tokens=True)
         assert all(rollout.experience.strip()[:40] in c and rollout.experience.strip()[:40] not in p
                    for c, p in zip(context, plain))  # fmt: skip
     logs = [h for h in trainer.state.log_history if "opd_loss" in h]

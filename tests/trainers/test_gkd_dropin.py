@@ -84,9 +84,9 @@ def test_sampling_is_not_limited_by_max_length(tok, tmp_path):
     (batch,) = batches
     prompt_length = len(render_prompt_ids(tok, [{"role": "user", "content": data[0]["prompt"]}]))
     assert prompt_length > 16  # max_length leaves no room for a completion at all
-    assert batch["prompt_attention_mask"].sum(1).tolist() == [prompt_length] * 2
-    lengths = batch["completion_mask"].sum(1).tolist()
-    ended = batch["completion_ids"].gather(1, (batch["completion_mask"].sum(1, keepdim=True) - 1).clamp(min=0))
+    assert batch.prompt_attention_mask.sum(1).tolist() == [prompt_length] * 2
+    lengths = batch.completion_mask.sum(1).tolist()
+    ended = batch.completion_ids.gather(1, (batch.completion_mask.sum(1, keepdim=True) - 1).clamp(min=0))
     for length, last in zip(lengths, ended[:, 0].tolist()):
         assert length == 24 or last == tok.eos_token_id, "a completion stopped before max_new_tokens without an EOS"
     assert max(lengths) == 24  # sampled up to max_new_tokens, past max_length

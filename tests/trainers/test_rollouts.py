@@ -64,9 +64,9 @@ def test_a_rollout_that_is_not_a_game_trains(tmp_path):
     trainer.train()
     assert rollout.calls == [rollout.seeds(0), rollout.seeds(1)]  # the rollout's schedule, in order
     for batch in batches:
-        assert batch["prompts"].shape[0] == 4  # two episodes x two calls, one row per sample
-        context = tok.batch_decode(batch["context_prompts"], skip_special_tokens=True)
-        plain = tok.batch_decode(batch["prompts"], skip_special_tokens=True)
+        assert batch.prompts.shape[0] == 4  # two episodes x two calls, one row per sample
+        context = tok.batch_decode(batch.context_prompts, skip_special_tokens=True)
+        plain = tok.batch_decode(batch.prompts, skip_special_tokens=True)
         assert all(CountingRollout.context in c and CountingRollout.context not in p for c, p in zip(context, plain))
     logs = [h for h in trainer.state.log_history if "opd_loss" in h]
     assert len(logs) == 2 and all("rollout/mean_reply_tokens" in h and "nca_loss" in h for h in logs)

@@ -3,7 +3,6 @@ its context view runs. The same update and logged terms as both views at once, i
 activations alive at a time; the settings where it cannot apply."""
 
 import gc
-import types
 import weakref
 
 import pytest
@@ -11,8 +10,9 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
+from trl_nca.core.losses import DivergenceSpec
 from trl_nca.testing import CONTEXT, FLOAT64, STORED32, float64_model, make_tiny_model
-from trl_nca.trainers.objective import resolve_sequential_views
+from trl_nca.trainers.objective import NCASettings, resolve_sequential_views
 
 
 def references(n=4):
@@ -124,7 +124,7 @@ class SavedActivations:
 def saved_peak(trainer) -> int:
     """Peak bytes of saved activations over one training step of `trainer` on its first four rows."""
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    batch = {**trainer._with_completions(batch, on_policy=False), "completions_ready": True, "on_policy": False}
+    batch = trainer._with_completions(batch, on_policy=False)  # an NCABatch: training_step samples no more
     meter = SavedActivations(trainer.model)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         trainer.training_step(trainer.model, batch)
@@ -188,21 +188,16 @@ def test_distillation_trainer_views_in_sequence(tok, tmp_path):
 
 
 def _settings(**kwargs):
-    defaults = dict(
-        nca_sequential_views=None, joint_forward=False, optim="adamw_torch",
-        divergence_spec=types.SimpleNamespace(nca_stop_gradient=True),
-    )  # fmt: skip
-    defaults.update(kwargs)
-    return types.SimpleNamespace(**defaults)
+    return NCASettings(**kwargs)
 
 
 NONE = dict(live_teacher=False, deepspeed=False, full_fine_tuning=False)
 REFUSALS = {
-    "stop-gradient": (dict(divergence_spec=types.SimpleNamespace(nca_stop_gradient=False)), {}, "nca_stop_gradient"),
+    "stop-gradient": (dict(spec=DivergenceSpec(nca_stop_gradient=False)), {}, "nca_stop_gradient"),
     "live-teacher": ({}, dict(live_teacher=True), "live"),
     "joint-forward": (dict(joint_forward=True), {}, "nca_joint_forward"),
     "deepspeed": ({}, dict(deepspeed=True), "DeepSpeed"),
-    "lomo": (dict(optim="adalomo"), {}, "LOMO"),
+    "lomo": (dict(updates_in_backward=True), {}, "LOMO"),
 }
 
 
@@ -214,9 +209,9 @@ def test_where_the_views_cannot_run_in_sequence(case):
     assert resolve_sequential_views(_settings(), True, **NONE)
     assert not resolve_sequential_views(_settings(**config), True, **flags)
     with pytest.raises(ValueError, match=reason):
-        resolve_sequential_views(_settings(**config, nca_sequential_views=True), True, **flags)
-    assert not resolve_sequential_views(_settings(**config, nca_sequential_views=True), False, **flags)
-    assert not resolve_sequential_views(_settings(nca_sequential_views=False), True, **NONE)
+        resolve_sequential_views(_settings(**config, sequential_views=True), True, **flags)
+    assert not resolve_sequential_views(_settings(**config, sequential_views=True), False, **flags)
+    assert not resolve_sequential_views(_settings(sequential_views=False), True, **NONE)
 
 
 def test_none_runs_the_views_in_sequence_for_adapters_only(tok, tmp_path):

@@ -63,9 +63,10 @@ def test_a_wrapped_teacher_is_called_through_its_wrapper():
     calling the teacher directly. tests/trainers/test_deepspeed.py checks it under real 2-process ZeRO-3."""
     from torch import nn
 
-    from trl_nca import NCAConfig
+    from trl_nca.core.schedule import BetaSchedule
     from trl_nca.core.views import build_view, left_pad, right_pad
-    from trl_nca.trainers.objective import NCAObjective
+    from trl_nca.trainers.objective import NCAObjective, NCASettings
+    from trl_nca.trainers.teacher import ModelTeacher
 
     class Engine(nn.Module):
         def __init__(self, module):
@@ -81,15 +82,17 @@ def test_a_wrapped_teacher_is_called_through_its_wrapper():
     engine = Engine(teacher)
     root_calls = []
     teacher.register_forward_pre_hook(lambda module, args: root_calls.append(1))
-    objective = NCAObjective(NCAConfig(output_dir="unused", report_to=[], use_cpu=True), tok.pad_token_id)
+
+    def objective(wrapper):  # built without a Trainer
+        return NCAObjective(NCASettings(), ModelTeacher(teacher, wrapper), BetaSchedule(), tok.pad_token_id)
+
     (prompts, prompt_mask), (completion, completion_mask) = (
         left_pad([[5, 6, 7], [8, 9]], 0),
         right_pad([[10, 11], [12]], 0),
     )
     view = build_view(prompts, prompt_mask, completion, completion_mask)
-    direct, _ = objective.teacher_states(teacher, view, completion_mask, None, None)
+    direct, _ = objective(None).teacher_states(view, completion_mask, None, None)
     assert engine.calls == 0 and root_calls == []  # no wrapper known: the decoder is called directly
-    objective.teacher_wrapper = engine
-    routed, _ = objective.teacher_states(teacher, view, completion_mask, None, None)
+    routed, _ = objective(engine).teacher_states(view, completion_mask, None, None)
     assert engine.calls == 1 and root_calls == [1]
     torch.testing.assert_close(routed, direct, rtol=0, atol=0)

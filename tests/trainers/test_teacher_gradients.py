@@ -39,12 +39,10 @@ def full_logits(model, view, completion_mask):
 
 def reference_loss(student, teacher_logits_fn, batch, nca_beta, anchor, temperature=1.0):
     """Token mean of OPD (reverse KL) + nca_beta * NCA from full logits; the teacher's log-probs are constants."""
-    ids, mask = batch["completion_ids"], batch["completion_mask"]
-    vc = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], ids, mask)
-    lx = full_logprobs(student, batch["prompts"], batch["prompt_attention_mask"], ids, mask, temperature)
-    lc = full_logprobs(
-        student, batch["context_prompts"], batch["context_prompt_attention_mask"], ids, mask, temperature
-    )
+    ids, mask = batch.completion_ids, batch.completion_mask
+    vc = build_view(batch.context_prompts, batch.context_prompt_attention_mask, ids, mask)
+    lx = full_logprobs(student, batch.prompts, batch.prompt_attention_mask, ids, mask, temperature)
+    lc = full_logprobs(student, batch.context_prompts, batch.context_prompt_attention_mask, ids, mask, temperature)
     with torch.no_grad():
         lt = F.log_softmax(teacher_logits_fn(vc, mask) / temperature, -1)
     opd = token_kl(lx, lt)
@@ -146,11 +144,11 @@ def _check_against_reference(trainer, teacher_logits, anchor, training_step=Fals
     student = trainer.model
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
     batch = trainer._with_completions(batch, on_policy=False)
-    assert batch["completion_mask"].sum(1).unique().numel() == 3  # ragged completions
+    assert batch.completion_mask.sum(1).unique().numel() == 3  # ragged completions
 
     student.zero_grad()
     if training_step:  # Trainer's step: the loss and its backward (two, with the views in sequence)
-        loss = trainer.training_step(student, {**batch, "completions_ready": True, "on_policy": False})
+        loss = trainer.training_step(student, batch)
     else:
         loss = trainer.compute_loss(student, batch)
         loss.backward()

@@ -15,6 +15,7 @@ from trl_nca.testing import (
     FLOAT64,
     SHORT_RUN,
     STORED32,
+    batch_dict,
     cloned_parameters,
     float64_model,
     full_logprobs,
@@ -38,6 +39,7 @@ def messages_dataset(n=4):
 
 def reference_terms(student, teacher, batch, temperature=1.0):
     """Per-token OPD (reverse KL), NCA and view KL of a batch from the models' own full logits, in float64."""
+    batch = batch_dict(batch)
     completions = (batch["completion_ids"], batch["completion_mask"], temperature)
     with torch.no_grad():
         lx = full_logprobs(student, batch["prompts"], batch["prompt_attention_mask"], *completions)
@@ -55,7 +57,7 @@ def record_loss_calls(trainer, mode):
     def spy(model, inputs, *args, **kwargs):
         if trainer.model.training == (mode == "train"):
             weights = {n: t.detach().clone() for n, t in trainer.model.state_dict().items()}
-            calls.append(({k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()}, weights))
+            calls.append(({k: v.clone() if torch.is_tensor(v) else v for k, v in batch_dict(inputs).items()}, weights))
         return original(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = spy
@@ -138,9 +140,9 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
     batch = trainer._with_completions(batch, on_policy=False)
     loss = trainer.compute_loss(student, batch)
 
-    cids, cmask = batch["completion_ids"], batch["completion_mask"]
-    vx = build_view(batch["prompts"], batch["prompt_attention_mask"], cids, cmask)
-    vc = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], cids, cmask)
+    cids, cmask = batch.completion_ids, batch.completion_mask
+    vx = build_view(batch.prompts, batch.prompt_attention_mask, cids, cmask)
+    vc = build_view(batch.context_prompts, batch.context_prompt_attention_mask, cids, cmask)
 
     def comp_logits(model, view):
         out = model(input_ids=view.input_ids, attention_mask=view.attention_mask, position_ids=view.position_ids)
@@ -160,12 +162,12 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
         outputs = []
 
         def keep(module, args, kwargs, output, outputs=outputs):
-            if output[0].shape[0] == batch["prompts"].shape[0]:  # the rows of a view, not a shared prefix's one row
+            if output[0].shape[0] == batch.prompts.shape[0]:  # the rows of a view, not a shared prefix's one row
                 output[0].retain_grad()
                 outputs.append(output[0])
 
         handle = student.model.register_forward_hook(keep, with_kwargs=True)
-        terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
+        terms = trainer.nca.token_divergences(student, batch, need_context=True)
         handle.remove()
         assert len(outputs) == 2
         terms[term].sum().backward()
@@ -445,7 +447,7 @@ def test_live_self_teacher_scores_with_current_weights(tok, tmp_path):
     batch = trainer._with_completions(
         trainer.data_collator([trainer.train_dataset[i] for i in range(2)]), on_policy=False
     )
-    terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
+    terms = trainer.nca.token_divergences(student, batch, need_context=True)
     # Teacher == q_c (detached), so OPD = KL(q_x || q_c) = the monitored view KL, and equals NCA in value.
     torch.testing.assert_close(terms["opd"], terms["view_kl"])
     torch.testing.assert_close(terms["opd"].detach(), terms["nca"].detach())
@@ -476,7 +478,7 @@ def test_seq_kd_teacher_writes_completions_from_the_context_view(tok, tmp_path, 
     out = trainer._with_completions(trainer._prepare_inputs(batch), on_policy=False)
     assert torch.equal(calls[0][0], batch["context_prompts"])  # sampled from the context view
     assert (calls[0][1] is not None) == lora  # the adapter-disabled student generates as the teacher
-    assert out["completion_ids"].shape[1] > 0
+    assert out.completion_ids.shape[1] > 0
     trainer.train()
 
 
@@ -495,7 +497,7 @@ def test_joint_forward_equals_two_forwards(tok, tmp_path):
         batch = trainer._with_completions(
             trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False
         )
-        terms = trainer.nca.token_divergences(student, trainer._teacher(), batch, need_context=True)
+        terms = trainer.nca.token_divergences(student, batch, need_context=True)
         (terms["opd"].sum() + terms["nca"].sum()).backward()
         results.append((terms, {n: p.grad.clone() for n, p in student.named_parameters()}))
     (t0, g0), (t1, g1) = results

@@ -225,8 +225,8 @@ def test_pretokenised_dataset_trains(tok, tmp_path):
     def rows(ids, mask):
         return [tuple(row[keep.bool()].tolist()) for row, keep in zip(ids, mask)]
 
-    trained = set(zip(rows(batch["prompts"], batch["prompt_attention_mask"]),
-                      rows(batch["context_prompts"], batch["context_prompt_attention_mask"])))  # fmt: skip
+    trained = set(zip(rows(batch.prompts, batch.prompt_attention_mask),
+                      rows(batch.context_prompts, batch.context_prompt_attention_mask)))  # fmt: skip
     assert trained == {(tuple(r["prompt_ids"]), tuple(r["context_prompt_ids"])) for r in data}
 
 

@@ -66,9 +66,9 @@ def test_loss_and_gradients_over_the_common_rows(tok, tmp_path, wider, spec):
     got = {n: p.grad.clone() for n, p in student.named_parameters()}
     student.zero_grad()
 
-    ids, mask = batch["completion_ids"], batch["completion_mask"]
-    vx = build_view(batch["prompts"], batch["prompt_attention_mask"], ids, mask)
-    vc = build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], ids, mask)
+    ids, mask = batch.completion_ids, batch.completion_mask
+    vx = build_view(batch.prompts, batch.prompt_attention_mask, ids, mask)
+    vc = build_view(batch.context_prompts, batch.context_prompt_attention_mask, ids, mask)
     T = spec.get("temperature", 1.0)
     zx, zc = full_logits(student, vx, mask, rows) / T, full_logits(student, vc, mask, rows) / T
     with torch.no_grad():
@@ -130,6 +130,6 @@ def test_sampling_never_emits_ids_past_the_common_rows(tok, tmp_path, wider):
     batch = trainer._prepare_inputs(trainer.data_collator([trainer.train_dataset[i] for i in range(3)]))
     torch.manual_seed(0)
     out = trainer._with_completions(batch, on_policy=not seq_kd)
-    ids = out["completion_ids"][out["completion_mask"].bool()]
+    ids = out.completion_ids[out.completion_mask.bool()]
     assert ids.numel() >= 3 and int(ids.max()) < rows
     trainer.train()

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..core.console import Stopwatch, closing_line, say
-from ..core.deprecation import moved_names
 from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
 from ..core.views import check_text_sizes
 from ..envs import game_generation_settings
@@ -464,10 +463,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(closing_line("eval", clock.seconds, {"report": files["markdown"], "summary": files["summary"],
                                             "records": args.output_dir}))  # fmt: skip
     return 0
-
-
-# moved to trl_nca.cli.options with the other shared option groups (trl_nca.core.deprecation)
-__getattr__ = moved_names(__name__, {"json_object_arg": "trl_nca.cli.options"})
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ def _cache_kept_under_checkpointing(layers: list[nn.Module]) -> Iterator[None]:
             del layer._can_checkpoint_with_cache
 
 
-def weights_fingerprint(tensors: Iterable[torch.Tensor]) -> tuple:
+def tensor_versions(tensors: Iterable[torch.Tensor]) -> tuple:
     """Changes whenever one of `tensors` is modified in place (an optimizer step, `load_state_dict`) or given new
     storage: their version counters and data pointers."""
     return tuple((t._version, t.data_ptr()) for t in tensors)
@@ -329,7 +329,7 @@ class PrefixSharing:
     ) -> torch.Tensor:
         """`trl_nca.core.views.completion_states` of `view`, with its shared prefix run once when that is exact.
 
-        `persist`: a key that stays equal while the model's weights do (see `weights_fingerprint`); without gradient,
+        `persist`: a key that stays equal while the model's weights do (see `tensor_versions`); without gradient,
         the prefix's keys and values are then kept for the next call with the same key and the same prefix tokens.
         """
         self.last_shared[what] = 0

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..core.deprecation import moved_names
 from ..core.sampling import GenerateFn, check_generated, item_seed
 from ..core.views import render_prompt_ids
 from .base import GameEnv
@@ -211,7 +210,3 @@ def check_options(values: Sequence[str], game: str, max_calls: int) -> dict[str,
     except TypeError as error:
         raise ValueError(str(error)) from None
     return options
-
-
-# the parser moved to the command line, where every parser lives (trl_nca.core.deprecation)
-__getattr__ = moved_names(__name__, {"build_parser": "trl_nca.cli.experience_command"})

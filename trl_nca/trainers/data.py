@@ -31,6 +31,7 @@ from ..core.views import (
     split_example,
     text_bytes,
 )
+from .batch import VIEW_KEYS
 
 
 logger = logging.getLogger(__name__)
@@ -278,37 +279,8 @@ def _validated_token_dataset(dataset, vocab_size: int, limits: Limits, split: st
     return dataset.map(checked, with_indices=True)
 
 
-# The keys both views are built from (the NCA objective reads only these), then the collator's own.
-VIEW_KEYS = (
-    "prompts",
-    "prompt_attention_mask",
-    "context_prompts",
-    "context_prompt_attention_mask",
-    "completion_ids",
-    "completion_mask",
-)
+# The keys of the collator's batches: both views (`trl_nca.trainers.batch.VIEW_KEYS`), then its own.
 BATCH_KEYS = (*VIEW_KEYS, "has_reference")
-
-
-def check_batch_views(batch: Mapping[str, Any], keys: Sequence[str], trainer: str) -> None:
-    """A batch handed to the loss must hold both views (`keys`, the trainer's names of `VIEW_KEYS`). A batch built
-    for the base trainer (GKDTrainer's or DistillationTrainer's, with only the no-context prompt) is refused with what
-    is missing: the context view cannot be rebuilt from prompt ids, whose row's context is not known."""
-    missing = [key for key in keys if key not in batch]
-    if not missing:
-        return
-    context = [key for key in missing if key.startswith("context_")]
-    why = (
-        "the loss scores every completion with and without the context, and the context view cannot be rebuilt from "
-        "the prompt ids (the row's context is not in the batch)"
-        if context
-        else "the loss needs both views' prompts and the completions"
-    )
-    raise ValueError(
-        f"{trainer}.compute_loss got a batch without {missing} (it has {sorted(batch)}): {why}. Pass batches the "
-        f"trainer built (its data collator and sampling add both views), or add the missing keys ({list(keys)}: "
-        "left-padded prompts of both views with their masks, right-padded completions with their mask)."
-    )
 
 
 def check_collator(collator, example: Mapping[str, Any], split: str) -> None:

@@ -27,7 +27,7 @@ from ..core.schedule import (
     schedule_names,
 )
 from ..core.views import ContextSpec
-from .checkpointing import checkpointing_kwargs, needs_joint_forward
+from .activation_checkpointing import checkpointing_kwargs, needs_joint_forward
 from .field_docs import document_fields
 
 
@@ -231,10 +231,10 @@ class NCAFields:
             "help": "Run the student's two views as one forward of 2 x batch rows (the no-context prompts left-padded "
             "to the context prompts' width) instead of two forwards. Needed where gradient checkpointing is "
             "reentrant under DDP or DeepSpeed (any process count): a weight used by two forwards would reach its "
-            "gradient hook twice in one backward (`trl_nca.trainers.checkpointing`). `None` turns it on exactly then; "
-            "the trainers keep checkpointing non-reentrant unless `use_reentrant=True` is asked for (or DeepSpeed is "
-            "older than 0.19.3 under PEFT + ZeRO-3), so `None` rarely needs it. `False` where it is needed is an "
-            "error. Otherwise two forwards are cheaper, since the no-context view is not padded."
+            "gradient hook twice in one backward (`trl_nca.trainers.activation_checkpointing`). `None` turns it on "
+            "exactly then; the trainers keep checkpointing non-reentrant unless `use_reentrant=True` is asked for "
+            "(or DeepSpeed is older than 0.19.3 under PEFT + ZeRO-3), so `None` rarely needs it. `False` where it is "
+            "needed is an error. Otherwise two forwards are cheaper, since the no-context view is not padded."
         },
     )
     nca_sequential_views: bool | None = field(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -20,11 +19,11 @@ from trl import DistillationTrainer
 
 from ..core.sampling import policy_mode
 from ..core.views import left_pad, split_example
-from .checkpointing import quiet_old_checkpointing_names
-from .data import check_batch_views, check_examples, prepare_dataset
+from .activation_checkpointing import quiet_old_checkpointing_names
+from .batch import NCABatch
+from .data import prepare_dataset
 from .mixin import NCATrainerMixin
 from .nca_distillation_config import NCADistillationConfig
-from .objective import TRAINING_STEP
 from .setup import NCA_PAPER, named_datasets, resolve_models
 
 
@@ -60,6 +59,8 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     _tag_names = ["trl", "distillation", "trl-nca", "nca", "context-distillation"]
     _name = "NCA (DistillationTrainer)"
     _paper = NCA_PAPER
+    config_class = NCADistillationConfig
+    default_output_dir = "nca-distillation-output"
     logs_completion_stats = False  # DistillationTrainer logs the completion lengths itself
 
     def __init__(
@@ -76,7 +77,8 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         teacher_processing_class: PreTrainedTokenizerBase | None = None,
         tools=None,
     ):
-        args = self._setup_args(args, tools)
+        args = self._checked_args(args)
+        _refuse_tools(tools)
         init_kwargs = dict(args.teacher_model_init_kwargs or {})
         if args.teacher_model_revision is not None:
             init_kwargs.setdefault("revision", args.teacher_model_revision)
@@ -91,51 +93,19 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         self.limits = models.limits
         self.context_spec = args.context_spec
 
-        train_dataset, eval_dataset = self._setup_datasets(train_dataset, eval_dataset, processing_class)
+        train_dataset, eval_dataset = self._prepare_datasets(args, processing_class, train_dataset, eval_dataset)
 
         # The teacher is prepared here, not by DistillationTrainer: a self-teacher has no parameters of its own, and
         # teachers whose output layer is padded to another size than the student's are supported (the divergences
         # use the common rows), which DistillationTrainer's vocab_size check would refuse.
-        with quiet_old_checkpointing_names():  # PEFT's PeftModel reads an old name (trainers.checkpointing)
-            super().__init__(
-                model,
-                teacher_model=None,
-                args=args,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                processing_class=processing_class,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                peft_config=peft_config,
-            )
+        self._init_base(
+            model, None, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config
+        )
         self._setup_nca(teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
 
-    @staticmethod
-    def _setup_args(args, tools) -> NCADistillationConfig:
-        """The config (TRL's default output folder when none is given); `tools` are refused."""
-        if args is None:
-            args = NCADistillationConfig(output_dir="nca-distillation-output")
-        elif not isinstance(args, NCADistillationConfig):
-            raise TypeError(f"NCADistillationTrainer needs an NCADistillationConfig, got {type(args).__name__}.")
-        if tools:
-            raise ValueError(
-                "NCADistillationTrainer does not take `tools`: the context view is rendered from the text prompt and "
-                "scored on the sampled completion, which tool calls would interleave with tool results. Train tool "
-                "use with DistillationTrainer, or drop `tools`."
-            )
-        return args
-
-    def _setup_datasets(self, train_dataset, eval_dataset, processing_class):
-        """The train and eval datasets with the token columns of both views (`prepare_dataset`)."""
-        train_dataset = _prepared(train_dataset, processing_class, self.context_spec, self.limits, "train")
-        if isinstance(eval_dataset, dict):
-            eval_dataset = {
-                name: _prepared(ds, processing_class, self.context_spec, self.limits, f"eval {name}")
-                for name, ds in eval_dataset.items()
-            }
-        else:
-            eval_dataset = _prepared(eval_dataset, processing_class, self.context_spec, self.limits, "eval")
-        return train_dataset, eval_dataset
+    def _prepare_split(self, args, tokenizer, dataset, split: str):
+        """Both views tokenised (`prepare_dataset`), and every row's `prompt` as chat messages."""
+        return _with_chat_prompt(prepare_dataset(dataset, tokenizer, self.context_spec, self.limits, split))
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -175,72 +145,34 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     # Loss: the shared NCA objective inside the student's redirected forward, as DistillationTrainer runs its own.
 
     def _prepare_inputs(self, generation_batch):
+        """TRL's micro-batch (the buffered window slice in training) as an `NCABatch`. In training this is called by
+        Trainer.training_step only, which runs the batch's backward: its loss may run its views in sequence
+        (`NCABatch.training_step`)."""
+        if isinstance(generation_batch, NCABatch):
+            return generation_batch
         inputs = super()._prepare_inputs(generation_batch)
-        # In training this is called by Trainer.training_step only, which runs the batch's backward: its loss may run
-        # its views in sequence (`TRAINING_STEP`).
-        return {**inputs, TRAINING_STEP: True} if self.model.training else inputs
+        return _nca_batch(inputs, training_step=self.model.training)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The NCA objective in place of DistillationTrainer's loss, with its token count and entropy logging: the
         loss is divided by the completion tokens of the gradient-accumulation window over all processes (divided by
         the process count: DDP averages the processes' gradients) in training, by the micro-batch's in evaluation."""
-        check_batch_views(inputs, _DISTILLATION_VIEW_KEYS, "NCADistillationTrainer")
-        if self.model.training and inputs.get("num_items_in_batch") is not None:
-            num_items_in_batch = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-        num_valid = inputs["completion_mask"].sum()
+        batch = inputs if isinstance(inputs, NCABatch) else _nca_batch(inputs)
+        if self.model.training and batch.step_tokens is not None:
+            num_items_in_batch = batch.step_tokens.clamp(min=1.0) / self.accelerator.num_processes
+        num_valid = batch.completion_mask.sum()
         divisor = num_valid.clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        if self.nca.in_sequence(inputs):
-            loss, terms = self._views_in_sequence(model, inputs, divisor, num_valid)
-        else:
-            unwrapped = self.accelerator.unwrap_model(model)
-            need_context = self.nca.need_context()
-            result = self._forward_redirection(
-                model, unwrapped, self.nca.loss, unwrapped, self._teacher(), _nca_batch(inputs), need_context,
-                entropy=True,
-            )  # fmt: skip
-            loss, terms = result.total / divisor, result.terms
-            self._log_entropy(terms["entropy"], num_valid)
-        lengths = inputs["completion_mask"].sum(1)
-        self._record_terms(terms, self.nca.total(terms).detach(), lengths, torch.zeros_like(lengths), on_policy=True)
+        loss = self._nca_loss(model, batch, lambda total: total / divisor, entropy=True)
         return (loss, None) if return_outputs else loss
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """Trainer's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into both views as
-        the datasets given at init are (a name selects one of those)."""
-        if eval_dataset is not None and not isinstance(eval_dataset, str):
-            for split, dataset in named_datasets(None, eval_dataset):
-                check_examples(dataset, self.context_spec, split)
-            prepare = lambda ds, split: _prepared(ds, self.processing_class, self.context_spec, self.limits, split)  # noqa: E731
-            if isinstance(eval_dataset, dict):
-                eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
-            else:
-                eval_dataset = prepare(eval_dataset, "eval")
-        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
-    def _views_in_sequence(self, model, inputs, divisor, num_valid):
-        """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
-        (`nca_sequential_views`, as in `NCATrainer`): the no-context half with its backward first, without the
-        gradient all-reduce, then the context half, whose backward Trainer runs. Returns the loss (differentiable
-        through the context half, its value the whole loss) and the micro-batch's terms."""
-        unwrapped = self.accelerator.unwrap_model(model)
-        batch = _nca_batch(inputs)
-        with self.accelerator.no_sync(model):
-            first = self._forward_redirection(
-                model, unwrapped, self.nca.no_context_half, unwrapped, self._teacher(), batch, True
-            )
-            first_loss = first.total / divisor
-            self._log_entropy(first.terms["entropy"], num_valid)
-            self.accelerator.backward(first_loss)
-        second = self._forward_redirection(model, unwrapped, self.nca.context_half, unwrapped, batch, first.carry)
-        return second.total / divisor + first_loss.detach(), {**first.terms, **second.terms}
-
-    def _log_entropy(self, entropy: torch.Tensor, num_valid: torch.Tensor) -> None:
-        """DistillationTrainer's `entropy`: the mean per-token entropy of the student's no-context view (in nats)
-        over all processes, gathered after the redirected forward has returned."""
-        mode = "train" if self.model.training else "eval"
-        num_valid = self.accelerator.gather_for_metrics(num_valid).sum()
-        entropy_sum = self.accelerator.gather_for_metrics(entropy.detach().sum()).sum()
-        self._metrics[mode]["entropy"].append((entropy_sum / num_valid).item() if num_valid > 0 else 0.0)
+def _refuse_tools(tools) -> None:
+    if tools:
+        raise ValueError(
+            "NCADistillationTrainer does not take `tools`: the context view is rendered from the text prompt and "
+            "scored on the sampled completion, which tool calls would interleave with tool results. Train tool "
+            "use with DistillationTrainer, or drop `tools`."
+        )
 
 
 def _check_vllm_can_sample(common_rows: tuple[int, int], use_vllm: bool) -> None:
@@ -253,31 +185,28 @@ def _check_vllm_can_sample(common_rows: tuple[int, int], use_vllm: bool) -> None
         )
 
 
-def _prepared(dataset, tokenizer, context_spec, limits, split: str):
-    """Both views tokenised (`prepare_dataset`), and every row's `prompt` as chat messages."""
-    if dataset is None:
-        return None
-    return _with_chat_prompt(prepare_dataset(dataset, tokenizer, context_spec, limits, split))
-
-
-# DistillationTrainer's names of NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`), in their order.
-_DISTILLATION_VIEW_KEYS = (
-    "prompt_ids", "prompt_mask", "context_prompts", "context_prompt_attention_mask", "completion_ids",
+# DistillationTrainer's names of NCA's view keys (`trl_nca.trainers.batch.VIEW_KEYS`), in their order.
+DISTILLATION_VIEW_KEYS = (
+    "prompt_ids",
+    "prompt_mask",
+    "context_prompts",
+    "context_prompt_attention_mask",
+    "completion_ids",
     "completion_mask",
-)  # fmt: skip
+)
 
 
-def _nca_batch(inputs: dict[str, Any]) -> dict[str, Any]:
-    """DistillationTrainer's micro-batch in NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`)."""
-    check_batch_views(inputs, _DISTILLATION_VIEW_KEYS, "NCADistillationTrainer")
-    return {
-        "prompts": inputs["prompt_ids"],
-        "prompt_attention_mask": inputs["prompt_mask"],
-        "context_prompts": inputs["context_prompts"],
-        "context_prompt_attention_mask": inputs["context_prompt_attention_mask"],
-        "completion_ids": inputs["completion_ids"],
-        "completion_mask": inputs["completion_mask"],
-    }
+def _nca_batch(inputs: dict[str, Any], training_step: bool = False) -> NCABatch:
+    """DistillationTrainer's micro-batch as an `NCABatch`: every completion sampled from the student, the window's
+    token count (`num_items_in_batch`) kept where TRL counted it."""
+    return NCABatch.from_mapping(
+        inputs,
+        DISTILLATION_VIEW_KEYS,
+        "NCADistillationTrainer",
+        on_policy=True,
+        training_step=training_step,
+        step_tokens=inputs.get("num_items_in_batch"),
+    )
 
 
 def _with_chat_prompt(dataset):

@@ -17,7 +17,6 @@ from trl.experimental.gkd import GKDTrainer
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
 
-from ..core.gradients import compare_gradients, loss_gradients
 from ..core.launch import agreed_max, agreed_min, rank0_choice
 from ..core.sampling import (
     Generated,
@@ -27,22 +26,14 @@ from ..core.sampling import (
     shared_prefill,
 )
 from ..core.views import ContextSpec, left_pad
-from .checkpointing import quiet_old_checkpointing_names
-from .data import (
-    VIEW_KEYS,
-    NCACollator,
-    check_batch_views,
-    check_collator,
-    check_examples,
-    prepare_dataset,
-    tokenize_example,
-)
+from .activation_checkpointing import quiet_old_checkpointing_names
+from .batch import NCABatch
+from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
 from .mixin import NCATrainerMixin
 from .nca_config import NCAConfig
-from .objective import TRAINING_STEP
 from .rollouts import Rollout
 from .setup import NCA_PAPER, named_datasets, resolve_models
-from .teacher import SelfTeacher
+from .teacher import as_teacher
 
 
 logger = logging.getLogger(__name__)
@@ -81,6 +72,8 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
     _name = "NCA"
     _paper = NCA_PAPER
+    config_class = NCAConfig
+    default_output_dir = "nca-output"
     logs_completion_stats = True  # completions/mean_length, clipped_ratio, on_policy: GKD logs none of them
     # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
@@ -103,7 +96,10 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         rollout: Rollout | None = None,
         teacher_processing_class: PreTrainedTokenizerBase | None = None,
     ):
-        args = self._setup_args(args, compute_metrics, preprocess_logits_for_metrics)
+        args = self._checked_args(args)
+        _refuse_metric_functions(
+            compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
+        )
         models = resolve_models(
             "NCATrainer", args, model, teacher_model, processing_class=processing_class,
             teacher_processing_class=teacher_processing_class, peft_config=peft_config,
@@ -118,42 +114,26 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         # random state before sampling, and `_load_rng_state` then skips Trainer's second restore.
         self._resume_rng_from: str | None = None
         self._rng_restored_early = False
-        self._grad_cosine_step: int | None = None  # the optimizer step whose gradient cosine was logged last
 
         train_dataset, eval_dataset, data_collator = self._setup_data(
             args, processing_class, rollout, train_dataset, eval_dataset, data_collator
         )
 
-        with (
-            _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here),
-            quiet_old_checkpointing_names(),
-        ):
-            super().__init__(
+        with _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here):
+            self._init_base(
                 model,
-                teacher_model=teacher_model,
-                args=args,
+                teacher_model,
+                args,
+                train_dataset,
+                eval_dataset,
+                processing_class,
+                callbacks,
+                optimizers,
+                peft_config,
                 data_collator=data_collator,
-                train_dataset=train_dataset,
-                eval_dataset=eval_dataset,
-                processing_class=processing_class,
-                callbacks=callbacks,
-                optimizers=optimizers,
-                peft_config=peft_config,
                 formatting_func=formatting_func,
             )
         self._setup_after_base(args, models)
-
-    @staticmethod
-    def _setup_args(args, compute_metrics, preprocess_logits_for_metrics) -> NCAConfig:
-        """The config (TRL's default output folder when none is given); metric functions are refused."""
-        if args is None:
-            args = NCAConfig(output_dir="nca-output")
-        elif not isinstance(args, NCAConfig):
-            raise TypeError(f"NCATrainer needs an NCAConfig, got {type(args).__name__}.")
-        _refuse_metric_functions(
-            compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
-        )
-        return args
 
     def _setup_data(self, args, processing_class, rollout, train_dataset, eval_dataset, data_collator):
         """The rollout's seed dataset or the given datasets with the token columns of both views, and the collator;
@@ -165,8 +145,8 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
         self.context_spec = context_spec
 
-        train_dataset, eval_dataset = _prepared_datasets(
-            args, processing_class, context_spec, self.limits, train_dataset, eval_dataset, training=rollout is None
+        train_dataset, eval_dataset = self._prepare_datasets(
+            args, processing_class, train_dataset, eval_dataset, training=rollout is None
         )
         if data_collator is None:
             data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
@@ -186,11 +166,24 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
         self.generation_kwargs["use_cache"] = True
         self.generation_config.use_cache = True
-        self._redirect = _ForwardRedirection()
+        self._forward_redirection = _ForwardRedirection()  # as DistillationTrainer names its own
         self._lockstep_generation = self.accelerator.num_processes > 1 and is_deepspeed_zero3_enabled()
         self._sampling_logged: set[str] = set()  # kinds of reason the sampling prefix ran unshared, logged once
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
+
+    def _prepare_split(self, args, tokenizer, dataset, split: str):
+        return prepare_dataset(dataset, tokenizer, self.context_spec, self.limits, split, args.dataset_num_proc)
+
+    def _check_prepared(self, args, train_dataset, eval_dataset) -> None:
+        """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's reference completions, and
+        `eval_completions='dataset'` evaluates them: every such row needs one (`_check_references`)."""
+        if train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
+            _check_references(train_dataset, "train")
+        if args.eval_completions == "dataset":
+            for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
+                if dataset is not None:
+                    _check_references(dataset, f"eval {name}".strip())
 
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling
@@ -224,14 +217,14 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             batches = [self._with_completions(self._prepare_inputs(batch)) for batch in batches]
         if not batches:
             return batches, None
-        tokens = torch.stack([b["completion_mask"].sum() for b in batches]).sum()
+        tokens = torch.stack([b.completion_mask.sum() for b in batches]).sum()
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
         return batches, tokens
 
-    def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
-        """Replace the batch's completions by student samples (probability `lmbda`), teacher samples (`seq_kd`), or
-        keep the dataset's reference completions, as GKD does."""
+    def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> NCABatch:
+        """The `NCABatch` of a collated batch, its completions replaced by student samples (probability `lmbda`),
+        teacher samples (`seq_kd`), or the dataset's reference completions, as GKD does."""
         if on_policy is None:  # every process draws; all follow rank 0, so all run the same forwards (ZeRO-3)
             on_policy = rank0_choice(random.random() <= self.lmbda, self.args.device)
         if on_policy:
@@ -240,20 +233,15 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             ids, mask = self._generate_teacher(inputs["context_prompts"], inputs["context_prompt_attention_mask"])
         else:
             return self._dataset_completions(inputs, "An off-policy step")
-        inputs = dict(inputs)
-        inputs["completion_ids"], inputs["completion_mask"] = ids, mask
-        inputs["completions_ready"], inputs["on_policy"] = True, on_policy
-        return inputs
+        return NCABatch.from_mapping({**inputs, "completion_ids": ids, "completion_mask": mask}, on_policy=on_policy)
 
-    def _dataset_completions(self, inputs: dict[str, Any], what: str) -> dict[str, Any]:
-        """The batch with the dataset's reference completions (already in `completion_ids`) marked as ready."""
+    def _dataset_completions(self, inputs: dict[str, Any], what: str) -> NCABatch:
+        """The `NCABatch` of a collated batch with the dataset's reference completions (in `completion_ids`)."""
         if not bool(inputs["has_reference"].all()):
             raise ValueError(f"{what} needs reference completions, and this batch has rows without one.")
-        inputs = dict(inputs)
-        inputs["completions_ready"], inputs["on_policy"] = True, False
-        return inputs
+        return NCABatch.from_mapping(inputs, on_policy=False)
 
-    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher: SelfTeacher | None = None):
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher=None):
         """Sample completions with GKD's generation settings; returns right-padded (ids, mask) without the prompt:
         the mask keeps every token up to and including the first end-of-sequence token, as GKD's
         `generate_on_policy_outputs` does (which is not called: it passes `return_dict_in_generate` next to a
@@ -267,7 +255,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
                     generation_kwargs=self.generation_kwargs,
                     gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
                 ) as unwrapped,
-                teacher.active() if teacher is not None else nullcontext(),
+                teacher.active() if teacher is not None else nullcontext(),  # a self-teacher samples
                 policy_mode(unwrapped),  # the policy samples: no dropout (disable_dropout=False keeps it in training)
             ):
                 inputs = self._sampling_inputs(unwrapped, prompts, prompt_mask)
@@ -303,7 +291,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         completion, completion_mask = self._generate(
             self.model_wrapped, ids.to(self.args.device), mask.to(self.args.device)
         )
-        eos = self._ends_with_eos({"completion_ids": completion, "completion_mask": completion_mask})
+        eos = self._ends_with_eos(completion, completion_mask)
         out = []
         for row, n, ended in zip(completion, completion_mask.sum(1).tolist(), eos.tolist()):
             tokens = row[: int(n)].tolist()
@@ -335,9 +323,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             rows.append(row)
         for key, value in played.metrics.items():
             self._metrics["train"][f"rollout/{key}"].append(float(value))
-        inputs = self._prepare_inputs(self.data_collator.pad(rows))
-        inputs["completions_ready"], inputs["on_policy"] = True, True
-        return inputs
+        return NCABatch.from_mapping(self._prepare_inputs(self.data_collator.pad(rows)), on_policy=True)
 
     def _get_train_sampler(self, *args, **kwargs):
         if self.rollout is not None:  # play the training seeds in schedule order
@@ -345,39 +331,28 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         return super()._get_train_sampler(*args, **kwargs)
 
     def _generate_teacher(self, prompts: torch.Tensor, prompt_mask: torch.Tensor):
-        teacher = self._teacher()
-        if isinstance(teacher, SelfTeacher):
-            return self._generate(self.model_wrapped, prompts, prompt_mask, teacher=teacher)
-        return self._generate(self.teacher_model, prompts, prompt_mask)
+        """`seq_kd`: the teacher samples, through its own wrapper, or, a self-teacher, as the student inside its
+        block (`Teacher.active`)."""
+        teacher = self.nca.teacher
+        if teacher.owns_weights:
+            return self._generate(self.teacher_model, prompts, prompt_mask)
+        return self._generate(self.model_wrapped, prompts, prompt_mask, teacher=teacher)
 
     # ----------------------------------------------------------------------------------------------------------------
     # Loss
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if not inputs.get("completions_ready"):
+        if not isinstance(inputs, NCABatch):  # a batch that did not come through get_batch_samples
             inputs = self._with_completions(self._prepare_inputs(inputs))
-            num_items_in_batch = inputs["completion_mask"].sum() * self.current_gradient_accumulation_steps
+            num_items_in_batch = inputs.completion_mask.sum() * self.current_gradient_accumulation_steps
         # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples. Trainer runs this
-        # batch's backward, so its loss may run its views in sequence (`TRAINING_STEP`).
-        return SFTTrainer.training_step(self, model, {**inputs, TRAINING_STEP: True}, num_items_in_batch)
+        # batch's backward, so its loss may run its views in sequence (`NCABatch.training_step`).
+        return SFTTrainer.training_step(self, model, inputs.replace(training_step=True), num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        check_batch_views(inputs, VIEW_KEYS, "NCATrainer")
-        measure_gradients = self._grad_cosine_due()
-        if self.nca.in_sequence(inputs):
-            loss = self._views_in_sequence(model, inputs, num_items_in_batch, measure_gradients)
-            return (loss, None) if return_outputs else loss
-        need_context = self.nca.need_context(measure_gradients)
-        unwrapped = self.accelerator.unwrap_model(model)
-        # Both student views and the teacher run inside one redirected forward of the wrapped model, so DDP and
-        # DeepSpeed see a single ordinary forward.
-        result = self._redirect(
-            model, unwrapped, self.nca.loss, unwrapped, self._teacher(), inputs, need_context, measure_gradients
-        )
-        if measure_gradients:
-            self._log_grad_cosine(unwrapped, result.terms)
-        loss = result.total * self._loss_scale(num_items_in_batch, result.tokens)
-        self._log_terms(result.terms, result.total, inputs)
+        batch = inputs if isinstance(inputs, NCABatch) else NCABatch.from_mapping(inputs)
+        scale = self._loss_scale(num_items_in_batch, int(batch.completion_mask.sum()))
+        loss = self._nca_loss(model, batch, lambda total: total * scale, self._grad_cosine_due())
         return (loss, None) if return_outputs else loss
 
     def _loss_scale(self, num_items_in_batch, tokens: int) -> torch.Tensor | float:
@@ -388,78 +363,6 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             return self.accelerator.num_processes / num_items_in_batch.clamp_min(1)
         return 1.0 / max(tokens, 1)
 
-    def _views_in_sequence(self, model, inputs, num_items_in_batch, measure_gradients: bool) -> torch.Tensor:
-        """The micro-batch's loss with the no-context view (and teacher) backpropagated before the context view runs
-        (`nca_sequential_views`). The no-context half (the no-context view, the teacher and OPD) runs with its
-        backward first, without the gradient all-reduce (`no_sync`); then the context half (the context view and
-        NCA), whose backward Trainer runs as usual and which synchronises the summed gradient once. Each half runs
-        inside its own redirected forward of the wrapped model, so DDP sees two ordinary forward/backward pairs. Only
-        one view's activations are alive at a time. With `measure_gradients` each half's term gradient is taken before
-        its backward, for `log_grad_cosine_steps`. Returns the micro-batch's loss, differentiable through the context
-        half only (its value is the whole loss)."""
-        unwrapped = self.accelerator.unwrap_model(model)
-        tokens = int(inputs["completion_mask"].sum())
-        scale = self._loss_scale(num_items_in_batch, tokens)
-        params = [p for p in unwrapped.parameters() if p.requires_grad] if measure_gradients else []
-        with self.accelerator.no_sync(model):
-            first = self._redirect(model, unwrapped, self.nca.no_context_half, unwrapped, self._teacher(), inputs)
-            if measure_gradients:
-                opd_gradient = loss_gradients(first.total / max(tokens, 1), params)
-            first_loss = first.total * scale
-            self.accelerator.backward(first_loss)
-        second = self._redirect(model, unwrapped, self.nca.context_half, unwrapped, inputs, first.carry)
-        if measure_gradients:
-            nca_gradient = loss_gradients(second.terms["nca"].sum() / max(tokens, 1), params)
-            self._record_grad_cosine(opd_gradient, nca_gradient)
-        loss = second.total * scale + first_loss.detach()
-        terms = {**first.terms, **second.terms}
-        self._log_terms(terms, self.nca.total(terms), inputs)
-        return loss
-
-    def _grad_cosine_due(self) -> bool:
-        """Whether this micro-batch is the first of an optimizer step at which `log_grad_cosine_steps` measures."""
-        every = self.args.log_grad_cosine_steps
-        if not every or not self.model.training or not torch.is_grad_enabled():
-            return False
-        step = self.state.global_step
-        return step % every == 0 and self._grad_cosine_step != step
-
-    def _log_grad_cosine(self, student: nn.Module, terms: dict[str, torch.Tensor]) -> None:
-        """Log the cosine between the gradients of the OPD and NCA token means of this micro-batch, over the trainable
-        parameters. `torch.autograd.grad` keeps the graph and leaves `.grad` alone: the step's update is unchanged."""
-        params = [p for p in student.parameters() if p.requires_grad]
-        tokens = max(terms["opd"].numel(), 1)
-        opd = loss_gradients(terms["opd"].sum() / tokens, params)
-        self._record_grad_cosine(opd, loss_gradients(terms["nca"].sum() / tokens, params))
-
-    def _record_grad_cosine(self, opd_gradient, nca_gradient) -> None:
-        """Log `grad_cosine`, `grad_norm_opd` and `grad_norm_nca` of this micro-batch's two term gradients."""
-        self._grad_cosine_step = self.state.global_step
-        result = compare_gradients(opd_gradient, nca_gradient)
-        values = [result.cosine, result.norm_a, result.norm_b]
-        if self.accelerator.num_processes > 1:  # each process measured its own micro-batch: log their mean
-            values = self.accelerator.gather(torch.tensor([values], device=self.args.device)).mean(0).tolist()
-        for name, value in zip(("grad_cosine", "grad_norm_opd", "grad_norm_nca"), values):
-            self._metrics["train"][name].append(value)
-
-    # Logged terms: token means over the optimizer step (`trl_nca.trainers.stats.StepStats`).
-
-    def _log_terms(self, terms: dict[str, torch.Tensor], total: torch.Tensor, inputs: dict[str, Any]) -> None:
-        lengths = inputs["completion_mask"].sum(1)
-        clipped = (lengths >= self.args.max_new_tokens) & ~self._ends_with_eos(inputs)
-        self._record_terms(terms, total, lengths, clipped, inputs.get("on_policy", True))
-
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
-        """GKD's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into both views as the
-        datasets given at init are (a name selects one of those)."""
-        if eval_dataset is not None and not isinstance(eval_dataset, str):
-            for split, dataset in named_datasets(None, eval_dataset):
-                check_examples(dataset, self.context_spec, split)
-            _, eval_dataset = _prepared_datasets(
-                self.args, self.processing_class, self.context_spec, self.limits, None, eval_dataset, training=False
-            )
-        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
-
     def _describe_evaluation(self, description: str) -> None:
         if self.args.eval_completions == "dataset":
             logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
@@ -468,14 +371,6 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
                 "%s scores completions sampled from the student without the context (eval_completions='on_policy').",
                 description,
             )
-
-    def _ends_with_eos(self, inputs: dict[str, Any]) -> torch.Tensor:
-        eos = self.generation_config.eos_token_id
-        ids, mask = inputs["completion_ids"], inputs["completion_mask"].bool()
-        if eos is None or ids.shape[1] == 0:
-            return torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
-        eos = torch.as_tensor(eos, device=ids.device).reshape(-1)
-        return (torch.isin(ids, eos) & mask).any(1)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Evaluation: the loss (no logits) on sampled or on the dataset's completions (`eval_completions`)."""
@@ -498,28 +393,6 @@ def _refuse_metric_functions(**functions) -> None:
                 "eval_opd_loss, eval_nca_loss, eval_view_kl and completion statistics; for task metrics with and "
                 "without the context during training, add `trl_nca.eval.PairedEvalCallback` to `callbacks`."
             )
-
-
-def _prepared_datasets(args, tokenizer, context_spec, limits, train_dataset, eval_dataset, training: bool):
-    """Both views tokenised (`prepare_dataset`; the train dataset only when `training`: a rollout has none), and the
-    reference completions checked where off-policy steps or `eval_completions='dataset'` need them."""
-
-    def prepare(dataset, split):
-        return prepare_dataset(dataset, tokenizer, context_spec, limits, split, args.dataset_num_proc)
-
-    if training:
-        train_dataset = prepare(train_dataset, "train")
-    if isinstance(eval_dataset, dict):
-        eval_dataset = {name: prepare(ds, f"eval {name}") for name, ds in eval_dataset.items()}
-    else:
-        eval_dataset = prepare(eval_dataset, "eval")
-    if training and train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
-        _check_references(train_dataset, "train")
-    if args.eval_completions == "dataset":
-        for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
-            if dataset is not None:
-                _check_references(dataset, f"eval {name}".strip())
-    return train_dataset, eval_dataset
 
 
 def _probe_collator(data_collator, train_dataset, eval_dataset) -> None:
@@ -558,7 +431,7 @@ def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
     layers padded to different sizes (checked by `trl_nca.trainers.teacher.check_output_rows`). Show GKD's check the
     student's value, only for the duration of its `__init__`."""
     config = getattr(teacher, "config", None)
-    if isinstance(teacher, SelfTeacher) or config is None:
+    if not as_teacher(teacher).owns_weights or config is None:
         yield
         return
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -581,7 +454,7 @@ def _self_teacher_kept_out_of_deepspeed():
     original = gkd_trainer.prepare_deepspeed
 
     def prepare(model, accelerator):
-        return model if isinstance(model, SelfTeacher) else original(model, accelerator)
+        return original(model, accelerator) if as_teacher(model).owns_weights else model
 
     gkd_trainer.prepare_deepspeed = prepare
     try:

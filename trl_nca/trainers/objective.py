@@ -2,10 +2,14 @@
 `DistillationTrainer`): the student's two views and the teacher on the same completion ids, the per-token terms, the
 step's total and the anchor weight, and the views' forward and backward run in sequence where that is exact.
 
-A batch is a mapping with NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`): the left-padded prompts of both views
-with their attention masks, and the shared right-padded completion block. Each trainer fills it its own way (GKD: the
-collator and `model.generate`; Distillation: TRL's generation, vLLM or `generate`, plus the context prompts rendered
-here); from the batch on, both compute exactly the same thing with the same code.
+A batch is an `NCABatch` (`trl_nca.trainers.batch`): the left-padded prompts of both views with their attention masks,
+the shared right-padded completion block and the step's flags. Each trainer fills it its own way (GKD: the collator and
+`model.generate`; Distillation: TRL's generation, vLLM or `generate`, plus the context prompts rendered there); from
+the batch on, both compute exactly the same thing with the same code.
+
+The objective is built from its own settings (`NCASettings`, taken from a trainer's config by
+`NCASettings.from_config`), its teacher (a `trl_nca.trainers.teacher.Teacher`) and its anchor schedule
+(`anchor_schedule`), so it is built and tested without a Trainer.
 """
 
 from __future__ import annotations
@@ -13,19 +17,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 import torch
 from torch import nn
-from trl.models.utils import _ForwardRedirection
 
-from ..core.deprecation import renamed_keyword
-from ..core.losses import LMHead, token_divergences
-from ..core.prefix import PrefixSharing, weights_fingerprint
+from ..core.losses import DivergenceSpec, LMHead, token_divergences
+from ..core.prefix import PrefixSharing
 from ..core.schedule import BetaSchedule, schedule_from_config, schedule_left_at_default
 from ..core.views import View, build_view, position_ids_from_mask
-from .teacher import SelfTeacher
+from .batch import NCABatch
+from .teacher import Teacher
 
 
 logger = logging.getLogger(__name__)
@@ -55,12 +58,12 @@ class BatchViews:
         return view, self.completion_mask.repeat(2, 1)
 
 
-def batch_views(batch: Mapping[str, Any]) -> BatchViews:
-    """The two views of a batch with NCA's view keys (`trl_nca.trainers.data.VIEW_KEYS`), on its completion ids."""
-    completion_ids, completion_mask = batch["completion_ids"], batch["completion_mask"]
+def batch_views(batch: NCABatch) -> BatchViews:
+    """The two views of a batch, on its completion ids."""
+    completion_ids, completion_mask = batch.completion_ids, batch.completion_mask
     return BatchViews(
-        x=build_view(batch["prompts"], batch["prompt_attention_mask"], completion_ids, completion_mask),
-        c=build_view(batch["context_prompts"], batch["context_prompt_attention_mask"], completion_ids, completion_mask),
+        x=build_view(batch.prompts, batch.prompt_attention_mask, completion_ids, completion_mask),
+        c=build_view(batch.context_prompts, batch.context_prompt_attention_mask, completion_ids, completion_mask),
         completion_mask=completion_mask,
     )
 
@@ -150,12 +153,6 @@ class NoContextHalf:
         self.h_x, self.h_t, self.teacher_head = h_x, h_t, teacher_head
 
 
-# The key a trainer's `training_step` sets on the micro-batch it hands to `Trainer.training_step`, which runs the
-# loss's backward: only such a batch may run its no-context half's backward inside `compute_loss` (`in_sequence`). A
-# `compute_loss` called on any other batch returns the whole differentiable loss.
-TRAINING_STEP = "nca_training_step"
-
-
 class BatchLoss(NamedTuple):
     """What the objective computes on a micro-batch (or on one half of it, run in sequence), returned through the
     trainer's redirected forward of the student: the per-token `terms` (`core.losses.token_divergences`), their
@@ -177,59 +174,108 @@ class BatchLoss(NamedTuple):
         return next(iter(self.terms.values())).numel()
 
 
+@dataclass(frozen=True)
+class NCASettings:
+    """What the objective reads besides its teacher and schedule; the defaults are `NCAConfig`'s.
+
+    `spec`: the divergences (`core.losses.DivergenceSpec`). `nca_monitor`: the context view runs without the NCA term,
+    to log its terms. `joint_forward`: both student views as one forward (`NCAConfig.joint_forward`, resolved).
+    `sequential_views`: `nca_sequential_views` as asked (`resolve_sequential_views`). `share_prefix`,
+    `share_prefix_min_tokens`: shared-prefix reuse (`core.prefix.PrefixSharing`). `vocab_chunk_size`,
+    `token_chunk_size`: the loss's tiles. `updates_in_backward`: the optimizer updates the weights inside each backward
+    (LOMO), so the views cannot run in sequence."""
+
+    spec: DivergenceSpec = field(default_factory=DivergenceSpec)
+    nca_monitor: bool = False
+    joint_forward: bool = False
+    sequential_views: bool | None = None
+    share_prefix: bool = True
+    share_prefix_min_tokens: int = 32
+    vocab_chunk_size: int = 8192
+    token_chunk_size: int = 2048
+    updates_in_backward: bool = False
+
+    @classmethod
+    def from_config(cls, args) -> NCASettings:
+        """The settings of a config with the NCA fields (`trl_nca.trainers.nca_config.NCAFields`: `NCAConfig` or
+        `NCADistillationConfig`), as they stand once the trainer has settled gradient checkpointing."""
+        return cls(
+            spec=args.divergence_spec,
+            nca_monitor=args.nca_monitor,
+            joint_forward=args.joint_forward,
+            sequential_views=args.nca_sequential_views,
+            share_prefix=args.share_prefix,
+            share_prefix_min_tokens=args.share_prefix_min_tokens,
+            vocab_chunk_size=args.loss_vocab_chunk_size,
+            token_chunk_size=args.loss_token_chunk_size,
+            updates_in_backward=args.optim in ("lomo", "adalomo"),
+        )
+
+
+def anchor_schedule(args, spec: DivergenceSpec, teacher: Teacher) -> BetaSchedule:
+    """The anchor schedule a config describes (`core.schedule.schedule_from_config`) for this teacher. Where its gate
+    can never open (a live self-teacher with reverse-KL OPD: view_kl equals opd_loss at every step), the default
+    schedule becomes the paper's constant anchor with one warning, and a schedule the user set is an error."""
+    schedule = schedule_from_config(args)
+    never_on = schedule.never_on(views_equal_teacher=teacher.live and spec.beta == 1.0)
+    if never_on is not None and schedule_left_at_default(args):
+        logger.warning(
+            "The default anchor is gated (nca_beta_schedule='adaptive', nca_adaptive_init=0), and here its gate can "
+            "never open (self_teacher='live' with reverse-KL OPD: view_kl equals opd_loss at every step), so this "
+            "run uses the paper's constant anchor (nca_beta=%s throughout). Set nca_beta_schedule='constant' to "
+            "say so and silence this warning.",
+            args.nca_beta,
+        )
+        return schedule_from_config(args, kind="constant")
+    if never_on is not None:
+        raise ValueError(never_on)
+    return schedule
+
+
 class NCAObjective:
     """OPD + nca_beta * NCA on a batch of both views, from hidden states (no (batch x sequence x vocabulary) logits).
 
-    `args` is a config with the NCA fields (`trl_nca.trainers.nca_config.NCAFields`: `NCAConfig` or
-    `NCADistillationConfig`); `pad_token_id` pads the joint forward. The anchor weight follows `schedule` (built from
-    `args`). `student` and `teacher` (the models as the trainer holds them) and `deepspeed` decide
-    `nca_sequential_views`.
+    Args:
+        settings: what the objective reads (`NCASettings`).
+        teacher: the teacher (`trl_nca.trainers.teacher.Teacher`: a `ModelTeacher`, or a `SelfTeacher`).
+        schedule: the anchor weight's schedule (`anchor_schedule`); its value is the weight of the step in progress.
+        pad_token_id: pads the joint forward.
+        deepspeed, full_fine_tuning: whether DeepSpeed's engine runs the backward, and whether most of the student's
+            weights are trained (`trains_most_weights`); with the settings they decide `nca_sequential_views`.
     """
 
-    def __init__(self, args, pad_token_id: int, student: nn.Module | None = None, teacher=None, deepspeed=False):
-        self.args = args
+    def __init__(
+        self,
+        settings: NCASettings,
+        teacher: Teacher,
+        schedule: BetaSchedule,
+        pad_token_id: int,
+        *,
+        deepspeed: bool = False,
+        full_fine_tuning: bool = False,
+    ):
+        self.settings = settings
+        self.teacher = teacher
+        self.schedule = schedule
         self.pad_token_id = pad_token_id
-        self.schedule: BetaSchedule = schedule_from_config(args)
-        self.spec = args.divergence_spec
-        live_teacher = isinstance(teacher, SelfTeacher) and teacher.mode == "live"
-        never_on = self.schedule.never_on(views_equal_teacher=live_teacher and self.spec.beta == 1.0)
-        if never_on is not None and schedule_left_at_default(args):
-            logger.warning(
-                "The default anchor is gated (nca_beta_schedule='adaptive', nca_adaptive_init=0), and here its gate can "
-                "never open (self_teacher='live' with reverse-KL OPD: view_kl equals opd_loss at every step), so this "
-                "run uses the paper's constant anchor (nca_beta=%s throughout). Set nca_beta_schedule='constant' to "
-                "say so and silence this warning.",
-                args.nca_beta,
-            )
-            self.schedule = schedule_from_config(args, kind="constant")
-        elif never_on is not None:
-            raise ValueError(never_on)
+        self.spec = settings.spec
         # Whether the NCA term can be on at all (the context view then carries gradient).
         self.active = self.schedule.active
         # Every forward of a view runs the token prefix its rows share once, where that is exact (`share_prefix`).
-        self.prefix_sharing = PrefixSharing(args.share_prefix, args.share_prefix_min_tokens)
+        self.prefix_sharing = PrefixSharing(settings.share_prefix, settings.share_prefix_min_tokens)
         # Training micro-batches run the two views' forward and backward one after the other, where that is exact.
         self.sequential = resolve_sequential_views(
-            args, self.active, live_teacher=live_teacher,
-            deepspeed=deepspeed, full_fine_tuning=student is not None and trains_most_weights(student),
-        )  # fmt: skip
-        # The engine (or other wrapper) a separate teacher was prepared in (`NCATrainerMixin._setup_nca`): its forwards are sent
-        # through it, so DeepSpeed's hooks on the teacher's top-level module run (ZeRO-3 resets its parameter trace and
-        # prefetches there); None when the teacher is called as it is.
-        self.teacher_wrapper: nn.Module | None = None
+            settings, self.active, live_teacher=teacher.live, deepspeed=deepspeed, full_fine_tuning=full_fine_tuning
+        )
 
     @property
     def beta(self) -> float:
         """The anchor weight of the optimizer step in progress."""
         return self.schedule.value
 
-    def need_context(self, measure_gradients: bool = False, measure: bool | None = None) -> bool:
-        """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement.
-        `measure` is the deprecated name of `measure_gradients`."""
-        measure_gradients = renamed_keyword(
-            "NCAObjective.need_context", "measure", "measure_gradients", measure, measure_gradients, False
-        )
-        return self.active or self.args.nca_monitor or measure_gradients
+    def need_context(self, measure_gradients: bool = False) -> bool:
+        """Whether the context view runs: for the NCA term, for monitoring (`nca_monitor`) or for a measurement."""
+        return self.active or self.settings.nca_monitor or measure_gradients
 
     def total(self, terms: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The summed loss of the batch's tokens: sum OPD + nca_beta * sum NCA (when the term is on)."""
@@ -238,40 +284,39 @@ class NCAObjective:
             total = total + self.beta * terms["nca"].sum()
         return total
 
-    def in_sequence(self, batch: Mapping[str, Any]) -> bool:
-        """Whether this micro-batch runs its views in sequence: a batch of a trainer's training step
-        (`TRAINING_STEP`), with gradients, when `nca_sequential_views` resolved on."""
-        return self.sequential and bool(batch.get(TRAINING_STEP)) and torch.is_grad_enabled()
+    def in_sequence(self, batch: NCABatch) -> bool:
+        """Whether this micro-batch runs its views in sequence: a batch of a trainer's training step (whose backward
+        the trainer runs: `NCABatch.training_step`), with gradients, when `nca_sequential_views` resolved on."""
+        return self.sequential and batch.training_step and torch.is_grad_enabled()
 
     def plan(
         self, need_context: bool, measure_gradients: bool = False, entropy: bool = False, half: Half = None
     ) -> ViewPlan:
         """What a batch runs (`plan_views`) under this objective's NCA term, `nca_monitor` and `nca_joint_forward`."""
+        settings = self.settings
         return plan_views(
-            self.active, self.args.nca_monitor, self.args.joint_forward, need_context, measure_gradients, entropy, half
+            self.active, settings.nca_monitor, settings.joint_forward, need_context, measure_gradients, entropy, half
         )
 
-    def loss(self, student, teacher, batch, need_context: bool, measure_gradients=False, entropy=False) -> BatchLoss:
+    def loss(self, student, batch: NCABatch, need_context: bool, measure_gradients=False, entropy=False) -> BatchLoss:
         """A whole micro-batch: its terms (`token_divergences`, which takes the same arguments) and their total
         (`total`)."""
-        terms = self.token_divergences(student, teacher, batch, need_context, measure_gradients, entropy)
+        terms = self.token_divergences(student, batch, need_context, measure_gradients, entropy)
         return BatchLoss(terms, self.total(terms))
 
-    def no_context_half(
-        self, student: nn.Module, teacher: nn.Module, batch: Mapping[str, Any], entropy: bool = False
-    ) -> BatchLoss:
+    def no_context_half(self, student: nn.Module, batch: NCABatch, entropy: bool = False) -> BatchLoss:
         """The no-context half of a micro-batch run in sequence: per-token "opd" (and "entropy") from the student's
         no-context view and the teacher, their sum OPD, and what the context half needs (`NoContextHalf`)."""
         plan = self.plan(need_context=False, entropy=entropy, half="no_context")
         views = batch_views(batch)
         h_x, _ = self.student_states(student, views, plan)
         student_head = LMHead.from_model(student)
-        h_t, teacher_head = self.teacher_states(teacher, views.c, views.completion_mask, None, student_head)
+        h_t, teacher_head = self.teacher_states(views.c, views.completion_mask, None, student_head)
         terms = self.divergences(plan, h_x, h_t, student_head, teacher_head)
         anchor_states = h_t if self.spec.nca_target == "teacher" else None
         return BatchLoss(terms, terms["opd"].sum(), NoContextHalf(h_x.detach(), anchor_states, teacher_head))
 
-    def context_half(self, student: nn.Module, batch: Mapping[str, Any], half: NoContextHalf) -> BatchLoss:
+    def context_half(self, student: nn.Module, batch: NCABatch, half: NoContextHalf) -> BatchLoss:
         """The context half of a micro-batch run in sequence: per-token "nca" and "view_kl" from the student's context
         view against the no-context half's (detached) states, and nca_beta * sum NCA."""
         plan = self.plan(need_context=True, half="context")
@@ -282,29 +327,24 @@ class NCAObjective:
     def token_divergences(
         self,
         student: nn.Module,
-        teacher: nn.Module,
-        batch: Mapping[str, Any],
+        batch: NCABatch,
         need_context: bool,
         measure_gradients: bool = False,
         entropy: bool = False,
-        measure: bool | None = None,
     ) -> dict[str, torch.Tensor]:
         """Per-token "opd" (and "nca", "view_kl" with `need_context`) of the batch's valid completion tokens.
 
-        `student` is the unwrapped student, `teacher` the unwrapped teacher (a model or a `SelfTeacher`). With
+        `student` is the unwrapped student; the teacher is the objective's. With
         `measure_gradients` and the NCA term off, the context view runs only to measure a gradient, on a side random
         stream. `entropy` adds the per-token entropy of the no-context view ("entropy", no gradient). Which views run,
-        and how, is the batch's `ViewPlan` (`plan_views`). `measure` is the deprecated name of `measure_gradients`.
+        and how, is the batch's `ViewPlan` (`plan_views`).
         """
-        measure_gradients = renamed_keyword(
-            "NCAObjective.token_divergences", "measure", "measure_gradients", measure, measure_gradients, False
-        )
         plan = self.plan(need_context, measure_gradients, entropy)
         views = batch_views(batch)
         h_x, h_c = self.student_states(student, views, plan)
         student_head = LMHead.from_model(student)
         reused = h_c if plan.teacher_reuses_context else None
-        h_t, teacher_head = self.teacher_states(teacher, views.c, views.completion_mask, reused, student_head)
+        h_t, teacher_head = self.teacher_states(views.c, views.completion_mask, reused, student_head)
         return self.divergences(plan, h_x, h_t, student_head, teacher_head, h_c)
 
     def student_states(
@@ -330,7 +370,7 @@ class NCAObjective:
         """`core.losses.token_divergences` of the plan's terms, in this objective's tiles."""
         return token_divergences(
             h_x, h_t, student_head, teacher_head, self.spec, h_c=h_c, terms=plan.terms,
-            vocab_chunk=self.args.loss_vocab_chunk_size, token_chunk=self.args.loss_token_chunk_size,
+            vocab_chunk=self.settings.vocab_chunk_size, token_chunk=self.settings.token_chunk_size,
         )  # fmt: skip
 
     def joint_hidden(self, student: nn.Module, views: BatchViews) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,41 +386,18 @@ class NCAObjective:
         return self.prefix_sharing.completion_states(model, view, completion_mask, what, persist=persist)
 
     @torch.no_grad()
-    def teacher_states(self, teacher: nn.Module, view: View, completion_mask, h_c, student_head: LMHead):
+    def teacher_states(self, view: View, completion_mask, h_c, student_head: LMHead):
         """The teacher's hidden states of the completion tokens of the context view, and its LM head. A live
-        self-teacher reuses the student's context view (`h_c`, detached) when it was computed."""
-        if isinstance(teacher, SelfTeacher):
-            if teacher.mode == "live" and h_c is not None:
-                return h_c.detach(), student_head
-            with teacher.active() as model:
-                key = teacher_weights_key(teacher, model)
-                return self.states(model, view, completion_mask, "teacher", key), LMHead.from_model(model)
-        teacher.eval()
-        key = teacher_weights_key(teacher, teacher)
-        wrapper = self.teacher_wrapper
-        if wrapper is not None and wrapper is not teacher and getattr(wrapper, "module", None) is teacher:
-            # TRL's forward redirection: the wrapper's forward runs, and inside it `states` in place of the teacher's
-            # own forward, so the engine sees one ordinary forward of its module (as TRL's DistillationTrainer does)
-            states = _ForwardRedirection()(
-                wrapper, teacher, self.states, teacher, view, completion_mask, "teacher", key
-            )
-        else:
-            states = self.states(teacher, view, completion_mask, "teacher", key)
-        return states, LMHead.from_model(teacher)
-
-
-def teacher_weights_key(teacher: nn.Module, model: nn.Module):
-    """A key that changes whenever the weights the teacher's forward uses may have changed, so a teacher's shared-prefix
-    cache is kept across steps only while they stay the same; None (never kept) for the live self-teacher. The initial
-    self-teacher is the student with its LoRA adapter disabled: every parameter but the adapter's own (and PEFT's
-    trainable copies of `modules_to_save`, unused while it is disabled) counts, trained biases included."""
-    if isinstance(teacher, SelfTeacher):
-        if teacher.mode != "initial":
-            return None
-        used = [p for n, p in model.named_parameters() if "lora_" not in n and ".modules_to_save." not in n]
-    else:
-        used = list(model.parameters())
-    return (id(model), model.training, weights_fingerprint(used), weights_fingerprint(model.buffers()))
+        self-teacher reuses the student's context view (`h_c`, detached) when it was computed; any other teacher
+        scores inside its own block (`Teacher.active`), as its forward (`Teacher.call`), its shared prefix kept across
+        steps while its weights stay the same (`Teacher.weights_key`)."""
+        teacher = self.teacher
+        if teacher.live and h_c is not None:
+            return h_c.detach(), student_head
+        with teacher.active() as model:
+            key = teacher.weights_key(model)
+            states = teacher.call(self.states, model, view, completion_mask, "teacher", key)
+            return states, LMHead.from_model(model)
 
 
 def side_rng(tensor: torch.Tensor):
@@ -400,7 +417,7 @@ def trains_most_weights(model: nn.Module) -> bool:
 
 
 def resolve_sequential_views(
-    args, nca_active: bool, live_teacher: bool, deepspeed: bool, full_fine_tuning: bool
+    settings: NCASettings, nca_active: bool, live_teacher: bool, deepspeed: bool, full_fine_tuning: bool
 ) -> bool:
     """`nca_sequential_views` resolved: None turns it on wherever it is exact, supported and saves memory, True
     requires it (an error naming the reason where it cannot apply), False keeps both views' graphs alive until one
@@ -417,19 +434,19 @@ def resolve_sequential_views(
     the context view's forward and backward then run beside, while with one backward the gradients appear as the
     activations are freed. With an adapter the gradients are small and the views in sequence save the no-context
     view's activations (`benchmarks/README.md` has both measured)."""
-    requested = args.nca_sequential_views
+    requested = settings.sequential_views
     if requested is False or not nca_active:
         return False
     reasons = []
-    if not args.divergence_spec.nca_stop_gradient:
+    if not settings.spec.nca_stop_gradient:
         reasons.append("nca_stop_gradient=False sends the NCA gradient through the no-context view as well")
     if live_teacher:
         reasons.append("self_teacher='live' scores with the student's own context view, so the teacher needs it")
-    if args.joint_forward:
+    if settings.joint_forward:
         reasons.append("nca_joint_forward runs both views as one forward")
     if deepspeed:
         reasons.append("under DeepSpeed the engine runs one backward per micro-batch")
-    if args.optim in ("lomo", "adalomo"):
+    if settings.updates_in_backward:
         reasons.append("LOMO optimizers update the weights inside each backward")
     if requested and reasons:
         raise ValueError(

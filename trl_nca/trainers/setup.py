@@ -19,7 +19,7 @@ from trl.trainer.utils import create_model_from_path
 
 from ..core.launch import placed_init_kwargs, refuse_data_parallel, refuse_fsdp
 from ..models.names import resolve_model_name_or_path
-from .checkpointing import requested_reentrant
+from .activation_checkpointing import requested_reentrant
 from .data import Limits, check_examples, check_tokenizer
 from .teacher import check_output_rows, resolve_teacher
 

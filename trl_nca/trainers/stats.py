@@ -60,7 +60,7 @@ class StepStats:
     records.
 
     The step is Trainer's: `open_step` at its start and `close_step` at its end are called by the trainer's
-    `trl_nca.trainers.checkpoints.AnchorStep` callback (`on_step_begin`, `on_step_end`), and every training
+    `trl_nca.trainers.anchor.AnchorStep` callback (`on_step_begin`, `on_step_end`), and every training
     micro-batch in between adds its sums (`add`); `close_step` logs the step's token means with the anchor weight the
     step used. In evaluation the sums run over the whole loop (`open_eval`, `close_eval`).
 

@@ -8,6 +8,11 @@ adapter, random B), the teacher is a frozen merged copy of the student as it was
 Resolution has two phases, both here: `resolve_teacher` runs before `GKDTrainer.__init__` (which needs the teacher),
 and `replacement_teacher` after it, because TRL applies a `peft_config` to the student inside that `__init__`: only then
 can the adapter be inspected.
+
+How the objective and the trainers use a teacher is the `Teacher` protocol, which each kind answers for itself
+instead of being asked what it is: a separate model (`ModelTeacher`: a teacher given by the user, or the frozen copy),
+the student with its adapter disabled (`SelfTeacher(mode="initial")`) and the live student
+(`SelfTeacher(mode="live")`). `as_teacher` gives the protocol of whatever the trainer holds as its teacher model.
 """
 
 from __future__ import annotations
@@ -15,23 +20,51 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, nullcontext
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
+from trl.models.utils import _ForwardRedirection
+
+from ..core.prefix import tensor_versions
 
 
 logger = logging.getLogger(__name__)
 
 
+@runtime_checkable
+class Teacher(Protocol):
+    """What the objective and the trainers ask of a teacher; each kind answers for itself.
+
+    `owns_weights`: the teacher has weights of its own, which the trainer places (an engine under DeepSpeed), checks
+    (output rows, vocabulary size) and samples from through its own wrapper; False for a self-teacher, which calls the
+    student. `live`: the teacher is the current student, so it reads the student's own context view (detached) when
+    that view has run. `active()`: a block in which the model that scores is ready, yielded (the student with its
+    adapter disabled, or the teacher model in evaluation mode). `weights_key(model)`: a key that changes whenever the
+    weights the teacher's forward uses may have changed, so its shared-prefix cache is kept across steps only while
+    they stay the same (None: never kept). `call(fn, *args)`: `fn(*args)` run as the teacher's forward (through the
+    engine a separate teacher was prepared in, so the engine's hooks run)."""
+
+    owns_weights: bool
+    live: bool
+
+    def active(self) -> AbstractContextManager[nn.Module]: ...
+
+    def weights_key(self, model: nn.Module) -> Hashable | None: ...
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
 class SelfTeacher(nn.Module):
-    """The student used as its own teacher, with no parameters of its own.
+    """The student used as its own teacher, with no parameters of its own (a `Teacher`).
 
     `mode="initial"`: the student with its adapter disabled (its initial weights). `mode="live"`: the current student
     (the teacher then reads the context view with the current weights, detached).
     """
+
+    owns_weights = False
 
     def __init__(self, get_student: Callable[[], nn.Module], config, mode: str = "initial"):
         super().__init__()
@@ -40,17 +73,65 @@ class SelfTeacher(nn.Module):
         )
         self.config = config
         self.mode = mode
+        self.live = mode == "live"
 
     @contextmanager
     def active(self) -> Iterator[nn.Module]:
         """Yield the model that acts as teacher for the duration of the block."""
         student = self._get_student()
-        with student.disable_adapter() if self.mode == "initial" else nullcontext():
+        with nullcontext() if self.live else student.disable_adapter():
             yield student
+
+    def weights_key(self, model: nn.Module) -> Hashable | None:
+        """None for the live student (its weights change every step). The initial self-teacher is the student with its
+        LoRA adapter disabled: every parameter but the adapter's own (and PEFT's trainable copies of
+        `modules_to_save`, unused while it is disabled) counts, trained biases included."""
+        if self.live:
+            return None
+        used = [p for n, p in model.named_parameters() if "lora_" not in n and ".modules_to_save." not in n]
+        return (id(model), model.training, tensor_versions(used), tensor_versions(model.buffers()))
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)  # the student is already wrapped by the trainer's engine
 
     def forward(self, *args, **kwargs):
         with torch.no_grad(), self.active() as model:
             return model(*args, **kwargs)
+
+
+class ModelTeacher:
+    """A teacher with weights of its own (a `Teacher`): a separate model, or the frozen copy of the student.
+    `wrapper` is the engine (or other module) it was prepared in, when it holds the model as `.module`: its forwards
+    then run through it (TRL's forward redirection), so DeepSpeed's hooks on the teacher's top-level module run
+    (ZeRO-3 resets its parameter trace and prefetches there)."""
+
+    owns_weights = True
+    live = False
+
+    def __init__(self, model: nn.Module, wrapper: nn.Module | None = None):
+        self.model = model
+        self.wrapper = wrapper if wrapper is not model and getattr(wrapper, "module", None) is model else None
+
+    @contextmanager
+    def active(self) -> Iterator[nn.Module]:
+        self.model.eval()
+        yield self.model
+
+    def weights_key(self, model: nn.Module) -> Hashable | None:
+        return (id(model), model.training, tensor_versions(model.parameters()), tensor_versions(model.buffers()))
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.wrapper is None:
+            return fn(*args)
+        # the wrapper's forward runs, and inside it `fn` in place of the teacher's own forward, so the engine sees one
+        # ordinary forward of its module (as TRL's DistillationTrainer does)
+        return _ForwardRedirection()(self.wrapper, self.model, fn, *args)
+
+
+def as_teacher(teacher: nn.Module, wrapper: nn.Module | None = None) -> Teacher:
+    """The `Teacher` of a trainer's teacher model: a self-teacher is one already; any other model is a `ModelTeacher`
+    (scored through `wrapper`, the engine it was prepared in, when there is one)."""
+    return teacher if isinstance(teacher, Teacher) else ModelTeacher(teacher, wrapper)
 
 
 def is_peft_model(model) -> bool:
@@ -148,7 +229,7 @@ def load_teacher_tokenizer(teacher) -> object | None:
     """
     from transformers import AutoTokenizer
 
-    if isinstance(teacher, SelfTeacher) or teacher is None:
+    if teacher is None or (isinstance(teacher, nn.Module) and not as_teacher(teacher).owns_weights):
         return None
     if isinstance(teacher, (str, os.PathLike)):
         try:
@@ -244,7 +325,7 @@ def resolve_teacher(
     found = teacher_tokenizer or load_teacher_tokenizer(teacher_model)
     if found is not None:
         check_same_vocabulary(student_tokenizer, found)
-    elif isinstance(teacher_model, nn.Module) and not isinstance(teacher_model, SelfTeacher):
+    elif isinstance(teacher_model, nn.Module) and as_teacher(teacher_model).owns_weights:
         logger.warning(
             "The teacher model's tokenizer could not be found (its config names %r), so the vocabulary check was "
             "skipped: the losses assume the teacher gives every token the student's id. Pass the teacher's tokenizer "
@@ -266,7 +347,8 @@ def replacement_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module | N
     """Phase 2, after the trainer's init has wrapped the student: a frozen merged copy of the student as it is now
     when the teacher is its initial weights but disabling its adapter would not give them (a trained adapter, a
     PiSSA-style init, random B); None when the teacher stays as it is."""
-    if isinstance(teacher, SelfTeacher) and teacher.mode == "initial" and not adapter_is_identity(student):
+    kind = as_teacher(teacher)
+    if not kind.owns_weights and not kind.live and not adapter_is_identity(student):
         return frozen_copy(student)
     return None
 
@@ -284,7 +366,7 @@ def check_output_rows(student: nn.Module, teacher: nn.Module, tokenizer) -> tupl
     for 151665 tokens); the divergences then use the first `common` rows (see `trl_nca.core.losses`).
     """
     student_rows = output_rows(student)
-    teacher_rows = student_rows if isinstance(teacher, SelfTeacher) else output_rows(teacher)
+    teacher_rows = output_rows(teacher) if as_teacher(teacher).owns_weights else student_rows
     common, widest = min(student_rows, teacher_rows), max(student_rows, teacher_rows)
     if common < len(tokenizer):
         raise ValueError(

@@ -1,5 +1,5 @@
-"""Gradient checkpointing settled once at setup (`trl_nca.trainers.checkpointing`): non-reentrant unless asked, TRL's
-PEFT + ZeRO-3 workaround lifted where DeepSpeed has the fix, the views as one forward where checkpointing is reentrant
+"""Gradient checkpointing settled once at setup (`trl_nca.trainers.activation_checkpointing`): non-reentrant unless
+asked, TRL's PEFT + ZeRO-3 workaround lifted where DeepSpeed has the fix, the views as one forward where checkpointing is reentrant
 under DeepSpeed or DDP, and no FutureWarning for the old checkpointing names from PEFT or TRL (the launches that train
 under DeepSpeed are in tests/trainers/test_deepspeed.py)."""
 
@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
 from trl_nca.testing import make_tiny_model, make_tiny_tokenizer, prompt_dataset
-from trl_nca.trainers.checkpointing import needs_joint_forward, reentrant_for
+from trl_nca.trainers.activation_checkpointing import needs_joint_forward, reentrant_for
 
 
 @pytest.mark.parametrize(
