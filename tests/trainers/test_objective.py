@@ -4,7 +4,7 @@ a Trainer, and each teacher kind of the `Teacher` protocol as the objective uses
 import pytest
 import torch
 
-from trl_nca.core.schedule import BetaSchedule
+from trl_nca.core.schedule import ConstantSchedule
 from trl_nca.core.views import left_pad, right_pad
 from trl_nca.testing import FLOAT64, float64_model, full_logprobs, make_tiny_model, make_tiny_tokenizer, token_kl
 from trl_nca.trainers.batch import NCABatch
@@ -26,7 +26,7 @@ def ragged_batch(tok, **flags) -> NCABatch:
 
 
 def objective(tok, teacher, beta=0.5, **settings) -> NCAObjective:
-    return NCAObjective(NCASettings(**settings), teacher, BetaSchedule(kind="constant", beta=beta), tok.pad_token_id)
+    return NCAObjective(NCASettings(**settings), teacher, ConstantSchedule(beta=beta), tok.pad_token_id)
 
 
 @pytest.mark.numerics

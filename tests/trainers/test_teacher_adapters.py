@@ -63,7 +63,7 @@ def test_a_wrapped_teacher_is_called_through_its_wrapper():
     calling the teacher directly. tests/trainers/test_deepspeed.py checks it under real 2-process ZeRO-3."""
     from torch import nn
 
-    from trl_nca.core.schedule import BetaSchedule
+    from trl_nca.core.schedule import ConstantSchedule
     from trl_nca.core.views import build_view, left_pad, right_pad
     from trl_nca.trainers.objective import NCAObjective, NCASettings
     from trl_nca.trainers.teacher import ModelTeacher
@@ -84,7 +84,7 @@ def test_a_wrapped_teacher_is_called_through_its_wrapper():
     teacher.register_forward_pre_hook(lambda module, args: root_calls.append(1))
 
     def objective(wrapper):  # built without a Trainer
-        return NCAObjective(NCASettings(), ModelTeacher(teacher, wrapper), BetaSchedule(), tok.pad_token_id)
+        return NCAObjective(NCASettings(), ModelTeacher(teacher, wrapper), ConstantSchedule(), tok.pad_token_id)
 
     (prompts, prompt_mask), (completion, completion_mask) = (
         left_pad([[5, 6, 7], [8, 9]], 0),
