@@ -15,12 +15,12 @@ import torch
 from torch import nn
 from trl.models.utils import prepare_deepspeed
 
-from ..core.console import explain_training
 from ..core.deprecation import warn_renamed
 from ..core.prefix import active_dropout
 from ..core.stall import StallMonitor
 from .checkpointing import settle_checkpointing
 from .checkpoints import AnchorStep, resume
+from .console import explain_training
 from .objective import NCAObjective
 from .setup import refuse_prompt_learning
 from .stats import StepStats, batch_stats
@@ -48,7 +48,7 @@ class NCATrainerMixin:
         different sizes, sampling never emits an id past the common rows (the other model could not score it). Then
         `self.nca` (the objective), `self.step_stats` and the callback that drives the anchor schedule by Trainer's
         steps (`AnchorStep`), with the stall signal of an anchored run (`trl_nca.core.stall`), and what the run prints
-        (`trl_nca.core.console.explain_training`). First, prompt-learning
+        (`trl_nca.trainers.console.explain_training`). First, prompt-learning
         adapters are refused and gradient checkpointing is settled reentrant or not (`trl_nca.trainers.checkpointing`;
         `requested_reentrant` is the user's own `use_reentrant`), since the objective's view plan depends on it.
         """
@@ -86,7 +86,7 @@ class NCATrainerMixin:
         stall = StallMonitor() if self.nca.active else None
         self._anchor_step = AnchorStep(self.nca.schedule, self.step_stats, stall)
         self.add_callback(self._anchor_step)
-        explain_training(self)  # what the run prints (trl_nca.core.console): compact logs, named bar, estimate
+        explain_training(self)  # what the run prints (trl_nca.trainers.console): compact logs, named bar, estimate
 
     def _warn_dropout_turns_sharing_off(self) -> None:
         """One warning at setup when dropout the student draws in training (LoRA's `lora_dropout`, kept by
