@@ -62,7 +62,7 @@ def test_table_gives_counts_and_marks_the_few():
     keys = ("acc_x", "harm", "help", "twice_x", "twice_xc")
     table = render_table(aggregate(per_seed, keys=keys), per_seed, keys=keys, n_items=240)
     assert "| 15.6 (37/237) | 33.3 (1/3, few) |" in table and "| 1.7 (4/240) | n/a |" in table
-    assert "| 8.6 ± 9.9 | 33.3 (1 of 2 seeds, few) |" in table
+    assert "| 8.6 ± 9.9 | 33.3 (1 of 2 runs, few) |" in table
     legend = table_legend(keys)
     assert "A = adding the context significantly lowers accuracy" in legend and "docs/evaluation.md#regimes" in legend
     assert "twice_x / twice_xc: share of the answers" in legend and "n below 10" in legend
