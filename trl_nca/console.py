@@ -109,9 +109,21 @@ def set_training(on: bool) -> None:
 
 
 def progress_level() -> str:
-    """The log level of a progress line logged now: `steps` while a training runs (a tracking evaluation's lines),
-    else `units`."""
+    """The log level of a progress line logged now: `steps` while a training runs (a tracking evaluation's lines) or
+    within `in_detail`, else `units`."""
     return "steps" if _training else "units"
+
+
+@contextlib.contextmanager
+def in_detail() -> Iterator[None]:
+    """Within this block, progress lines are step lines (`progress_level`): the parts of a unit that the unit's own
+    lines and the whole job's estimate already cover (a student's evaluation, in a comparison)."""
+    global _training
+    before, _training = _training, True
+    try:
+        yield
+    finally:
+        _training = before
 
 
 PROGRESS = "trl_nca_progress"

@@ -161,7 +161,7 @@ def test_the_commands_turn_the_libraries_bars_off_unless_verbose(monkeypatch):
         logging.enable_progress_bar(), datasets.enable_progress_bars()
         with pytest.raises(SystemExit):
             main(["eval", "--verbose"])
-        assert console.verbose() and logging.is_progress_bar_enabled()
+        assert logging.is_progress_bar_enabled() and not console.verbose()  # --verbose held for that command only
     finally:
         logging.enable_progress_bar()
         datasets.enable_progress_bars()
@@ -231,3 +231,51 @@ def test_an_evaluation_bar_is_named_for_its_model(tok, capsys, monkeypatch):
     evaluator = PairedEvaluator(rows, context=ContextSpec(), generation=GenerationSettings(max_new_tokens=2))
     evaluator.run(make_tiny_model(tok).eval(), tok, desc="paired eval opd/seed0")
     assert "paired eval opd/seed0 (0 done): 100%" in capsys.readouterr().err
+
+
+def test_progress_lines_name_their_unit_and_follow_the_log_level(monkeypatch, capsys):
+    """Several students at once: each progress line names its student (a `say` line and a `trl_nca` logger's progress
+    record alike); `--quiet` keeps neither, compare's default (`units`) keeps a unit's lines but not a step's."""
+    import logging
+
+    from trl_nca.console import PROGRESS, install_log_handler, say, speaking_for, take_output_flags
+
+    install_log_handler()
+    log = logging.getLogger("trl_nca.eval.paired")
+    for level, shown in (("steps", {"units", "steps"}), ("units", {"units"}), ("quiet", set())):
+        monkeypatch.setenv(console.LOG_ENV, level)
+        with speaking_for("opd/org0/seed1"):
+            say("Paired evaluation: about 4 s", level="units")
+            say("step 5/100  loss 1", level="steps")
+            say("opd/org0/seed1 finished (1 of 12 students)", level="units")  # names it already
+            log.warning("Paired evaluation: 8 s in all", extra={PROGRESS: "steps"})
+            log.warning("a problem")  # not a progress line: always printed, as it was
+        say("trl-nca compare: done")  # no unit, no level: always
+        out, err = capsys.readouterr()
+        expected = [] if "units" not in shown else ["[opd/org0/seed1] Paired evaluation: about 4 s"]
+        expected += ["[opd/org0/seed1] step 5/100  loss 1"] if "steps" in shown else []
+        expected += ["opd/org0/seed1 finished (1 of 12 students)"] if "units" in shown else []
+        assert out.splitlines() == [*expected, "trl-nca compare: done"], (level, out)
+        errors = ["[opd/org0/seed1] Paired evaluation: 8 s in all"] if "steps" in shown else []
+        assert err.splitlines() == [*errors, "a problem"], (level, err)
+    monkeypatch.delenv(console.LOG_ENV)
+    assert take_output_flags(["--config", "x", "--quiet"], "units") == ["--config", "x"]
+    assert console.log_level() == "quiet"
+    monkeypatch.delenv(console.LOG_ENV)
+    assert take_output_flags(["--full_log"], "units") == [] and console.log_level() == "steps"
+
+
+def test_the_whole_job_estimate_is_its_pace_times_the_units_left(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(console.time, "perf_counter", clock)
+    job = console.JobEstimate(4)
+    clock.now = 100.0
+    assert job.finished("opd/org0/seed0") == (
+        "opd/org0/seed0 finished (1 of 4 students, 100 s since the start); the whole job: about 5 min more for the "
+        "3 students left (this job's pace so far, measured in this run; not a bound)."
+    )
+    clock.now = 110.0  # 55 s a student so far
+    assert "(2 of 4 students, 110 s since the start); the whole job: about 110 s more for the 2" in job.finished("n")
+    clock.now = 400.0
+    job.finished("a"), job.finished("b")
+    assert job.done == 4

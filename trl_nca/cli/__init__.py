@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from ..console import take_output_flags
+from ..console import LOG_ENV, VERBOSE_ENV, take_output_flags
 
 
 # name -> the module that defines it, imported on first use (`from trl_nca.cli import compare`)
@@ -101,7 +101,15 @@ def main(argv: list[str] | None = None) -> int:
 
         print_help(command)
         return 0
-    return _run(command, take_output_flags(argv[1:], DEFAULT_LOG.get(command)))
+    before = {name: os.environ.get(name) for name in (LOG_ENV, VERBOSE_ENV)}
+    try:  # the log level holds for this command and the processes it starts, not after it (`main` called in-process)
+        return _run(command, take_output_flags(argv[1:], DEFAULT_LOG.get(command)))
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _run(command: str, rest: list[str]) -> int:

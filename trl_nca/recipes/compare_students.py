@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..console import JobEstimate, say, speaking_for
+from ..console import JobEstimate, in_detail, say, speaking_for
 from ..inputs import read_json_output, write_text_atomic
 from ..tasks import BuiltinTask
 from .compare_eval import Evaluated, _evaluate_base, _load_base
@@ -53,7 +53,13 @@ def train_run(
     if tracker is not None:
         tracker.bind(trainer)
     explain_training(trainer, phase)  # also TRL's SDFTTrainer
-    trainer.train()
+    if trainer_class is NCATrainer:
+        trainer.train()
+    else:  # TRL's SDFTTrainer toggles checkpointing by its deprecated names around sampling (trainers.checkpointing)
+        from ..trainers.checkpointing import quiet_old_checkpointing_names
+
+        with quiet_old_checkpointing_names():
+            trainer.train()
     return trainer
 
 
@@ -139,9 +145,10 @@ def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluate
         for row in done.get("tracking", [])
     ]
     prov = plan.evaluator.provenance(student, model_path, adapter=str(run.folder))
-    records = plan.evaluator.run(
-        student, tokenizer, output_path=records_path, provenance=prov, desc=f"paired eval {run.name}"
-    )
+    with in_detail():  # its estimate line is a step's: the student's end and the whole job's estimate follow it
+        records = plan.evaluator.run(
+            student, tokenizer, output_path=records_path, provenance=prov, desc=f"paired eval {run.name}"
+        )
     evaluated.runs.append(ModelRun(run.name, records, provenance=prov, records_path=str(records_path)))
     evaluated.identity[run.name] = (run.method.name, run.organism, run.seed)
     del student
