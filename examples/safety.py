@@ -21,7 +21,7 @@ from datasets import load_dataset
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core.console import quiet_library_bars
+from trl_nca.console import quiet_library_bars
 from trl_nca.core.launch import end_process_group
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.compare import compare_base_and_student

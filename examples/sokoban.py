@@ -26,7 +26,7 @@ from pathlib import Path
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core.console import quiet_library_bars
+from trl_nca.console import quiet_library_bars
 from trl_nca.core.launch import end_process_group
 from trl_nca.envs import GameRollout, game_generation_settings
 from trl_nca.eval import (

@@ -2,12 +2,32 @@
 
 __version__ = "0.1.0"
 
-from .core.losses import DivergenceSpec, token_divergences
-from .core.views import ContextSpec
-from .trainers.nca_config import NCAConfig
-from .trainers.nca_distillation_config import NCADistillationConfig
-from .trainers.nca_distillation_trainer import NCADistillationTrainer
-from .trainers.nca_trainer import NCATrainer
+import importlib
+
+
+# name -> the module that defines it, imported on first use: `import trl_nca` (and so `trl-nca --help`) imports no
+# torch, Transformers or TRL
+_NAMES = {
+    "NCAConfig": ".trainers.nca_config",
+    "NCATrainer": ".trainers.nca_trainer",
+    "NCADistillationConfig": ".trainers.nca_distillation_config",
+    "NCADistillationTrainer": ".trainers.nca_distillation_trainer",
+    "ContextSpec": ".core.views",
+    "DivergenceSpec": ".core.losses",
+    "token_divergences": ".core.losses",
+}
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_NAMES[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_NAMES])
 
 
 __all__ = [

@@ -16,7 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="DeepSpeed detects the accelerator itself")
 def test_cli_names_the_cpu_for_deepspeed():
     pytest.importorskip("deepspeed")
-    code = "from trl_nca.cli import main; main(['--help']); import deepspeed.accelerator as a; a.get_accelerator()"
+    code = (  # a command that runs (and stops at its missing --output-dir), then DeepSpeed's accelerator detection
+        "from trl_nca.cli import main\ntry:\n    main(['eval'])\nexcept SystemExit:\n    pass\n"
+        "import deepspeed.accelerator as a; a.get_accelerator()"
+    )
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)

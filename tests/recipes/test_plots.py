@@ -104,7 +104,35 @@ def test_tracking_marks_the_early_fall_of_acc_xc_and_says_why():
     assert "docs/results.md" in " ".join(t.get_text() for t in fig.texts)
     assert all(ax.get_ylabel() and ax.get_xlabel() for ax in fig.axes)
     flat = {run: [{**row, "acc_xc": 1.0} for row in rows] for run, rows in tracking.items()}
-    assert tracking_dips(flat) == {} and tracking_reading(flat) == "" and not tracking_figure(flat).texts
+    assert tracking_dips(flat) == {} and tracking_reading(flat) == ""
+    # a panel the same for every run is left out, with a line saying so
+    figure = tracking_figure(flat)
+    assert [ax.get_title() for ax in figure.axes] == ["Acc_x (without context)"]
+    (note,) = [" ".join(t.get_text().split()) for t in figure.texts]
+    assert note == "Acc_xc is not drawn: 100% at every tracked step of every run."
+
+
+def test_overlapping_method_lines_stay_apart_and_the_reading_says_when_the_anchor_was_off():
+    """Where the gated anchor is still off, NCA's mean line lies on OPD's: each method's mean has its own line style
+    and marker (later ones hollow), one legend per figure; the reading says the anchor was off at the fall."""
+    from trl_nca.recipes.plots import curves_figure, tracking_figure, tracking_reading
+
+    data = summary("org-main")
+    same = {run.replace("opd/", "nca/"): rows for run, rows in data["tracking"].items() if run.startswith("opd/")}
+    tracking = {**{r: rows for r, rows in data["tracking"].items() if r.startswith("opd/")}, **same}
+    fig = tracking_figure(tracking)
+    means = [line for line in fig.axes[0].lines if line.get_linewidth() > 1.5]
+    assert len(means) == 2 and means[0].get_linestyle() != means[1].get_linestyle()
+    assert means[0].get_marker() != means[1].get_marker() and means[1].get_markerfacecolor() == "none"
+    assert sum(ax.get_legend() is not None for ax in fig.axes) == 1
+    assert sum(ax.get_legend() is not None for ax in curves_figure(data["curves"]).axes) == 1
+
+    steps = list(range(5, 105, 5))
+    curves = {"opd/seed0": {"step": steps, "nca_beta": [0.0] * 20},
+              "nca/seed0": {"step": steps, "nca_beta": [0.0] * 6 + [0.05] * 14}}  # fmt: skip
+    reading = tracking_reading(tracking, curves)
+    assert "opd's from" in reading and "(its anchor weight nca_beta was 0 throughout: no anchor acted)" in reading
+    assert "(its anchor still off then: nca_beta 0 until step 35)" in reading
 
 
 def paired(models):

@@ -62,7 +62,7 @@ def test_table_gives_counts_and_marks_the_few():
     keys = ("acc_x", "harm", "help", "twice_x", "twice_xc")
     table = render_table(aggregate(per_seed, keys=keys), per_seed, keys=keys, n_items=240)
     assert "| 15.6 (37/237) | 33.3 (1/3, few) |" in table and "| 1.7 (4/240) | n/a |" in table
-    assert "| 8.6 ± 9.9 | 33.3 (1 of 2 seeds, few) |" in table
+    assert "| 8.6 ± 9.9 | 33.3 (1 of 2 runs, few) |" in table
     legend = table_legend(keys)
     assert "A = adding the context significantly lowers accuracy" in legend and "docs/evaluation.md#regimes" in legend
     assert "twice_x / twice_xc: share of the answers" in legend and "n below 10" in legend
@@ -118,9 +118,11 @@ disable_tqdm: true
     ), printed[0]
     assert "time: no training estimate (2 steps or fewer" in printed[0]  # a 2-step training prints none
     assert re.fullmatch(
-        r"trl-nca compare: done in [\d.]+ s; table: .*comparison.md; summary: .*; report: .*\.", printed[-1]
+        r"trl-nca compare: done in (\d+ min )?[\d.]+ s; table: .*comparison.md; summary: .*; report: .*\.", printed[-1]
     )
-    assert sum(line.startswith("step ") for line in printed) == 8 and not any("{'" in line for line in printed), printed
+    # the step lines of several students name their student
+    steps = [line for line in printed if re.match(r"\[(opd|nca)/seed[01]\] step \d/2  loss ", line)]
+    assert len(steps) == 8 and not any("{'" in line for line in printed), printed
     out = tmp_path / "out"
     assert list(summary["per_seed"]) == ["base", "opd", "nca"]
     assert [row["seed"] for row in summary["per_seed"]["nca"]] == [0, 1]
@@ -145,6 +147,18 @@ disable_tqdm: true
     assert done["settings"]["training"]["nca_beta"] == 0 and done["settings"]["training"]["seed"] == 0
     assert saved["statistics"]["baseline"] == "opd" and set(saved["statistics"]["paired"]) == {"nca"}
     assert "## Statistics over runs" in (out / "comparison.md").read_text() and (out / "harm.png").exists()
+    # outputs a person opens: what to open first, each reading its own paragraph, this library's model cards
+    assert (out / "README.md").read_text().splitlines()[2].startswith("Open `comparison.md` first")
+    readings = (out / "comparison.md").read_text().split("## Readings\n\n")[1].split("\n\n## ")[0]
+    assert (
+        readings.startswith("On reply_in_french,") and "\n\n" in readings and "\n" not in readings.replace("\n\n", "")
+    )
+    card = (out / "nca" / "seed1" / "README.md").read_text()
+    assert card.startswith("# nca/seed1: a student of `trl-nca compare`") and "More Information Needed" not in card
+    assert "- method: `nca` (overrides: nca_beta=0.5)" in card and "- training seed: 1" in card
+    assert "NCA, weight up to `nca_beta=0.5`" in card and "| Acc_x | Acc_xc | Harm | Help | Regime |" in card
+    assert "none (`nca_beta=0`" in (out / "opd" / "seed0" / "README.md").read_text()
+    assert "`../../comparison.md`" in card
     records = (out / "nca" / "seed1" / "eval" / "records.jsonl").read_text().splitlines()
     assert len(records) == 3
     first = json.loads(records[0])
@@ -156,10 +170,18 @@ disable_tqdm: true
     assert (out / "nca" / "seed1" / "done.json").stat().st_mtime_ns == stamp
     assert again["per_seed"] == summary["per_seed"]
     assert (out / "nca" / "seed1" / "eval" / "records.jsonl").read_text().splitlines() == records
-
-    # A rerun with a setting that shaped the students is refused before anything is written, naming both values.
+    # --quiet: the opening line, the table and the closing line
     from trl_nca.cli import main
 
+    capsys.readouterr()
+    assert main(["compare", "--config", str(config), "--quiet"]) == 0
+    quiet = capsys.readouterr().out.strip().splitlines()
+    assert quiet[0].startswith("trl-nca compare: train 4 students") and quiet[-1].startswith("trl-nca compare: done")
+    assert quiet[2].startswith("| Model | runs |") and not any(
+        line.startswith(("Paired evaluation", "Figures:", "Per method", "[")) for line in quiet
+    ), quiet
+
+    # A rerun with a setting that shaped the students is refused before anything is written, naming both values.
     def snapshot():
         return {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
 
@@ -400,7 +422,7 @@ disable_tqdm: true
     assert [e["organism"] for e in organisms["organisms"]] == [0, 1] and "at least 6 organisms" in organisms["note"]
     assert summary["curves"]["opd/org0/seed0"]["step"] == [] and Path(summary["figures"]["curves"]).stat().st_size > 0
     assert "paired runs" in (out / "comparison.md").read_text() and summary["evaluation"]["samples_per_view"] == 2
-    assert "| base | org1 |" in summary["table"] and "| nca | org1/0 |" in summary["table"]
+    assert "| base | 1 | - |" in summary["table"] and "| nca | 1 | 0 |" in summary["table"]  # organism, seed
 
 
 def test_diagnostic_rates_count_every_sample_of_a_view():

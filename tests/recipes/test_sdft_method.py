@@ -68,7 +68,7 @@ disable_tqdm: true
     assert any("lora_B" in k and v.abs().max() > 0 for k, v in adapter.items())  # trained (B starts at zero)
     records = (out / "eval" / "records.jsonl").read_text().splitlines()
     assert len(records) == 3 and json.loads(records[0])["meta"]["adapter"] == str(out)
-    assert "| sdft | org0/0 |" in summary["table"]
+    assert "| sdft | 0 | 0 |" in summary["table"]
     # a rerun loads the finished SDFT student back from its folder and trains nothing
     again = compare(["--config", str(config)])
     assert again["per_seed"]["sdft"] == summary["per_seed"]["sdft"]

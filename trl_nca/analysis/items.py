@@ -286,7 +286,7 @@ def sample_items(
 ) -> list[AnalysisItem]:
     """One completion per prompt, sampled from `model` WITHOUT the context (as training samples), with the paired
     evaluation's sampler (`trl_nca.core.sampling`: per-item seeds, independent of the batch)."""
-    from ..core.console import progress_bar
+    from ..console import progress_bar
     from ..core.sampling import HFBackend, item_seed
 
     backend = HFBackend(model, tokenizer)

@@ -105,7 +105,7 @@ def _check_items(items: Sequence[AnalysisItem]) -> None:
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    from ..core.console import progress_bar
+    from ..console import progress_bar
 
     return progress_bar(total, desc, "item", enabled)
 

@@ -1,52 +1,45 @@
 """The `trl-nca` command: one module per command (`train_command`, `compare_command`, `eval`, `analyze`,
 `experience_command`), the option groups they share in `options`, and `main`, which runs one and reports bad input as
-one line."""
+one line.
+
+Importing this package, `trl-nca --help` and each command's `--help` (`trl_nca.cli.help`) import no torch,
+Transformers or TRL: a command's modules are imported when it runs, and the names below are loaded on first use."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
-from ..core.console import quiet_library_bars, take_verbose_flag
-from ..core.launch import end_process_group
-from ..inputs import (
-    BUILTIN_CONTEXTS,
-    BUILTIN_DATASETS,
-    FULL_DISK_ERRNOS,
-    LOCAL_FORMATS,
-    InputError,
-    OutputError,
-    full_disk_error,
-    load_dataset_any,
-    read_context,
-)
-from ..trainers.script_options import resume_checkpoint
-from .compare_command import compare
-from .config_files import CommandLineError, builtin_config_names, check_config_file, with_builtin_config
-from .experience_command import experience
-from .train_command import TrainingInterrupted, TrainScriptArguments, train
+from ..console import LOG_ENV, VERBOSE_ENV, take_output_flags
 
 
-# The commands and the names of their modules stay importable from here; read_context, load_dataset_any and
-# resume_checkpoint live in trl_nca.inputs and trl_nca.trainers.script_options.
-__all__ = [
-    "BUILTIN_CONTEXTS",
-    "BUILTIN_DATASETS",
-    "LOCAL_FORMATS",
-    "CommandLineError",
-    "TrainScriptArguments",
-    "TrainingInterrupted",
-    "builtin_config_names",
-    "check_config_file",
-    "compare",
-    "experience",
-    "load_dataset_any",
-    "main",
-    "read_context",
-    "resume_checkpoint",
-    "train",
-    "with_builtin_config",
-]
+# name -> the module that defines it, imported on first use (`from trl_nca.cli import compare`)
+_NAMES = {
+    "compare": ".compare_command",
+    "train": ".train_command",
+    "TrainScriptArguments": ".train_command",
+    "TrainingInterrupted": ".train_command",
+    "experience": ".experience_command",
+    "CommandLineError": ".config_files",
+    "builtin_config_names": ".config_files",
+    "check_config_file": ".config_files",
+    "with_builtin_config": ".config_files",
+    "BUILTIN_CONTEXTS": "..inputs",
+    "BUILTIN_DATASETS": "..inputs",
+    "LOCAL_FORMATS": "..inputs",
+    "load_dataset_any": "..inputs",
+    "read_context": "..inputs",
+    "resume_checkpoint": "..trainers.script_options",
+}
+__all__ = ["main", *_NAMES]
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_NAMES[name], __name__), name)
+
 
 USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
 
@@ -61,8 +54,20 @@ USAGE = """usage: trl-nca {compare,train,eval,analyze,experience} [options]
   experience  extract game experience from a model's own played episodes
           e.g. trl-nca experience --help
 
-Run `trl-nca COMMAND --help` for every option of a command; `--verbose` (any command) prints each training log's
-full dict and the libraries' progress bars."""
+Run `trl-nca COMMAND --help` for a command's options (`compare` and `train`: `--help-all` adds TRL's model and
+training options). Any command: `--quiet` prints only the opening line, the result table and the closing line;
+`--verbose` prints each training log's full dict and the libraries' progress bars; `compare --full_log` prints every
+student's step and tracking lines."""
+
+# command -> (module, function); the module is imported when the command runs
+COMMANDS = {
+    "train": (".train_command", "train"),
+    "compare": (".compare_command", "compare"),
+    "eval": (".eval", "main"),
+    "analyze": (".analyze", "main"),
+    "experience": (".experience_command", "experience"),
+}
+DEFAULT_LOG = {"compare": "units"}  # a comparison of many students prints each one's start and end, not its steps
 
 
 def _name_cpu_for_deepspeed() -> None:
@@ -79,17 +84,48 @@ def _name_cpu_for_deepspeed() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _name_cpu_for_deepspeed()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    command, rest = argv[0], take_verbose_flag(argv[1:])  # --verbose: the full log dicts and every library's bars
-    quiet_library_bars()
+    command = argv[0]
     if command not in COMMANDS:
         print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    if "--help-all" in argv[1:]:
+        from .help import render
+
+        print(render(command, full=True), end="")
+        return 0
+    if "-h" in argv[1:] or "--help" in argv[1:]:  # from the help spec: no heavy import
+        from .help import print_help
+
+        print_help(command)
+        return 0
+    before = {name: os.environ.get(name) for name in (LOG_ENV, VERBOSE_ENV)}
+    try:  # the log level holds for this command and the processes it starts, not after it (`main` called in-process)
+        return _run(command, take_output_flags(argv[1:], DEFAULT_LOG.get(command)))
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _run(command: str, rest: list[str]) -> int:
+    from ..console import install_log_handler, quiet_library_bars
+    from ..core.launch import end_process_group
+    from ..inputs import FULL_DISK_ERRNOS, InputError, OutputError
+    from .config_files import CommandLineError
+    from .train_command import TrainingInterrupted
+
+    _name_cpu_for_deepspeed()
+    quiet_library_bars()
+    install_log_handler()
+    module, function = COMMANDS[command]
+    run = getattr(importlib.import_module(module, __name__), function)
     try:
-        result = COMMANDS[command](rest)  # train returns its trainer, compare its summary
+        result = run(rest)  # train returns its trainer, compare its summary
         end_process_group()  # `accelerate launch trl-nca train ...`: exit without the backend's threads running
         return result if isinstance(result, int) else 0
     except TrainingInterrupted as error:
@@ -100,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             f"trl-nca {command}: interrupted; run the same command again to resume what was finished.", file=sys.stderr
         )
         return 130
-    except USER_ERRORS as error:
+    except (CommandLineError, InputError, OutputError) as error:  # reported in one line (exit status 2)
         return _user_error(command, error)
     except OSError as error:  # a full disk anywhere (a save of the model, a figure) is one line too
         if error.errno not in FULL_DISK_ERRNOS:
@@ -108,26 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         return _user_error(command, error)
 
 
-def _eval(argv: list[str]) -> int:
-    from .eval import main as eval_main
-
-    return eval_main(argv)
-
-
-def _analyze(argv: list[str]) -> int:
-    from .analyze import main as analyze_main
-
-    return analyze_main(argv)
-
-
-COMMANDS = {"train": train, "compare": compare, "eval": _eval, "analyze": _analyze, "experience": experience}
-
-# what the commands report in one line (exit status 2); any other exception keeps its traceback
-USER_ERRORS = (CommandLineError, InputError, OutputError)
-
-
 def _user_error(command: str, error: BaseException) -> int:
     """The one error path of every command: one line on stderr, exit status 2 (`TRL_NCA_TRACEBACK=1` re-raises)."""
+    from ..inputs import FULL_DISK_ERRNOS, full_disk_error
+
     if os.environ.get("TRL_NCA_TRACEBACK"):
         raise error
     if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:

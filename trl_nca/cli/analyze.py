@@ -25,7 +25,7 @@ from ..analysis.items import (
 from ..analysis.measures import AnalysisItem
 from ..analysis.report import write_analysis
 from ..analysis.run import AnalysisOptions, analyze_model, load_model, parse_model_specs
-from ..core.console import closing_line, say
+from ..console import closing_line, say
 from ..core.sampling import GenerationSettings
 from ..eval import loading
 from ..eval.loading import ContextChoice, ModelSpec

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..core.console import closing_line, say
+from ..console import closing_line, say, shows
 from ..inputs import output_folder_lock
 from . import explain
 from .config_files import CommandLineError, check_config_file, with_builtin_config
@@ -36,12 +36,15 @@ def compare(argv: list[str] | None = None) -> dict:
             return _compare_slices(compare_args, plan)
         explain.opening(explain.compare_opening(plan))
         summary = execute(plan)
-    print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
-    if summary.get("tracking_reading"):
-        print(f"{summary['tracking_reading']}\n")
-    print(f"{summary['statistics_table']}\n")
-    print(f"Figures: {', '.join(summary['figures'].values())}")
-    print(f"Full paired report: {summary['report']}")
+    if shows("units"):
+        print(f"\n{summary['table']}\n\n{summary['conclusion']}\n{summary['reading']}\n")
+        if summary.get("tracking_reading"):
+            print(f"{summary['tracking_reading']}\n")
+        print(f"{summary['statistics_table']}\n")
+        print(f"Figures: {', '.join(summary['figures'].values())}")
+        print(f"Full paired report: {summary['report']}")
+    else:  # --quiet: the opening line, the table and the closing line
+        print(f"\n{summary['table']}\n")
     output = Path(training_args.output_dir)
     say(closing_line("compare", summary["wall_seconds"], explain.outputs_of(
         table=output / "comparison.md", summary=output / "comparison.json", report=summary["report"])))  # fmt: skip

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..core.console import Stopwatch, closing_line, say
+from ..console import Stopwatch, closing_line, say
 from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
 from ..core.views import check_text_sizes
 from ..envs import game_generation_settings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..core.console import Stopwatch, closing_line, say
+from ..console import Stopwatch, closing_line, say
 from ..eval import loading
 from ..inputs import InputError, write_text_atomic
 from . import explain

@@ -1,14 +1,14 @@
 """The opening line of each `trl-nca` command: what it will do, with how many models, where it writes, and where its
 time estimate comes from (each phase prints its own estimate from a rate measured in this run: a training after its
-second step, `trl_nca.core.console.TrainingEstimate`; a paired evaluation after its first chunk,
-`trl_nca.eval.paired.estimate_line`). The closing line is `trl_nca.core.console.closing_line`. Printing only."""
+second step, `trl_nca.trainers.console.TrainingEstimate`; a paired evaluation after its first chunk,
+`trl_nca.eval.paired.estimate_line`). The closing line is `trl_nca.console.closing_line`. Printing only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from ..core.console import plural, say
+from ..console import plural, say
 
 
 TRAIN_TIME = "time: printed after the second training step, from its rate measured in this run (no default is assumed)"
@@ -54,11 +54,12 @@ def compare_opening(plan) -> str:
     bases = len(plan.model_paths)
     methods = ", ".join(method.name for method in plan.methods)
     organisms = len({run.organism for run in runs})
+    kind = "organism" if any(run.organism is not None for run in runs) else "model"
     seeds = len({run.seed for run in runs})
     samples = getattr(plan.evaluator, "samples_per_view", 1)
     again = f" ({finished} already trained, loaded from {plan.root})" if finished else ""
     return (
-        f"trl-nca compare: train {plural(len(runs), 'student')}{again} ({methods} x {plural(organisms, 'model')} x "
+        f"trl-nca compare: train {plural(len(runs), 'student')}{again} ({methods} x {plural(organisms, kind)} x "
         f"{plural(seeds, 'seed')}, {_steps(runs[0].config) if runs else '0 steps'} each) on {plan.task.name}, then "
         f"evaluate {plural(bases + len(runs), 'model')} ({plural(bases, 'base')} and the students) paired on "
         f"{plural(len(plan.test_rows), 'item')} x 2 views x {plural(samples, 'sample')}; output {plan.root}; "

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.console import Stopwatch, closing_line
+from ..console import Stopwatch, closing_line
 from ..core.schedule import unread_settings
 from ..inputs import OutputError, load_dataset_any, read_context, write_text_atomic
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs

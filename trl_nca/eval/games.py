@@ -52,6 +52,7 @@ from ..envs.base import MAX_STEPS
 from ..envs.prompts import format_action
 from ..envs.seeds import DEFAULT_HELDOUT
 from ..inputs import sha256_text, write_text_atomic
+from .columns import game_keys, game_names
 from .errors import EvalInputError
 from .metrics import compute_metrics
 from .records import PairedRecord, ViewOutcome
@@ -231,21 +232,9 @@ def game_summary(records: Sequence[PairedRecord], n_bootstrap: int = 1000, seed:
     tokens per call; `oracle_ceiling` the share of maps a perfect player wins within the budget.
     """
     metrics = compute_metrics(records, n_bootstrap=n_bootstrap, seed=seed)
-    summary: dict[str, Any] = {
-        "n": metrics["n"],
-        "win_rate_x": metrics["acc_x"],
-        "win_rate_xc": metrics["acc_xc"],
-        "delta": metrics["delta"],
-        "both_won": metrics["both_correct"],
-        "both_lost": metrics["both_wrong"],
-        "harm": metrics["harm"],
-        "harm_count": metrics["harm_count"],
-        "help": metrics["help"],
-        "help_count": metrics["help_count"],
-        "mcnemar_p": metrics["mcnemar_p"],
-        "regime": metrics["regime"],
-        "ci": {k: metrics["ci"].get(v) for k, v in (("win_rate_x", "acc_x"), ("win_rate_xc", "acc_xc"))},
-    }
+    renamed = game_names()  # a win rate is an accuracy (trl_nca.eval.columns)
+    summary: dict[str, Any] = {renamed.get(key, key): metrics[key] for key in game_keys()}
+    summary["ci"] = {renamed[key]: metrics["ci"].get(key) for key in ("acc_x", "acc_xc")}
     for view in ("x", "xc"):
         outcomes = [getattr(r, view) for r in records]
         calls = sum(o.extra["steps"] for o in outcomes)

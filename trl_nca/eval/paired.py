@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..console import PROGRESS, duration, progress_level
 from ..core.checks import is_int
-from ..core.console import duration
 from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, VLLMBackend, item_seed
 from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example, text_bytes
 from ..inputs import sha256_text
@@ -383,7 +383,8 @@ class PairedEvaluator:
             logger.warning(
                 estimate_line(
                     n_items, self.samples_per_view, settings.max_new_tokens, chunks, chunk_calls, first_chunk_s
-                )
+                ),
+                extra={PROGRESS: progress_level()},  # a progress line: named for its unit, left out by --quiet
             )
 
     def _outcome(self, item: EvalItem, generated, view: str) -> ViewOutcome:

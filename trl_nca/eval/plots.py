@@ -141,6 +141,23 @@ def plot_harm_help(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
     return save_figure(harm_help_figure(summary), path)
 
 
+def constant_lengths(summary: Mapping[str, Any]) -> str | None:
+    """The line that stands for `lengths.png` when it would draw nothing: every model's mean reply is the same length
+    (to 0.1 token) with and without the context. None when the lengths differ somewhere."""
+    lengths = {
+        f"{length:.1f}"
+        for model in summary["models"]
+        for length in (model["metrics"]["length_x"]["mean"], model["metrics"]["length_xc"]["mean"])
+        if length is not None
+    }
+    if len(summary["models"]) < 2 or len(lengths) != 1:
+        return None
+    return (
+        f"`lengths.png` is not drawn: every model's replies average {lengths.pop()} tokens, with the context and "
+        "without it (a length change of 0 for all)."
+    )
+
+
 def lengths_figure(summary: Mapping[str, Any]):
     """The length change per model: its mean response length without (Len_x) and with (Len_xc) the context, joined,
     one row per model, and the relative change (with its bootstrap interval) written beside it."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core.checks import format_pct
 from ..inputs import write_text_atomic
+from .columns import COLUMNS, REPORT, Column, constant_columns, left_out_line, legend
 from .metrics import FEW_ITEMS, compute_metrics, count_of
 from .provenance import library_versions
 from .records import PairedRecord
@@ -134,67 +135,65 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
     lines = _main_table(summary, models)
     lines += _other_scorers(models)
     lines += _scorer_errors(models)
-    lines += _lengths(models)
+    lines += _lengths(summary)
     lines += _provenance(models)
     versions = summary.get("versions", {})
     lines += ["", "Library versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), ""]
     return "\n".join(lines)
 
 
+def _cell(column: Column, m: Mapping[str, Any]) -> str:
+    """One cell of the report's main table, written as its column's kind says (`trl_nca.eval.columns`)."""
+    if column.kind == "count":
+        return str(m[column.key])
+    if column.kind == "label":
+        return m[column.key] or "n/a"
+    if column.kind == "p":
+        return _p_value(m)
+    if column.kind == "tokens":
+        return _num(m[column.key]["mean"])
+    text = _with_ci(m, column.key) if column.kind == "rate_ci" else format_pct(m[column.key])
+    if column.count == "harm_count":
+        text += f" ({count_of(m['harm_count'], m['n_correct_x'])})"
+    elif column.count == "help_count":
+        text += f" ({count_of(m['help_count'], m['n'] - m['n_correct_x'])})"
+    return text
+
+
 def _main_table(summary: Mapping[str, Any], models) -> list[str]:
-    """The title, what the rates mean, one row per model and the format-failure notes."""
+    """The title, what the rates mean, every column's definition (`trl_nca.eval.columns`), one row per model (a
+    column the same for every model left out, with a line saying so) and the format-failure notes."""
     conf = int(round(100 * summary.get("confidence", 0.95)))
+    columns = [c for c in COLUMNS if REPORT in c.tables]
+    rows = [{c.key: _cell(c, model["metrics"]) for c in columns} for model in models]
+    constant = constant_columns([c.key for c in columns], rows)
+    shown = [c for c in columns if c.key not in constant]
     lines = [
         f"# {summary.get('title') or 'Paired with/without-context evaluation'}",
         "",
-        f"Rates in %, with {conf}% bootstrap intervals ({summary['n_bootstrap']} resamples, seed "
-        f"{summary['bootstrap_seed']}). Harm = P(wrong with c | correct without c); Help = P(correct with c | wrong "
-        f"without c), each with its count (k/n: answers the context broke, of the n right without it; fixed, of the "
-        f"n wrong without it; `few`: n below {FEW_ITEMS}, too few items to read as a rate). Regime: A = c "
-        f"significantly hurts, B = c significantly helps, C = no significant difference (exact McNemar test on harm "
-        f"vs help counts, alpha = {summary['alpha']}; docs/evaluation.md#regimes).",
+        f"Each item is answered without the context (view x) and with it (view xc). Rates in %, with {conf}% "
+        f"bootstrap intervals ({summary['n_bootstrap']} resamples, seed {summary['bootstrap_seed']}). Harm and Help "
+        f"carry their counts (k/n: the answers the context broke, of the n right without it; those it fixed, of the n "
+        f"wrong without it; `few`: n below {FEW_ITEMS}, too few items to read as a rate). The columns:",
         "",
-        "| Model | n | Acc_x | Acc_xc | Delta | Harm | Harm (uncond.) | Help | BothCorrect | BothWrong | FF_x | FF_xc "
-        "| Len_x | Len_xc | Len change | Trunc_x | Trunc_xc | McNemar p | Regime |",
-        "|" + "---|" * 19,
+        *(f"- {line}" for line in legend(c.key for c in shown)),
+        "",
+        "| Model | " + " | ".join(c.name for c in shown) + " |",
+        "|" + "---|" * (len(shown) + 1),
     ]
     sampled = sorted({m["metrics"].get("samples_per_view") for m in models} - {None})
     if sampled:
-        lines[4:4] = [
+        lines[4:4] = [  # after the paragraph on the rates
             f"With k = {', '.join(map(str, sampled))} samples per view, rates are means of per-item success rates, "
-            "harm and help are expected rates, their counts expected counts, and the p-value (marked `perm`) is the "
-            "paired permutation test over items (docs/evaluation.md).",
+            "harm and help are expected rates, and their counts expected counts: the sum over items of the share of "
+            "the k samples that count (hence fractional counts such as 49.1/235.5); the p-value (marked `perm`) is "
+            "the paired permutation test over items (docs/evaluation.md).",
             "",
         ]
-    for model in models:
-        m = model["metrics"]
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    model["name"],
-                    str(m["n"]),
-                    _with_ci(m, "acc_x"),
-                    _with_ci(m, "acc_xc"),
-                    _with_ci(m, "delta"),
-                    _with_ci(m, "harm") + f" ({count_of(m['harm_count'], m['n_correct_x'])})",
-                    format_pct(m["harm_unconditional"]),
-                    _with_ci(m, "help") + f" ({count_of(m['help_count'], m['n'] - m['n_correct_x'])})",
-                    format_pct(m["both_correct"]),
-                    format_pct(m["both_wrong"]),
-                    format_pct(m["format_failure_x"]),
-                    format_pct(m["format_failure_xc"]),
-                    _num(m["length_x"]["mean"]),
-                    _num(m["length_xc"]["mean"]),
-                    format_pct(m["length_change"]),
-                    format_pct(m["truncated_x"]),
-                    format_pct(m["truncated_xc"]),
-                    _p_value(m),
-                    m["regime"] or "n/a",
-                ]
-            )
-            + " |"
-        )
+    for model, row in zip(models, rows, strict=True):
+        lines.append("| " + " | ".join([model["name"], *(row[c.key] for c in shown)]) + " |")
+    if constant:
+        lines += ["", left_out_line(constant)]
     notes = format_failure_notes(models)
     if notes:
         lines += [""] + [f"> {note}" for note in notes]
@@ -243,8 +242,14 @@ def _scorer_errors(models) -> list[str]:
     return lines
 
 
-def _lengths(models) -> list[str]:
-    lines = ["", "## Length (response tokens)", "", "| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
+def _lengths(summary: Mapping[str, Any]) -> list[str]:
+    """The reply lengths of each model and view; when every model's are the same, one line instead of the figure."""
+    from .plots import constant_lengths
+
+    models = summary["models"]
+    note = constant_lengths(summary)
+    lines = ["", "## Length (response tokens)", "", *([note, ""] if note else [])]
+    lines += ["| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
     for model in models:
         m = model["metrics"]
         for view in ("x", "xc"):
@@ -325,11 +330,14 @@ def write_report(
     from .plots import figures_wanted
 
     if figures_wanted(plots, output_dir):
-        from .plots import plot_accuracy, plot_harm_help, plot_lengths
+        from .plots import constant_lengths, plot_accuracy, plot_harm_help, plot_lengths
 
         files["accuracy_png"] = plot_accuracy(summary, output_dir / "accuracy.png")
         files["harm_help_png"] = plot_harm_help(summary, output_dir / "harm_help.png")
-        files["lengths_png"] = plot_lengths(summary, output_dir / "lengths.png")
+        if constant_lengths(summary) is None:  # else a line in the report stands for it
+            files["lengths_png"] = plot_lengths(summary, output_dir / "lengths.png")
+        elif (output_dir / "lengths.png").exists():  # from an earlier report of other lengths
+            (output_dir / "lengths.png").unlink()
     summary["files"] = files
     write_text_atomic(files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
     write_text_atomic(files["markdown"], render_markdown(summary))

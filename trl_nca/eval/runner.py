@@ -240,6 +240,6 @@ class _NullBar:
 def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return _NullBar()
-    from ..core.console import progress_bar
+    from ..console import progress_bar
 
-    return progress_bar(total, desc, "item")  # drawn on a terminal only (trl_nca.core.console.on_terminal)
+    return progress_bar(total, desc, "item")  # drawn on a terminal only (trl_nca.console.on_terminal)

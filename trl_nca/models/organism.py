@@ -216,7 +216,7 @@ def pretrain(spec: OrganismSpec, progress: bool = True):
     model.train()
     bar = None
     if progress:
-        from ..core.console import progress_bar
+        from ..console import progress_bar
 
         bar = progress_bar(spec.steps, "pretraining the organism", "step")
     loss_value = float("nan")

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..console import JobEstimate, say
 from ..inputs import sha256_text
 from ..tasks import BuiltinTask, get_task, task_names
 from ..trainers.script_options import check_dtype
@@ -244,15 +245,19 @@ class CompareRecipe:
         start = time.perf_counter()
         _write_plan(plan)
         evaluated = Evaluated()
+        job = JobEstimate(sum(not (run.folder / "done.json").exists() for run in plan.runs))
         if plan.args.workers > 1 and not _bases_decide_runs(plan):
             # no base result chooses the students: the bases' evaluations run in the workers beside the students
-            _units_in_workers(plan, _tokenizers(plan), bases=list(plan.model_paths))
+            _units_in_workers(plan, _tokenizers(plan), bases=list(plan.model_paths), job=job)
         tokenizers = _evaluate_bases(plan, evaluated)  # loads what the workers wrote
         plan = _apply_exclusion(plan, evaluated)
         if plan.args.workers > 1:
-            _units_in_workers(plan, tokenizers)
+            _units_in_workers(plan, tokenizers, job=job)
         for run in plan.runs:  # after the workers, each student is loaded back with its records
+            trains = not (run.folder / "done.json").exists()
             _evaluate_student(plan, run, tokenizers[run.organism], evaluated)
+            if trains:  # trained here (one worker): the whole job's estimate, from the students finished so far
+                say(job.finished(run.name), level="units")
         return _report(plan, evaluated, start)
 
 

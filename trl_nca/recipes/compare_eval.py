@@ -116,7 +116,10 @@ def _evaluate_base(plan: Plan, organism: int | None, tokenizer, evaluated: Evalu
     prov = plan.evaluator.provenance(base, model_path)
     path = plan.base_folder(organism) / "records.jsonl"
     name = plan.base_name(organism)
-    records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov, desc=f"paired eval {name}")
+    from ..console import speaking_for
+
+    with speaking_for(name):  # its progress lines name it
+        records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov, desc=f"paired eval {name}")
     evaluated.runs.append(ModelRun(name, records, provenance=prov, records_path=str(path)))
     evaluated.identity[name] = ("base", organism, None)
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..console import JobEstimate, in_detail, say, speaking_for
 from ..inputs import read_json_output, write_text_atomic
 from ..tasks import BuiltinTask
 from .compare_eval import Evaluated, _evaluate_base, _load_base
@@ -31,8 +32,8 @@ def train_run(
     phase: str | None = None,
 ):  # fmt: skip
     """Train one student; returns the trainer (its model holds the trained adapter). `phase` names its progress bar
-    and training estimate (`trl_nca.core.console`)."""
-    from ..core.console import explain_training
+    and training estimate (`trl_nca.trainers.console`)."""
+    from ..trainers.console import explain_training
     from ..trainers.nca_trainer import NCATrainer
     from . import sdft
 
@@ -52,7 +53,13 @@ def train_run(
     if tracker is not None:
         tracker.bind(trainer)
     explain_training(trainer, phase)  # also TRL's SDFTTrainer
-    trainer.train()
+    if trainer_class is NCATrainer:
+        trainer.train()
+    else:  # TRL's SDFTTrainer toggles checkpointing by its deprecated names around sampling (trainers.checkpointing)
+        from ..trainers.checkpointing import quiet_old_checkpointing_names
+
+        with quiet_old_checkpointing_names():
+            trainer.train()
     return trainer
 
 
@@ -84,12 +91,14 @@ def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[s
     return run.name
 
 
-def _units_in_workers(plan: Plan, tokenizers: dict[int | None, Any], bases: Sequence[int | None] = ()) -> None:
+def _units_in_workers(
+    plan: Plan, tokenizers: dict[int | None, Any], bases: Sequence[int | None] = (), job: JobEstimate | None = None
+) -> None:
     """Evaluate the bases in `bases` and train and evaluate the unfinished students in `workers` forked processes,
     the bases first; the caller then loads each unit back from the files it wrote. The plan and the tokenizers go to
-    each worker with its unit."""
+    each worker with its unit. As each student finishes, `job` prints the whole job's estimate."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     units = [("base", organism) for organism in bases]
     units += [("student", i) for i, run in enumerate(plan.runs) if not (run.folder / "done.json").exists()]
@@ -97,12 +106,22 @@ def _units_in_workers(plan: Plan, tokenizers: dict[int | None, Any], bases: Sequ
         return
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(min(plan.args.workers, len(units)), mp_context=context) as pool:
-        for name in pool.map(functools.partial(_unit_in_worker, plan, tokenizers), units):
+        work = functools.partial(_unit_in_worker, plan, tokenizers)
+        futures = {pool.submit(work, unit): unit for unit in units}
+        for future in as_completed(futures):
+            name = future.result()
             logger.info("%s finished in a worker.", name)
+            if job is not None and futures[future][0] == "student":
+                say(job.finished(name), level="units")
 
 
 def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
     """Train the student of `run` (or load it, when its folder holds a finished one), then evaluate it."""
+    with speaking_for(run.name):  # its progress lines name it: several students may run at once
+        _evaluate_named_student(plan, run, tokenizer, evaluated)
+
+
+def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
     from ..eval import ModelRun
 
     model_path = plan.model_paths[run.organism]
@@ -112,7 +131,10 @@ def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> 
         done = read_json_output(done_path, _done_fix(run))
         from peft import PeftModel
 
-        student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
+        from ..trainers.checkpointing import quiet_old_checkpointing_names
+
+        with quiet_old_checkpointing_names():  # PEFT reads transformers' deprecated name (trainers.checkpointing)
+            student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
     else:
         done, student = _train_student(plan, run, model_path, tokenizer)
         write_text_atomic(done_path, json.dumps(done, indent=2, default=str) + "\n")
@@ -123,9 +145,10 @@ def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> 
         for row in done.get("tracking", [])
     ]
     prov = plan.evaluator.provenance(student, model_path, adapter=str(run.folder))
-    records = plan.evaluator.run(
-        student, tokenizer, output_path=records_path, provenance=prov, desc=f"paired eval {run.name}"
-    )
+    with in_detail():  # its estimate line is a step's: the student's end and the whole job's estimate follow it
+        records = plan.evaluator.run(
+            student, tokenizer, output_path=records_path, provenance=prov, desc=f"paired eval {run.name}"
+        )
     evaluated.runs.append(ModelRun(run.name, records, provenance=prov, records_path=str(records_path)))
     evaluated.identity[run.name] = (run.method.name, run.organism, run.seed)
     del student

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -90,7 +91,25 @@ def _mean_lines(
         common = min(len(s) for s, _ in series)
         mean = np.mean([v[:common] for _, v in series], axis=0)
         label = f"{method} (mean of {len(series)}{(labels or {}).get(method, '')})"
-        ax.plot(series[0][0][:common], mean, color=f"C{k}", linewidth=1.8, label=label)
+        # where two methods' means coincide (an anchor still off trains as plain OPD), the later line's dashes and
+        # markers, placed between the earlier one's, keep both visible
+        every = max(1, common // 8)
+        ax.plot(
+            series[0][0][:common],
+            mean,
+            color=f"C{k}",
+            linewidth=1.8,
+            label=label,
+            linestyle=LINE_STYLES[k % len(LINE_STYLES)],
+            marker=MARKERS[k % len(MARKERS)],
+            markersize=4 + 2 * (k > 0),
+            markerfacecolor=f"C{k}" if k == 0 else "none",  # the later methods' markers hollow, around the first's
+            markevery=(k * every // len(MARKERS) % every, every),
+        )
+
+
+LINE_STYLES = ("-", (0, (5, 3)), (0, (1, 2)), "-.")  # solid, dashed, dotted, dash-dot: one per method
+MARKERS = ("o", "s", "^", "D")
 
 
 CURVE_LABELS = {
@@ -190,28 +209,74 @@ def tracking_dips(tracking: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[s
     return dips
 
 
-def tracking_reading(tracking: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+def anchor_opens(curves: Mapping[str, Mapping[str, Sequence[Any]]]) -> dict[str, int | None]:
+    """Per method, the first logged step at which any of its runs had a nonzero anchor weight (`nca_beta`), or None
+    when the weight stayed 0 in every run (plain OPD, or a gated anchor that never opened)."""
+    opens: dict[str, int | None] = {}
+    for run, curve in curves.items():
+        steps, betas = curve.get("step", []), curve.get("nca_beta") or []
+        first = next((step for step, beta in zip(steps, betas, strict=False) if beta), None)
+        method = _method(run)
+        known = opens.get(method)
+        opens[method] = first if known is None else (known if first is None else min(known, first))
+    return opens
+
+
+def tracking_reading(
+    tracking: Mapping[str, Sequence[Mapping[str, Any]]], curves: Mapping[str, Mapping[str, Sequence[Any]]] | None = None
+) -> str:
     """One sentence on the early fall of Acc_xc that `tracking.png` shows (measured from the tracked accuracies,
-    means over seeds), with its cause; empty when no method's Acc_xc falls by `DIP_POINTS`."""
+    means over seeds), with its cause; empty when no method's Acc_xc falls by `DIP_POINTS`. With the training
+    `curves`, each method says whether its anchor was still off at the fall (then it trained as plain OPD, and two
+    methods can read the same)."""
     dips = tracking_dips(tracking)
     if not dips:
         return ""
-    parts = [
-        f"{method}'s from {d['start']:.0f}% to {d['low']:.0f}% at step {d['step']} (Acc_x {d['acc_x']:.0f}% there; "
-        f"{d['end']:.0f}% at step {d['end_step']})"
-        for method, d in dips.items()
-    ]
+    opens = anchor_opens(curves or {})
+    parts = []
+    for method, d in dips.items():
+        text = (
+            f"{method}'s from {d['start']:.0f}% to {d['low']:.0f}% at step {d['step']} (Acc_x {d['acc_x']:.0f}% "
+            f"there), and Acc_xc {d['end']:.0f}% at the last tracked step, {d['end_step']}"
+        )
+        if method in opens:
+            first = opens[method]
+            if first is None:
+                text += " (its anchor weight nca_beta was 0 throughout: no anchor acted)"
+            elif first > d["step"]:
+                text += f" (its anchor still off then: nca_beta 0 until step {first})"
+        parts.append(text)
     return f"Along training the held-out Acc_xc first falls, {'; '.join(parts)}. {DIP_CAUSE}"
+
+
+TRACK_PANELS = (("acc_x", "Acc_x (without context)"), ("acc_xc", "Acc_xc (with context)"))
 
 
 def tracking_figure(tracking: Mapping[str, Sequence[Mapping[str, Any]]]):
     """Held-out Acc_x and Acc_xc along training (the subset evaluated every `track_every` steps); the early fall of
-    Acc_xc (`tracking_dips`) is marked on the right panel, its cause under the figure."""
+    Acc_xc (`tracking_dips`) is marked on its panel, its cause under the figure. A panel whose accuracy is the same
+    at every tracked step of every run is left out, and a line under the figure says so."""
     dips = tracking_dips(tracking)
-    fig = new_figure(8, 3.7 if dips else 3.2)
     methods = list(dict.fromkeys(_method(run) for run, rows in tracking.items() if rows))
-    for i, (key, label) in enumerate((("acc_x", "Acc_x (without context)"), ("acc_xc", "Acc_xc (with context)"))):
-        ax = fig.add_subplot(1, 2, i + 1)
+    panels, notes = [], []
+    for key, label in TRACK_PANELS:
+        values = {round(100 * row[key], 1) for rows in tracking.values() for row in rows}
+        if len(values) == 1:
+            notes.append(f"{label.split(' ')[0]} is not drawn: {values.pop():.0f}% at every tracked step of every run.")
+        else:
+            panels.append((key, label))
+    if dips:
+        lows = ", ".join(
+            f"{m} {d['low']:.0f}% at step {d['step']} (Acc_x {d['acc_x']:.0f}% then)" for m, d in dips.items()
+        )
+        notes += [f"v: the lowest mean Acc_xc, {lows}.", "The context view moves before the no-context view has "
+                  "learnt the rule (docs/results.md, section 3)."]  # fmt: skip
+    width = 4 * max(1, len(panels))
+    notes = [line for note in notes for line in textwrap.wrap(note, int(15 * width))]  # about 15 characters an inch
+    height = 3.2 + 0.13 * len(notes)
+    fig = new_figure(width, height)
+    for i, (key, label) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
         scaled = {
             run: {"step": [row["step"] for row in rows], key: [100 * row[key] for row in rows]}
             for run, rows in tracking.items()
@@ -222,18 +287,14 @@ def tracking_figure(tracking: Mapping[str, Sequence[Mapping[str, Any]]]):
         ax.set_ylabel("held-out accuracy (%)")
         ax.set_ylim(-2, 102)
         ax.grid(alpha=0.3)
-        if i == 0:
+        if i == 0:  # one legend per figure
             ax.legend(fontsize=7, frameon=False)
         if key == "acc_xc":
             for method, d in dips.items():
                 ax.plot([d["step"]], [d["low"]], marker="v", color=f"C{methods.index(method)}", markersize=8, zorder=4)
-    if dips:
-        lows = ", ".join(
-            f"{m} {d['low']:.0f}% at step {d['step']} (Acc_x {d['acc_x']:.0f}% then)" for m, d in dips.items()
-        )
-        fig.text(0.01, 0.01, f"v: the lowest mean Acc_xc, {lows}.\nThe context view moves before the no-context view "
-                 "has learnt the rule (docs/results.md, section 3).", fontsize=7)  # fmt: skip
-        fig.tight_layout(rect=(0, 0.08, 1, 1))
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=7)
+        fig.tight_layout(rect=(0, (0.08 + 0.12 * len(notes)) / height, 1, 1))  # 7-point lines: 0.12 inch each
     else:
         fig.tight_layout()
     return fig

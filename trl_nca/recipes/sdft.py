@@ -198,11 +198,14 @@ def sdft_trainer(model, args, train_dataset, processing_class, peft_config, call
         )  # fmt: skip
         args = copy.copy(args)  # not dataclasses.replace: SDFTConfig refuses its own derived batch fields
         args.distillation_topk = vocab
-    return SDFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        processing_class=processing_class,
-        peft_config=peft_config,
-        callbacks=callbacks,
-    )
+    from ..trainers.checkpointing import quiet_old_checkpointing_names
+
+    with quiet_old_checkpointing_names():  # PEFT's get_peft_model reads a deprecated name (trainers.checkpointing)
+        return SDFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            peft_config=peft_config,
+            callbacks=callbacks,
+        )

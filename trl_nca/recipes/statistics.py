@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..core.checks import format_pct
+from ..eval import columns
 from ..eval.metrics import mcnemar_exact, sign_flip_test
 
 
@@ -48,13 +49,14 @@ def fewest_pairs(alpha: float = 0.05) -> int:
 
 
 MIN_PAIRS = fewest_pairs()  # 6
-STAT_KEYS = ("harm", "acc_x", "acc_xc", "both_correct")
-ORGANISM_KEYS = ("harm", "acc_x", "both_correct")
+# the metrics of each table, from the one column specification (`trl_nca.eval.columns`); harm leads the statistics,
+# the quantity they are about
+STAT_KEYS = ("harm", *(k for k in columns.keys(columns.STATISTICS) if k != "harm"))
+ORGANISM_KEYS = ("harm", *(k for k in columns.keys(columns.ORGANISMS) if k != "harm"))
 PREVENTED_SHARE = 0.5  # the method prevents the degradation when its mean harm is at most this share of the baseline's
 # the metrics of each evaluated model in a comparison's table (`aggregate`, `render_table`)
-SUMMARY_KEYS = ("acc_x", "acc_xc", "delta", "harm", "help", "both_correct", "length_change")
-COLUMN_NAMES = {"acc_x": "Acc_x", "acc_xc": "Acc_xc", "delta": "Delta", "harm": "Harm", "help": "Help",
-                "both_correct": "BothCorrect", "length_change": "Length change"}  # fmt: skip
+SUMMARY_KEYS = columns.keys(columns.COMPARISON)
+COLUMN_NAMES = columns.names()
 
 
 def _value(row: Mapping[str, Any], key: str) -> float | None:
@@ -480,28 +482,39 @@ def _denominators(row: Mapping[str, Any], n_items: int) -> dict[str, float]:
     return {key: share(acc_x) * n_items for key, share in CONDITIONAL.items()}
 
 
+def _run_cells(row: Mapping[str, Any], organisms: bool) -> list[str]:
+    """The cells that name a run in the per-run table: its organism (when the runs span organisms) and its training
+    seed (`-` for a base model, which is not trained)."""
+    seed = "-" if row.get("seed") is None else str(row["seed"])
+    return [str(row.get("organism")), seed] if organisms else [seed]
+
+
 def render_table(
     aggregated: dict[str, dict[str, Any]],
     per_seed: dict[str, list[dict[str, Any]]],
     keys: Sequence[str] = SUMMARY_KEYS,
     n_items: int | None = None,
 ) -> str:
-    """Markdown (rates in %): mean ± sample standard deviation over seeds per method, then one row per seed (labelled
-    `org{o}/{seed}` when the runs span several organisms). With `n_items` (the held-out items each model answered),
-    a per-seed harm or help carries its count (`count_of`), and a mean over seeds says how many seeds it holds when
-    the others' rate is undefined, and `few` when one of them divides by fewer than `FEW_ITEMS` items."""
+    """Markdown (rates in %): mean ± sample standard deviation over the runs of each method, then one row per run
+    (its organism, when the runs span several, and its training seed). With `n_items` (the held-out items each model
+    answered), a per-run harm or help carries its count (`count_of`), and a mean over runs says how many runs it holds
+    when the others' rate is undefined, and `few` when one of them divides by fewer than `FEW_ITEMS` items. A column
+    the same in every run is left out, with a line saying so (`trl_nca.eval.columns.constant_columns`)."""
     from ..eval.metrics import FEW_ITEMS, count_of
 
+    rows = [row for rows in per_seed.values() for row in rows]
+    written = [{k: "n/a" if _value(r, k) is None else format_pct(_value(r, k)) for k in keys} for r in rows]
+    constant = columns.constant_columns(keys, written)
+    keys = [k for k in keys if k not in constant]
+    organisms = any(r.get("organism") is not None for r in rows)
     names = [COLUMN_NAMES.get(k, k) for k in keys]
-    header = "| Model | seeds | " + " | ".join(names) + " | Regime |"
-    rule = "|" + "---|" * (len(keys) + 3)
-    lines = [header, rule]
+    lines = ["| Model | runs | " + " | ".join(names) + " | Regime |", "|" + "---|" * (len(keys) + 3)]
     for method, stats in aggregated.items():
         cells = [method, str(stats["n_seeds"])]
         for k in keys:
             cell = _pct(stats[k])
             if n_items is not None and k in CONDITIONAL and stats[k] is not None:
-                notes = [f"{stats[k]['n']} of {stats['n_seeds']} seeds"] if stats[k]["n"] < stats["n_seeds"] else []
+                notes = [f"{stats[k]['n']} of {stats['n_seeds']} runs"] if stats[k]["n"] < stats["n_seeds"] else []
                 defined = [r for r in per_seed.get(method, []) if _value(r, k) is not None]
                 if any(_denominators(r, n_items)[k] < FEW_ITEMS for r in defined):
                     notes.append("few")
@@ -509,13 +522,12 @@ def render_table(
             cells.append(cell)
         cells.append(", ".join(r or "n/a" for r in stats["regimes"]))
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Per seed:", "", header.replace("seeds", "seed"), rule]
-    for method, rows in per_seed.items():
-        for row in rows:
-            run = "-" if row.get("seed") is None else str(row["seed"])
-            if row.get("organism") is not None:  # several organisms: organism o, training seed s
-                run = f"org{row['organism']}" + ("" if row.get("seed") is None else f"/{row['seed']}")
-            cells = [method, run]
+    who = "organism | seed" if organisms else "seed"
+    lines += ["", "Per run:", "", f"| Model | {who} | " + " | ".join(names) + " | Regime |"]
+    lines.append("|" + "---|" * (len(keys) + 3 + organisms))
+    for method, runs in per_seed.items():
+        for row in runs:
+            cells = [method, *_run_cells(row, organisms)]
             totals = {} if n_items is None else _denominators(row, n_items)
             for k in keys:
                 value = _value(row, k)
@@ -524,30 +536,46 @@ def render_table(
                     cell += f" ({count_of(value * totals[k], totals[k])})"
                 cells.append(cell)
             lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
+    if constant:
+        lines += ["", columns.left_out_line(constant, COLUMN_NAMES)]
     return "\n".join(lines)
 
 
-def table_legend(keys: Sequence[str]) -> str:
-    """The definitions under the printed table (and in `comparison.md`): the regimes, harm and help with their
-    counts, and the task's diagnostic columns."""
+def shown_keys(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], keys: Sequence[str]) -> list[str]:
+    """The keys `render_table` shows: those not the same in every run."""
+    rows = [row for rows in per_seed.values() for row in rows]
+    written = [{k: "n/a" if _value(r, k) is None else format_pct(_value(r, k)) for k in keys} for r in rows]
+    constant = columns.constant_columns(keys, written)
+    return [k for k in keys if k not in constant]
+
+
+def table_legend(keys: Sequence[str], samples_per_view: int = 1) -> str:
+    """The definitions under the printed table (and in `comparison.md`), one per shown column
+    (`trl_nca.eval.columns`, and the task's diagnostic columns), with what the counts are."""
     from ..eval.metrics import FEW_ITEMS
 
     lines = [
-        "Regime of each run: A = adding the context significantly lowers accuracy (harm above help), B = it "
-        "significantly raises it (help above harm), C = no significant difference (exact McNemar test of the harm "
-        "and help counts, or the paired permutation test with several samples per view; alpha 0.05; "
-        "docs/evaluation.md#regimes).",
-        "Harm = P(wrong with the context | right without it), Help = P(right with it | wrong without it); per seed "
-        f"with their counts (k/n), `few`: n below {FEW_ITEMS} items, too few to read as a rate; a mean over fewer "
-        "seeds than trained says so (the other seeds had no item to divide by: n/a).",
+        "Columns (rates in %; each model answers every item without the context, view x, and with it, view xc):",
+        "- runs: the students (organism x training seed) a mean ± standard deviation is over, or the bases (one per "
+        "organism); organism: the model organism a run started from; seed: its training seed (`-`: a base, not "
+        "trained).",
+        *(f"- {line}" for line in columns.legend([*keys, "regime"])),
+        f"- Harm and Help per run carry their counts k/n (`few`: n below {FEW_ITEMS} items, too few to read as a "
+        "rate); a mean over fewer runs than trained says so (the other runs had no item to divide by: n/a).",
     ]
+    if samples_per_view > 1:
+        lines.append(
+            f"- With {samples_per_view} samples per view, a rate is the mean over items of the share of an item's "
+            "samples that are right, and a count is an expected count: the sum over items of that share (hence "
+            "fractional counts such as 11.5/48)."
+        )
     diagnostics = sorted({k[: -len("_x")] for k in keys if k.endswith("_x") and f"{k[:-2]}_xc" in keys} - {"acc"})
     for name in diagnostics:
         what = (
             ": the rule applied twice, an internalised rule applied again once it is given" if name == "twice" else ""
         )
         lines.append(
-            f"{name}_x / {name}_xc: share of the answers without / with the context that equal the item's `{name}` "
+            f"- {name}_x / {name}_xc: share of the answers without / with the context that equal the item's `{name}` "
             f"answer{what}."
         )
     return "\n".join(lines)

@@ -20,7 +20,6 @@ import torch
 from torch import nn
 from trl.models.utils import prepare_deepspeed
 
-from ..core.console import explain_training
 from ..core.gradients import compare_gradients, loss_gradients
 from ..core.prefix import active_dropout
 from ..core.stall import StallMonitor
@@ -28,6 +27,7 @@ from .activation_checkpointing import quiet_old_checkpointing_names, settle_chec
 from .anchor import AnchorStep, load_anchor_state
 from .batch import NCABatch
 from .checkpoints import resolve_resume
+from .console import explain_training
 from .data import check_examples
 from .objective import NCAObjective, NCASettings, anchor_schedule, trains_most_weights
 from .setup import named_datasets, refuse_prompt_learning
@@ -123,7 +123,7 @@ class NCATrainerMixin:
         different sizes, sampling never emits an id past the common rows (the other model could not score it). Then
         `self.nca` (the objective), `self.step_stats` and the callback that drives the anchor schedule by Trainer's
         steps (`AnchorStep`), with the stall signal of an anchored run (`trl_nca.core.stall`), and what the run prints
-        (`trl_nca.core.console.explain_training`). First, prompt-learning adapters are refused and gradient
+        (`trl_nca.trainers.console.explain_training`). First, prompt-learning adapters are refused and gradient
         checkpointing is settled reentrant or not (`trl_nca.trainers.activation_checkpointing`; `requested_reentrant`
         is the user's own `use_reentrant`), since the objective's view plan depends on it.
         """
@@ -165,7 +165,7 @@ class NCATrainerMixin:
         stall = StallMonitor() if self.nca.active else None
         self._anchor_step = AnchorStep(self.nca.schedule, self.step_stats, stall)
         self.add_callback(self._anchor_step)
-        explain_training(self)  # what the run prints (trl_nca.core.console): compact logs, named bar, estimate
+        explain_training(self)  # what the run prints (trl_nca.trainers.console): compact logs, named bar, estimate
 
     def _warn_dropout_turns_sharing_off(self) -> None:
         """One warning at setup when dropout the student draws in training (LoRA's `lora_dropout`, kept by

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -13,7 +14,7 @@ from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-from trl.experimental.gkd import GKDTrainer
+from trl.import_utils import TRLExperimentalWarning
 from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
 
@@ -34,6 +35,11 @@ from .nca_config import NCAConfig
 from .rollouts import Rollout
 from .setup import NCA_PAPER, named_datasets, resolve_models
 from .teacher import as_teacher
+
+
+with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on purpose (see docs/design.md)
+    warnings.simplefilter("ignore", TRLExperimentalWarning)
+    from trl.experimental.gkd import GKDTrainer
 
 
 logger = logging.getLogger(__name__)

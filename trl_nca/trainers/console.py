@@ -1,5 +1,7 @@
-"""What a run prints: an opening line, one named progress bar per phase, one compact line per training log, a
-training estimate from this run's own first steps, and a closing line with the wall time and the outputs.
+"""What a training run prints, from the Trainer's callbacks: one named progress bar, one compact line per training log
+(named for its student when several run at once: `trl_nca.console.speaking_for`), and a training estimate from this
+run's own first steps. What prints apart from a Trainer (opening and closing lines, durations, the log level) is
+`trl_nca.console`.
 
 Printing only: nothing here changes what a run computes or records. `trainer.state.log_history`, `trainer_state.json`
 and the `report_to` integrations get every logged value as before; only the text on the terminal is shorter. The
@@ -13,116 +15,16 @@ written above the bar (`ProgressCallback`'s place). A notebook's progress callba
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 
+from ..console import _number, duration, named, plural, progress_bar, say, set_training, shows, verbose
 
-VERBOSE_ENV = "TRL_NCA_VERBOSE"
+
 ESTIMATE_STEPS = 2  # the training estimate is printed after this many steps, from the last one's time
-
-
-def verbose() -> bool:
-    """Whether the full log dicts and the libraries' own progress bars are printed (`TRL_NCA_VERBOSE=1`)."""
-    return os.environ.get(VERBOSE_ENV, "") not in ("", "0", "false", "False")
-
-
-def take_verbose_flag(argv: list[str]) -> list[str]:
-    """`argv` without `--verbose`; when it was there, `TRL_NCA_VERBOSE=1` is set (for this process and any it
-    launches)."""
-    if "--verbose" not in argv:
-        return argv
-    os.environ[VERBOSE_ENV] = "1"
-    return [arg for arg in argv if arg != "--verbose"]
-
-
-def on_terminal() -> bool:
-    """Whether progress bars are drawn: on a terminal (stderr), or always when `verbose()`. In a log file a bar is
-    redrawn at every update and every line written above it (tqdm's own default, `disable=None`, leaves bars out
-    there too); the compact lines and the estimates say the progress."""
-    return verbose() or sys.stderr.isatty()
-
-
-def progress_bar(total: int, desc: str, unit: str, enabled: bool = True):
-    """A tqdm bar for one phase of a run, named for it; drawn only `on_terminal()`."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, disable=not (enabled and on_terminal()))
-
-
-def say(text: str) -> None:
-    """Print one line on stdout without breaking a progress bar drawn at the time (tqdm's write)."""
-    from tqdm.auto import tqdm
-
-    tqdm.write(text, file=sys.stdout)
-    sys.stdout.flush()
-
-
-def quiet_library_bars() -> None:
-    """Turn off the bars transformers and datasets draw for each weights load, shard write and dataset map (a
-    comparison draws dozens), unless `verbose()`. The run's own phases keep their bars."""
-    if verbose():
-        return
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    try:
-        import datasets
-    except ImportError:  # pragma: no cover - datasets is a dependency of TRL
-        return
-    datasets.disable_progress_bars()
-
-
-def duration(seconds: float) -> str:
-    """A duration as a person reads it: 4.2 s, 38 s, 12 min, 3.1 h, 2.0 days."""
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def closing_line(command: str, seconds: float, outputs: Mapping[str, Any]) -> str:
-    """`trl-nca COMMAND: done in 3 min 12 s; model: out/, report: out/report.md` (outputs whose value is None are left
-    out)."""
-    minutes, secs = divmod(int(round(seconds)), 60)
-    took = f"{minutes} min {secs} s" if minutes else f"{seconds:.1f} s"
-    written = "; ".join(f"{name}: {path}" for name, path in outputs.items() if path is not None)
-    return f"trl-nca {command}: done in {took}" + (f"; {written}" if written else "") + "."
-
-
-class Stopwatch:
-    """The wall time of a command, from its creation."""
-
-    def __init__(self):
-        self.start = time.perf_counter()
-
-    @property
-    def seconds(self) -> float:
-        return time.perf_counter() - self.start
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e6:
-        return str(int(value))
-    if value != 0 and abs(value) < 0.01:
-        mantissa, exponent = f"{value:.1e}".split("e")
-        return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
-    return f"{value:.3g}"
 
 
 # (logged key, printed name) of a training step's compact line, in this order
@@ -133,13 +35,31 @@ STEP_TERMS = (
     ("nca_beta", "beta"),
     ("learning_rate", "lr"),
 )
-TRACK_TERMS = (("paired/acc_x", "acc_x"), ("paired/acc_xc", "acc_xc"), ("paired/harm_count", "harm"),
-               ("paired/help_count", "help"), ("paired/n", "items"))  # fmt: skip
+TRACK_KEYS = ("paired/n", "paired/n_correct_x", "paired/n_correct_xc", "paired/harm_count", "paired/help_count")
+
+
+def _rate(count: float, of: float) -> str:
+    """A rate in % with its count, as the tables print it: `16.7% (8/48)`; `n/a (0/0)` with nothing to divide by."""
+    counted = f"({_number(count)}/{_number(of)})"
+    return f"{100 * count / of:.1f}% {counted}" if of else f"n/a {counted}"
+
+
+def track_terms(logs: Mapping[str, Any]) -> list[str]:
+    """A tracking evaluation's rates, each in % with its count (the counts are expected counts, fractional, with
+    several samples per view): `Acc_x 0.0% (0/48)  Acc_xc 16.7% (8/48)  Harm n/a (0/0)  Help 16.7% (8/48)`."""
+    n, right_x = logs["paired/n"], logs["paired/n_correct_x"]
+    return [
+        f"Acc_x {_rate(right_x, n)}",
+        f"Acc_xc {_rate(logs['paired/n_correct_xc'], n)}",
+        f"Harm {_rate(logs['paired/harm_count'], right_x)}",
+        f"Help {_rate(logs['paired/help_count'], n - right_x)}",
+    ]
 
 
 def compact_log_line(logs: Mapping[str, Any], step: int, max_steps: int, seconds_per_step: float | None) -> str:
     """One line of a training log dict: `step 3/30  loss 0.41  opd 0.4  nca 0.01  beta 0.05  lr 0.001  3.2 s/step`
-    for a training step, `track step 10/40  acc_x 0.5  acc_xc 0.25 ...` for a paired tracking evaluation, `eval
+    for a training step, `track step 10/40  Acc_x 50.0% (16/32) ...` for a paired tracking evaluation (`track_terms`:
+    the tables' rates and counts), `eval
     step ...` for an evaluation, and the closing summary of `Trainer.train` in words. A log of other keys is printed
     as `name value` pairs."""
     where = f"step {step}/{max_steps}"
@@ -147,9 +67,8 @@ def compact_log_line(logs: Mapping[str, Any], step: int, max_steps: int, seconds
         rate = f" ({_number(logs['train_runtime'] / step)} s/step)" if step else ""
         loss = f", mean loss {_number(logs['train_loss'])}" if "train_loss" in logs else ""
         return f"trained to step {step}/{max_steps} in {duration(logs['train_runtime'])}{rate}{loss}"
-    if any(key in logs for key, _ in TRACK_TERMS):
-        terms = [(name, logs[key]) for key, name in TRACK_TERMS if key in logs]
-        return "  ".join([f"track {where}", *(f"{name} {_number(value)}" for name, value in terms)])
+    if all(key in logs for key in TRACK_KEYS):
+        return "  ".join([f"track {where}", *track_terms(logs)])
     if any(key.startswith("eval_") for key in logs):
         terms = [(key, value) for key, value in logs.items() if key.startswith("eval_") and "runtime" not in key
                  and "per_second" not in key]  # fmt: skip
@@ -203,7 +122,9 @@ class PhaseProgressCallback(ProgressCallback):
             return super().on_log(args, state, control, logs=logs, **kwargs)
         if state.is_world_process_zero and self.training_bar is not None:
             rate = self.clock.lap(state) if "loss" in logs and "train_runtime" not in logs else None
-            self.training_bar.write(compact_log_line(logs, state.global_step, state.max_steps, rate))
+            line = compact_log_line(logs, state.global_step, state.max_steps, rate)
+            if shows("steps"):  # a comparison says when each student ends (JobEstimate)
+                self.training_bar.write(named(line))
 
 
 class CompactPrinterCallback(PrinterCallback):
@@ -222,7 +143,9 @@ class CompactPrinterCallback(PrinterCallback):
         _ = logs.pop("total_flos", None)  # as PrinterCallback does, so later callbacks see the same logs
         if state.is_local_process_zero:
             rate = self.clock.lap(state) if "loss" in logs and "train_runtime" not in logs else None
-            print(compact_log_line(logs, state.global_step, state.max_steps, rate), flush=True)
+            line = compact_log_line(logs, state.global_step, state.max_steps, rate)
+            if shows("steps"):  # a comparison says when each student ends (JobEstimate)
+                print(named(line), flush=True)
 
 
 def training_estimate_line(
@@ -279,7 +202,7 @@ class TrainingEstimate(TrainerCallback):
             tracks = (later, each)
         self.line = training_estimate_line(self.phase, first, second, left, state.max_steps, tracks)
         if state.is_world_process_zero:
-            say(self.line)
+            say(self.line, level="units")
 
 
 class _TrainBegins(TrainerCallback):
@@ -290,6 +213,10 @@ class _TrainBegins(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.estimate.begun = time.perf_counter()
+        set_training(True)  # the tracking evaluations' lines are step lines (`trl_nca.console.progress_level`)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        set_training(False)
 
 
 def explain_training(trainer, phase: str | None = None) -> None:

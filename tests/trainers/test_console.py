@@ -1,4 +1,4 @@
-"""What a run prints (issue 38 items 1 and 5, `trl_nca.core.console`, `trl_nca.cli.explain`): one compact line per
+"""What a run prints (issue 38 items 1 and 5, `trl_nca.console`, `trl_nca.trainers.console`, `trl_nca.cli.explain`): one compact line per
 logging step (the full dicts behind `TRL_NCA_VERBOSE=1` / `--verbose`), the phase-named bar, the libraries' bars off,
 the training estimate from this run's first steps checked against the measured time, and the opening and closing
 lines of the commands. Printing never changes what is recorded: `log_history` is the same in both modes."""
@@ -11,16 +11,16 @@ import types
 import pytest
 import torch
 
-from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core import console
-from trl_nca.core.console import (
+from trl_nca import NCAConfig, NCATrainer, console
+from trl_nca.testing import SHORT_RUN, make_tiny_model, prompt_dataset, run_args
+from trl_nca.trainers import console as trainer_console
+from trl_nca.trainers.console import (
     CompactPrinterCallback,
     PhaseProgressCallback,
     TrainingEstimate,
     compact_log_line,
     explain_training,
 )
-from trl_nca.testing import SHORT_RUN, make_tiny_model, prompt_dataset, run_args
 
 
 STEP_LOG = {
@@ -33,11 +33,15 @@ def test_a_training_log_is_one_compact_line():
     line = compact_log_line(STEP_LOG, 3, 30, 3.21)
     assert line == "step 3/30  loss 0.412  opd 0.4  nca 0.0123  beta 0.05  lr 1e-3  3.21 s/step"
     assert compact_log_line({**STEP_LOG, "nca/stall": 1.0}, 3, 30, None).endswith("stall on")
-    tracked = {"paired/n": 32, "paired/acc_x": 0.5, "paired/acc_xc": 0.25, "paired/harm_count": 3,
-               "paired/help_count": 1, "paired/mcnemar_p": 0.6, "epoch": 1.0}  # fmt: skip
-    assert (
-        compact_log_line(tracked, 10, 40, None) == "track step 10/40  acc_x 0.5  acc_xc 0.25  harm 3  help 1  items 32"
+    tracked = {"paired/n": 32, "paired/acc_x": 0.5, "paired/acc_xc": 0.25, "paired/n_correct_x": 16,
+               "paired/n_correct_xc": 8, "paired/harm_count": 9.5, "paired/help_count": 1.5,
+               "paired/mcnemar_p": 0.6, "epoch": 1.0}  # fmt: skip
+    # rates in % with their counts, as the tables print them (expected counts, fractional with several samples)
+    assert compact_log_line(tracked, 10, 40, None) == (
+        "track step 10/40  Acc_x 50.0% (16/32)  Acc_xc 25.0% (8/32)  Harm 59.4% (9.5/16)  Help 9.4% (1.5/16)"
     )
+    nothing_right = {**tracked, "paired/n_correct_x": 0, "paired/harm_count": 0, "paired/help_count": 8}
+    assert "Harm n/a (0/0)  Help 25.0% (8/32)" in compact_log_line(nothing_right, 10, 40, None)
     end = {"train_runtime": 12.5, "train_samples_per_second": 3.0, "train_loss": 0.2, "epoch": 1.0}
     assert compact_log_line(end, 5, 5, None) == "trained to step 5/5 in 12 s (2.5 s/step), mean loss 0.2"
     assert (
@@ -101,7 +105,7 @@ def test_the_training_estimate_comes_from_the_second_step_and_holds(tok, tmp_pat
     monkeypatch.delenv(console.VERBOSE_ENV, raising=False)
     trainer = tiny_trainer(tok, tmp_path, disable_tqdm=True, max_steps=12, logging_steps=4)
     printed = []
-    monkeypatch.setattr(console, "say", lambda line: printed.append((line, time.perf_counter())))
+    monkeypatch.setattr(trainer_console, "say", lambda line, level=None: printed.append((line, time.perf_counter())))
     trainer.train()
     end = time.perf_counter()
     ((line, at),) = [(line, at) for line, at in printed if line.startswith("Training: the first step took")]
@@ -123,10 +127,10 @@ def test_the_estimate_adds_the_tracking_evaluations(monkeypatch, capsys):
     """A tracking callback's evaluation before the first step is timed and counted once per evaluation left; one
     ending the second step is taken out of its time (a clock driven by hand)."""
     clock = _Clock()
-    monkeypatch.setattr(console.time, "perf_counter", clock)
+    monkeypatch.setattr(trainer_console.time, "perf_counter", clock)
     tracker = types.SimpleNamespace(eval_steps=2, eval_on_start=True)
     estimate = TrainingEstimate(types.SimpleNamespace(callbacks=[tracker]), phase="training x")
-    begins = console._TrainBegins(estimate)
+    begins = trainer_console._TrainBegins(estimate)
     state = types.SimpleNamespace(global_step=0, max_steps=10, is_world_process_zero=True)
     begins.on_train_begin(None, state, None)
     clock.now = 5.0  # the evaluation at step 0 took 5 s
@@ -151,13 +155,13 @@ def test_the_commands_turn_the_libraries_bars_off_unless_verbose(monkeypatch):
     logging = transformers.utils.logging
     try:
         monkeypatch.setenv(console.VERBOSE_ENV, "0")  # undone after the test, with what --verbose sets
-        with pytest.raises(SystemExit):
-            main(["eval", "--help"])
+        with pytest.raises(SystemExit):  # a command that runs (no output folder given: one line, exit status 2)
+            main(["eval"])
         assert not logging.is_progress_bar_enabled() and datasets.is_progress_bar_enabled() is False
         logging.enable_progress_bar(), datasets.enable_progress_bars()
         with pytest.raises(SystemExit):
-            main(["eval", "--verbose", "--help"])
-        assert console.verbose() and logging.is_progress_bar_enabled()
+            main(["eval", "--verbose"])
+        assert logging.is_progress_bar_enabled() and not console.verbose()  # --verbose held for that command only
     finally:
         logging.enable_progress_bar()
         datasets.enable_progress_bars()
@@ -227,3 +231,51 @@ def test_an_evaluation_bar_is_named_for_its_model(tok, capsys, monkeypatch):
     evaluator = PairedEvaluator(rows, context=ContextSpec(), generation=GenerationSettings(max_new_tokens=2))
     evaluator.run(make_tiny_model(tok).eval(), tok, desc="paired eval opd/seed0")
     assert "paired eval opd/seed0 (0 done): 100%" in capsys.readouterr().err
+
+
+def test_progress_lines_name_their_unit_and_follow_the_log_level(monkeypatch, capsys):
+    """Several students at once: each progress line names its student (a `say` line and a `trl_nca` logger's progress
+    record alike); `--quiet` keeps neither, compare's default (`units`) keeps a unit's lines but not a step's."""
+    import logging
+
+    from trl_nca.console import PROGRESS, install_log_handler, say, speaking_for, take_output_flags
+
+    install_log_handler()
+    log = logging.getLogger("trl_nca.eval.paired")
+    for level, shown in (("steps", {"units", "steps"}), ("units", {"units"}), ("quiet", set())):
+        monkeypatch.setenv(console.LOG_ENV, level)
+        with speaking_for("opd/org0/seed1"):
+            say("Paired evaluation: about 4 s", level="units")
+            say("step 5/100  loss 1", level="steps")
+            say("opd/org0/seed1 finished (1 of 12 students)", level="units")  # names it already
+            log.warning("Paired evaluation: 8 s in all", extra={PROGRESS: "steps"})
+            log.warning("a problem")  # not a progress line: always printed, as it was
+        say("trl-nca compare: done")  # no unit, no level: always
+        out, err = capsys.readouterr()
+        expected = [] if "units" not in shown else ["[opd/org0/seed1] Paired evaluation: about 4 s"]
+        expected += ["[opd/org0/seed1] step 5/100  loss 1"] if "steps" in shown else []
+        expected += ["opd/org0/seed1 finished (1 of 12 students)"] if "units" in shown else []
+        assert out.splitlines() == [*expected, "trl-nca compare: done"], (level, out)
+        errors = ["[opd/org0/seed1] Paired evaluation: 8 s in all"] if "steps" in shown else []
+        assert err.splitlines() == [*errors, "a problem"], (level, err)
+    monkeypatch.delenv(console.LOG_ENV)
+    assert take_output_flags(["--config", "x", "--quiet"], "units") == ["--config", "x"]
+    assert console.log_level() == "quiet"
+    monkeypatch.delenv(console.LOG_ENV)
+    assert take_output_flags(["--full_log"], "units") == [] and console.log_level() == "steps"
+
+
+def test_the_whole_job_estimate_is_its_pace_times_the_units_left(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(console.time, "perf_counter", clock)
+    job = console.JobEstimate(4)
+    clock.now = 100.0
+    assert job.finished("opd/org0/seed0") == (
+        "opd/org0/seed0 finished (1 of 4 students, 100 s since the start); the whole job: about 5 min more for the "
+        "3 students left (this job's pace so far, measured in this run; not a bound)."
+    )
+    clock.now = 110.0  # 55 s a student so far
+    assert "(2 of 4 students, 110 s since the start); the whole job: about 110 s more for the 2" in job.finished("n")
+    clock.now = 400.0
+    job.finished("a"), job.finished("b")
+    assert job.done == 4
