@@ -100,9 +100,16 @@ class HarnessOptions:
 _MANAGERS: dict[tuple[tuple[str, ...], bool], Any] = {}
 
 
+def bundled_tasks_folder() -> Path:
+    """The folder of the harness tasks shipped with trl-nca (`island_facts_mc`), always searched."""
+    from .. import resources
+
+    return Path(resources.__file__).parent / "harness"
+
+
 def task_manager(include_path: Sequence[str] | str | None, include_defaults: bool = True):
-    """lm-eval's `TaskManager` for the local task folders `include_path` (one per process and arguments: building the
-    index of lm-eval's own tasks takes seconds)."""
+    """lm-eval's `TaskManager` for the local task folders `include_path` and the shipped tasks (one per process and
+    arguments: building the index of lm-eval's own tasks takes seconds)."""
     import_lm_eval()
     from lm_eval.tasks import TaskManager
 
@@ -110,6 +117,7 @@ def task_manager(include_path: Sequence[str] | str | None, include_defaults: boo
     for path in paths:
         if not Path(path).is_dir():
             raise EvalInputError(f"--include-path {path} is not a folder of task YAML files. Give the folder.")
+    paths = [bundled_tasks_folder(), *paths]  # the user's folders come last: their tasks win over ours
     key = (tuple(str(Path(p).resolve()) for p in paths), include_defaults)
     if key not in _MANAGERS:
         _MANAGERS[key] = TaskManager(include_path=[str(p) for p in paths] or None, include_defaults=include_defaults)
@@ -119,10 +127,9 @@ def task_manager(include_path: Sequence[str] | str | None, include_defaults: boo
 def resolve_task_manager(names: Sequence[str], include_path):
     """The manager that knows every name: the local folders alone when they hold all of them (fast), else lm-eval's
     own tasks too. An unknown name is one line with lm-eval's closest names."""
-    if include_path:
-        local = task_manager(include_path, include_defaults=False)
-        if all(name in local.all_tasks for name in names):
-            return local
+    local = task_manager(include_path, include_defaults=False)
+    if all(name in local.all_tasks for name in names):
+        return local
     manager = task_manager(include_path)
     for name in names:
         if name not in manager.all_tasks:
