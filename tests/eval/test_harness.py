@@ -175,3 +175,45 @@ def test_shipped_task_is_the_builtin_data():
     (task,) = harness_tasks(["island_facts_mc"], ContextSpec(column="context"), HarnessOptions(limit=3))
     assert task.output_type == "multiple_choice" and task.metric == "acc" and len(task.docs) == 3
     assert task.docs[0]["context"] == island_facts_mc_docs()[0]["context"]
+
+
+def test_callback_logs_harness_tasks_every_n_steps(tok, folder, tmp_path):
+    """PairedEvalCallback(tasks=...) in a 2-step NCATrainer run: each task's metrics logged under `paired/TASK/` at
+    steps 1 and 2 through the trainer's loggers, as the callback logs a dataset; training unchanged; a final report
+    with one row per task."""
+    import torch
+    from datasets import Dataset
+
+    from trl_nca import NCAConfig, NCATrainer
+    from trl_nca.eval.callback import PairedEvalCallback
+    from trl_nca.testing import CONTEXT, CPU, run_args
+
+    def train(callback=None):
+        args = run_args(
+            NCAConfig, tmp_path / ("with" if callback else "plain"), CPU, nca_beta=0.5, max_new_tokens=8,
+            per_device_train_batch_size=2, max_steps=2, save_strategy="no", logging_steps=1, seed=7, data_seed=7,
+        )  # fmt: skip
+        data = Dataset.from_dict({"prompt": [f"Which answer? {i} (A) yes (B) no" for i in range(4)],
+                                  "context": [CONTEXT] * 4})  # fmt: skip
+        trainer = NCATrainer(model=make_tiny_model(tok), args=args, train_dataset=data, processing_class=tok)
+        if callback is not None:
+            trainer.add_callback(callback.bind(trainer))
+        trainer.train()
+        return trainer
+
+    callback = PairedEvalCallback(
+        context=ContextSpec(column="hint"), tasks=["h_mc", "h_gen"], include_path=str(folder), eval_steps=1,
+        num_items=3, output_dir=str(tmp_path / "paired"), n_bootstrap=20,
+    )  # fmt: skip
+    plain, with_eval = train(), train(callback)
+    for (name, a), (_, b) in zip(plain.model.named_parameters(), with_eval.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    logged = [entry for entry in with_eval.state.log_history if "paired/h_mc/acc_x" in entry]
+    assert [entry["step"] for entry in logged] == [1, 2]
+    assert {"paired/h_mc/acc_xc", "paired/h_gen/acc_x", "paired/h_gen/length_x_mean", "paired/h_mc/mcnemar_p",
+            "paired/h_mc/regime_code"} <= set(logged[0])  # fmt: skip
+    assert logged[1]["paired/h_mc/acc_x"] == compute_metrics(callback.last_runs[0].records)["acc_x"]
+    assert [(e["step"], e["task"]) for e in callback.history] == [(1, "h_mc"), (1, "h_gen"), (2, "h_mc"), (2, "h_gen")]
+    summary = json.loads((tmp_path / "paired" / "summary.json").read_text())
+    assert [m["name"] for m in summary["models"]] == ["student/h_mc", "student/h_gen"]
+    assert all(m["metrics"]["n"] == 3 and m["provenance"]["step"] == 2 for m in summary["models"])
