@@ -11,7 +11,7 @@ import pytest
 
 import trl_nca.eval.loading
 from trl_nca.cli import main as cli_main
-from trl_nca.testing import CHATML_TEMPLATE, one_error_line, save_tiny_model
+from trl_nca.testing import one_error_line, save_tiny_model
 
 
 pytest.importorskip("lm_eval")

@@ -130,7 +130,9 @@ def test_context_is_where_the_placement_says(tok, model, folder, context, where)
         text = FIXED if context.text else f"Hint {i}: answer"
         assert where.format(i=i) in record.xc.extra["prompt"]
         assert text not in record.x.extra["prompt"] and "<|im_start|>system" not in record.x.extra["prompt"]
-        assert record.x.extra["prompt"].endswith(f"Question: {QUESTIONS[i]}\nAnswer:<|im_end|>\n<|im_start|>assistant\n")
+        assert record.x.extra["prompt"].endswith(
+            f"Question: {QUESTIONS[i]}\nAnswer:<|im_end|>\n<|im_start|>assistant\n"
+        )
 
 
 def test_resumed_documents_are_paired_by_doc_id(tok, model, folder, tmp_path):

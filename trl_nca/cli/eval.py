@@ -52,6 +52,10 @@ examples:
       --dataset ytz20/sys_safety_test --split train --prompt-column messages \\
       --context-file prompts/safety_system.txt --scorer yesno --output-dir runs/eval-safety
 
+  # an lm-evaluation-harness task with and without a system prompt, paired per document (docs/harness.md)
+  trl-nca eval --model Qwen/Qwen2.5-0.5B-Instruct --tasks arc_easy --context-file prompts/safety_system.txt \\
+      --output-dir runs/eval-arc
+
 Rerunning with the same --output-dir resumes: items already in <output-dir>/<model>/records.jsonl are not regenerated.
 Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png, harm_help.png, lengths.png.
 """
