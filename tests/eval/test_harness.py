@@ -137,13 +137,15 @@ def test_context_is_where_the_placement_says(tok, model, folder, context, where)
 
 def test_resumed_documents_are_paired_by_doc_id(tok, model, folder, tmp_path):
     """A rerun evaluates only the documents missing from records.jsonl (lm-eval's `samples` subset, whose logged
-    doc_ids are the documents' own); the records end as those of one uninterrupted run."""
+    doc_ids are the documents' own) and drops a half-written last line; the records end as those of one uninterrupted
+    run."""
     context = ContextSpec(column="hint")
     (full,) = evaluate_harness(model, tok, ["h_mc"], context=context, include_path=str(folder),
                                output_dir=tmp_path / "a")  # fmt: skip
     path = tmp_path / "a" / "model" / "h_mc" / "records.jsonl"
     lines = path.read_text().splitlines()
-    path.write_text("\n".join(line for k, line in enumerate(lines) if k in (1, 3)) + "\n")  # docs 0, 2, 4 lost
+    kept = "\n".join(line for k, line in enumerate(lines) if k in (1, 3)) + "\n"  # docs 0, 2, 4 lost
+    path.write_text(kept + lines[0][:60])  # and a half-written last line, as a Ctrl-C in a write leaves
     (resumed,) = evaluate_harness(model, tok, ["h_mc"], context=context, include_path=str(folder),
                                   output_dir=tmp_path / "a")  # fmt: skip
     assert [r.item_id for r in resumed.records] == [str(i) for i in range(len(QUESTIONS))]
