@@ -13,7 +13,7 @@ Both sides run on one loaded model wrapped once in `HFLM` (batch size `--batch-s
 A, B, A, B, ... so a shared, noisy machine slows both alike; the ratio printed is median(A) / median(B), with each
 pair's own ratio next to it.
 
-    python benchmarks/bench_harness.py                          # embedded SmolLM2-135M-Instruct, 24 documents, 3 pairs
+    python benchmarks/bench_harness.py                          # embedded SmolLM2-135M-Instruct, 8 documents, 3 pairs
     python benchmarks/bench_harness.py --limit 96 --repeats 5
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import statistics
 import tempfile
 import time
@@ -30,7 +31,7 @@ from pathlib import Path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="embedded")
-    parser.add_argument("--limit", type=int, default=24, help="Documents of island_facts_mc (default: 24 of 96).")
+    parser.add_argument("--limit", type=int, default=8, help="Documents of island_facts_mc (default: 8 of 96).")
     parser.add_argument("--repeats", type=int, default=3, help="A/B pairs, interleaved (default: 3).")
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
@@ -63,7 +64,7 @@ def main() -> None:
         .read_text()
         .replace(
             'Path(__file__).with_name("island_facts_mc.jsonl")',
-            repr(str(bundled_tasks_folder() / "island_facts_mc.jsonl")),
+            f"Path({str(bundled_tasks_folder() / 'island_facts_mc.jsonl')!r})",
         )
     )
     manager = task_manager(str(by_hand), include_defaults=False)
@@ -109,6 +110,7 @@ def main() -> None:
     )
     print(f"ratio (paired)/(lm-eval's two runs) = {statistics.median(times['A']) / statistics.median(times['B']):.3f} "
           f"(per pair: {', '.join(f'{r:.3f}' for r in pairs)}; target <= 1.05)")  # fmt: skip
+    shutil.rmtree(by_hand)
 
 
 if __name__ == "__main__":
