@@ -74,3 +74,15 @@ print(" ".join(builtin_config_names()))
                             timeout=300)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert {"main", "main_quick", "quickstart"} <= set(result.stdout.split())
+
+
+def test_the_wheel_holds_the_harness_task_and_lm_eval_is_an_extra(wheel):
+    """The shipped lm-eval task (`trl-nca eval --tasks island_facts_mc`) is in the wheel; lm-eval is required only by
+    the `harness` (and `dev`) extras, so the core install does not pull it."""
+    archive = zipfile.ZipFile(wheel)
+    names = set(archive.namelist())
+    for name in ("island_facts_mc.yaml", "island_facts_mc.jsonl", "utils.py"):
+        assert f"trl_nca/resources/harness/{name}" in names
+    (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    requires = [line for line in archive.read(metadata).decode().splitlines() if line.startswith("Requires-Dist: lm")]
+    assert requires and all('extra == "harness"' in line or 'extra == "dev"' in line for line in requires), requires

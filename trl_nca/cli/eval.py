@@ -51,6 +51,10 @@ examples:
       --dataset ytz20/sys_safety_test --split train --prompt-column messages \\
       --context-file prompts/safety_system.txt --scorer yesno --output-dir runs/eval-safety
 
+  # an lm-evaluation-harness task with and without a system prompt, paired per document (docs/harness.md)
+  trl-nca eval --model Qwen/Qwen2.5-0.5B-Instruct --tasks arc_easy --context-file prompts/safety_system.txt \\
+      --output-dir runs/eval-arc
+
 Rerunning with the same --output-dir resumes: items already in <output-dir>/<model>/records.jsonl are not regenerated.
 Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png, harm_help.png, lengths.png.
 """
@@ -65,8 +69,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     parser.epilog = EPILOG
     for add_group in (
-        _add_model_arguments, _add_dataset_arguments, _add_context_arguments, _add_scoring_arguments,
-        _add_generation_arguments, _add_output_arguments, _add_game_arguments,
+        _add_model_arguments, _add_dataset_arguments, _add_harness_arguments, _add_context_arguments,
+        _add_scoring_arguments, _add_generation_arguments, _add_output_arguments, _add_game_arguments,
     ):  # fmt: skip
         add_group(parser)
     return parser
@@ -103,6 +107,28 @@ def _add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--label-column", default="answer", help="Column with the gold label (default: answer).")
     data.add_argument("--id-column", help="Column with unique item ids (default: the row index).")
     data.add_argument("--limit", type=int, help="Evaluate only the first N items (OPCD QA uses 500).")
+
+
+def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
+    harness = parser.add_argument_group(
+        "lm-evaluation-harness tasks (instead of --dataset; needs `pip install trl-nca[harness]`, docs/harness.md)"
+    )
+    harness.add_argument(
+        "--tasks", metavar="NAME[,NAME...]",
+        help="lm-eval tasks, groups or tags, each run without and with the context and paired per document.",
+    )  # fmt: skip
+    harness.add_argument(
+        "--include-path", "--include_path", dest="include_path", metavar="DIR",
+        help="A folder of local task YAMLs (lm-eval's --include_path).",
+    )  # fmt: skip
+    harness.add_argument(
+        "--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, metavar="N",
+        help="Few-shot examples per prompt (lm-eval's --num_fewshot; default: each task's own).",
+    )  # fmt: skip
+    harness.add_argument(
+        "--metric", metavar="NAME[,FILTER]",
+        help="The task's 0/1 metric that decides a correct answer (default: the first of its metric_list).",
+    )  # fmt: skip
 
 
 def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
@@ -202,6 +228,8 @@ def run_eval(args: argparse.Namespace) -> dict[str, Any]:
     Every setting, the dataset (or the game options) and the context are checked before any model is loaded; then each
     model is evaluated by the one runner (`trl_nca.eval.runner.run_paired`), on dataset items or on game maps.
     """
+    if args.tasks:
+        return run_harness_eval(args)
     plan = plan_eval(args)
     with output_folder_lock(plan.output_dir, "trl-nca eval", "--output-dir"):  # one writer; a folder we can write
         check_position_limits(plan, args)
@@ -443,6 +471,153 @@ def write_eval_report(runs: Sequence[ModelRun], output_dir: Path, args) -> dict[
         title=args.title,
         extra={"command": {k: v for k, v in vars(args).items() if not callable(v)}},
     )
+
+
+@dataclass
+class HarnessPlan:
+    """A checked `trl-nca eval --tasks` run: the models, the lm-eval tasks (`trl_nca.eval.harness.HarnessTask`) and
+    how they run (`HarnessOptions`)."""
+
+    specs: list[ModelSpec]
+    tasks: list[Any]
+    options: Any
+    output_dir: Path
+
+
+def run_harness_eval(args: argparse.Namespace) -> dict[str, Any]:
+    """`trl-nca eval --tasks`: every check (the options, the tasks and their documents, each model's chat template and
+    positions) before any model loads, then each model on each task, both views, one report."""
+    plan = plan_harness(args)
+    with output_folder_lock(plan.output_dir, "trl-nca eval", "--output-dir"):
+        check_harness_prompts(plan, args)
+        explain.opening(harness_opening(plan))
+        runs = [run for spec in plan.specs for run in evaluate_model_on_tasks(spec, plan, args)]
+        return write_eval_report(runs, plan.output_dir, args)
+
+
+# options of the dataset path, with the value they hold when not given (the harness tasks bring their own)
+NOT_FOR_TASKS = {
+    "--prompt-column": ("prompt_column", None), "--id-column": ("id_column", None),
+    "--dataset-config": ("dataset_config", None), "--label-column": ("label_column", "answer"),
+    "--scorer": ("scorer", "mcq"), "--companion-scorer": ("companion_scorer", None),
+    "--no-companion-scorers": ("no_companion_scorers", False), "--split": ("split", "test"),
+    "--game-option": ("game_option", []), "--separator": ("separator", DEFAULT_SEPARATOR),
+}  # fmt: skip
+
+
+def plan_harness(args: argparse.Namespace) -> HarnessPlan:
+    """Every check of `trl-nca eval --tasks` that needs no model, in the order the options are read."""
+    for option, given in (("--dataset", args.dataset), ("--game", args.game)):
+        if given:
+            raise EvalInputError(
+                f"--tasks and {option} both choose what to evaluate: --tasks runs lm-evaluation-harness tasks, "
+                f"{option} {'a dataset with prompt and label columns' if option == '--dataset' else 'a text game'}. "
+                "Give one of them."
+            )
+    if not args.output_dir:
+        raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
+    given = [option for option, (name, unset) in NOT_FOR_TASKS.items() if getattr(args, name) != unset]
+    if given:
+        raise EvalInputError(
+            f"{', '.join(given)} do(es) not apply to --tasks: a harness task brings its own prompts, answers and "
+            "metric (choose it with --metric), and lm-eval joins a system context to the task's description itself. "
+            "Drop them."
+        )
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise EvalInputError(f"--num-fewshot must be 0 or more, got {args.num_fewshot}.")
+    if args.limit is not None and args.limit < 1:
+        raise EvalInputError(f"--limit must be at least 1, got {args.limit}.")
+    specs = loading.resolve_model_specs(parse_model_specs(args.model, args.adapter))
+    if args.tokenizer:
+        args.tokenizer = loading.resolve_model_path(args.tokenizer, "--tokenizer")
+    _check_run_options(args)
+    from ..eval.harness import HarnessOptions, harness_tasks, import_lm_eval
+
+    import_lm_eval()  # one line naming the extra when lm-eval is missing
+    context = loading.context_from_args(args)
+    options = HarnessOptions(
+        num_fewshot=args.num_fewshot, metric=args.metric, samples_per_view=args.samples_per_view, seed=args.seed,
+        gen_kwargs=_harness_gen_kwargs(args), batch_size=args.batch_size, limit=args.limit,
+        chat_template_kwargs=args.chat_template_kwargs,
+    )  # fmt: skip
+    names = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    tasks = harness_tasks(names, context.spec, options, include_path=args.include_path, context_source=context.source)
+    if options.samples_per_view > 1:
+        fixed = [t.name for t in tasks if not t.settings().do_sample]
+        if fixed:
+            raise EvalInputError(
+                f"--samples-per-view {options.samples_per_view}: the tasks {fixed} do not sample (multiple choice, or "
+                "greedy generation), so every sample would be the first one. Drop --samples-per-view, or make them "
+                "sample (--temperature T)."
+            )
+    return HarnessPlan(specs, tasks, options, Path(args.output_dir))
+
+
+def _harness_gen_kwargs(args) -> dict[str, Any]:
+    """The generation options given on the command line, as overrides of the tasks' `generation_kwargs`."""
+    kwargs: dict[str, Any] = {}
+    if args.max_new_tokens is not None:
+        kwargs["max_gen_toks"] = args.max_new_tokens
+    if args.greedy:
+        kwargs.update(do_sample=False, temperature=0.0)
+    for name in ("temperature", "top_p", "top_k"):
+        if getattr(args, name) is not None:
+            kwargs.update({name: getattr(args, name), "do_sample": True})
+    return kwargs
+
+
+def check_harness_prompts(plan: HarnessPlan, args) -> None:
+    """Each model's tokenizer (never its weights): a chat template that keeps the context, and every document's prompt
+    with the context within the model's positions (`HarnessTask.check`)."""
+    from transformers import AutoConfig
+
+    for spec in plan.specs:
+        try:
+            config = AutoConfig.from_pretrained(spec.path, trust_remote_code=args.trust_remote_code)
+            config = config.get_text_config() if hasattr(config, "get_text_config") else config
+            limit = getattr(config, "max_position_embeddings", None)
+        except (OSError, ValueError):
+            limit = None  # loading the model reports it, with its own message
+        tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
+        for task in plan.tasks:
+            task.check(tokenizer, limit, f"{spec.name} ({spec.path})")
+
+
+def harness_opening(plan: HarnessPlan) -> str:
+    """`trl-nca eval --tasks`' opening line."""
+    from ..core.console import plural
+
+    tasks = ", ".join(f"{task.name} ({plural(len(task.docs), 'document')})" for task in plan.tasks)
+    return (
+        f"trl-nca eval: evaluate {plural(len(plan.specs), 'model')} ({', '.join(s.name for s in plan.specs)}) paired "
+        f"on {plural(len(plan.tasks), 'lm-eval task')}: {tasks}, each run without and with the context x "
+        f"{plural(plan.options.samples_per_view, 'sample')}; output {plan.output_dir}; time: lm-eval's progress bars "
+        "show each run's rate."
+    )
+
+
+def evaluate_model_on_tasks(spec: ModelSpec, plan: HarnessPlan, args) -> list[ModelRun]:
+    """One model on every task (`trl_nca.eval.harness.evaluate_harness`): records in `<model>/<task>/records.jsonl`,
+    resumed on a rerun; then its memory is freed."""
+    from ..eval.harness import evaluate_harness, hf_lm, vllm_lm
+
+    tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
+    if args.backend == "vllm":
+        model = None
+        lm = vllm_lm(spec.path, adapter=spec.adapter, dtype=args.dtype, options=plan.options, tokenizer=args.tokenizer)
+    else:
+        model = loading.load_model(
+            spec.path, spec.adapter, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code
+        )
+        lm = hf_lm(model, tokenizer, plan.options)
+    runs = evaluate_harness(
+        model, tokenizer, plan.tasks, context=plan.tasks[0].context, adapter=spec.adapter, options=plan.options,
+        output_dir=plan.output_dir, model_name=spec.name, lm=lm, check=False, model_path=spec.path,
+        backend=args.backend, progress=not args.no_progress,
+    )  # fmt: skip
+    del model, lm
+    loading.release_memory()
+    return runs
 
 
 def build_parser(prog: str = "trl-nca eval") -> argparse.ArgumentParser:

@@ -3,13 +3,15 @@
 Each item is generated once without the context (view `x`) and once with it (view `xc`), with the same seed and
 sampling; the paired outcomes give accuracy per view, harm, help, McNemar's test and a regime (A/B/C). Dataset items
 (`PairedEvaluator`) and game maps (`evaluate_game`, `trl_nca.eval.games`) go through the same runner
-(`trl_nca.eval.runner`): one resume mechanism, one run key, one provenance record.
+(`trl_nca.eval.runner`): one resume mechanism, one run key, one provenance record. lm-evaluation-harness tasks
+(`evaluate_harness`, `trl_nca.eval.harness`) go through it too, lm-eval scoring each document.
 """
 
 from ..core.sampling import GenerationSettings, HFBackend, PerRowSampler, VLLMBackend, item_seed
 from .compare import TrainedModels, compare_base_and_student, models_after_training
 from .errors import EvalInputError
 from .games import GameEvaluation, check_game_options, evaluate_game, game_summary, run_game_eval
+from .harness import HarnessOptions, HarnessTask, evaluate_harness, harness_tasks
 from .loading import load_model
 from .metrics import bootstrap_intervals, classify_regime, compute_metrics, flatten_metrics, mcnemar_exact
 from .paired import PairedEvaluator, evaluate_paired
@@ -39,6 +41,8 @@ __all__ = [
     "GameEvaluation",
     "GenerationSettings",
     "HFBackend",
+    "HarnessOptions",
+    "HarnessTask",
     "ModelRun",
     "MultipleChoiceScorer",
     "PairedEvalCallback",
@@ -57,10 +61,12 @@ __all__ = [
     "classify_regime",
     "compute_metrics",
     "evaluate_game",
+    "evaluate_harness",
     "evaluate_paired",
     "flatten_metrics",
     "game_summary",
     "get_scorer",
+    "harness_tasks",
     "item_seed",
     "load_model",
     "load_records",

@@ -7,6 +7,7 @@ import json
 import logging
 import random
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,12 @@ from transformers import TrainerCallback
 
 from ..core.sampling import GenerationSettings
 from ..core.views import ContextSpec
+from .harness import HarnessOptions, HarnessTask, harness_tasks, hf_lm
 from .metrics import compute_metrics, flatten_metrics
 from .paired import PairedEvaluator
 from .records import PairedRecord
 from .report import ModelRun, write_report
+from .runner import run_provenance
 
 
 logger = logging.getLogger(__name__)
@@ -73,13 +76,18 @@ class PairedEvalCallback(TrainerCallback):
         generation: sampling settings (defaults: `GenerationSettings()` with `max_new_tokens=256`).
         final_report: evaluate and write the report at the end of training.
         eval_on_start: also evaluate before the first step (step 0).
+        tasks: lm-evaluation-harness task names to evaluate instead of `eval_dataset` (`trl_nca.eval.harness`; needs
+            `pip install trl-nca[harness]`): each task's metrics are logged under `prefix + TASK + "/"`, and the final
+            report has one row per task. `num_items` then keeps each task's first documents.
+        include_path: a folder of local task YAMLs (with `tasks`).
+        harness_options: how the tasks run (`HarnessOptions`; with `tasks`).
         evaluator_kwargs: passed to `PairedEvaluator` (`label_column`, `id_column`, `prompt_column`,
             `samples_per_view`, ...).
     """
 
     def __init__(
         self,
-        eval_dataset,
+        eval_dataset=None,
         *,
         context: ContextSpec,
         scorer: Any = "mcq",
@@ -95,16 +103,31 @@ class PairedEvalCallback(TrainerCallback):
         model_name: str = "student",
         alpha: float = 0.05,
         n_bootstrap: int = 200,
+        tasks: Sequence[str] | None = None,
+        include_path: str | None = None,
+        harness_options: HarnessOptions | None = None,
         **evaluator_kwargs,
     ):
-        self.evaluator = PairedEvaluator(
-            eval_dataset,
-            context=context,
-            scorer=scorer,
-            generation=generation or GenerationSettings(max_new_tokens=256),
-            limit=num_items,
-            **evaluator_kwargs,
-        )
+        if (eval_dataset is None) == (tasks is None):
+            raise ValueError("Give PairedEvalCallback either an eval_dataset or harness `tasks`, not both.")
+        self.evaluator = None
+        self.harness_tasks: list[HarnessTask] = []
+        if tasks is not None:
+            if evaluator_kwargs:
+                raise ValueError(f"{sorted(evaluator_kwargs)} apply to an eval_dataset, not to harness tasks.")
+            options = harness_options or HarnessOptions()
+            if options.limit is None and num_items is not None:
+                options = replace(options, limit=num_items)
+            self.harness_tasks = harness_tasks(tasks, context, options, include_path=include_path)
+        else:
+            self.evaluator = PairedEvaluator(
+                eval_dataset,
+                context=context,
+                scorer=scorer,
+                generation=generation or GenerationSettings(max_new_tokens=256),
+                limit=num_items,
+                **evaluator_kwargs,
+            )
         self.eval_steps = eval_steps
         self.trainer = trainer
         self.tokenizer = tokenizer
@@ -117,6 +140,7 @@ class PairedEvalCallback(TrainerCallback):
         self.n_bootstrap = n_bootstrap
         self.history: list[dict[str, Any]] = []
         self.last_records: list[PairedRecord] | None = None
+        self.last_runs: list[ModelRun] = []  # the last evaluation's runs, one per harness task
         self._last_step: int | None = None
         self._last_provenance: dict[str, Any] = {}
         self._warned = False
@@ -128,6 +152,24 @@ class PairedEvalCallback(TrainerCallback):
 
     def _output_dir(self, args) -> Path:
         return Path(self.output_dir) if self.output_dir else Path(args.output_dir) / "paired_eval"
+
+    def evaluate_tasks(self, model, tokenizer, step: int) -> dict[str, dict[str, Any]]:
+        """Run every harness task on the current weights (RNG states and train/eval mode kept): metrics by task."""
+        was_training = model.training
+        metrics = {}
+        runs = []
+        with preserved_rng_state():
+            try:
+                lm = hf_lm(model, tokenizer, self.harness_tasks[0].options)
+                for task in self.harness_tasks:
+                    provenance = {**run_provenance(task, model, tokenizer, generation=task.settings()), "step": step}
+                    records = task.run(model, tokenizer, lm=lm, provenance=provenance)
+                    runs.append(ModelRun(f"{self.model_name}/{task.name}", records, provenance=provenance))
+                    metrics[task.name] = compute_metrics(records, alpha=self.alpha, n_bootstrap=self.n_bootstrap)
+            finally:
+                model.train(was_training)
+        self.last_runs, self._last_step = runs, step
+        return metrics
 
     def evaluate(self, model, tokenizer, step: int) -> tuple[list[PairedRecord], dict[str, Any]]:
         """Run the paired evaluation on the current weights, leaving RNG states and train/eval mode as they were."""
@@ -147,15 +189,22 @@ class PairedEvalCallback(TrainerCallback):
         tokenizer = self.tokenizer or tokenizer
         if model is None or tokenizer is None:
             raise ValueError("PairedEvalCallback needs the trainer's model and processing_class (or `tokenizer=`).")
-        _, metrics = self.evaluate(model, tokenizer, state.global_step)
-        entry = {"step": state.global_step, "final": final, "metrics": metrics}
-        self.history.append(entry)
+        if self.harness_tasks:
+            by_task = self.evaluate_tasks(model, tokenizer, state.global_step)
+            entries = [{"step": state.global_step, "final": final, "task": name, "metrics": metrics}
+                       for name, metrics in by_task.items()]  # fmt: skip
+            logs = {k: v for name, m in by_task.items() for k, v in flatten_metrics(m, f"{self.prefix}{name}/").items()}
+        else:
+            _, metrics = self.evaluate(model, tokenizer, state.global_step)
+            entries = [{"step": state.global_step, "final": final, "metrics": metrics}]
+            logs = flatten_metrics(metrics, self.prefix)
+        self.history += entries
         if args.output_dir or self.output_dir:
             path = self._output_dir(args)
             path.mkdir(parents=True, exist_ok=True)
             with (path / "history.jsonl").open("a", encoding="utf-8") as f:
-                f.write(json.dumps(entry, default=str) + "\n")
-        self._log(state, flatten_metrics(metrics, self.prefix))
+                f.writelines(json.dumps(entry, default=str) + "\n" for entry in entries)
+        self._log(state, logs)
 
     def _log(self, state, logs: dict[str, float]) -> None:
         if self.trainer is not None:
@@ -199,11 +248,14 @@ class PairedEvalCallback(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if not self.final_report or not state.is_world_process_zero:
             return
-        if self._last_step != state.global_step or self.last_records is None:
+        if self._last_step != state.global_step or (self.last_records is None and not self.last_runs):
             self._run(args, state, model, processing_class, final=True)
-        run = ModelRun(self.model_name, list(self.last_records), provenance=self._last_provenance)
+        if self.harness_tasks:
+            runs = list(self.last_runs)
+        else:
+            runs = [ModelRun(self.model_name, list(self.last_records), provenance=self._last_provenance)]
         write_report(
-            [run],
+            runs,
             self._output_dir(args),
             alpha=self.alpha,
             n_bootstrap=self.n_bootstrap,
@@ -212,4 +264,7 @@ class PairedEvalCallback(TrainerCallback):
 
     def summary_rows(self) -> Sequence[dict[str, Any]]:
         """One flat dict of metrics per evaluation so far (for quick inspection or plotting)."""
-        return [{"step": e["step"], **flatten_metrics(e["metrics"])} for e in self.history]
+        return [
+            {"step": e["step"], **({"task": e["task"]} if "task" in e else {}), **flatten_metrics(e["metrics"])}
+            for e in self.history
+        ]
