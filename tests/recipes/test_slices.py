@@ -64,8 +64,9 @@ def test_slices_give_the_whole_runs_table_and_statistics(sliced):
     outcomes = [value for item in one["items"] for view in ("x", "xc") for sample in item[view] for value in sample]
     assert all(type(value) is int for value in outcomes) and one["machine"]["cpu_capability"]  # counts, no text
     assert "(from the slices in" in (root / "built" / "comparison.md").read_text()
-    from trl_nca.recipes.slices import describe_slice, slice_metrics
+    from trl_nca.recipes.slices import Slice, describe_slice, slice_metrics
 
+    one = Slice.load(root / "slices" / "nca-seed1.json")
     line = describe_slice(one)  # what `--slice` prints: the unit's own paired metrics
     nca1 = next(row for row in whole["per_seed"]["nca"] if row["seed"] == 1)
     assert slice_metrics(one)["acc_xc"] == nca1["acc_xc"] and f"Acc_xc {100 * nca1['acc_xc']:.1f}%" in line
@@ -89,8 +90,8 @@ def _refused(capsys, root, config, slices, *extra):
     [
         ("missing", "lacks the slices ['opd-seed1']"),
         ("stray", "holds slices ['sdft-seed0'] that are not units"),
-        ("data", "`data_sha256` was 'other'"),
-        ("weights", "`weights_sha256.None` was 'other'"),
+        ("data", "`data_sha256` was '00000"),
+        ("weights", "`weights_sha256.None` was '00000"),
         ("versions", "`versions.transformers` was '0.0'"),
         ("settings", "`settings.training.learning_rate` was 0.5, now 0.001"),
         ("cut", "is not a readable slice"),
@@ -110,9 +111,9 @@ def test_a_slice_that_cannot_join_the_table_is_refused_naming_it(sliced, tmp_pat
         target.write_text(target.read_text()[:100])
     else:
         if change == "data":
-            data["data_sha256"] = "other"
+            data["data_sha256"] = "0" * 64
         elif change == "weights":
-            data["weights_sha256"] = {"None": "other"}
+            data["weights_sha256"] = {"None": "0" * 64}
         elif change == "versions":
             data["versions"]["transformers"] = "0.0"
         else:
