@@ -14,11 +14,13 @@ from ..inputs import (
     BUILTIN_DATASETS,
     FULL_DISK_ERRNOS,
     LOCAL_FORMATS,
+    UNWRITABLE_ERRNOS,
     InputError,
     OutputError,
     full_disk_error,
     load_dataset_any,
     read_context,
+    unwritable_error,
 )
 from ..trainers.script_options import resume_checkpoint
 from .compare_command import compare
@@ -102,8 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except USER_ERRORS as error:
         return _user_error(command, error)
-    except OSError as error:  # a full disk anywhere (a save of the model, a figure) is one line too
-        if error.errno not in FULL_DISK_ERRNOS:
+    except OSError as error:  # a full disk or a folder made unwritable anywhere (a save, a figure) is one line too
+        if error.errno not in FULL_DISK_ERRNOS + UNWRITABLE_ERRNOS:
             raise
         return _user_error(command, error)
 
@@ -130,8 +132,11 @@ def _user_error(command: str, error: BaseException) -> int:
     """The one error path of every command: one line on stderr, exit status 2 (`TRL_NCA_TRACEBACK=1` re-raises)."""
     if os.environ.get("TRL_NCA_TRACEBACK"):
         raise error
-    if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
-        error = full_disk_error(error.filename or "an output file", error)
+    if isinstance(error, OSError) and not isinstance(error, OutputError):
+        if error.errno in FULL_DISK_ERRNOS:
+            error = full_disk_error(error.filename or "an output file", error)
+        elif error.errno in UNWRITABLE_ERRNOS:
+            error = unwritable_error(error.filename or "an output file", error)
     message = " ".join(str(error).split())
     print(f"trl-nca {command}: error: {message} (set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
     return 2
