@@ -194,7 +194,9 @@ FULL_DISK_CASES = [
 
 @pytest.mark.slow  # starts `mount` and `umount`
 @pytest.mark.parametrize("case, size, extra, expected, left", FULL_DISK_CASES, ids=[c[0] for c in FULL_DISK_CASES])
-def test_a_full_disk_is_one_line_and_no_half_written_model(tiny_dir, tmp_path, capsys, case, size, extra, expected, left):
+def test_a_full_disk_is_one_line_and_no_half_written_model(
+    tiny_dir, tmp_path, capsys, case, size, extra, expected, left
+):
     """A disk too small for the final weights is refused before training; one that fills at a save (safetensors'
     SafetensorError, torch's writer error) is one line, and no cut model or checkpoint is left as if it were one."""
     import subprocess
