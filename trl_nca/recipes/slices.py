@@ -286,6 +286,11 @@ class SliceFieldError(SliceError):
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
+def _json_kind(value: Any) -> str:
+    kinds = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "a list"}
+    return kinds.get(type(value), "an object")
+
+
 def _is_int(value: Any) -> bool:
     return type(value) is int  # JSON true/false are no counts
 
@@ -337,7 +342,7 @@ class Slice:
 
         if not isinstance(data, dict):
             raise SliceFieldError(
-                f"The slice {path} holds a JSON {type(data).__name__}, not a slice's object; run its slice again."
+                f"The slice {path} holds {_json_kind(data)}, not a slice's object of fields; run its slice again."
             )
         names = [f.name for f in dataclasses.fields(cls) if f.name != "path"]
         missing = [name for name in names if name not in data]
