@@ -90,6 +90,7 @@ class UnitStopped(Exception):
 
 class _WorkerState:
     parent: int | None = None  # the parent's pid, in a worker
+    in_unit = False  # running a unit (not waiting for the next one in the pool's loop)
     training = False
     stopping = False
 
@@ -125,7 +126,7 @@ def _worker_sigint(signum, frame) -> None:
     if _WORKER.stopping:
         return
     _WORKER.stopping = True
-    if not _WORKER.training:
+    if _WORKER.in_unit and not _WORKER.training:  # between units, the next one sees `stopping` and does not start
         raise UnitStopped
 
 
@@ -169,6 +170,7 @@ def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[s
     torch.set_num_threads(1)
     kind, key = unit
     try:
+        _WORKER.in_unit = True
         if _WORKER.stopping:
             return None
         if kind == "base":
@@ -180,7 +182,7 @@ def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[s
     except UnitStopped:
         return None
     finally:
-        _WORKER.training = False
+        _WORKER.in_unit = _WORKER.training = False
 
 
 def _units_in_workers(plan: Plan, tokenizers: dict[int | None, Any], bases: Sequence[int | None] = ()) -> None:
