@@ -343,6 +343,7 @@ OUT_CASES = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow  # starts `mount` and `umount`
 @pytest.mark.parametrize("case, out, expected", OUT_CASES, ids=[c[0] for c in OUT_CASES])
 def test_a_bad_out_is_one_line_before_any_part(tmp_path, capsys, monkeypatch, case, out, expected):
     """A `--out` that cannot be written is found before the parts run (not after the environment part's lent GPU
