@@ -120,8 +120,11 @@ def test_workers_end_with_their_run_and_a_rerun_resumes(setup, tmp_path, case, a
     assert len(workers) == 2, "".join(seen)
     started = time.monotonic()
     action(proc)
-    rest = proc.stdout.read()
-    assert proc.wait(timeout=120) == code, rest
+    try:  # the output ends when the parent and every worker have ended
+        rest, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run's output stayed open for 120 s after it was signalled: a worker outlived its parent")
+    assert proc.returncode == code, rest
     assert time.monotonic() - started < 60  # the students in training stopped at a step, not at their end
     deadline = time.monotonic() + 10
     while any(map(_alive, workers)) and time.monotonic() < deadline:
