@@ -388,17 +388,22 @@ def _read_only_remount(folder: Path, on: bool) -> bool:
 # the first error is the one reported (the lock's release and the temporary file's removal tolerate EPERM and EROFS),
 # what was written before is kept, and no stale lock blocks the rerun
 UNWRITABLE_CASES = [
-    ("made immutable (chattr +i)", _immutable, "trl-nca eval: error: Cannot write {out}/b.json (Operation not "
-     "permitted): its folder became unwritable during the run. Make it writable again"),
-    ("remounted read-only", _read_only_remount, "trl-nca eval: error: Cannot write {out}/b.json (Read-only file "
-     "system): its folder became unwritable during the run. Make it writable again"),
+    ("made immutable (chattr +i)", _immutable, "atomic", "trl-nca eval: error: Cannot write {out}/b.json (Operation "
+     "not permitted): its folder became unwritable during the run. Make it writable again (or choose another output "
+     "folder) and run the same command again: finished work is kept and resumed."),
+    ("remounted read-only", _read_only_remount, "atomic", "trl-nca eval: error: Cannot write {out}/b.json (Read-only "
+     "file system): its folder became unwritable during the run. Make it writable again (or choose another output "
+     "folder) and run the same command again: finished work is kept and resumed."),
+    ("remounted read-only, a record appended", _read_only_remount, "append", "trl-nca eval: error: Cannot use "
+     "{out}/a.json (Read-only file system). Check its permissions, or whether its folder became read-only during the "
+     "run, and run the same command again: finished work is kept and resumed."),
 ]  # fmt: skip
 
 
 @pytest.mark.slow  # starts `chattr` and `mount`
-@pytest.mark.parametrize("case, make, expected", UNWRITABLE_CASES, ids=[c[0] for c in UNWRITABLE_CASES])
+@pytest.mark.parametrize("case, make, writer, expected", UNWRITABLE_CASES, ids=[c[0] for c in UNWRITABLE_CASES])
 def test_a_folder_made_unwritable_mid_run_is_one_line_and_leaves_no_stale_lock(
-    tmp_path, capsys, monkeypatch, case, make, expected
+    tmp_path, capsys, monkeypatch, case, make, writer, expected
 ):
     from trl_nca.inputs import output_folder_lock, write_text_atomic
 
@@ -411,6 +416,9 @@ def test_a_folder_made_unwritable_mid_run_is_one_line_and_leaves_no_stale_lock(
             if not make(out, True):
                 return 77
             made.append(out)
+            if writer == "append":  # as the evaluation records are appended, item by item
+                with open(out / "a.json", "a") as handle:
+                    handle.write("2\n")
             write_text_atomic(out / "b.json", "2\n")
         return 0
 
@@ -425,10 +433,9 @@ def test_a_folder_made_unwritable_mid_run_is_one_line_and_leaves_no_stale_lock(
             f"cannot make a folder unwritable here ({case}: needs root and CAP_SYS_ADMIN / CAP_LINUX_IMMUTABLE)"
         )
     err = capsys.readouterr().err
-    assert code == 2 and err.strip() == expected.format(out=out) + (
-        " (or choose another output folder) and run the same command again: finished work is kept and resumed. (set "
-        "TRL_NCA_TRACEBACK=1 to see the traceback)"
-    ), err
+    assert code == 2 and err.strip() == expected.format(out=out) + " (set TRL_NCA_TRACEBACK=1 to see the traceback)", (
+        err
+    )
     assert (out / "a.json").read_text() == "1\n" and not list(out.glob(".b.tmp-*"))
     with output_folder_lock(out, "test"):  # the rerun takes the folder
         pass

@@ -20,7 +20,6 @@ from ..inputs import (
     full_disk_error,
     load_dataset_any,
     read_context,
-    unwritable_error,
 )
 from ..trainers.script_options import resume_checkpoint
 from .compare_command import compare
@@ -135,8 +134,12 @@ def _user_error(command: str, error: BaseException) -> int:
     if isinstance(error, OSError) and not isinstance(error, OutputError):
         if error.errno in FULL_DISK_ERRNOS:
             error = full_disk_error(error.filename or "an output file", error)
-        elif error.errno in UNWRITABLE_ERRNOS:
-            error = unwritable_error(error.filename or "an output file", error)
+        elif error.errno in UNWRITABLE_ERRNOS:  # a read or a write outside `atomic_output`: no guess which
+            error = OutputError(
+                f"Cannot use {error.filename or 'a file'} ({error.strerror or error}). Check its permissions, or "
+                "whether its folder became read-only during the run, and run the same command again: finished work "
+                "is kept and resumed."
+            )
     message = " ".join(str(error).split())
     print(f"trl-nca {command}: error: {message} (set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
     return 2
