@@ -96,7 +96,8 @@ def _terminate_parent(proc):
 # rerun runs to the end here: the others check that the folder is free for it)
 CASES = [
     ("one Ctrl-C", _interrupt_group, 130, RESUME, True),
-    ("two Ctrl-C", _interrupt_twice, 130, RESUME, False),
+    # the second Ctrl-C may land in the parent's last seconds (its teardown), which then end by SIGINT
+    ("two Ctrl-C", _interrupt_twice, (130, -signal.SIGINT), RESUME, False),
     ("kill -INT of the parent", _interrupt_parent, 130, RESUME, False),
     ("kill -9 of the parent", _kill_parent, -signal.SIGKILL, None, True),
     ("kill -TERM of the parent", _terminate_parent, -signal.SIGTERM, None, False),
@@ -124,7 +125,7 @@ def test_workers_end_with_their_run_and_a_rerun_resumes(setup, tmp_path, case, a
         rest, _ = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail("the run's output stayed open for 120 s after it was signalled: a worker outlived its parent")
-    assert proc.returncode == code, rest
+    assert proc.returncode in (code if isinstance(code, tuple) else (code,)), rest
     assert time.monotonic() - started < 60  # the students in training stopped at a step, not at their end
     deadline = time.monotonic() + 10
     while any(map(_alive, workers)) and time.monotonic() < deadline:
