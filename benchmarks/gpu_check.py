@@ -712,6 +712,12 @@ class Part:
     timeout_s: int  # on the GPU
     dry_run_timeout_s: int  # on a 2-core CPU (the dry run)
     what: str
+    dry_run_what: str | None = None  # what the dry run measures instead, where `what` names the GPU's shape
+
+
+def what_of(part: Part, dry_run: bool) -> str:
+    """What a part measures: in the dry run, never the 8B shape or the real lengths it does not run at."""
+    return part.dry_run_what if dry_run and part.dry_run_what else part.what
 
 
 # The wheel install of gpu_check.sh (it reads this value with --install-timeout) and the parts, in their order. On the
@@ -723,10 +729,15 @@ class Part:
 INSTALL_TIMEOUT_S = 20
 PARTS = (
     Part("environment", 40, 90, "imports, versions, unmet requirements, the device, DeepSpeed's accelerator"),
-    Part("opd", 55, 50, "8B-shaped OPD step (nca_beta=0), fixed completions at the real lengths"),
-    Part("nca", 60, 50, "8B-shaped NCA step (nca_beta=0.5), fixed completions at the real lengths"),
+    Part("opd", 55, 50, "8B-shaped OPD step (nca_beta=0), fixed completions at the real lengths",
+         "OPD step (nca_beta=0) of the Qwen3 architecture at the tiny model's sizes, fixed completions of a few tokens"),
+    Part("nca", 60, 50, "8B-shaped NCA step (nca_beta=0.5), fixed completions at the real lengths",
+         "NCA step (nca_beta=0.5) of the Qwen3 architecture at the tiny model's sizes, fixed completions of a few "
+         "tokens"),
     Part("nca-zero3", 110, 110, "the NCA step under ZeRO-3 at world size 1 (accelerate launch, zero3.yaml)"),
-    Part("nca-sampled", 115, 50, "one sampled 8B-shaped NCA step (256 tokens per row, sampling timed inside)"),
+    Part("nca-sampled", 115, 50, "one sampled 8B-shaped NCA step (256 tokens per row, sampling timed inside)",
+         "one sampled NCA step of the Qwen3 architecture at the tiny model's sizes (a few tokens per row, sampling "
+         "timed inside)"),
     Part("launch", 140, 200, "examples/medmcqa.py under zero3.yaml, 1 process, LoRA: 2 steps, save, resume"),
 )  # fmt: skip
 GPU_CALL_S = 540
@@ -953,21 +964,26 @@ def main(argv=None):
         return 1 if problems else 0
     if cli.part is not None:
         return part_main(cli)
-    workload_of(cli)  # the workload's values are ints; nothing else to check before the parts
+    workload_of(cli)  # the workload's values are ints
     started = time.perf_counter()
     out = Path(cli.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    problem = out_problem(out)  # before any part: a bad --out found at the end would cost the lent GPU time
+    if problem is not None:
+        print(f"gpu_check: error: {problem}", file=sys.stderr, flush=True)
+        return 2
     chosen = [p for p in PARTS if p.name == "environment" or cli.parts is None or p.name in cli.parts]
     chosen = [p for p in chosen if not (cli.skip_launch and p.name == "launch")]
     budget = {"install_s": INSTALL_TIMEOUT_S, "parts_s": {p.name: timeout_of(p, cli.dry_run) for p in chosen},
               "call_s": DRY_RUN_CALL_S if cli.dry_run else GPU_CALL_S}  # fmt: skip
     document = {
         "meta": {
-            "dry_run": cli.dry_run, "budget": budget, "settings": {"workload": asdict(workload_of(cli)), "model": MODEL},
+            "dry_run": cli.dry_run, "budget": budget, "settings": {"workload": asdict(workload_of(cli)),
+            "model": MODEL + (" architecture at trl_nca.testing's tiny sizes (dry run)" if cli.dry_run else "")},
             "note": "Every figure sits under a 'measured' key next to the 'measured_on' it was measured on. "
             + ("Dry run: tiny models on the CPU; it claims nothing about GPU time or memory." if cli.dry_run else ""),
         },
-        "parts": {p.name: {"status": "not run", "timeout_s": timeout_of(p, cli.dry_run), "what": p.what} for p in chosen},
+        "parts": {p.name: {"status": "not run", "timeout_s": timeout_of(p, cli.dry_run), "what": what_of(p, cli.dry_run)}
+                  for p in chosen},
         "targets": [], "table": None,
     }  # fmt: skip
 
@@ -981,15 +997,14 @@ def main(argv=None):
         for entry in [*document["parts"].values(), *document["targets"]]:  # a part killed before it wrote its own
             if "measured" in entry:
                 entry.setdefault("measured_on", document["measured_on"])
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(_no_nan(document), indent=2, allow_nan=False))
-        tmp.replace(out)
+        write_whole(out, json.dumps(_no_nan(document), indent=2, allow_nan=False))
 
     status = 0
     with tempfile.TemporaryDirectory() as work:
         cli.work = work
         for part in chosen:
-            print(f"gpu_check: {part.name} ({part.what}; timeout {timeout_of(part, cli.dry_run)} s)", flush=True)
+            print(f"gpu_check: {part.name} ({what_of(part, cli.dry_run)}; timeout {timeout_of(part, cli.dry_run)} s)",
+                  flush=True)  # fmt: skip
             if part.name == "nca-zero3" and importlib.util.find_spec("deepspeed") is None:
                 document["parts"][part.name].update(status="not run", error=DEEPSPEED_ABSENT)
                 print(f"gpu_check: nca-zero3: NOT RUN: {DEEPSPEED_ABSENT}", flush=True)
@@ -1016,6 +1031,42 @@ def main(argv=None):
     if failed:
         print(f"gpu_check: FAILED: {', '.join(failed)}", flush=True)
     return status
+
+
+def out_problem(out: Path) -> str | None:
+    """Why `--out` cannot be written (None when it can): a folder, a path below a file, a folder that cannot be made
+    or written to (a file is made there and removed). Checked before any part runs; needs nothing but the standard
+    library (the environment part is what checks the imports)."""
+    if out.is_dir():
+        return f"--out {str(out)!r} is a folder; give the path of the JSON file to write (e.g. {out / 'check.json'})."
+    below = next((parent for parent in out.parents if parent.exists() and not parent.is_dir()), None)
+    if below is not None:
+        return f"--out {str(out)!r} lies below {str(below)!r}, which is a file; give a path in a folder."
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.with_name(f".{out.name}.probe-{os.getpid()}")
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        return (f"--out {str(out)!r} cannot be written ({error.strerror or error}); give a path in a folder you can "
+                "write to.")  # fmt: skip
+    return None
+
+
+def write_whole(out: Path, text: str) -> None:
+    """`out` rewritten whole (a temporary file renamed onto it); a failed write leaves the earlier `out` and no
+    temporary file, and raises `SystemExit` with one line (a full disk or a folder made unwritable mid-run)."""
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        tmp.replace(out)
+    except OSError as error:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise SystemExit(f"gpu_check: error: cannot write {out} ({error.strerror or error}); what was written before "
+                         "is kept. Free some space or choose another --out.") from None  # fmt: skip
 
 
 def _report_environment(entry: dict, cli) -> int:

@@ -13,12 +13,16 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
+
+
+logger = logging.getLogger(__name__)
 
 
 class InputError(ValueError):
@@ -386,6 +390,18 @@ def full_disk_error(path: str | os.PathLike, error: OSError) -> OutputError:
     )
 
 
+UNWRITABLE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def unwritable_error(path: str | os.PathLike, error: OSError) -> OutputError:
+    """The one-line error of a write refused by the folder (made read-only or immutable during the run)."""
+    return OutputError(
+        f"Cannot write {path} ({error.strerror or error}): its folder became unwritable during the run. Make it "
+        "writable again (or choose another output folder) and run the same command again: finished work is kept "
+        "and resumed.",
+    )
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """Write `path` whole or not at all: yields a temporary path in the same folder (same suffix, so writers that read
@@ -407,9 +423,11 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     except OSError as error:
         if error.errno in FULL_DISK_ERRNOS and not isinstance(error, OutputError):
             raise full_disk_error(path, error) from error
+        if error.errno in UNWRITABLE_ERRNOS and not isinstance(error, OutputError):
+            raise unwritable_error(path, error) from error
         raise
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # a folder made read-only or full meanwhile: the first error is reported
             temporary.unlink()
 
 
@@ -446,6 +464,33 @@ LOCK_FILE = ".trl-nca.lock"
 
 class FolderInUseError(InputError):
     """Another live process holds the output folder's lock; the message names the folder and that process."""
+
+
+LOCK_DESCRIPTORS: set[int] = set()
+"""The descriptors of the locks this process holds: a forked worker closes its copies (`close_inherited_locks`)."""
+
+
+def close_inherited_locks() -> None:
+    """In a forked worker: close the copies of the parent's lock descriptors, so that the lock ends with the parent
+    (an `flock` lasts while any copy of its descriptor is open)."""
+    for descriptor in list(LOCK_DESCRIPTORS):
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
+    LOCK_DESCRIPTORS.clear()
+
+
+def _holder_is_gone(holder: str) -> bool:
+    """Whether the process a lock file names ("pid N, command") is no longer running on this machine."""
+    words = holder.replace(",", " ").split()
+    if len(words) < 2 or words[0] != "pid" or not words[1].isdigit():
+        return False
+    try:
+        os.kill(int(words[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, owned by another user
+        return False
+    return False
 
 
 def _lock_holder(path: Path) -> str:
@@ -531,7 +576,15 @@ def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], F
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(descriptor)
-            raise in_use(_lock_holder(path)) from None
+            holder = _lock_holder(path)
+            if not _holder_is_gone(holder):
+                raise in_use(holder) from None
+            # the lock's process is gone but a process it started still holds the lock (a worker of an older trl-nca
+            # outliving its parent): the lock is stale, taken over on a fresh file
+            logger.warning("%s was held by %s, which is no longer running; taking the lock over.", path, holder)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
         try:  # the holder before us may have removed the file between our open and our lock: lock the file now there
             same = os.fstat(descriptor).st_ino == os.stat(path).st_ino
         except FileNotFoundError:
@@ -540,13 +593,19 @@ def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], F
             break
         os.close(descriptor)
     try:
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"pid {os.getpid()}, {command}\n".encode())
+        with contextlib.suppress(OSError):  # the record of the holder: a full disk keeps the lock all the same
+            os.ftruncate(descriptor, 0)
+            os.write(descriptor, f"pid {os.getpid()}, {command}\n".encode())
+        LOCK_DESCRIPTORS.add(descriptor)
         yield path
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        LOCK_DESCRIPTORS.discard(descriptor)
+        # a folder made read-only, immutable or full during the run: the lock ends with its descriptor anyway, and
+        # the error that ended the run is the one reported (a leftover file is no stale lock: nobody holds it)
+        with contextlib.suppress(OSError):
             path.unlink()
-        os.close(descriptor)
+        with contextlib.suppress(OSError):
+            os.close(descriptor)
 
 
 def check_output_file(path: str | os.PathLike, option: str) -> Path:

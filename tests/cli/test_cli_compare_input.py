@@ -102,6 +102,11 @@ def compare_yaml(tmp_path, **changes):
             [],
             "Task 'organism_facts' does not fit model 'organism': 11% of its prompt and context tokens",
         ),
+        (  # an organism not shipped nor cached: the unit name is checked before it would pretrain (issue 50)
+            {"model_name_or_path": "organism", "task": "organism_shift", "organism_seeds": "[99]"},
+            ["--slice", "opd-seed0", "--slices_dir", "S"],
+            "`slice: opd-seed0` is not a unit of this comparison; its units are ['base-org99', 'opd-org99-seed0', ",
+        ),
     ],
 )
 def test_compare_bad_inputs_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, changes, extra, message):
@@ -135,3 +140,53 @@ def test_task_help_lists_every_task_of_the_registry(capsys, command):
         cli_main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "town_facts" in task_names() and all(name in text for name in task_names()), text
+
+
+def _read_only_folder(tmp_path):
+    """A read-only bind mount of a new folder (root ignores chmod), or None where mount is not permitted."""
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    try:
+        done = subprocess.run(
+            ["mount", "--bind", "-o", "ro", str(folder), str(folder)], capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return folder if done.returncode == 0 else None
+
+
+# (case, the slices option, the slices folder: a file, a read-only folder or none, the expected line): the slices folder
+# is checked before any model loads (the model here does not exist: its error would come later), nothing is written
+SLICES_DIR_CASES = [
+    ("a file", "--slice", "FILE", "slices_dir '{dir}' is a file, not a folder; give the folder of the slice files."),
+    ("read-only", "--slice", "RO", "slices_dir '{dir}' cannot be written (Read-only file system); the slice would be "
+     "lost after its unit ran. Give a folder you can write to"),
+    ("below a read-only folder", "--slice", "RO/slices", "slices_dir '{dir}' cannot be written (Read-only file "
+     "system)"),
+    ("missing, to build from", "--from_slices", "NONE", "slices_dir '{dir}' does not exist; give the folder the slices "
+     "were written to"),
+]  # fmt: skip
+
+
+@pytest.mark.slow  # starts `mount` and `umount`
+@pytest.mark.parametrize("case, option, folder, expected", SLICES_DIR_CASES, ids=[c[0] for c in SLICES_DIR_CASES])
+def test_a_slices_folder_that_cannot_serve_is_refused_before_any_work(tmp_path, capsys, case, option, folder, expected):
+    import subprocess
+
+    read_only = _read_only_folder(tmp_path) if folder.startswith("RO") else None
+    if folder.startswith("RO") and read_only is None:
+        pytest.skip("cannot bind-mount a read-only folder here (needs root and CAP_SYS_ADMIN)")
+    try:
+        slices = {"FILE": tmp_path / "slices.json", "NONE": tmp_path / "none"}.get(folder) or tmp_path / folder.lower()
+        if folder == "FILE":
+            slices.write_text("{}")
+        value = ["--slice", "base"] if option == "--slice" else ["--from_slices", "true"]
+        err = one_error_line(cli_main, [*compare_yaml(tmp_path), *value, "--slices_dir", str(slices)], capsys,
+                             command="compare")  # fmt: skip
+        assert expected.format(dir=slices) in err, err
+        assert not (tmp_path / "out").exists() and not (tmp_path / "none").exists()
+    finally:
+        if read_only is not None:
+            subprocess.run(["umount", str(read_only)], capture_output=True, timeout=30)

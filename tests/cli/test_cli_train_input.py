@@ -212,24 +212,71 @@ def test_settings_that_can_never_act_are_named_before_any_model_loads(
     assert [line for line in lines if expected in line] == [expected], lines
 
 
+# (case, the disk's size, options, the one expected line, the names left in output_dir): a real small tmpfs. The tiny
+# model's weights are 115,008 parameters x 4 bytes (449.2 KiB): 200k cannot hold them, 464k holds them as the room
+# check counts them but not the files written with them (config, tokenizer), 900k the weights but not the optimizer.
+FULL_DISK_CASES = [
+    ("no room for the final weights", "200k", ["--save_strategy", "no"], "output_dir '{out}' has 196.0 KiB free, but "
+     "the final weights need about 449.2 KiB (115,008 parameters x 4 bytes): 253.2 KiB short.", None),
+    ("the disk fills at the final save", "464k", ["--save_strategy", "no"], "No space left to write the trained model "
+     "into {out} (safetensors: Error while serializing: I/O error: No space left on device (os error 28)); nothing of "
+     "it was kept as the model and no checkpoint was saved.", ["train_settings.json"]),
+    ("the disk fills at a checkpoint's weights", "464k", ["--save_steps", "1"], "No space left to write a checkpoint "
+     "in {out} (safetensors: Error while serializing: I/O error: No space left on device (os error 28)). Free some "
+     "space (or choose an output folder on another disk) and run the same command again (no complete checkpoint was "
+     "written yet).", ["README.md", "train_settings.json"]),
+    ("the disk fills at a checkpoint's optimizer", "900k", ["--save_steps", "1"], "No space left to write a checkpoint "
+     "in {out} (torch: ", ["README.md", "train_settings.json"]),
+]  # fmt: skip
+
+
 @pytest.mark.slow  # starts `mount` and `umount`
-def test_a_full_disk_during_a_checkpoint_is_one_line(tiny_dir, tmp_path, capsys):
-    """torch reports a checkpoint it cannot write as a RuntimeError of its stream writer: one line, as elsewhere."""
+@pytest.mark.parametrize("case, size, extra, expected, left", FULL_DISK_CASES, ids=[c[0] for c in FULL_DISK_CASES])
+def test_a_full_disk_is_one_line_and_no_half_written_model(
+    tiny_dir, tmp_path, capsys, case, size, extra, expected, left
+):
+    """A disk too small for the final weights is refused before training; one that fills at a save (safetensors'
+    SafetensorError, torch's writer error) is one line, and no cut model or checkpoint is left as if it were one."""
     import subprocess
 
     from tests.cli.test_safe_outputs import _mount_tmpfs
 
     disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, "900k"):  # room for the settings and the weights, not for the optimizer state
+    if not _mount_tmpfs(disk, size):
         pytest.skip("cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): the full-disk case is not run")
     try:
         data = tmp_path / "data.jsonl"
         data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-        line = one_line(train_argv(tiny_dir, data, disk / "out", "--save_steps", "1"), capsys)
-        assert line.startswith(f"trl-nca train: error: No space left to write a checkpoint in {disk / 'out'} (torch: ")
-        assert "--resume_from_checkpoint true" in line
+        out = disk / "out"
+        line = one_line(train_argv(tiny_dir, data, out, *extra), capsys)
+        assert line.startswith(f"trl-nca train: error: {expected.format(out=out)}"), line
+        if left is None:  # refused before training: nothing written
+            assert not out.exists()
+        else:
+            assert sorted(p.name for p in out.iterdir()) == left
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True, timeout=30)
+
+
+# (case, the options changed on resume, the line it prints, the step the resumed run ends at): the run's length may
+# change, as in Trainer; every other change is refused (RESUME_CASES)
+LENGTH_CASES = [
+    ("a longer max_steps", ["--max_steps", "4"], "Resuming with a new length (max_steps 2 -> 4): the 'linear' "
+     "learning-rate schedule is laid out again over the new length; the first resumed step keeps the rate the "
+     "checkpoint's optimizer holds (where the old schedule ended), the steps after it follow the new schedule.", 4),
+    ("epochs instead of max_steps", ["--max_steps", "-1", "--num_train_epochs", "3"], "Resuming with a new length "
+     "(max_steps 2 -> -1): the 'linear' learning-rate schedule is laid out again over the new length;", 6),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, change, expected, end", LENGTH_CASES, ids=[c[0] for c in LENGTH_CASES])
+def test_a_resume_may_change_the_runs_length(finished_run, run_copy, tiny_dir, caplog, case, change, expected, end):
+    _, out = run_copy  # the run's own data file: the copy's would be another dataset
+    argv = train_argv(tiny_dir, finished_run / "data.jsonl", out, "--resume_from_checkpoint", "true", *change)
+    assert cli_main(argv) == 0
+    assert sum(expected in record.getMessage() for record in caplog.records) == 1, caplog.text
+    state = json.loads((out / f"checkpoint-{end}" / "trainer_state.json").read_text())
+    assert state["global_step"] == end and (out / "checkpoint-2" / "optimizer.pt").is_file()  # trained on from step 2
 
 
 def test_train_cli_empty_dataset_file(tiny_dir, tmp_path, capsys):

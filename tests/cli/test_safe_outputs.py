@@ -369,3 +369,116 @@ def test_organism_pretraining_stopped_by_sigterm_leaves_no_staging_folder(tmp_pa
     child.send_signal(signal.SIGTERM)
     child.wait(timeout=60)
     assert child.returncode != 0 and not list(cache.glob(".organism-*.tmp-*")), list(cache.iterdir())
+
+
+def _immutable(folder: Path, on: bool) -> bool:
+    done = subprocess.run(["chattr", "+i" if on else "-i", str(folder)], capture_output=True, timeout=30)
+    return done.returncode == 0
+
+
+def _read_only_remount(folder: Path, on: bool) -> bool:
+    if on:
+        steps = [["mount", "--bind", str(folder), str(folder)], ["mount", "-o", "remount,ro,bind", str(folder)]]
+    else:
+        steps = [["umount", str(folder)]]
+    return all(subprocess.run(step, capture_output=True, timeout=30).returncode == 0 for step in steps)
+
+
+# (case, how the output folder becomes unwritable while a command holds its lock, the one line expected) (issue 50):
+# the first error is the one reported (the lock's release and the temporary file's removal tolerate EPERM and EROFS),
+# what was written before is kept, and no stale lock blocks the rerun
+UNWRITABLE_CASES = [
+    ("made immutable (chattr +i)", _immutable, "atomic", "trl-nca eval: error: Cannot write {out}/b.json (Operation "
+     "not permitted): its folder became unwritable during the run. Make it writable again (or choose another output "
+     "folder) and run the same command again: finished work is kept and resumed."),
+    ("remounted read-only", _read_only_remount, "atomic", "trl-nca eval: error: Cannot write {out}/b.json (Read-only "
+     "file system): its folder became unwritable during the run. Make it writable again (or choose another output "
+     "folder) and run the same command again: finished work is kept and resumed."),
+    ("remounted read-only, a record appended", _read_only_remount, "append", "trl-nca eval: error: Cannot use "
+     "{out}/a.json (Read-only file system). Check its permissions, or whether its folder became read-only during the "
+     "run, and run the same command again: finished work is kept and resumed."),
+]  # fmt: skip
+
+
+@pytest.mark.slow  # starts `chattr` and `mount`
+@pytest.mark.parametrize("case, make, writer, expected", UNWRITABLE_CASES, ids=[c[0] for c in UNWRITABLE_CASES])
+def test_a_folder_made_unwritable_mid_run_is_one_line_and_leaves_no_stale_lock(
+    tmp_path, capsys, monkeypatch, case, make, writer, expected
+):
+    from trl_nca.inputs import output_folder_lock, write_text_atomic
+
+    out = tmp_path / "out"
+    made = []
+
+    def command(argv):  # a command that writes into its locked folder, which becomes unwritable between two writes
+        with output_folder_lock(out, "trl-nca eval"):
+            write_text_atomic(out / "a.json", "1\n")
+            if not make(out, True):
+                return 77
+            made.append(out)
+            if writer == "append":  # as the evaluation records are appended, item by item
+                with open(out / "a.json", "a") as handle:
+                    handle.write("2\n")
+            write_text_atomic(out / "b.json", "2\n")
+        return 0
+
+    monkeypatch.setitem(sys.modules["trl_nca.cli"].COMMANDS, "eval", command)
+    try:
+        code = cli_main(["eval"])
+    finally:
+        if made:
+            make(out, False)
+    if code == 77:
+        pytest.skip(
+            f"cannot make a folder unwritable here ({case}: needs root and CAP_SYS_ADMIN / CAP_LINUX_IMMUTABLE)"
+        )
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == expected.format(out=out) + " (set TRL_NCA_TRACEBACK=1 to see the traceback)", (
+        err
+    )
+    assert (out / "a.json").read_text() == "1\n" and not list(out.glob(".b.tmp-*"))
+    with output_folder_lock(out, "test"):  # the rerun takes the folder
+        pass
+
+
+HOLD_AS_ORPHAN = """
+import fcntl, os, sys, time
+path = os.path.join(sys.argv[1], ".trl-nca.lock")
+os.makedirs(sys.argv[1], exist_ok=True)
+descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.ftruncate(descriptor, 0)
+os.write(descriptor, f"pid {sys.argv[2]}, trl-nca compare\\n".encode())
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow  # the orphan holding the lock is a process of its own
+def test_a_lock_whose_run_is_gone_is_taken_over_with_a_line(tmp_path, caplog):
+    """A process of a run that is gone (a worker of an older trl-nca re-parented to PID 1) still holds the lock: the
+    lock names a pid that no longer runs, so it is stale, and a rerun takes it over, saying so."""
+    from trl_nca.inputs import FolderInUseError, output_folder_lock
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)
+    out = tmp_path / "out"
+    for recorded, taken in ((os.getpid(), False), (dead, True)):  # a live run's lock is refused, a gone run's taken
+        orphan = subprocess.Popen([sys.executable, "-c", HOLD_AS_ORPHAN, str(out), str(recorded)],
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert orphan.stdout.readline().strip() == "locked"
+            if not taken:
+                with pytest.raises(FolderInUseError, match="is in use by another trl-nca run"):
+                    with output_folder_lock(out, "test"):
+                        pass
+                continue
+            with output_folder_lock(out, "test") as lock:
+                assert lock.read_text() == f"pid {os.getpid()}, test\n"
+            line = (
+                f"{out / '.trl-nca.lock'} was held by pid {dead}, trl-nca compare, which is no longer running; taking"
+            )
+            assert sum(line in record.getMessage() for record in caplog.records) == 1, caplog.text
+        finally:
+            orphan.kill()
+            orphan.wait(timeout=60)

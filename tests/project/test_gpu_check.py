@@ -98,6 +98,7 @@ def test_dry_run_runs_every_part_and_labels_every_figure(tmp_path):
     assert {"peak memory NCA / OPD", "NCA step peak (reserved) GiB", "step time NCA under ZeRO-3 / NCA"} <= checks
     assert all(c["pass"] is None for c in report["targets"])  # a dry run judges nothing
     assert report["table"] in result.stdout and "no timing or memory claims" in result.stdout
+    assert not any("8B" in entry["what"] or "real lengths" in entry["what"] for entry in parts.values())
 
 
 def test_the_parts_and_the_install_fit_one_device_call():
@@ -317,3 +318,59 @@ def test_a_carried_set_missing_a_wheel_is_named(tmp_path):
     missing = gpu_check.missing_wheels(tmp_path)
     assert "trl" not in missing and "py-cpuinfo" not in missing
     assert missing == [name for name in carried if name not in ("trl", "py-cpuinfo")]
+
+
+def _read_only_folder(tmp_path):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    try:
+        done = subprocess.run(
+            ["mount", "--bind", "-o", "ro", str(folder), str(folder)], capture_output=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return folder if done.returncode == 0 else None
+
+
+# (case, the --out given, the one line it must print before any part runs) (issue 50)
+OUT_CASES = [
+    ("an existing folder", "{tmp}", "gpu_check: error: --out '{tmp}' is a folder; give the path of the JSON file to "
+     "write (e.g. {tmp}/check.json)."),
+    ("below a file", "{tmp}/file.txt/check.json", "gpu_check: error: --out '{tmp}/file.txt/check.json' lies below "
+     "'{tmp}/file.txt', which is a file; give a path in a folder."),
+    ("in a read-only folder", "{tmp}/ro/check.json", "gpu_check: error: --out '{tmp}/ro/check.json' cannot be written "
+     "(Read-only file system); give a path in a folder you can write to."),
+]  # fmt: skip
+
+
+@pytest.mark.slow  # starts `mount` and `umount`
+@pytest.mark.parametrize("case, out, expected", OUT_CASES, ids=[c[0] for c in OUT_CASES])
+def test_a_bad_out_is_one_line_before_any_part(tmp_path, capsys, monkeypatch, case, out, expected):
+    """A `--out` that cannot be written is found before the parts run (not after the environment part's lent GPU
+    time), and nothing is left behind."""
+    import subprocess as sp
+
+    gpu_check = _gpu_check()
+    read_only = _read_only_folder(tmp_path) if "/ro/" in out else None
+    if "/ro/" in out and read_only is None:
+        pytest.skip("cannot bind-mount a read-only folder here (needs root and CAP_SYS_ADMIN)")
+    (tmp_path / "file.txt").write_text("x")
+    monkeypatch.setattr(gpu_check, "_run_part", lambda *a: pytest.fail("a part ran before --out was checked"))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    try:
+        assert gpu_check.main(["--dry-run", "--out", out.format(tmp=tmp_path)]) == 2
+    finally:
+        if read_only is not None:
+            sp.run(["umount", str(read_only)], capture_output=True, timeout=30)
+    captured = capsys.readouterr()
+    assert captured.err.strip() == expected.format(tmp=tmp_path) and "gpu_check: environment" not in captured.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no stray .tmp
+
+
+def test_the_dry_run_does_not_label_its_figures_as_the_8b_shape():
+    """The dry run measures the tiny model at a few tokens: no part says "8B-shaped" or "at the real lengths"."""
+    gpu_check = _gpu_check()
+    for part in gpu_check.PARTS:
+        what = gpu_check.what_of(part, dry_run=True)
+        assert "8B" not in what and "real lengths" not in what, what
+    assert any("8B-shaped" in gpu_check.what_of(part, dry_run=False) for part in gpu_check.PARTS)

@@ -64,8 +64,9 @@ def test_slices_give_the_whole_runs_table_and_statistics(sliced):
     outcomes = [value for item in one["items"] for view in ("x", "xc") for sample in item[view] for value in sample]
     assert all(type(value) is int for value in outcomes) and one["machine"]["cpu_capability"]  # counts, no text
     assert "(from the slices in" in (root / "built" / "comparison.md").read_text()
-    from trl_nca.recipes.slices import describe_slice, slice_metrics
+    from trl_nca.recipes.slices import Slice, describe_slice, slice_metrics
 
+    one = Slice.load(root / "slices" / "nca-seed1.json")
     line = describe_slice(one)  # what `--slice` prints: the unit's own paired metrics
     nca1 = next(row for row in whole["per_seed"]["nca"] if row["seed"] == 1)
     assert slice_metrics(one)["acc_xc"] == nca1["acc_xc"] and f"Acc_xc {100 * nca1['acc_xc']:.1f}%" in line
@@ -89,8 +90,8 @@ def _refused(capsys, root, config, slices, *extra):
     [
         ("missing", "lacks the slices ['opd-seed1']"),
         ("stray", "holds slices ['sdft-seed0'] that are not units"),
-        ("data", "`data_sha256` was 'other'"),
-        ("weights", "`weights_sha256.None` was 'other'"),
+        ("data", "`data_sha256` was '00000"),
+        ("weights", "`weights_sha256.None` was '00000"),
         ("versions", "`versions.transformers` was '0.0'"),
         ("settings", "`settings.training.learning_rate` was 0.5, now 0.001"),
         ("cut", "is not a readable slice"),
@@ -110,9 +111,9 @@ def test_a_slice_that_cannot_join_the_table_is_refused_naming_it(sliced, tmp_pat
         target.write_text(target.read_text()[:100])
     else:
         if change == "data":
-            data["data_sha256"] = "other"
+            data["data_sha256"] = "0" * 64
         elif change == "weights":
-            data["weights_sha256"] = {"None": "other"}
+            data["weights_sha256"] = {"None": "0" * 64}
         elif change == "versions":
             data["versions"]["transformers"] = "0.0"
         else:
@@ -141,3 +142,39 @@ def test_bad_slice_options_are_one_line_before_any_work(sliced, tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def _upgrade_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "upgrade_slices.py"
+    spec = importlib.util.spec_from_file_location("upgrade_slices", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_upgrade_script_rebuilds_format_2_from_format_1_and_refuses_another_config(sliced, tmp_path, capsys):
+    """scripts/upgrade_slices.py: a format-1 slice (format 2 without its run settings and checksum) becomes the very
+    file the run wrote; a second pass changes nothing; a config other than the slices' is refused, nothing written."""
+    root, config, _, _ = sliced
+    script = _upgrade_script()
+    slices = tmp_path / "slices"
+    shutil.copytree(root / "slices", slices)
+    originals = {path.name: path.read_bytes() for path in slices.glob("*.json")}
+    for path in slices.glob("*.json"):
+        data = json.loads(path.read_text())
+        del data["run_settings"], data["results_sha256"]
+        path.write_text(json.dumps({**data, "format": 1}, indent=1) + "\n")
+    other = tmp_path / "other.yaml"
+    other.write_text(config.read_text().replace("learning_rate: 1.0e-3", "learning_rate: 2.0e-3"))
+    formats_1 = {path.name: path.read_bytes() for path in slices.glob("*.json")}
+    assert script.main([str(slices), "--config", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert "was made with other settings" in err and "Nothing was written." in err, err
+    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == formats_1  # nothing written
+    assert script.main([str(slices), "--config", str(config), "--check"]) == 1
+    assert script.main([str(slices), "--config", str(config)]) == 0
+    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == originals
+    assert script.main([str(slices), "--config", str(config), "--check"]) == 0  # idempotent

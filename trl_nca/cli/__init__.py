@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(command: str, rest: list[str]) -> int:
     from ..console import install_log_handler, quiet_library_bars
     from ..core.launch import end_process_group
-    from ..inputs import FULL_DISK_ERRNOS, InputError, OutputError
+    from ..inputs import FULL_DISK_ERRNOS, UNWRITABLE_ERRNOS, InputError, OutputError
     from .config_files import CommandLineError
     from .train_command import TrainingInterrupted
 
@@ -138,20 +138,27 @@ def _run(command: str, rest: list[str]) -> int:
         return 130
     except (CommandLineError, InputError, OutputError) as error:  # reported in one line (exit status 2)
         return _user_error(command, error)
-    except OSError as error:  # a full disk anywhere (a save of the model, a figure) is one line too
-        if error.errno not in FULL_DISK_ERRNOS:
+    except OSError as error:  # a full disk or a folder made unwritable anywhere (a save, a figure) is one line too
+        if error.errno not in FULL_DISK_ERRNOS + UNWRITABLE_ERRNOS:
             raise
         return _user_error(command, error)
 
 
 def _user_error(command: str, error: BaseException) -> int:
     """The one error path of every command: one line on stderr, exit status 2 (`TRL_NCA_TRACEBACK=1` re-raises)."""
-    from ..inputs import FULL_DISK_ERRNOS, full_disk_error
+    from ..inputs import FULL_DISK_ERRNOS, UNWRITABLE_ERRNOS, OutputError, full_disk_error
 
     if os.environ.get("TRL_NCA_TRACEBACK"):
         raise error
-    if isinstance(error, OSError) and error.errno in FULL_DISK_ERRNOS:
-        error = full_disk_error(error.filename or "an output file", error)
+    if isinstance(error, OSError) and not isinstance(error, OutputError):
+        if error.errno in FULL_DISK_ERRNOS:
+            error = full_disk_error(error.filename or "an output file", error)
+        elif error.errno in UNWRITABLE_ERRNOS:  # a read or a write outside `atomic_output`: no guess which
+            error = OutputError(
+                f"Cannot use {error.filename or 'a file'} ({error.strerror or error}). Check its permissions, or "
+                "whether its folder became read-only during the run, and run the same command again: finished work "
+                "is kept and resumed."
+            )
     message = " ".join(str(error).split())
     print(f"trl-nca {command}: error: {message} (set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
     return 2

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..console import closing_line, say, shows
@@ -62,16 +61,15 @@ def _compare_slices(compare_args, plan) -> dict:
             print(f"\n{summary['table']}\n\n{summary['conclusion']}\n\n{summary['statistics_table']}\n")
             print(f"Built from the slices in {compare_args.slices_dir}: {plan.root / 'comparison.md'}")
             return summary
-        slices._check_unit(plan, compare_args.slice)
         path = slices.run_slice(plan, compare_args.slice, compare_args.slices_dir)
     except slices.SliceError as error:
         raise CommandLineError(str(error)) from error
     missing = slices.missing_units(plan, compare_args.slices_dir)
-    data = json.loads(path.read_text())
-    print(f"Slice {compare_args.slice} written: {path}\n{slices.describe_slice(data)}")
+    piece = slices.Slice.load(path)
+    print(f"Slice {compare_args.slice} written: {path}\n{slices.describe_slice(piece)}")
     print(
         f"Units still without a slice: {', '.join(missing)}"
         if missing
         else f"Every unit has its slice: build the tables with --from_slices --slices_dir {compare_args.slices_dir}"
     )
-    return data
+    return piece.as_dict()

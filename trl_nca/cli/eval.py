@@ -585,7 +585,7 @@ def check_harness_prompts(plan: HarnessPlan, args) -> None:
 
 def harness_opening(plan: HarnessPlan) -> str:
     """`trl-nca eval --tasks`' opening line."""
-    from ..core.console import plural
+    from ..console import plural
 
     tasks = ", ".join(f"{task.name} ({plural(len(task.docs), 'document')})" for task in plan.tasks)
     return (

@@ -152,6 +152,7 @@ class CompareRecipe:
         settings = self._setup_settings(task, train_rows, model_name, model_init_kwargs, peft_config, evaluator)
         runs = _planned_runs(self.args, self.config, task, methods, root, settings["student"])
         _check_output_folder(root, settings, runs, len(test_rows))
+        self._setup_slices(runs)
         model_paths = self._setup_model_paths(task, model_name, root, settings)
         self._setup_budgets(task, methods, root, train_rows, evaluator, model_paths)
         return Plan(self.args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config,
@@ -221,6 +222,19 @@ class CompareRecipe:
         evaluation = {k: v for k, v in evaluator.generation.to_dict().items() if k != "batch_size"}
         evaluation["samples_per_view"] = args.eval_samples_per_view
         return {"student": student, "training": training_settings(self.config, RECIPE_FIELDS), "evaluation": evaluation}
+
+    def _setup_slices(self, runs: list[Run]) -> None:
+        """With `slice` or `from_slices`: the unit named by `slice` and the slices folder (to write into, or to read
+        from), before any model loads or organism pretrains (`slices.check_unit`, `slices.check_slices_dir`)."""
+        from . import slices
+
+        args = self.args
+        if args.slice is None and not args.from_slices:
+            return
+        organisms = list(args.organism_seeds) if args.organism_seeds is not None else [None]
+        if args.slice is not None:
+            slices.check_unit(args.slice, slices.planned_units(organisms, runs))
+        slices.check_slices_dir(args.slices_dir, writing=args.slice is not None)
 
     def _setup_model_paths(self, task, model_name: str, root: Path, settings: dict[str, Any]):
         """The model each organism (or the one base) resolves to, recorded in `settings` and checked against a saved

@@ -1,5 +1,13 @@
 """The students of a comparison: each trained from its base weights (or loaded, when its folder holds a finished one)
-and evaluated, one after another or in forked worker processes (`workers`)."""
+and evaluated, one after another or in forked worker processes (`workers`).
+
+The workers end with their run. Each dies with its parent (a parent-death signal on Linux, and a watch on its parent
+everywhere) and holds no copy of the output folder's lock, so a parent killed by any signal leaves no worker behind
+and no lock held. Ctrl-C stops the run: the parent passes it on to every worker, a worker in training stops at its
+next step boundary, one in evaluation stops at once (its records so far are kept), queued units are not started, and
+the command says how to resume; a second Ctrl-C ends the workers at once. A student stopped before its end leaves no
+`done.json`, so a rerun trains it again from its base weights with the same seed: the same result.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,16 @@ import copy
 import functools
 import json
 import logging
+import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..console import JobEstimate, in_detail, say, speaking_for
-from ..inputs import read_json_output, write_text_atomic
+from ..inputs import close_inherited_locks, read_json_output, write_text_atomic
 from ..tasks import BuiltinTask
 from .compare_eval import Evaluated, _evaluate_base, _load_base
 from .compare_plan import Plan, Run, _done_fix
@@ -42,13 +54,16 @@ def train_run(
     if sdft.is_sdft_config(config):
         trainer_class = sdft.sdft_trainer  # TRL's SDFTTrainer on the task's rows as prompt + privileged_context
         train_rows = sdft.sdft_rows(task, train_rows)
+    callbacks = [tracker] if tracker is not None else []
+    if _WORKER.parent is not None:  # in a worker: Ctrl-C stops its training at the next step boundary
+        callbacks.append(StopAtStepBoundary())
     trainer = trainer_class(
         model=model,
         args=config,
         train_dataset=_dataset(train_rows),
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[tracker] if tracker is not None else None,
+        callbacks=callbacks or None,
     )
     if tracker is not None:
         tracker.bind(trainer)
@@ -76,19 +91,105 @@ def compact_history(log_history: Sequence[dict[str, Any]]) -> dict[str, list[flo
     return curves
 
 
-def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any]) -> str:
+class UnitStopped(Exception):
+    """A worker's unit stopped by Ctrl-C (its training at a step boundary, its evaluation at once)."""
+
+
+class _WorkerState:
+    parent: int | None = None  # the parent's pid, in a worker
+    in_unit = False  # running a unit (not waiting for the next one in the pool's loop)
+    training = False
+    stopping = False
+
+
+_WORKER = _WorkerState()
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel send SIGTERM to this worker when its parent ends (Linux), and watch the parent's pid from a
+    thread where that is not available (or in case the parent ended before the signal was asked for)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    if os.getppid() != parent:
+        os._exit(1)
+    threading.Thread(target=watch, name="trl-nca-parent-watch", daemon=True).start()
+
+
+def _worker_sigint(signum, frame) -> None:
+    """Ctrl-C in a worker (from the terminal, or passed on by the parent): a student in training stops at its next
+    step boundary (`StopAtStepBoundary`), anything else at once; a second one changes nothing."""
+    if _WORKER.stopping:
+        return
+    _WORKER.stopping = True
+    if _WORKER.in_unit and not _WORKER.training:  # between units, the next one sees `stopping` and does not start
+        raise UnitStopped
+
+
+def _worker_init(parent: int) -> None:
+    """Each worker, once, as it starts: it ends with its parent, leaves the output folder's lock to the parent alone,
+    and takes Ctrl-C as a request to stop (`_worker_sigint`)."""
+    _WORKER.parent = parent
+    _die_with_parent(parent)
+    close_inherited_locks()
+    signal.signal(signal.SIGINT, _worker_sigint)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def StopAtStepBoundary():  # noqa: N802 (a class made on first use: transformers loads only when a student trains)
+    """In a worker: the training of a student stops at the step boundary after a Ctrl-C (`UnitStopped`; no
+    `done.json` is written, so a rerun trains it again)."""
+    from transformers import TrainerCallback
+
+    class StopAtStepBoundary(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            _WORKER.training = True
+            if _WORKER.stopping:
+                raise UnitStopped
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if _WORKER.stopping:
+                raise UnitStopped
+
+        def on_train_end(self, args, state, control, **kwargs):
+            _WORKER.training = False
+
+    return StopAtStepBoundary()
+
+
+def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any]) -> str | None:
     """One unit in a worker, with one CPU thread: ("base", organism) evaluates that base, ("student", index) trains
-    and evaluates that student. Each writes its records (and a student its folder) as a sequential run would."""
+    and evaluates that student. Each writes its records (and a student its folder) as a sequential run would. Returns
+    the unit's name, or None when a Ctrl-C stopped it (or came before it started)."""
     import torch
 
     torch.set_num_threads(1)
     kind, key = unit
-    if kind == "base":
-        _evaluate_base(plan, key, tokenizers[key], Evaluated())
-        return plan.base_name(key)
-    run = plan.runs[key]
-    _evaluate_student(plan, run, tokenizers[run.organism], Evaluated())
-    return run.name
+    try:
+        _WORKER.in_unit = True
+        if _WORKER.stopping:
+            return None
+        if kind == "base":
+            _evaluate_base(plan, key, tokenizers[key], Evaluated())
+            return plan.base_name(key)
+        run = plan.runs[key]
+        _evaluate_student(plan, run, tokenizers[run.organism], Evaluated())
+        return run.name
+    except UnitStopped:
+        return None
+    finally:
+        _WORKER.in_unit = _WORKER.training = False
 
 
 def _units_in_workers(
@@ -96,7 +197,8 @@ def _units_in_workers(
 ) -> None:
     """Evaluate the bases in `bases` and train and evaluate the unfinished students in `workers` forked processes,
     the bases first; the caller then loads each unit back from the files it wrote. The plan and the tokenizers go to
-    each worker with its unit. As each student finishes, `job` prints the whole job's estimate."""
+    each worker with its unit. As each student finishes, `job` prints the whole job's estimate. Ctrl-C stops the units
+    (see the module's docstring) and raises KeyboardInterrupt once the workers have stopped."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -105,14 +207,69 @@ def _units_in_workers(
     if not units:
         return
     context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(min(plan.args.workers, len(units)), mp_context=context) as pool:
-        work = functools.partial(_unit_in_worker, plan, tokenizers)
-        futures = {pool.submit(work, unit): unit for unit in units}
-        for future in as_completed(futures):
-            name = future.result()
-            logger.info("%s finished in a worker.", name)
-            if job is not None and futures[future][0] == "student":
-                say(job.finished(name), level="units")
+    with ProcessPoolExecutor(
+        min(plan.args.workers, len(units)), mp_context=context, initializer=_worker_init, initargs=(os.getpid(),)
+    ) as pool:
+        with _interrupts_passed_on(pool) as interrupted:
+            work = functools.partial(_unit_in_worker, plan, tokenizers)
+            futures = {pool.submit(work, unit): unit for unit in units}
+            for future in as_completed(futures):
+                name = future.result()
+                if name is None:  # stopped by a Ctrl-C, or not started after one
+                    continue
+                logger.info("%s finished in a worker.", name)
+                if job is not None and futures[future][0] == "student":
+                    say(job.finished(name), level="units")
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+class _Interrupted:
+    def __init__(self):
+        self.count = 0
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
+def _interrupts_passed_on(pool):
+    """While the workers run (main thread only): the first Ctrl-C is passed on to every worker, which stop (their
+    queued units are not started); a second one ends them at once (SIGTERM) and raises KeyboardInterrupt."""
+    import contextlib
+
+    interrupted = _Interrupted()
+
+    def workers() -> list[int]:
+        import multiprocessing
+
+        return [process.pid for process in multiprocessing.active_children() if process.pid is not None]
+
+    def handle(signum, frame) -> None:
+        interrupted.count += 1
+        if interrupted.count == 1:
+            print("Interrupted: the students in training stop at their next step, queued ones are not started (Ctrl-C "
+                  "again stops at once).", file=sys.stderr, flush=True)  # fmt: skip
+            for pid in workers():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGINT)
+            return
+        for pid in workers():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def manager():
+        if threading.current_thread() is not threading.main_thread():
+            yield interrupted
+            return
+        previous = signal.signal(signal.SIGINT, handle)
+        try:
+            yield interrupted
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    return manager()
 
 
 def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
