@@ -136,8 +136,7 @@ def test_an_output_dir_that_is_a_file_is_refused_by_compare_and_train(tmp_path, 
 def test_task_help_lists_every_task_of_the_registry(capsys, command):
     from trl_nca.tasks import task_names
 
-    with pytest.raises(SystemExit):
-        cli_main([command, "--help"])
+    assert cli_main([command, "--help"]) == 0  # from the help spec (trl_nca.cli.help): no parser is built
     text = " ".join(capsys.readouterr().out.split())
     assert "town_facts" in task_names() and all(name in text for name in task_names()), text
 

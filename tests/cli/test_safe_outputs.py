@@ -17,6 +17,12 @@ from trl_nca.cli import main as cli_main
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _as_command(monkeypatch, name: str, function) -> None:
+    """Run `function(argv)` as the command `name` (`trl_nca.cli.COMMANDS` names a module and a function in it)."""
+    monkeypatch.setattr(sys.modules[__name__], f"_command_{name}", function, raising=False)
+    monkeypatch.setitem(sys.modules["trl_nca.cli"].COMMANDS, name, (__name__, f"_command_{name}"))
+
+
 def child_env(**extra):
     return dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), **extra)
 
@@ -97,7 +103,7 @@ def test_a_full_disk_is_one_line_naming_the_file_and_keeps_the_earlier_file(tmp_
         def report(argv):  # a command whose report runs out of space
             write_text_atomic(disk / "report.md", "y" * 200_000)
 
-        monkeypatch.setitem(sys.modules["trl_nca.cli"].COMMANDS, "eval", report)
+        _as_command(monkeypatch, "eval", report)
         assert cli_main(["eval"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "trl-nca eval: error: No space left to write" in err and "Traceback" not in err
@@ -111,7 +117,7 @@ def test_a_disk_full_error_anywhere_in_a_command_is_one_line(capsys, monkeypatch
     def save(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "/out/model.safetensors")
 
-    monkeypatch.setitem(sys.modules["trl_nca.cli"].COMMANDS, "train", save)
+    _as_command(monkeypatch, "train", save)
     assert cli_main(["train"]) == 2
     err = capsys.readouterr().err
     assert (
@@ -422,7 +428,7 @@ def test_a_folder_made_unwritable_mid_run_is_one_line_and_leaves_no_stale_lock(
             write_text_atomic(out / "b.json", "2\n")
         return 0
 
-    monkeypatch.setitem(sys.modules["trl_nca.cli"].COMMANDS, "eval", command)
+    _as_command(monkeypatch, "eval", command)
     try:
         code = cli_main(["eval"])
     finally:

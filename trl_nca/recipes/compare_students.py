@@ -70,8 +70,8 @@ def train_run(
     explain_training(trainer, phase)  # also TRL's SDFTTrainer
     if trainer_class is NCATrainer:
         trainer.train()
-    else:  # TRL's SDFTTrainer toggles checkpointing by its deprecated names around sampling (trainers.checkpointing)
-        from ..trainers.checkpointing import quiet_old_checkpointing_names
+    else:  # TRL's SDFTTrainer toggles checkpointing by its deprecated names around sampling (trainers.activation_checkpointing)
+        from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
         with quiet_old_checkpointing_names():
             trainer.train()
@@ -288,9 +288,9 @@ def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluate
         done = read_json_output(done_path, _done_fix(run))
         from peft import PeftModel
 
-        from ..trainers.checkpointing import quiet_old_checkpointing_names
+        from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
-        with quiet_old_checkpointing_names():  # PEFT reads transformers' deprecated name (trainers.checkpointing)
+        with quiet_old_checkpointing_names():  # PEFT reads transformers' deprecated name (trainers.activation_checkpointing)
             student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
     else:
         done, student = _train_student(plan, run, model_path, tokenizer)

@@ -198,9 +198,9 @@ def sdft_trainer(model, args, train_dataset, processing_class, peft_config, call
         )  # fmt: skip
         args = copy.copy(args)  # not dataclasses.replace: SDFTConfig refuses its own derived batch fields
         args.distillation_topk = vocab
-    from ..trainers.checkpointing import quiet_old_checkpointing_names
+    from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
-    with quiet_old_checkpointing_names():  # PEFT's get_peft_model reads a deprecated name (trainers.checkpointing)
+    with quiet_old_checkpointing_names():  # PEFT's get_peft_model reads a deprecated name (trainers.activation_checkpointing)
         return SDFTTrainer(
             model=model,
             args=args,
