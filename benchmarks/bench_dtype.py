@@ -61,8 +61,10 @@ def main() -> None:
         for _ in range(cli.repeats):  # interleaved: each repeat times float32, then bfloat16
             pairs.append((timed(x, weight, cli.calls), timed(x.bfloat16(), weight.bfloat16(), cli.calls)))
         ratios = [b / a for a, b in pairs]
-        print(f"| {name} | {statistics.median(a for a, _ in pairs):.3f} | {statistics.median(b for _, b in pairs):.3f} "
-              f"| {', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f} |")  # fmt: skip
+        print(
+            f"| {name} | {statistics.median(a for a, _ in pairs):.3f} | {statistics.median(b for _, b in pairs):.3f} "
+            f"| {', '.join(f'{r:.2f}' for r in ratios)} | {statistics.median(ratios):.2f} |"
+        )
 
 
 if __name__ == "__main__":

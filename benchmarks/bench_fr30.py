@@ -80,8 +80,22 @@ def plan_for(dtype: str, items: int, steps: int, out: Path):
     from trl_nca.trainers.nca_config import NCAConfig
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig))
-    argv = ["--config", str(FR30), "--output_dir", str(out), "--eval_items", str(items), "--max_steps", str(steps),
-            "--dtype", dtype, "--seeds", "0", "--slices_dir", str(out / "slices")]  # fmt: skip
+    argv = [
+        "--config",
+        str(FR30),
+        "--output_dir",
+        str(out),
+        "--eval_items",
+        str(items),
+        "--max_steps",
+        str(steps),
+        "--dtype",
+        dtype,
+        "--seeds",
+        "0",
+        "--slices_dir",
+        str(out / "slices"),
+    ]
     args, config, model_args = parser.parse_args_and_config(args=argv)
     return plan_comparison(args, config, model_args)
 
@@ -125,9 +139,15 @@ def measure_steps(plan, run, tokenizer, warmup: int, timed: int, share_prefix: b
     NCATrainer._generate = timed_generate
     try:
         trainer = train_run(
-            plan.task, config, plan.model_paths[run.organism], plan.model_init_kwargs, tokenizer,
-            copy.deepcopy(plan.peft_config), plan.train_rows, clock,
-        )  # fmt: skip
+            plan.task,
+            config,
+            plan.model_paths[run.organism],
+            plan.model_init_kwargs,
+            tokenizer,
+            copy.deepcopy(plan.peft_config),
+            plan.train_rows,
+            clock,
+        )
     finally:
         NCATrainer._generate = original
     trainer.remove_callback(clock)
@@ -190,9 +210,11 @@ def batch_sizes(plan, sizes: list[int], repeats: int):
     print(f"\n| eval batch | seconds per repeat | best | best vs batch {first} | items whose records differ |")
     print("| ---: | --- | ---: | ---: | ---: |")
     for size in sizes:
-        print(f"| {size} | {', '.join(f'{t:.1f}' for t in seconds[size])} | {min(seconds[size]):.1f} | "
-              f"{min(seconds[first]) / min(seconds[size]):.2f}x | {differing(records[size], records[first])} of "
-              f"{len(records[size])} |")  # fmt: skip
+        print(
+            f"| {size} | {', '.join(f'{t:.1f}' for t in seconds[size])} | {min(seconds[size]):.1f} | "
+            f"{min(seconds[first]) / min(seconds[size]):.2f}x | {differing(records[size], records[first])} of "
+            f"{len(records[size])} |"
+        )
 
 
 def decoding(plan):
@@ -258,8 +280,13 @@ def main():
     parser.add_argument("--today-eval-batch", type=int, default=32, help="today's evaluation batch")
     parser.add_argument("--fast-eval-batch", type=int, default=None, help="the fast path's (default: fr-30.yaml's)")
     parser.add_argument("--decoding", action="store_true", help="decoding alone: dtypes, batches, caches")
-    parser.add_argument("--eval-batch-sizes", type=int, nargs="+", default=None,
-                        help="only the base's fast evaluation at these batch sizes, interleaved (e.g. 32 64 128)")  # fmt: skip
+    parser.add_argument(
+        "--eval-batch-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="only the base's fast evaluation at these batch sizes, interleaved (e.g. 32 64 128)",
+    )
     cli = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -269,8 +296,11 @@ def main():
 
     torch.set_num_threads(1)
     hf_logging.disable_progress_bar()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, CPU capability "
-          f"{torch.backends.cpu.get_cpu_capability()}, {cli.dtype}", flush=True)  # fmt: skip
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread, CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, {cli.dtype}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         plan = plan_for(cli.dtype, cli.items, cli.warmup + cli.steps, Path(tmp))
         if cli.decoding:
@@ -288,8 +318,11 @@ def main():
                     plan, run, tokenizer, cli.warmup, cli.steps, share_prefix=path == "fast"
                 )
                 steps[run.method.name, path] = (statistics.median(times), statistics.median(sampling))
-                print(f"{run.method.name} step, {path}: {steps[run.method.name, path][0]:.2f} s, of which sampling "
-                      f"{steps[run.method.name, path][1]:.2f} s", flush=True)  # fmt: skip
+                print(
+                    f"{run.method.name} step, {path}: {steps[run.method.name, path][0]:.2f} s, of which sampling "
+                    f"{steps[run.method.name, path][1]:.2f} s",
+                    flush=True,
+                )
                 if run.method.name == "opd" and path == "fast":
                     student = model
                 else:
@@ -324,13 +357,17 @@ def report(cli, plan, steps, samples, evals, calls, batch):
     for method in ("opd", "nca"):
         today, fast = steps[method, "today"], steps[method, "fast"]
         same = sum(torch.equal(a, b) for a, b in zip(samples[method, "today"], samples[method, "fast"]))
-        print(f"| {method} step (of which sampling) | {today[0]:.2f} ({today[1]:.2f}) | {fast[0]:.2f} ({fast[1]:.2f}) "
-              f"| {today[0] / fast[0]:.2f} ({today[1] / fast[1]:.2f}) | {same} of {len(samples[method, 'fast'])} "
-              "sampling calls gave the same completions |")  # fmt: skip
+        print(
+            f"| {method} step (of which sampling) | {today[0]:.2f} ({today[1]:.2f}) | {fast[0]:.2f} ({fast[1]:.2f}) "
+            f"| {today[0] / fast[0]:.2f} ({today[1] / fast[1]:.2f}) | {same} of {len(samples[method, 'fast'])} "
+            "sampling calls gave the same completions |"
+        )
     for name in ("base", "student"):
         e = evals[name]
-        print(f"| eval {name} (batch {batch['today']} / {batch['fast']}) | {e['today']:.1f} | {e['fast']:.1f} | "
-              f"{e['today'] / e['fast']:.2f} | {e['differ']} of {cli.items} items' records differ |")  # fmt: skip
+        print(
+            f"| eval {name} (batch {batch['today']} / {batch['fast']}) | {e['today']:.1f} | {e['fast']:.1f} | "
+            f"{e['today'] / e['fast']:.2f} | {e['differ']} of {cli.items} items' records differ |"
+        )
     units = {}
     for path in PATHS:
         base = scale * evals["base"][path]
@@ -342,11 +379,15 @@ def report(cli, plan, steps, samples, evals, calls, batch):
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for path in PATHS:
         u = units[path]
-        print(f"| {path} | {minutes(u[0])} | {minutes(u[1])} | {minutes(u[2])} | {minutes(sum(u))} | "
-              f"{minutes(makespan(u, 2))} |")  # fmt: skip
+        print(
+            f"| {path} | {minutes(u[0])} | {minutes(u[1])} | {minutes(u[2])} | {minutes(sum(u))} | "
+            f"{minutes(makespan(u, 2))} |"
+        )
     today, fast = units["today"], units["fast"]
-    print(f"\nfast vs today: {sum(today) / sum(fast):.2f}x one after another; today one after another vs fast on 2 "
-          f"workers: {sum(today) / makespan(fast, 2):.2f}x")  # fmt: skip
+    print(
+        f"\nfast vs today: {sum(today) / sum(fast):.2f}x one after another; today one after another vs fast on 2 "
+        f"workers: {sum(today) / makespan(fast, 2):.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -72,9 +72,16 @@ def main() -> None:
     def paired() -> dict:
         with tempfile.TemporaryDirectory() as out:
             runs = evaluate_harness(
-                model, tokenizer, [HARNESS_TASK], context=context, include_path=str(by_hand), options=options,
-                output_dir=out, model_name="embedded", lm=lm,
-            )  # fmt: skip
+                model,
+                tokenizer,
+                [HARNESS_TASK],
+                context=context,
+                include_path=str(by_hand),
+                options=options,
+                output_dir=out,
+                model_name="embedded",
+                lm=lm,
+            )
             summary = write_report(runs, out, n_bootstrap=1000, plots=False)
         return summary["models"][0]["metrics"]
 
@@ -82,15 +89,23 @@ def main() -> None:
         accs = []
         for task in (HARNESS_TASK, f"{HARNESS_TASK}_ctx"):
             results = lm_eval.simple_evaluate(
-                model=lm, tasks=[task], task_manager=manager, apply_chat_template=True, limit=args.limit,
-                random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-            )  # fmt: skip
+                model=lm,
+                tasks=[task],
+                task_manager=manager,
+                apply_chat_template=True,
+                limit=args.limit,
+                random_seed=0,
+                numpy_random_seed=0,
+                torch_random_seed=0,
+            )
             accs.append(results["results"][task]["acc,none"])
         return accs[0], accs[1]
 
     times: dict[str, list[float]] = {"A": [], "B": []}
-    print(f"model {args.model}, task {HARNESS_TASK}, {args.limit} documents, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} torch threads")  # fmt: skip
+    print(
+        f"model {args.model}, task {HARNESS_TASK}, {args.limit} documents, batch {args.batch_size}, "
+        f"{torch.get_num_threads()} torch threads"
+    )
     paired(), by_lm_eval()  # one untimed pair: first-call costs (kernels, caches) fall on neither side
     for repeat in range(args.repeats):
         order = (("A", paired), ("B", by_lm_eval))
@@ -110,8 +125,10 @@ def main() -> None:
     print(
         f"median paired {statistics.median(times['A']):.2f} s, median lm-eval x2 {statistics.median(times['B']):.2f} s"
     )
-    print(f"ratio (paired)/(lm-eval's two runs) = {statistics.median(times['A']) / statistics.median(times['B']):.3f} "
-          f"(per pair: {', '.join(f'{r:.3f}' for r in pairs)}; target <= 1.05)")  # fmt: skip
+    print(
+        f"ratio (paired)/(lm-eval's two runs) = {statistics.median(times['A']) / statistics.median(times['B']):.3f} "
+        f"(per pair: {', '.join(f'{r:.3f}' for r in pairs)}; target <= 1.05)"
+    )
     shutil.rmtree(by_hand)
 
 

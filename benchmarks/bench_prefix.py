@@ -80,11 +80,21 @@ def build(base, tok, data, placement, nca_beta, new_tokens, checkpointing, out):
     from trl_nca import NCAConfig, NCATrainer
 
     args = NCAConfig(
-        output_dir=out, max_steps=1, per_device_train_batch_size=len(data), max_new_tokens=new_tokens,
-        use_cpu=not torch.cuda.is_available(), bf16=torch.cuda.is_available(), report_to=[], save_strategy="no",
-        gradient_checkpointing=False, lmbda=1.0, nca_beta=nca_beta, context_placement=placement, max_length=None,
+        output_dir=out,
+        max_steps=1,
+        per_device_train_batch_size=len(data),
+        max_new_tokens=new_tokens,
+        use_cpu=not torch.cuda.is_available(),
+        bf16=torch.cuda.is_available(),
+        report_to=[],
+        save_strategy="no",
+        gradient_checkpointing=False,
+        lmbda=1.0,
+        nca_beta=nca_beta,
+        context_placement=placement,
+        max_length=None,
         disable_tqdm=True,
-    )  # fmt: skip
+    )
     peft = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     trainer = NCATrainer(
         model=copy.deepcopy(base), args=args, train_dataset=data, processing_class=tok, peft_config=peft

@@ -368,9 +368,18 @@ def main():
             )
         for name, view, lora in (("view-c/full", "c", False), ("view-c/lora", "c", True), ("view-x/lora", "x", True)):
             rows[name] = manual_view_step(
-                base, tok, nca_data, cli.batch, cli.new_tokens, device, lora, view, cli.warmup, cli.steps,
+                base,
+                tok,
+                nca_data,
+                cli.batch,
+                cli.new_tokens,
+                device,
+                lora,
+                view,
+                cli.warmup,
+                cli.steps,
                 not cli.no_checkpointing,
-            )  # fmt: skip
+            )
             print(
                 f"{name:22s} {rows[name][0]:8.3f} s/step  peak {rows[name][1]:9.1f} MiB  {rows[name][2]:8.1f} GFLOP",
                 flush=True,
@@ -393,20 +402,26 @@ def main():
         if not all(k in rows for k in (opd, nca, joint, view)):
             continue
         larger = max(rows[opd][1], rows[view][1])
-        print(f"mem   nca05/max(nca0, view-c), {tuning:9s}  in sequence {rows[nca][1] / larger:6.2f}  "
-              f"both at once {rows[joint][1] / larger:6.2f}  (<= 1.15)")  # fmt: skip
+        print(
+            f"mem   nca05/max(nca0, view-c), {tuning:9s}  in sequence {rows[nca][1] / larger:6.2f}  "
+            f"both at once {rows[joint][1] / larger:6.2f}  (<= 1.15)"
+        )
         for i, what in ((0, "time "), (2, "GFLOP")):
             both = rows[opd][i] + rows[view][i]
-            print(f"{what} nca05/(nca0 + view-c), {tuning:9s}    in sequence {rows[nca][i] / both:6.2f}  "
-                  f"both at once {rows[joint][i] / both:6.2f}  (<= 1.10)")  # fmt: skip
+            print(
+                f"{what} nca05/(nca0 + view-c), {tuning:9s}    in sequence {rows[nca][i] / both:6.2f}  "
+                f"both at once {rows[joint][i] / both:6.2f}  (<= 1.10)"
+            )
             print(f"{what} in sequence / both at once, {tuning:9s} {rows[nca][i] / rows[joint][i]:6.2f}  (<= 1.05)")
     print(f"mem   nca0 LoRA self / student-only    {ratio('nca0/lora-self', 'view-x/lora', 1):6.2f}  (<= 1.15)")
     # The cost of the joint forward (reentrant checkpointing under DeepSpeed or DDP) against two forwards before one
     # backward (non-reentrant, the trainers' default there): the no-context rows are padded to the context width.
     for tuning in ("separate", "lora-self"):
         one, two = f"nca05-onefwd/{tuning}", f"nca05-joint/{tuning}"
-        print(f"time  one forward / two forwards, {tuning:9s}  {ratio(one, two, 0):6.2f}   "
-              f"mem {ratio(one, two, 1):6.2f}   GFLOP {ratio(one, two, 2):6.2f}")  # fmt: skip
+        print(
+            f"time  one forward / two forwards, {tuning:9s}  {ratio(one, two, 0):6.2f}   "
+            f"mem {ratio(one, two, 1):6.2f}   GFLOP {ratio(one, two, 2):6.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -59,31 +59,82 @@ ROOT = Path(__file__).resolve().parents[1]
 # The published architecture (Qwen/Qwen3-8B, config.json), random weights.
 SHAPES = {
     "qwen3-8b": dict(
-        model_type="qwen3", hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960, rope_theta=1000000.0,
-        rms_norm_eps=1e-6, tie_word_embeddings=False,
+        model_type="qwen3",
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
     ),
-}  # fmt: skip
+}
 
 # The lent GPU machine, as reported for it (CPython 3.12.3, x86-64 Linux, no network). None: present, version not
 # reported. MACHINE_DEPENDENCIES: installed there because the packages above require them (transformers: pyyaml,
 # regex, typer, tqdm, packaging; huggingface-hub: filelock, httpx, click, hf-xet, typing-extensions; accelerate: psutil;
 # torch: jinja2, sympy, networkx, setuptools; pandas: python-dateutil, tzdata); their versions are not checked here.
 GPU_MACHINE = {
-    "torch": "2.11.0", "transformers": "5.17.0", "accelerate": "1.15.0", "peft": None, "pyarrow": None,
-    "pandas": None, "xxhash": None, "fsspec": None, "huggingface-hub": "1.33.0", "tokenizers": "0.23.0",
-    "safetensors": "0.8.0", "numpy": "2.5.0",
-}  # fmt: skip
+    "torch": "2.11.0",
+    "transformers": "5.17.0",
+    "accelerate": "1.15.0",
+    "peft": None,
+    "pyarrow": None,
+    "pandas": None,
+    "xxhash": None,
+    "fsspec": None,
+    "huggingface-hub": "1.33.0",
+    "tokenizers": "0.23.0",
+    "safetensors": "0.8.0",
+    "numpy": "2.5.0",
+}
 MACHINE_DEPENDENCIES = (
-    "pyyaml", "regex", "typer", "tqdm", "packaging", "filelock", "httpx", "click", "hf-xet", "typing-extensions",
-    "psutil", "jinja2", "sympy", "networkx", "setuptools", "python-dateutil", "tzdata",
-)  # fmt: skip
-MACHINE_PYTHON = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_machine": "x86_64",
-                  "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
-                  "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
+    "pyyaml",
+    "regex",
+    "typer",
+    "tqdm",
+    "packaging",
+    "filelock",
+    "httpx",
+    "click",
+    "hf-xet",
+    "typing-extensions",
+    "psutil",
+    "jinja2",
+    "sympy",
+    "networkx",
+    "setuptools",
+    "python-dateutil",
+    "tzdata",
+)
+MACHINE_PYTHON = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "platform_machine": "x86_64",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "extra": "",
+}
 # Imports the check needs; deepspeed is optional (ZeRO launches), reported either way.
-REQUIRED_IMPORTS = ("torch", "transformers", "accelerate", "peft", "datasets", "trl", "trl.experimental.gkd",
-                    "trl_nca", "trl_nca.trainers.nca_trainer", "trl_nca.eval.compare")  # fmt: skip
+REQUIRED_IMPORTS = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "peft",
+    "datasets",
+    "trl",
+    "trl.experimental.gkd",
+    "trl_nca",
+    "trl_nca.trainers.nca_trainer",
+    "trl_nca.eval.compare",
+)
 DEEPSPEED_ABSENT = (
     "deepspeed is not installed: benchmarks/download_wheels.sh builds it as a pure-Python wheel "
     "(`DS_BUILD_OPS=0 pip wheel --no-deps deepspeed==0.19.8`: no op compiled; ZeRO-2/3 with the Trainer's torch "
@@ -133,9 +184,12 @@ def wheel_metadata(path: Path) -> dict:
         elif key in ("Name", "Version", "Requires-Python"):
             fields[key] = value.strip()
     return {
-        "name": _canonical(fields["Name"]), "version": fields["Version"], "file": path.name,
-        "requires_python": fields.get("Requires-Python"), "requires": fields["Requires-Dist"],
-    }  # fmt: skip
+        "name": _canonical(fields["Name"]),
+        "version": fields["Version"],
+        "file": path.name,
+        "requires_python": fields.get("Requires-Python"),
+        "requires": fields["Requires-Dist"],
+    }
 
 
 def plan_wheels(wheel_dir: Path, machine: dict = GPU_MACHINE, dependencies=MACHINE_DEPENDENCIES) -> list[str]:
@@ -271,12 +325,16 @@ def environment(wheel_dir: Path | None) -> dict:
         except Exception as error:
             deepspeed = f"installed but not importable: {type(error).__name__}: {error}"
     return {
-        "imports": imports, "missing": [m for m, v in imports.items() if v != "ok"], "deepspeed": deepspeed,
+        "imports": imports,
+        "missing": [m for m, v in imports.items() if v != "ok"],
+        "deepspeed": deepspeed,
         "deepspeed_accelerator": accelerator,
-        "unmet_requirements": unmet_requirements(_project_dependencies()), "versions": versions(),
-        "vllm": "installed, not used (NCATrainer samples with generate)" if importlib.util.find_spec("vllm")
+        "unmet_requirements": unmet_requirements(_project_dependencies()),
+        "versions": versions(),
+        "vllm": "installed, not used (NCATrainer samples with generate)"
+        if importlib.util.find_spec("vllm")
         else "not installed",
-    }  # fmt: skip
+    }
 
 
 def versions() -> dict:
@@ -310,11 +368,21 @@ def medmcqa_rows(n: int) -> list[dict]:
 
     subjects = [s for pair in zip(MEDMCQA_TRAIN_SUBJECTS, MEDMCQA_TEST_SUBJECTS) for s in pair]
     return [
-        {"id": f"m{i}", "question": f"Case {i}: which organ produces insulin?", "opa": "Liver", "opb": "Spleen",
-         "opc": "Pancreas", "opd": "Kidney", "cop": 2, "choice_type": "single", "exp": "",
-         "subject_name": subjects[i % len(subjects)], "topic_name": "t"}
+        {
+            "id": f"m{i}",
+            "question": f"Case {i}: which organ produces insulin?",
+            "opa": "Liver",
+            "opb": "Spleen",
+            "opc": "Pancreas",
+            "opd": "Kidney",
+            "cop": 2,
+            "choice_type": "single",
+            "exp": "",
+            "subject_name": subjects[i % len(subjects)],
+            "topic_name": "t",
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def launch_model(work: Path) -> str:
@@ -346,14 +414,52 @@ def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float, config: str = LA
     data.write_text("\n".join(json.dumps(r) for r in medmcqa_rows(64)) + "\n")
     out = work / "medmcqa-out"
     eval_limit = 8
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
-                "--num_processes", "1", "--main_process_port", str(_free_port())]  # fmt: skip
-    script = ["examples/medmcqa.py", "--model_name_or_path", model, "--dataset_path", str(data),
-              "--per_device_train_batch_size", "2", "--max_new_tokens", "8", "--train_limit", "16",
-              "--eval_limit", str(eval_limit), "--eval_max_new_tokens", "8", "--eval_batch_size", "8",
-              "--output_dir", str(out), "--report_to", "none", "--save_strategy", "steps", "--save_steps", "1",
-              "--use_peft", "true", "--lora_r", "16", "--lora_alpha", "32", "--lora_target_modules",
-              *LORA_TARGETS]  # fmt: skip
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        config,
+        "--num_processes",
+        "1",
+        "--main_process_port",
+        str(_free_port()),
+    ]
+    script = [
+        "examples/medmcqa.py",
+        "--model_name_or_path",
+        model,
+        "--dataset_path",
+        str(data),
+        "--per_device_train_batch_size",
+        "2",
+        "--max_new_tokens",
+        "8",
+        "--train_limit",
+        "16",
+        "--eval_limit",
+        str(eval_limit),
+        "--eval_max_new_tokens",
+        "8",
+        "--eval_batch_size",
+        "8",
+        "--output_dir",
+        str(out),
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "16",
+        "--lora_alpha",
+        "32",
+        "--lora_target_modules",
+        *LORA_TARGETS,
+    ]
     if dry_run:
         launcher += ["--mixed_precision", "no"]
         script += ["--use_cpu", "true", "--bf16", "false"]
@@ -390,10 +496,16 @@ def launch_medmcqa(work: Path, dry_run: bool, timeout_s: float, config: str = LA
             if records[name] != eval_limit:
                 problems.append(f"{path}: {records[name]} records, expected {eval_limit}")
     return {
-        "command": commands[0], "commands": commands, "config": config, "rc": 0 if not problems else 1,
-        "seconds": seconds, "records": records, "ok": not problems, "problems": problems,
+        "command": commands[0],
+        "commands": commands,
+        "config": config,
+        "rc": 0 if not problems else 1,
+        "seconds": seconds,
+        "records": records,
+        "ok": not problems,
+        "problems": problems,
         "log_tail": "\n".join(logs)[-6000:],
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -417,16 +529,32 @@ class Workload:
 
 
 # The real lengths (prompt 1.5k, context 1k, completion 1k tokens), and the dry run's few tokens.
-GPU_WORKLOAD = Workload(batch=4, prompt_tokens=1536, context_tokens=1024, completion_tokens=1024, sampled_tokens=256,
-                        warmup=1, steps=2, sampled_steps=1)  # fmt: skip
-DRY_RUN_WORKLOAD = Workload(batch=2, prompt_tokens=24, context_tokens=16, completion_tokens=8, sampled_tokens=8,
-                            warmup=1, steps=1, sampled_steps=1)  # fmt: skip
+GPU_WORKLOAD = Workload(
+    batch=4,
+    prompt_tokens=1536,
+    context_tokens=1024,
+    completion_tokens=1024,
+    sampled_tokens=256,
+    warmup=1,
+    steps=2,
+    sampled_steps=1,
+)
+DRY_RUN_WORKLOAD = Workload(
+    batch=2,
+    prompt_tokens=24,
+    context_tokens=16,
+    completion_tokens=8,
+    sampled_tokens=8,
+    warmup=1,
+    steps=1,
+    sampled_steps=1,
+)
 STEP_PARTS = {  # part: (nca_beta, ZeRO-3 at world size 1, completions sampled)
     "opd": (0.0, False, False),
     "nca": (0.5, False, False),
     "nca-zero3": (0.5, True, False),
     "nca-sampled": (0.5, False, True),
-}  # fmt: skip
+}
 
 
 def dry_run_shape(shape: dict, tok) -> dict:
@@ -437,8 +565,12 @@ def dry_run_shape(shape: dict, tok) -> dict:
 
     tiny = make_tiny_model(tok, vocab_size=512).config
     sizes = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
-    return dict(shape, **{k: getattr(tiny, k) for k in sizes}, head_dim=tiny.hidden_size // tiny.num_attention_heads,
-                vocab_size=tiny.vocab_size)  # fmt: skip
+    return dict(
+        shape,
+        **{k: getattr(tiny, k) for k in sizes},
+        head_dim=tiny.hidden_size // tiny.num_attention_heads,
+        vocab_size=tiny.vocab_size,
+    )
 
 
 def build_config(shape: dict, tok=None):
@@ -586,9 +718,12 @@ def measured_on(device: str, dtype, dry_run: bool) -> dict:
     else:
         device_text = f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     return {
-        "device": device_text, "dtype": str(dtype).replace("torch.", ""), "versions": versions(), "dry_run": dry_run,
+        "device": device_text,
+        "dtype": str(dtype).replace("torch.", ""),
+        "versions": versions(),
+        "dry_run": dry_run,
         "host": platform.node(),
-    }  # fmt: skip
+    }
 
 
 def run_step_part(part: str, cli, write) -> None:
@@ -613,25 +748,47 @@ def run_step_part(part: str, cli, write) -> None:
         "status": "running",
         "settings": {
             "model": MODEL + (" architecture at trl_nca.testing's tiny sizes (dry run)" if cli.dry_run else ""),
-            "shape": shape, "parameters": _parameters(shape), "nca_beta": beta,
-            "nca_beta_schedule": "constant", "completions": "sampled on-policy" if sampled else "fixed random tokens",
-            "completion_tokens": tokens, "batch": workload.batch, "prompt_tokens": prompt_len,
-            "context_prompt_tokens": context_len, "warmup_steps": workload.warmup, "timed_steps": steps,
+            "shape": shape,
+            "parameters": _parameters(shape),
+            "nca_beta": beta,
+            "nca_beta_schedule": "constant",
+            "completions": "sampled on-policy" if sampled else "fixed random tokens",
+            "completion_tokens": tokens,
+            "batch": workload.batch,
+            "prompt_tokens": prompt_len,
+            "context_prompt_tokens": context_len,
+            "warmup_steps": workload.warmup,
+            "timed_steps": steps,
             "lora": {"r": 16, "alpha": 32, "target_modules": LORA_TARGETS},
-            "teacher": "LoRA self-teacher (adapter disabled)", "gradient_checkpointing": True,
+            "teacher": "LoRA self-teacher (adapter disabled)",
+            "gradient_checkpointing": True,
             "launcher": f"accelerate launch --config_file {LAUNCH_CONFIG} --num_processes 1" if zero3 else "python",
         },
         "measured": {},
         "measured_on": measured_on(device, dtype, cli.dry_run),
-    }  # fmt: skip
+    }
     baseline = torch.cuda.memory_allocated() / 2**30 if device == "cuda" else None
     args = NCAConfig(  # before the model: under ZeRO-3 it is what makes transformers build the model partitioned
-        output_dir=str(Path(cli.work) / part), max_steps=workload.warmup + steps,
-        per_device_train_batch_size=workload.batch, lmbda=1.0, nca_beta=beta, nca_beta_schedule="constant",
-        bf16=dtype == torch.bfloat16, use_cpu=device == "cpu", gradient_checkpointing=True, learning_rate=1e-5,
-        max_new_tokens=tokens, max_length=None, report_to=[], save_strategy="no", logging_steps=10_000,
-        disable_tqdm=True, seed=0, dataloader_num_workers=0, **({"ddp_backend": "gloo"} if zero3 and cli.dry_run else {}),
-    )  # fmt: skip
+        output_dir=str(Path(cli.work) / part),
+        max_steps=workload.warmup + steps,
+        per_device_train_batch_size=workload.batch,
+        lmbda=1.0,
+        nca_beta=beta,
+        nca_beta_schedule="constant",
+        bf16=dtype == torch.bfloat16,
+        use_cpu=device == "cpu",
+        gradient_checkpointing=True,
+        learning_rate=1e-5,
+        max_new_tokens=tokens,
+        max_length=None,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10_000,
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        **({"ddp_backend": "gloo"} if zero3 and cli.dry_run else {}),
+    )
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     if zero3 != is_deepspeed_zero3_enabled():
@@ -645,9 +802,14 @@ def run_step_part(part: str, cli, write) -> None:
 
     meter = Meter(device, workload.warmup, report)
     trainer = NCATrainer(
-        model=model, teacher_model=None, args=args, train_dataset=data, processing_class=tok, callbacks=[meter.callback()],
+        model=model,
+        teacher_model=None,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        callbacks=[meter.callback()],
         peft_config=peft_config,
-    )  # fmt: skip
+    )
     if zero3:
         state = trainer.accelerator.state
         document["settings"]["zero_stage"] = state.deepspeed_plugin.zero_stage
@@ -678,17 +840,21 @@ def _step_figures(meter: Meter, baseline, sampled: bool) -> dict:
         return None if value is None or baseline is None else value - baseline
 
     figures = {
-        "step_s": statistics.median(meter.times) if meter.times else None, "step_s_all": list(meter.times),
-        "resident_gib": above(meter.resident), "peak_allocated_gib": above(meter.peak_allocated),
-        "peak_reserved_gib": above(meter.peak_reserved), "steps_done": meter.step,
-    }  # fmt: skip
+        "step_s": statistics.median(meter.times) if meter.times else None,
+        "step_s_all": list(meter.times),
+        "resident_gib": above(meter.resident),
+        "peak_allocated_gib": above(meter.peak_allocated),
+        "peak_reserved_gib": above(meter.peak_reserved),
+        "steps_done": meter.step,
+    }
     if sampled:
         sampling = statistics.median(meter.sampling) if meter.sampling else None
         figures.update(
-            sampling_s=sampling, sampling_s_all=list(meter.sampling),
+            sampling_s=sampling,
+            sampling_s_all=list(meter.sampling),
             train_s=None if sampling is None or figures["step_s"] is None else figures["step_s"] - sampling,
             sampled_tokens_per_step=meter.sampled_tokens[0] if meter.sampled_tokens else None,
-        )  # fmt: skip
+        )
     return figures
 
 
@@ -729,17 +895,32 @@ def what_of(part: Part, dry_run: bool) -> str:
 INSTALL_TIMEOUT_S = 20
 PARTS = (
     Part("environment", 40, 90, "imports, versions, unmet requirements, the device, DeepSpeed's accelerator"),
-    Part("opd", 55, 50, "8B-shaped OPD step (nca_beta=0), fixed completions at the real lengths",
-         "OPD step (nca_beta=0) of the Qwen3 architecture at the tiny model's sizes, fixed completions of a few tokens"),
-    Part("nca", 60, 50, "8B-shaped NCA step (nca_beta=0.5), fixed completions at the real lengths",
-         "NCA step (nca_beta=0.5) of the Qwen3 architecture at the tiny model's sizes, fixed completions of a few "
-         "tokens"),
+    Part(
+        "opd",
+        55,
+        50,
+        "8B-shaped OPD step (nca_beta=0), fixed completions at the real lengths",
+        "OPD step (nca_beta=0) of the Qwen3 architecture at the tiny model's sizes, fixed completions of a few tokens",
+    ),
+    Part(
+        "nca",
+        60,
+        50,
+        "8B-shaped NCA step (nca_beta=0.5), fixed completions at the real lengths",
+        "NCA step (nca_beta=0.5) of the Qwen3 architecture at the tiny model's sizes, fixed completions of a few "
+        "tokens",
+    ),
     Part("nca-zero3", 110, 110, "the NCA step under ZeRO-3 at world size 1 (accelerate launch, zero3.yaml)"),
-    Part("nca-sampled", 115, 50, "one sampled 8B-shaped NCA step (256 tokens per row, sampling timed inside)",
-         "one sampled NCA step of the Qwen3 architecture at the tiny model's sizes (a few tokens per row, sampling "
-         "timed inside)"),
+    Part(
+        "nca-sampled",
+        115,
+        50,
+        "one sampled 8B-shaped NCA step (256 tokens per row, sampling timed inside)",
+        "one sampled NCA step of the Qwen3 architecture at the tiny model's sizes (a few tokens per row, sampling "
+        "timed inside)",
+    ),
     Part("launch", 140, 200, "examples/medmcqa.py under zero3.yaml, 1 process, LoRA: 2 steps, save, resume"),
-)  # fmt: skip
+)
 GPU_CALL_S = 540
 DRY_RUN_CALL_S = 600
 MODEL = "qwen3-8b"
@@ -769,23 +950,51 @@ def run_launch_part(cli, write) -> None:
     launch = launch_medmcqa(Path(cli.work), cli.dry_run, timeout_s=cli.part_timeout, config=config)
     device = "cpu" if cli.dry_run else "cuda"
     dtype = torch.float32 if cli.dry_run else torch.bfloat16
-    measured = {"seconds": launch.pop("seconds"), "records": launch.pop("records"), "rc": launch.pop("rc"),
-                "ok": launch["ok"]}  # fmt: skip
-    write({"status": "ok" if launch["ok"] else "failed", "settings": launch, "measured": measured,
-           "measured_on": measured_on(device, dtype, cli.dry_run)})  # fmt: skip
+    measured = {
+        "seconds": launch.pop("seconds"),
+        "records": launch.pop("records"),
+        "rc": launch.pop("rc"),
+        "ok": launch["ok"],
+    }
+    write(
+        {
+            "status": "ok" if launch["ok"] else "failed",
+            "settings": launch,
+            "measured": measured,
+            "measured_on": measured_on(device, dtype, cli.dry_run),
+        }
+    )
 
 
 def _part_command(part: Part, cli, part_out: Path, port: int) -> list[str]:
-    own = [str(Path(__file__).resolve()), "--part", part.name, "--part-out", str(part_out), "--work", cli.work,
-           "--part-timeout", str(timeout_of(part, cli.dry_run))]  # fmt: skip
+    own = [
+        str(Path(__file__).resolve()),
+        "--part",
+        part.name,
+        "--part-out",
+        str(part_out),
+        "--work",
+        cli.work,
+        "--part-timeout",
+        str(timeout_of(part, cli.dry_run)),
+    ]
     own += ["--dry-run"] * cli.dry_run + (["--wheels", cli.wheels] if cli.wheels else [])
     for key in Workload.__dataclass_fields__:
         if getattr(cli, key, None) is not None:
             own += [f"--{key.replace('_', '-')}", str(getattr(cli, key))]
     if part.name != "nca-zero3":
         return [sys.executable, *own]
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", LAUNCH_CONFIG,
-                "--num_processes", "1", "--main_process_port", str(port)]  # fmt: skip
+    launcher = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        LAUNCH_CONFIG,
+        "--num_processes",
+        "1",
+        "--main_process_port",
+        str(port),
+    ]
     return launcher + (["--mixed_precision", "no"] if cli.dry_run else []) + own
 
 
@@ -806,8 +1015,13 @@ def _run_part(part: Part, cli, tmp: Path, port: int) -> dict:
     timeout = timeout_of(part, cli.dry_run)
     started = time.perf_counter()
     with open(log_path, "w") as log:
-        child = subprocess.Popen(_part_command(part, cli, part_out, port), cwd=ROOT, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        child = subprocess.Popen(
+            _part_command(part, cli, part_out, port),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             rc = child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -877,18 +1091,39 @@ def targets(parts: dict, dry_run: bool) -> list[dict]:
         value = None if a is None or (ratio and not b) else (a / b if ratio else a)
         checks.append({"check": name, "measured": {"value": value}, "target": {"limit": limit}})
 
-    check("peak memory NCA / OPD", figure("nca", "peak_allocated_gib"), figure("opd", "peak_allocated_gib"),
-          TARGETS["memory_ratio"])  # fmt: skip
-    check("step time NCA / OPD, fixed completions", figure("nca", "step_s"), figure("opd", "step_s"),
-          TARGETS["time_ratio"])  # fmt: skip
+    check(
+        "peak memory NCA / OPD",
+        figure("nca", "peak_allocated_gib"),
+        figure("opd", "peak_allocated_gib"),
+        TARGETS["memory_ratio"],
+    )
+    check(
+        "step time NCA / OPD, fixed completions",
+        figure("nca", "step_s"),
+        figure("opd", "step_s"),
+        TARGETS["time_ratio"],
+    )
     check("NCA step peak (reserved) GiB", figure("nca", "peak_reserved_gib"), None, TARGETS["fits_gib"], ratio=False)
-    check("NCA under ZeRO-3 step peak (reserved) GiB", figure("nca-zero3", "peak_reserved_gib"), None,
-          TARGETS["fits_gib"], ratio=False)  # fmt: skip
+    check(
+        "NCA under ZeRO-3 step peak (reserved) GiB",
+        figure("nca-zero3", "peak_reserved_gib"),
+        None,
+        TARGETS["fits_gib"],
+        ratio=False,
+    )
     check("step time NCA under ZeRO-3 / NCA", figure("nca-zero3", "step_s"), figure("nca", "step_s"), None)
-    check("peak memory NCA under ZeRO-3 / NCA", figure("nca-zero3", "peak_allocated_gib"),
-          figure("nca", "peak_allocated_gib"), None)  # fmt: skip
-    check("sampling share of the sampled NCA step", figure("nca-sampled", "sampling_s"),
-          figure("nca-sampled", "step_s"), None)  # fmt: skip
+    check(
+        "peak memory NCA under ZeRO-3 / NCA",
+        figure("nca-zero3", "peak_allocated_gib"),
+        figure("nca", "peak_allocated_gib"),
+        None,
+    )
+    check(
+        "sampling share of the sampled NCA step",
+        figure("nca-sampled", "sampling_s"),
+        figure("nca-sampled", "step_s"),
+        None,
+    )
     for c in checks:
         value, limit = c["measured"]["value"], c["target"]["limit"]
         c["pass"] = None if dry_run or value is None or limit is None else bool(value <= limit)
@@ -899,8 +1134,10 @@ def table(parts: dict, checks: list[dict]) -> str:
     def f(value, digits=3):
         return "-" if value is None else f"{value:.{digits}f}"
 
-    lines = ["| part | status | s/step (median) | of which sampling | peak alloc GiB | peak reserved GiB | part s |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        "| part | status | s/step (median) | of which sampling | peak alloc GiB | peak reserved GiB | part s |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name, entry in parts.items():
         m = entry.get("measured") or {}
         lines.append(
@@ -911,8 +1148,9 @@ def table(parts: dict, checks: list[dict]) -> str:
     for c in checks:
         verdict = {True: "yes", False: "**no**", None: "n/a"}[c["pass"]]
         limit = c["target"]["limit"]
-        lines.append(f"| {c['check']} | {f(c['measured']['value'])} | {'-' if limit is None else f'<= {limit}'} "
-                     f"| {verdict} |")  # fmt: skip
+        lines.append(
+            f"| {c['check']} | {f(c['measured']['value'])} | {'-' if limit is None else f'<= {limit}'} | {verdict} |"
+        )
     return "\n".join(lines)
 
 
@@ -930,18 +1168,34 @@ def _no_nan(value):
 def _parser():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="outputs/gpu_check.json", help="where to write the JSON")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="CPU, tiny models, a few tokens: the same parts, no timing or memory claims")  # fmt: skip
-    parser.add_argument("--parts", nargs="*", default=None, choices=[p.name for p in PARTS],
-                        help="run only these parts (the environment always runs)")  # fmt: skip
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="CPU, tiny models, a few tokens: the same parts, no timing or memory claims",
+    )
+    parser.add_argument(
+        "--parts",
+        nargs="*",
+        default=None,
+        choices=[p.name for p in PARTS],
+        help="run only these parts (the environment always runs)",
+    )
     parser.add_argument("--skip-launch", action="store_true", help="leave out the launch of examples/medmcqa.py")
     for key in Workload.__dataclass_fields__:
-        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None,
-                            help=f"workload: {key} (default {getattr(GPU_WORKLOAD, key)} on the GPU, "
-                                 f"{getattr(DRY_RUN_WORKLOAD, key)} in the dry run)")  # fmt: skip
+        parser.add_argument(
+            f"--{key.replace('_', '-')}",
+            type=int,
+            default=None,
+            help=f"workload: {key} (default {getattr(GPU_WORKLOAD, key)} on the GPU, "
+            f"{getattr(DRY_RUN_WORKLOAD, key)} in the dry run)",
+        )
     parser.add_argument("--wheels", default=None, help="the wheel folder gpu_check.sh installed (for its notes)")
-    parser.add_argument("--plan-wheels", metavar="DIR", default=None,
-                        help="only check the wheels in DIR against the GPU machine (download_wheels.sh)")  # fmt: skip
+    parser.add_argument(
+        "--plan-wheels",
+        metavar="DIR",
+        default=None,
+        help="only check the wheels in DIR against the GPU machine (download_wheels.sh)",
+    )
     parser.add_argument("--install-timeout", action="store_true", help="print gpu_check.sh's install timeout (s)")
     # a part's own process (run by the parts loop)
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
@@ -973,27 +1227,40 @@ def main(argv=None):
         return 2
     chosen = [p for p in PARTS if p.name == "environment" or cli.parts is None or p.name in cli.parts]
     chosen = [p for p in chosen if not (cli.skip_launch and p.name == "launch")]
-    budget = {"install_s": INSTALL_TIMEOUT_S, "parts_s": {p.name: timeout_of(p, cli.dry_run) for p in chosen},
-              "call_s": DRY_RUN_CALL_S if cli.dry_run else GPU_CALL_S}  # fmt: skip
+    budget = {
+        "install_s": INSTALL_TIMEOUT_S,
+        "parts_s": {p.name: timeout_of(p, cli.dry_run) for p in chosen},
+        "call_s": DRY_RUN_CALL_S if cli.dry_run else GPU_CALL_S,
+    }
     document = {
         "meta": {
-            "dry_run": cli.dry_run, "budget": budget, "settings": {"workload": asdict(workload_of(cli)),
-            "model": MODEL + (" architecture at trl_nca.testing's tiny sizes (dry run)" if cli.dry_run else "")},
+            "dry_run": cli.dry_run,
+            "budget": budget,
+            "settings": {
+                "workload": asdict(workload_of(cli)),
+                "model": MODEL + (" architecture at trl_nca.testing's tiny sizes (dry run)" if cli.dry_run else ""),
+            },
             "note": "Every figure sits under a 'measured' key next to the 'measured_on' it was measured on. "
             + ("Dry run: tiny models on the CPU; it claims nothing about GPU time or memory." if cli.dry_run else ""),
         },
-        "parts": {p.name: {"status": "not run", "timeout_s": timeout_of(p, cli.dry_run), "what": what_of(p, cli.dry_run)}
-                  for p in chosen},
-        "targets": [], "table": None,
-    }  # fmt: skip
+        "parts": {
+            p.name: {"status": "not run", "timeout_s": timeout_of(p, cli.dry_run), "what": what_of(p, cli.dry_run)}
+            for p in chosen
+        },
+        "targets": [],
+        "table": None,
+    }
 
     def save():
         document["targets"] = targets(document["parts"], cli.dry_run)
         document["table"] = table(document["parts"], document["targets"])
         env_entry = document["parts"]["environment"]
         document["measured"] = {"wall_s": time.perf_counter() - started}
-        document["measured_on"] = env_entry.get("measured_on") or {"device": "unknown (the environment part failed)",
-                                                                   "dtype": None, "versions": versions()}  # fmt: skip
+        document["measured_on"] = env_entry.get("measured_on") or {
+            "device": "unknown (the environment part failed)",
+            "dtype": None,
+            "versions": versions(),
+        }
         for entry in [*document["parts"].values(), *document["targets"]]:  # a part killed before it wrote its own
             if "measured" in entry:
                 entry.setdefault("measured_on", document["measured_on"])
@@ -1003,8 +1270,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work:
         cli.work = work
         for part in chosen:
-            print(f"gpu_check: {part.name} ({what_of(part, cli.dry_run)}; timeout {timeout_of(part, cli.dry_run)} s)",
-                  flush=True)  # fmt: skip
+            print(
+                f"gpu_check: {part.name} ({what_of(part, cli.dry_run)}; timeout {timeout_of(part, cli.dry_run)} s)",
+                flush=True,
+            )
             if part.name == "nca-zero3" and importlib.util.find_spec("deepspeed") is None:
                 document["parts"][part.name].update(status="not run", error=DEEPSPEED_ABSENT)
                 print(f"gpu_check: nca-zero3: NOT RUN: {DEEPSPEED_ABSENT}", flush=True)
@@ -1048,8 +1317,10 @@ def out_problem(out: Path) -> str | None:
         probe.touch()
         probe.unlink()
     except OSError as error:
-        return (f"--out {str(out)!r} cannot be written ({error.strerror or error}); give a path in a folder you can "
-                "write to.")  # fmt: skip
+        return (
+            f"--out {str(out)!r} cannot be written ({error.strerror or error}); give a path in a folder you can "
+            "write to."
+        )
     return None
 
 
@@ -1065,8 +1336,10 @@ def write_whole(out: Path, text: str) -> None:
             tmp.unlink()
         except OSError:
             pass
-        raise SystemExit(f"gpu_check: error: cannot write {out} ({error.strerror or error}); what was written before "
-                         "is kept. Free some space or choose another --out.") from None  # fmt: skip
+        raise SystemExit(
+            f"gpu_check: error: cannot write {out} ({error.strerror or error}); what was written before "
+            "is kept. Free some space or choose another --out."
+        ) from None
 
 
 def _report_environment(entry: dict, cli) -> int:
@@ -1078,8 +1351,11 @@ def _report_environment(entry: dict, cli) -> int:
     print_environment(env)
     print(f"gpu_check: measured on {entry['measured_on']['device']}, {entry['measured_on']['dtype']}", flush=True)
     if env["missing_wheels"]:  # a carried set without one of its wheels: the GPU run would fail on it
-        print(f"gpu_check: MISSING WHEELS in {cli.wheels}: {', '.join(env['missing_wheels'])} (run "
-              "benchmarks/download_wheels.sh again)", flush=True)  # fmt: skip
+        print(
+            f"gpu_check: MISSING WHEELS in {cli.wheels}: {', '.join(env['missing_wheels'])} (run "
+            "benchmarks/download_wheels.sh again)",
+            flush=True,
+        )
         return 3
     if env["missing"]:
         return 3
@@ -1095,16 +1371,23 @@ def _report_environment(entry: dict, cli) -> int:
 def _print_part(name: str, entry: dict) -> None:
     m = entry.get("measured") or {}
     if entry["status"] != "ok":
-        print(f"gpu_check: {name}: {entry['status'].upper()} ({entry.get('error')}) after {m['part_wall_s']:.0f} s; "
-              f"kept: {sorted(k for k, v in m.items() if v not in (None, []))}\n{entry['log_tail']}", flush=True)  # fmt: skip
+        print(
+            f"gpu_check: {name}: {entry['status'].upper()} ({entry.get('error')}) after {m['part_wall_s']:.0f} s; "
+            f"kept: {sorted(k for k, v in m.items() if v not in (None, []))}\n{entry['log_tail']}",
+            flush=True,
+        )
     elif name == "launch":
         print(f"gpu_check: launch ok in {m['seconds']:.0f} s, paired records {m['records']}", flush=True)
     else:
         sampling = f" (sampling {m['sampling_s']:.3f} s)" if m.get("sampling_s") is not None else ""
-        memory = "" if m.get("peak_allocated_gib") is None else (
-            f", peak {m['peak_allocated_gib']:.1f} GiB allocated / {m['peak_reserved_gib']:.1f} reserved")  # fmt: skip
-        print(f"gpu_check: {name}: {m['step_s']:.3f} s/step{sampling}{memory} (part {m['part_wall_s']:.0f} s)",
-              flush=True)  # fmt: skip
+        memory = (
+            ""
+            if m.get("peak_allocated_gib") is None
+            else (f", peak {m['peak_allocated_gib']:.1f} GiB allocated / {m['peak_reserved_gib']:.1f} reserved")
+        )
+        print(
+            f"gpu_check: {name}: {m['step_s']:.3f} s/step{sampling}{memory} (part {m['part_wall_s']:.0f} s)", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -61,8 +61,10 @@ def main(argv: list[str] | None = None) -> None:
     """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
     parser = TrlParser(
         (ScriptArguments, NCAConfig, ModelConfig),
-        usage=SCRIPT_USAGE, description=__doc__, formatter_class=ScriptHelpFormatter,
-    )  # fmt: skip
+        usage=SCRIPT_USAGE,
+        description=__doc__,
+        formatter_class=ScriptHelpFormatter,
+    )
     script_args, args, model_args = parser.parse_args_and_config(args=argv)
     quiet_library_bars()  # no weights-loading or shard-writing bars; TRL_NCA_VERBOSE=1 keeps them
     if args.output_dir in (None, "trainer_output"):
@@ -100,9 +102,13 @@ def main(argv: list[str] | None = None) -> None:
             with block():  # the base of a LoRA student is the student with its adapter disabled
                 provenance = run_provenance(task, model, trainer.processing_class, generation=settings)
                 records = run_paired(
-                    task, model, trainer.processing_class, generation=settings, output_path=records_path,
+                    task,
+                    model,
+                    trainer.processing_class,
+                    generation=settings,
+                    output_path=records_path,
                     provenance=provenance,
-                )  # fmt: skip
+                )
             runs.append(ModelRun(name, records, provenance=provenance, records_path=str(records_path)))
             summaries[name] = game_summary(records)
         write_report(runs, out, title=f"{Path(args.output_dir).name}: paired win rates", extra={"games": summaries})

@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
     parser = TrlParser(
         (ScriptArguments, NCAConfig, ModelConfig),
-        usage=SCRIPT_USAGE, description=__doc__, formatter_class=ScriptHelpFormatter,
-    )  # fmt: skip
+        usage=SCRIPT_USAGE,
+        description=__doc__,
+        formatter_class=ScriptHelpFormatter,
+    )
     script_args, args, model_args = parser.parse_args_and_config(args=argv)
     quiet_library_bars()  # no weights-loading or shard-writing bars; TRL_NCA_VERBOSE=1 keeps them
     if args.output_dir in (None, "trainer_output"):
@@ -77,9 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     # Every process calls it; after a distributed run the main process evaluates the saved student alone.
     if not script_args.skip_eval:
         settings = GenerationSettings(
-            max_new_tokens=script_args.eval_max_new_tokens, temperature=1.0, top_p=0.95, top_k=20,
+            max_new_tokens=script_args.eval_max_new_tokens,
+            temperature=1.0,
+            top_p=0.95,
+            top_k=20,
             batch_size=script_args.eval_batch_size,
-        )  # fmt: skip
+        )
         out = Path(args.output_dir) / "paired_eval"
         report = compare_base_and_student(
             trainer, test, base_model_path=model_path, scorer="yesno", generation=settings, output_dir=out

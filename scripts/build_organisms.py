@@ -29,9 +29,13 @@ def seed_list(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dialect", choices=("rules", "facts"), required=True,
-                        help="`rules`: the default organism (tasks organism_shift, organism_flip); `facts`: the dialect "
-                             "with fact lines (task organism_facts)")  # fmt: skip
+    parser.add_argument(
+        "--dialect",
+        choices=("rules", "facts"),
+        required=True,
+        help="`rules`: the default organism (tasks organism_shift, organism_flip); `facts`: the dialect "
+        "with fact lines (task organism_facts)",
+    )
     parser.add_argument("--seeds", type=seed_list, required=True, help="organism seeds, e.g. 0-7 or 0,2,5")
     parser.add_argument("--out", default=None, help="folder (default: the package's resources/organisms)")
     args = parser.parse_args(argv)

@@ -87,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     todo = {path: content for path, content in contents.items() if content is not None}
     for path in paths:
-        print(f"{path}: {'to upgrade to' if path in todo and cli.check else 'upgraded to' if path in todo else 'already'}"
-              f" format {slices.SLICE_FORMAT}")  # fmt: skip
+        print(
+            f"{path}: {'to upgrade to' if path in todo and cli.check else 'upgraded to' if path in todo else 'already'}"
+            f" format {slices.SLICE_FORMAT}"
+        )
     if cli.check:
         return 1 if todo else 0
     for path, content in todo.items():

@@ -350,8 +350,9 @@ def check_weight_files(folder: str | os.PathLike, what: str) -> None:
     for path in sorted(folder.glob("*.safetensors")):
         problem = _safetensors_problem(path)
         if problem is not None:
-            raise InputError(f"{what}: the weights file {path} {problem} (an interrupted download or copy, or a full "
-                             f"disk). {fix}")  # fmt: skip
+            raise InputError(
+                f"{what}: the weights file {path} {problem} (an interrupted download or copy, or a full disk). {fix}"
+            )
 
 
 def _safetensors_problem(path: Path) -> str | None:

@@ -77,9 +77,11 @@ def permuted_tokenizer(swap=(100, 101)):
     a, b = by_id[swap[0]], by_id[swap[1]]
     vocab[a], vocab[b] = vocab[b], vocab[a]
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(json.dumps(data)), pad_token="<|pad|>", eos_token="<|im_end|>",
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
         bos_token="<|endoftext|>",
-    )  # fmt: skip
+    )
     fast.chat_template = base.chat_template
     assert len(fast) == len(base) and fast.get_vocab() != base.get_vocab()
     return fast
@@ -176,19 +178,38 @@ CPU = {"bf16": False, "use_cpu": True, "report_to": []}
 CONSTANT_ANCHOR = {"nca_beta_schedule": "constant"}
 # A short reproducible run: 2 optimizer steps of 2 rows, 6 sampled tokens, every step logged, nothing saved.
 SHORT_RUN = {
-    **CPU, **CONSTANT_ANCHOR, "save_strategy": "no", "max_steps": 2, "per_device_train_batch_size": 2,
-    "max_new_tokens": 6, "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "data_seed": 0,
-}  # fmt: skip
+    **CPU,
+    **CONSTANT_ANCHOR,
+    "save_strategy": "no",
+    "max_steps": 2,
+    "per_device_train_batch_size": 2,
+    "max_new_tokens": 6,
+    "logging_steps": 1,
+    "gradient_checkpointing": False,
+    "seed": 0,
+    "data_seed": 0,
+}
 # One batch of 3 dataset rows scored off-policy (the references), NCA on at the paper's weight, nothing saved.
 REFERENCE_BATCH = {
-    **CPU, **CONSTANT_ANCHOR, "save_strategy": "no", "per_device_train_batch_size": 3, "max_new_tokens": 6,
-    "lmbda": 0.0, "nca_beta": 0.5,
-}  # fmt: skip
+    **CPU,
+    **CONSTANT_ANCHOR,
+    "save_strategy": "no",
+    "per_device_train_batch_size": 3,
+    "max_new_tokens": 6,
+    "lmbda": 0.0,
+    "nca_beta": 0.5,
+}
 # Played episodes: 2 steps of 2 rows, no length cap (the episodes' prompts grow), a learning rate that moves weights.
 ROLLOUT_RUN = {
-    **CPU, "save_strategy": "no", "max_steps": 2, "per_device_train_batch_size": 2, "logging_steps": 1,
-    "gradient_checkpointing": False, "max_length": None, "learning_rate": 1e-2,
-}  # fmt: skip
+    **CPU,
+    "save_strategy": "no",
+    "max_steps": 2,
+    "per_device_train_batch_size": 2,
+    "logging_steps": 1,
+    "gradient_checkpointing": False,
+    "max_length": None,
+    "learning_rate": 1e-2,
+}
 # Bad-input checks: one step of 4 sampled tokens, as little work as building the trainer allows.
 ONE_STEP = {**CPU, "max_new_tokens": 4, "max_steps": 1}
 
@@ -327,29 +348,37 @@ class Tolerance:
 
 
 FLOAT64 = Tolerance(
-    "FLOAT64", rtol=1e-10, atol=1e-10,
+    "FLOAT64",
+    rtol=1e-10,
+    atol=1e-10,
     why="Both sides computed in float64 (`float64_model`): two orders of summing n terms of size O(1) differ by about "
     "n * u64 (1e-11 for n = 10^5), inside 1e-10, while a real error (a token too many, a missing term, a wrong "
     "position) moves values by 1e-3 or more. Gradients are compared with `scale=` their largest entry.",
-)  # fmt: skip
+)
 FLOAT32 = Tolerance(
-    "FLOAT32", rtol=1e-4, atol=1e-6,
+    "FLOAT32",
+    rtol=1e-4,
+    atol=1e-6,
     why="float32 tensors of the tiny test models (weights, gradients, hidden states, logits) computed in two orders or "
     "batch shapes: each carries about sqrt(n) * u32 relative to its terms, at most 6e-6 for the n <= 10^4 terms of "
     "these models, so 1e-4 leaves a margin of 15; atol covers entries near zero whose terms are O(1e-2).",
-)  # fmt: skip
+)
 STORED32 = Tolerance(
-    "STORED32", rtol=1e-6, atol=1e-12,
+    "STORED32",
+    rtol=1e-6,
+    atol=1e-12,
     why="A float64 value that passed through a float32 number a few times (Trainer keeps the running `loss` it logs in "
     "a float32 tensor): each rounding changes it by at most u32 = 6e-8 relative.",
-)  # fmt: skip
+)
 KL32 = Tolerance(
-    "KL32", rtol=1e-5, atol=2e-6,
+    "KL32",
+    rtol=1e-5,
+    atol=2e-6,
     why="A KL divergence (or a token mean of them) computed in float32: every log-probability carries a few "
     "u32 * |log p|, about 4e-7 for the 320-token vocabulary (|log p| near log 320), and the KL is a p-weighted sum of "
     "their differences, so its error is absolute, near 1e-6, whatever the KL's value: the KL of two nearby views "
     "(1e-3) has no relative precision to test, an OPD loss of O(1) keeps rtol 1e-5.",
-)  # fmt: skip
+)
 
 
 def one_error_line(command_main, argv, capsys, command: str | None = None) -> str:

@@ -35,8 +35,14 @@ BLOCK = re.compile(
 RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
 OUTCOMES = HERE.parents[1] / "trl_nca" / "resources" / "documented_organisms.json"
 # the documented per-organism outcomes: section 9, the anchor-schedule study of section 10 and the quick job's (10.6)
-STUDIES = {"units-shift": "section 9", "units-flip": "section 9", "units-facts": "section 9",
-           "anchor-shift": "section 10", "anchor-facts": "section 10", "main-quick": "section 10.6"}  # fmt: skip
+STUDIES = {
+    "units-shift": "section 9",
+    "units-flip": "section 9",
+    "units-facts": "section 9",
+    "anchor-shift": "section 10",
+    "anchor-facts": "section 10",
+    "main-quick": "section 10.6",
+}
 
 
 def load(name: str) -> dict:
@@ -65,8 +71,12 @@ def table(summary: dict) -> str:
 
 
 def figure_links(name: str) -> str:
-    titles = {"comparison": "accuracy without and with the context", "harm": "harm per run", "curves": "training curves",
-              "tracking": "held-out accuracy along training"}  # fmt: skip
+    titles = {
+        "comparison": "accuracy without and with the context",
+        "harm": "harm per run",
+        "curves": "training curves",
+        "tracking": "held-out accuracy along training",
+    }
     summary = load(name)
     kinds = ["comparison"] + (
         ["harm"] if "harm" in summary.get("figures", {}) and summary["statistics"]["paired"] else []
@@ -90,8 +100,10 @@ def spread(summary: dict) -> str:
     for method, stats in summary["statistics"]["distributions"].items():
         if method == "base":
             continue
-        cells = [f"{100 * d['median']:.1f} ({100 * d['min']:.1f}-{100 * d['max']:.1f})" if d else "n/a"
-                 for d in (stats[k] for k in STAT_KEYS)]  # fmt: skip
+        cells = [
+            f"{100 * d['median']:.1f} ({100 * d['min']:.1f}-{100 * d['max']:.1f})" if d else "n/a"
+            for d in (stats[k] for k in STAT_KEYS)
+        ]
         lines.append(f"| {method} | {stats['runs']} | " + " | ".join(cells) + " |")
     baseline = summary["statistics"]["baseline"]
     for method, by_key in summary["statistics"]["paired"].items():
@@ -100,10 +112,13 @@ def spread(summary: dict) -> str:
             continue
         low, high = d["ci"]
         ties = f", {d['ties']} equal" if d["ties"] else ""
-        lines += ["", f"{method}'s harm was below {baseline}'s in {d['below']} of {d['n']} paired runs{ties}; "
-                  f"{baseline} - {method} harm {100 * d['mean']:.1f} points on average, 95% bootstrap interval "
-                  f"[{100 * low:.1f}, {100 * high:.1f}], exact sign test p = {d['sign_test_p']:.2g}, exact "
-                  f"permutation test p = {d['permutation_p']:.2g}."]  # fmt: skip
+        lines += [
+            "",
+            f"{method}'s harm was below {baseline}'s in {d['below']} of {d['n']} paired runs{ties}; "
+            f"{baseline} - {method} harm {100 * d['mean']:.1f} points on average, 95% bootstrap interval "
+            f"[{100 * low:.1f}, {100 * high:.1f}], exact sign test p = {d['sign_test_p']:.2g}, exact "
+            f"permutation test p = {d['permutation_p']:.2g}.",
+        ]
     return "\n".join(lines)
 
 
@@ -165,41 +180,110 @@ class Study(NamedTuple):
 
 
 STUDIES_SUMMARY = (
-    Study("2", ("isl-budget",), "budget", "budget: the first tracked step with Acc_x at least the base's + 30 points "
-          "(data committed for `island_facts` only)",
-          "2", "2-core CPU machines of earlier sessions"),
-    Study("3", ("org-main", "org-100"), "seeds", "(not fixed first) does OPD degrade, does NCA prevent it?", None,
-          "2-core CPU machines of earlier sessions; organisms pretrained there"),
-    Study("4", ("org-sweep", "org-sweep-100"), "seeds", "(not fixed first) harm against `nca_beta`", None,
-          "2-core CPU machines of earlier sessions; organisms pretrained there"),
-    Study("5", ("org-adaptive", "org-adaptive-100", "org-gated"), "seeds",
-          "(not fixed first) harm and internalisation under the anchor schedules", None,
-          "2-core CPU machines of earlier sessions; organisms pretrained there"),
-    Study("7", ("fr-main",), "seeds", "(not fixed first) does OPD degrade, does NCA prevent it?", None,
-          "a 2-core CPU machine of an earlier session"),
-    Study("8", ("org10-shift", "org10-flip", "org10-facts"), "distributions",
-          "finding 1: OPD's median harm above 2% and regime A in at least a quarter of its runs; finding 2: the paired "
-          "OPD - NCA harm interval above 0 and sign test p < 0.05", "8.1", "2-core Intel Xeon, AVX-512"),
-    Study("9", ("units-shift", "units-flip", "units-facts"), "organisms",
-          "finding 1: OPD degrades on at least half of the organisms; finding 2: the two-level OPD - NCA harm interval "
-          "above 0 and NCA prevents it on at least 3/4 of those", "9.1", "2-core AMD EPYC, AVX-512"),
-    Study("10", ("anchor-shift", "anchor-facts"), "anchor_rule",
-          "the default: the schedule with fewest stalled runs on both tasks, strictly fewer than constant over both, "
-          "and its constant - schedule harm interval not entirely below 0; else constant", "10.1",
-          "2-core AMD EPYC, AVX2"),
-    Study("10.6", ("main-quick",), "organisms_gate",
-          "the quick job: the first candidate whose reading is \"opd degraded, nca prevented it\" with the gate "
-          "open, at most 60 steps", "10.6.1", "2-core AMD EPYC, AVX-512"),
-    Study("11", ("fr-30",), "real_model",
-          "internalised: Acc_x at least the base's + 30 points; OPD degraded: regime A in 2 of 3 seeds; NCA prevented "
-          "it: no NCA seed in A, and NCA's harm below OPD's where OPD is in A", "11.1",
-          "2-core AMD EPYC: AVX2 (base, seed 0), AVX-512 (seeds 1, 2)"),
-    Study("11.5", ("town-budget",), "budget", "budget: the first tracked step with Acc_x at least the base's + 30 "
-          "points, within 60 steps; none: no NCA run", "11.1", "2-core AMD EPYC, AVX2"),
-    Study("12", ("fr-30-default",), "default_cost",
-          "the default (gated) anchor costs Acc_x (harm) when it is at least 5 points below (above) OPD's in 2 of 3 "
-          "seeds; internalised as in 11.1", "12.1", "2-core AMD EPYC, AVX-512"),
-)  # fmt: skip
+    Study(
+        "2",
+        ("isl-budget",),
+        "budget",
+        "budget: the first tracked step with Acc_x at least the base's + 30 points "
+        "(data committed for `island_facts` only)",
+        "2",
+        "2-core CPU machines of earlier sessions",
+    ),
+    Study(
+        "3",
+        ("org-main", "org-100"),
+        "seeds",
+        "(not fixed first) does OPD degrade, does NCA prevent it?",
+        None,
+        "2-core CPU machines of earlier sessions; organisms pretrained there",
+    ),
+    Study(
+        "4",
+        ("org-sweep", "org-sweep-100"),
+        "seeds",
+        "(not fixed first) harm against `nca_beta`",
+        None,
+        "2-core CPU machines of earlier sessions; organisms pretrained there",
+    ),
+    Study(
+        "5",
+        ("org-adaptive", "org-adaptive-100", "org-gated"),
+        "seeds",
+        "(not fixed first) harm and internalisation under the anchor schedules",
+        None,
+        "2-core CPU machines of earlier sessions; organisms pretrained there",
+    ),
+    Study(
+        "7",
+        ("fr-main",),
+        "seeds",
+        "(not fixed first) does OPD degrade, does NCA prevent it?",
+        None,
+        "a 2-core CPU machine of an earlier session",
+    ),
+    Study(
+        "8",
+        ("org10-shift", "org10-flip", "org10-facts"),
+        "distributions",
+        "finding 1: OPD's median harm above 2% and regime A in at least a quarter of its runs; finding 2: the paired "
+        "OPD - NCA harm interval above 0 and sign test p < 0.05",
+        "8.1",
+        "2-core Intel Xeon, AVX-512",
+    ),
+    Study(
+        "9",
+        ("units-shift", "units-flip", "units-facts"),
+        "organisms",
+        "finding 1: OPD degrades on at least half of the organisms; finding 2: the two-level OPD - NCA harm interval "
+        "above 0 and NCA prevents it on at least 3/4 of those",
+        "9.1",
+        "2-core AMD EPYC, AVX-512",
+    ),
+    Study(
+        "10",
+        ("anchor-shift", "anchor-facts"),
+        "anchor_rule",
+        "the default: the schedule with fewest stalled runs on both tasks, strictly fewer than constant over both, "
+        "and its constant - schedule harm interval not entirely below 0; else constant",
+        "10.1",
+        "2-core AMD EPYC, AVX2",
+    ),
+    Study(
+        "10.6",
+        ("main-quick",),
+        "organisms_gate",
+        'the quick job: the first candidate whose reading is "opd degraded, nca prevented it" with the gate '
+        "open, at most 60 steps",
+        "10.6.1",
+        "2-core AMD EPYC, AVX-512",
+    ),
+    Study(
+        "11",
+        ("fr-30",),
+        "real_model",
+        "internalised: Acc_x at least the base's + 30 points; OPD degraded: regime A in 2 of 3 seeds; NCA prevented "
+        "it: no NCA seed in A, and NCA's harm below OPD's where OPD is in A",
+        "11.1",
+        "2-core AMD EPYC: AVX2 (base, seed 0), AVX-512 (seeds 1, 2)",
+    ),
+    Study(
+        "11.5",
+        ("town-budget",),
+        "budget",
+        "budget: the first tracked step with Acc_x at least the base's + 30 points, within 60 steps; none: no NCA run",
+        "11.1",
+        "2-core AMD EPYC, AVX2",
+    ),
+    Study(
+        "12",
+        ("fr-30-default",),
+        "default_cost",
+        "the default (gated) anchor costs Acc_x (harm) when it is at least 5 points below (above) OPD's in 2 of 3 "
+        "seeds; internalised as in 11.1",
+        "12.1",
+        "2-core AMD EPYC, AVX-512",
+    ),
+)
 
 
 def _pct(value: float | None) -> str:
@@ -223,9 +307,15 @@ def read_budget(summaries: dict[str, dict]) -> str:
         need = _base_acc_x(summary) + 0.30
         hit = next((p["step"] for p in track if p["acc_x"] >= need), None)
         best = max(p["acc_x"] for p in track)
-        parts.append(f"`{summary['task']}`: " + (f"t* = step {hit}" if hit is not None else
-                     f"no t* within {track[-1]['step']} steps (tracked Acc_x at most {_pct(best)}, needed "
-                     f"{_pct(need)}), so no NCA run"))  # fmt: skip
+        parts.append(
+            f"`{summary['task']}`: "
+            + (
+                f"t* = step {hit}"
+                if hit is not None
+                else f"no t* within {track[-1]['step']} steps (tracked Acc_x at most {_pct(best)}, needed "
+                f"{_pct(need)}), so no NCA run"
+            )
+        )
     return "; ".join(parts)
 
 
@@ -251,10 +341,13 @@ def read_distributions(summaries: dict[str, dict]) -> str:
         stats = summary["statistics"]
         opd, paired = _rows(summary, "opd"), stats["paired"]["nca"]["harm"]
         one = stats["distributions"]["opd"]["harm"]["median"] > 0.02 and 4 * sum(
-            r.get("regime") == "A" for r in opd) >= len(opd)  # fmt: skip
+            r.get("regime") == "A" for r in opd
+        ) >= len(opd)
         two = paired["ci"][0] > 0 and paired["sign_test_p"] < 0.05
-        parts.append(f"`{summary['task']}`: finding 1 {'holds' if one else 'does not hold'}, finding 2 "
-                     f"{'holds' if two else 'does not hold'}")  # fmt: skip
+        parts.append(
+            f"`{summary['task']}`: finding 1 {'holds' if one else 'does not hold'}, finding 2 "
+            f"{'holds' if two else 'does not hold'}"
+        )
     return "; ".join(parts)
 
 
@@ -267,9 +360,11 @@ def read_organisms(summaries: dict[str, dict]) -> str:
         ci = outcome["over_organisms"]["harm"]["ci"]
         one = 2 * degraded >= n
         two = ci is not None and ci[0] > 0 and 4 * prevented >= 3 * degraded > 0
-        parts.append(f"`{summary['task']}`: OPD degraded on {degraded} of {n} organisms, NCA prevented it on "
-                     f"{prevented} of those; finding 1 {'holds' if one else 'falsified'}, finding 2 "
-                     f"{'holds' if two else 'falsified'}")  # fmt: skip
+        parts.append(
+            f"`{summary['task']}`: OPD degraded on {degraded} of {n} organisms, NCA prevented it on "
+            f"{prevented} of those; finding 1 {'holds' if one else 'falsified'}, finding 2 "
+            f"{'holds' if two else 'falsified'}"
+        )
     return "; ".join(parts)
 
 
@@ -302,10 +397,17 @@ def read_organisms_gate(summaries: dict[str, dict]) -> str:
     parts = []
     for summary in summaries.values():
         for e in summary["statistics"]["organisms"]["nca"]["organisms"]:
-            verdict = ("opd did not degrade" if not e["degraded"] else
-                       f"opd degraded, nca {'prevented it' if e['prevented'] else 'did not prevent it'}")  # fmt: skip
-            steps = [(s, b) for key, curve in summary["curves"].items() if key.startswith("nca/")
-                     for s, b in zip(curve["step"], curve["nca_beta"])]  # fmt: skip
+            verdict = (
+                "opd did not degrade"
+                if not e["degraded"]
+                else f"opd degraded, nca {'prevented it' if e['prevented'] else 'did not prevent it'}"
+            )
+            steps = [
+                (s, b)
+                for key, curve in summary["curves"].items()
+                if key.startswith("nca/")
+                for s, b in zip(curve["step"], curve["nca_beta"])
+            ]
             first = next((s for s, b in steps if b > 0), None)
             gate = "the gate never opened" if first is None else f"the gate open from step {first}"
             parts.append(f"organism {e['organism']}: {verdict}; {gate} of {steps[-1][0]}")
@@ -320,14 +422,17 @@ def read_real_model(summaries: dict[str, dict]) -> str:
         students = [r for m, rows in summary["per_seed"].items() if m != "base" for r in rows]
         opd, nca = _rows(summary, "opd"), _rows(summary, "nca")
         degraded = 3 * sum(r.get("regime") == "A" for r in opd) >= 2 * len(opd)
-        text = (f"internalised: {sum(r['acc_x'] >= need for r in students)} of {len(students)} students; OPD in "
-                f"regime A in {sum(r.get('regime') == 'A' for r in opd)} of {len(opd)} seeds, so ")  # fmt: skip
+        text = (
+            f"internalised: {sum(r['acc_x'] >= need for r in students)} of {len(students)} students; OPD in "
+            f"regime A in {sum(r.get('regime') == 'A' for r in opd)} of {len(opd)} seeds, so "
+        )
         if not degraded:
             text += "OPD did not degrade and there was nothing for NCA to prevent"
         else:
             by_seed = {r["seed"]: r for r in nca}
             prevented = not any(r.get("regime") == "A" for r in nca) and all(
-                by_seed[r["seed"]]["harm"] < r["harm"] for r in opd if r.get("regime") == "A")  # fmt: skip
+                by_seed[r["seed"]]["harm"] < r["harm"] for r in opd if r.get("regime") == "A"
+            )
             text += f"OPD degraded, NCA {'prevented it' if prevented else 'did not prevent it'}"
         parts.append(text)
     return "; ".join(parts)
@@ -343,15 +448,24 @@ def read_default_cost(summaries: dict[str, dict]) -> str:
         lower = sum(r["acc_x"] <= opd[r["seed"]]["acc_x"] - 0.05 for r in gated)
         higher = sum(r["harm"] >= opd[r["seed"]]["harm"] + 0.05 for r in gated)
         costs = [what for what, k in (("Acc_x", lower), ("harm", higher)) if 3 * k >= 2 * len(gated)]
-        parts.append(f"gated internalised in {sum(r['acc_x'] >= need for r in gated)} of {len(gated)} seeds; Acc_x 5 "
-                     f"points below OPD's in {lower}, harm 5 points above in {higher}: "
-                     + (f"the default costs {' and '.join(costs)}" if costs else "no cost detected"))  # fmt: skip
+        parts.append(
+            f"gated internalised in {sum(r['acc_x'] >= need for r in gated)} of {len(gated)} seeds; Acc_x 5 "
+            f"points below OPD's in {lower}, harm 5 points above in {higher}: "
+            + (f"the default costs {' and '.join(costs)}" if costs else "no cost detected")
+        )
     return "; ".join(parts)
 
 
-READERS = {"budget": read_budget, "seeds": read_seeds, "distributions": read_distributions,
-           "organisms": read_organisms, "anchor_rule": read_anchor_rule, "organisms_gate": read_organisms_gate,
-           "real_model": read_real_model, "default_cost": read_default_cost}  # fmt: skip
+READERS = {
+    "budget": read_budget,
+    "seeds": read_seeds,
+    "distributions": read_distributions,
+    "organisms": read_organisms,
+    "anchor_rule": read_anchor_rule,
+    "organisms_gate": read_organisms_gate,
+    "real_model": read_real_model,
+    "default_cost": read_default_cost,
+}
 
 
 def _heading(page: str, section: str) -> str:
@@ -381,8 +495,10 @@ def _model(summary: dict) -> str:
 
 def summary_table(page: str) -> str:
     """The summary's table: one row per study of `STUDIES_SUMMARY`, then which sections were written first."""
-    lines = ["| study | task | model | units | methods | fixed first | reading | outcome | machine; transformers |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| study | task | model | units | methods | fixed first | reading | outcome | machine; transformers |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for study in STUDIES_SUMMARY:
         present = {name: load(name) for name in study.data if (DATA / f"{name}.json").is_file()}
         if len(present) < len(study.data):
@@ -398,20 +514,38 @@ def summary_table(page: str) -> str:
             methods = ", ".join(dict.fromkeys(m for s in summaries for m in s["methods"]))
             outcome = READERS[study.reader](present)
             versions = "; " + ", ".join(sorted({s["versions"]["transformers"] for s in summaries}))
-        cells = [_heading(page, study.section), tasks, models, units, methods, study.fixed_in or "no", study.reading,
-                 outcome, study.machine + versions]  # fmt: skip
+        cells = [
+            _heading(page, study.section),
+            tasks,
+            models,
+            units,
+            methods,
+            study.fixed_in or "no",
+            study.reading,
+            outcome,
+            study.machine + versions,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     versions: dict[str, set[str]] = {}
     for path in sorted(DATA.glob("*.json")):
         for library, version in json.loads(path.read_text()).get("versions", {}).items():
             versions.setdefault(library, set()).add(version)
-    lines += ["", "Library versions over all committed runs (each run's are in its summary's `versions`): " + ", ".join(
-        f"{library} {' or '.join(sorted(found))}" + (" (per study above)" if len(found) > 1 else "")
-        for library, found in versions.items()) + "."]  # fmt: skip
+    lines += [
+        "",
+        "Library versions over all committed runs (each run's are in its summary's `versions`): "
+        + ", ".join(
+            f"{library} {' or '.join(sorted(found))}" + (" (per study above)" if len(found) > 1 else "")
+            for library, found in versions.items()
+        )
+        + ".",
+    ]
     fixed = list(dict.fromkeys(["1"] + [s.fixed_in for s in STUDIES_SUMMARY if s.fixed_in]))
-    lines += ["", f"Written down before the runs they govern: sections {', '.join(fixed[:-1])} and {fixed[-1]} "
-              "(section 1 chose the built-in tasks on the base model alone, before any training). Sections 1 and 6 "
-              "compare no methods and have no row."]  # fmt: skip
+    lines += [
+        "",
+        f"Written down before the runs they govern: sections {', '.join(fixed[:-1])} and {fixed[-1]} "
+        "(section 1 chose the built-in tasks on the base model alone, before any training). Sections 1 and 6 "
+        "compare no methods and have no row.",
+    ]
     return "\n".join(lines)
 
 
@@ -445,19 +579,31 @@ def draw_all() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that results.md matches the data")
-    parser.add_argument("--add", action="append", default=[], metavar="NAME=FOLDER",
-                        help="store FOLDER/comparison.json (written by trl-nca compare) as data/NAME.json")  # fmt: skip
+    parser.add_argument(
+        "--add",
+        action="append",
+        default=[],
+        metavar="NAME=FOLDER",
+        help="store FOLDER/comparison.json (written by trl-nca compare) as data/NAME.json",
+    )
     args = parser.parse_args(argv)
     for item in args.add:
         name, _, folder = item.partition("=")
         summary = json.loads((Path(folder) / "comparison.json").read_text())
         DATA.mkdir(exist_ok=True)
         (DATA / f"{name}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
-    outputs = {PAGE: render(PAGE.read_text()), README: render(README.read_text()), RANGES: ranges_file(),
-               OUTCOMES: outcomes_file()}  # fmt: skip
+    outputs = {
+        PAGE: render(PAGE.read_text()),
+        README: render(README.read_text()),
+        RANGES: ranges_file(),
+        OUTCOMES: outcomes_file(),
+    }
     if args.check:
-        stale = [str(path.relative_to(HERE.parents[1])) for path, text in outputs.items()
-                 if not path.is_file() or path.read_text() != text]  # fmt: skip
+        stale = [
+            str(path.relative_to(HERE.parents[1]))
+            for path, text in outputs.items()
+            if not path.is_file() or path.read_text() != text
+        ]
         if stale:
             print(f"{', '.join(stale)} out of date with docs/results/data: run python docs/results/build.py")
             return 1

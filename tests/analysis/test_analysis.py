@@ -65,9 +65,14 @@ def test_cosine_and_kl_equal_unpadded_single_example_forwards(tok, batch_size):
     items = ragged_items(tok)
     temperature = 0.7
     views = compare_views(
-        model, items, pad_id=tok.pad_token_id, batch_size=batch_size, temperature=temperature, vocab_chunk=37,
+        model,
+        items,
+        pad_id=tok.pad_token_id,
+        batch_size=batch_size,
+        temperature=temperature,
+        vocab_chunk=37,
         top_tokens=4,
-    )  # fmt: skip
+    )
     cosines, kls, logps = [], [], []
     with torch.no_grad():
         for it in items:
@@ -124,11 +129,17 @@ def test_student_equal_to_base_has_zero_update_and_a_perturbation_is_located(tok
     cell = summary["relative"][summary["layers"].index(1)][summary["modules"].index("k_proj")]
     assert cell == FLOAT64.approx(expected)
     assert summary["by_module"]["k_proj"] == FLOAT64.approx(
-        (delta.norm() / torch.cat([layer.self_attn.k_proj.weight.reshape(-1) for layer in base.model.layers])
-         .double().norm()).item()
-    )  # fmt: skip
-    nonzero = [(layer, mod) for layer in summary["layers"] for mod in summary["modules"]
-               if summary["relative"][layer][summary["modules"].index(mod)] > 0]  # fmt: skip
+        (
+            delta.norm()
+            / torch.cat([layer.self_attn.k_proj.weight.reshape(-1) for layer in base.model.layers]).double().norm()
+        ).item()
+    )
+    nonzero = [
+        (layer, mod)
+        for layer in summary["layers"]
+        for mod in summary["modules"]
+        if summary["relative"][layer][summary["modules"].index(mod)] > 0
+    ]
     assert nonzero == [(1, "k_proj")]
     assert summary["method"] == "weights" and summary["outside_layers"]["embed_tokens"] == 0.0
     assert parameter_location("model.layers.12.mlp.down_proj.weight") == (12, "down_proj")
@@ -203,9 +214,14 @@ def test_gradient_cosine_equals_two_separate_full_logit_losses(tok, beta, lora):
         student = get_peft_model(student, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     items = ragged_items(tok)
     result = opd_nca_gradient_cosine(
-        student, teacher, items, pad_id=tok.pad_token_id, spec=DivergenceSpec(beta=beta, temperature=0.8),
-        batch_size=2, vocab_chunk=53,
-    )  # fmt: skip
+        student,
+        teacher,
+        items,
+        pad_id=tok.pad_token_id,
+        spec=DivergenceSpec(beta=beta, temperature=0.8),
+        batch_size=2,
+        vocab_chunk=53,
+    )
     params = [p for p in student.parameters() if p.requires_grad]
     assert all(p.grad is None for p in params)  # the measure writes no .grad
     cosine, norm_opd, norm_nca = reference_gradient_cosine(student, teacher, items, params, 0.8, beta)
@@ -284,10 +300,27 @@ def test_cli_end_to_end_on_a_tiny_model(tiny_setup, tmp_path, capsys):
 
     out = tmp_path / "out"
     argv = [
-        "analyze", "--model", f"base={tiny_setup['model']}", "--model", f"nca=:{tiny_setup['lora']}",
-        "--model", f"same={tiny_setup['model']}", "--dataset", tiny_setup["data"], "--max-new-tokens", "5",
-        "--grad-items", "3", "--batch-size", "2", "--top-tokens", "3", "--output-dir", str(out), "--no-progress",
-    ]  # fmt: skip
+        "analyze",
+        "--model",
+        f"base={tiny_setup['model']}",
+        "--model",
+        f"nca=:{tiny_setup['lora']}",
+        "--model",
+        f"same={tiny_setup['model']}",
+        "--dataset",
+        tiny_setup["data"],
+        "--max-new-tokens",
+        "5",
+        "--grad-items",
+        "3",
+        "--batch-size",
+        "2",
+        "--top-tokens",
+        "3",
+        "--output-dir",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "## Summary" in printed
@@ -316,15 +349,44 @@ def test_cli_on_the_records_of_trl_nca_eval(tiny_setup, tmp_path):
     from trl_nca.cli import main
 
     eval_dir = tmp_path / "eval"
-    assert main([
-        "eval", "--model", f"base={tiny_setup['model']}", "--dataset", tiny_setup["data"], "--scorer", "mcq",
-        "--max-new-tokens", "4", "--output-dir", str(eval_dir), "--no-plots", "--bootstrap", "0", "--no-progress",
-    ]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                f"base={tiny_setup['model']}",
+                "--dataset",
+                tiny_setup["data"],
+                "--scorer",
+                "mcq",
+                "--max-new-tokens",
+                "4",
+                "--output-dir",
+                str(eval_dir),
+                "--no-plots",
+                "--bootstrap",
+                "0",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "out"
     argv = [
-        "analyze", "--model", f"base={tiny_setup['model']}", "--records", str(eval_dir), "--dataset",
-        tiny_setup["data"], "--grad-items", "0", "--output-dir", str(out), "--no-progress", "--no-plots",
-    ]  # fmt: skip
+        "analyze",
+        "--model",
+        f"base={tiny_setup['model']}",
+        "--records",
+        str(eval_dir),
+        "--dataset",
+        tiny_setup["data"],
+        "--grad-items",
+        "0",
+        "--output-dir",
+        str(out),
+        "--no-progress",
+        "--no-plots",
+    ]
     # an interrupted evaluation's half-written last line: analyze leaves it out and does not touch the file it reads
     records_file = eval_dir / "base" / "records.jsonl"
     lines = records_file.read_text().splitlines()
@@ -367,10 +429,22 @@ def test_cli_on_the_model_organism(tmp_path):
     from trl_nca.cli.analyze import main
 
     out = tmp_path / "out"
-    assert main([
-        "--model", "base=organism", "--task", "organism_shift", "--limit", "8", "--output-dir", str(out),
-        "--no-progress",
-    ]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--model",
+                "base=organism",
+                "--task",
+                "organism_shift",
+                "--limit",
+                "8",
+                "--output-dir",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     (base,) = json.loads((out / "analysis.json").read_text())["models"]
     assert base["tokens"] > 0 and base["view_kl"]["token_mean"] > 0.01
     assert not math.isnan(base["grad_cosine"]["cosine"])

@@ -41,8 +41,18 @@ def test_bad_analyze_output_is_one_line_before_the_analysis(
     out = tmp_path / "out"
     if output_dir == "FILE":
         out.write_text("not a folder\n")
-    argv = ["analyze", "--model", f"base={tiny_dir}", "--task", "reply_in_french", "--limit", "2", "--no-progress",
-            "--output-dir", str(out) if output_dir in ("FILE", "LOCKED") else output_dir]  # fmt: skip
+    argv = [
+        "analyze",
+        "--model",
+        f"base={tiny_dir}",
+        "--task",
+        "reply_in_french",
+        "--limit",
+        "2",
+        "--no-progress",
+        "--output-dir",
+        str(out) if output_dir in ("FILE", "LOCKED") else output_dir,
+    ]
     if output_dir == "LOCKED":
         with output_folder_lock(out, "trl-nca analyze (another run)"):
             line = one_line(argv, capsys)
@@ -55,13 +65,22 @@ def test_bad_analyze_output_is_one_line_before_the_analysis(
 
 # (case, the context options, the expected line's text): a context option the placement would ignore
 CONTEXT_CASES = [
-    ("template with the default system placement", ["--template", "{context} / {prompt}"], "--template joins the "
-     "context and the prompt in the user turn, so it applies only with --placement user"),
-    ("template with system placement", ["--placement", "system", "--template", "{context} / {prompt}"], "with "
-     "--placement system (the default) it would be ignored. Add --placement user, or drop --template."),
-    ("separator with user placement", ["--placement", "user", "--separator", "/"], "--separator joins the context and "
-     "a system message, so it applies only with --placement system"),
-]  # fmt: skip
+    (
+        "template with the default system placement",
+        ["--template", "{context} / {prompt}"],
+        "--template joins the context and the prompt in the user turn, so it applies only with --placement user",
+    ),
+    (
+        "template with system placement",
+        ["--placement", "system", "--template", "{context} / {prompt}"],
+        "with --placement system (the default) it would be ignored. Add --placement user, or drop --template.",
+    ),
+    (
+        "separator with user placement",
+        ["--placement", "user", "--separator", "/"],
+        "--separator joins the context and a system message, so it applies only with --placement system",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, options, expected", CONTEXT_CASES, ids=[c[0] for c in CONTEXT_CASES])
@@ -70,7 +89,20 @@ def test_a_context_option_the_placement_ignores_is_refused(
 ):
     (tmp_path / "items.jsonl").write_text('{"prompt": "Which answer?", "answer": "A"}\n')
     out = tmp_path / "out"
-    line = one_line(["analyze", "--model", f"base={tiny_dir}", "--dataset", str(tmp_path / "items.jsonl"),
-                     "--context-text", "c", *options, "--output-dir", str(out)], capsys)  # fmt: skip
+    line = one_line(
+        [
+            "analyze",
+            "--model",
+            f"base={tiny_dir}",
+            "--dataset",
+            str(tmp_path / "items.jsonl"),
+            "--context-text",
+            "c",
+            *options,
+            "--output-dir",
+            str(out),
+        ],
+        capsys,
+    )
     assert line.startswith("trl-nca analyze: error: ") and expected in line, line
     assert not out.exists()

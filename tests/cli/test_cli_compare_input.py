@@ -15,17 +15,34 @@ CASES = [
     ("a folder", "{tmp}", None, "--config '{tmp}' is a folder; give the YAML file of the settings"),
     ("a missing file", "{tmp}/none.yaml", None, "--config '{tmp}/none.yaml' does not exist"),
     ("bad YAML", "{tmp}/bad.yaml", b"task: reply_in_french\nseeds: [0, 1\n", "is not valid YAML: "),
-    ("a byte that is not UTF-8", "{tmp}/latin1.yaml", "task: reply_in_french\ntitle: caf\u00e9\n".encode("latin-1"),
-     "Line 2 of the config '{tmp}/latin1.yaml' is not UTF-8 text: byte 0xe9. Save the file as UTF-8."),
+    (
+        "a byte that is not UTF-8",
+        "{tmp}/latin1.yaml",
+        "task: reply_in_french\ntitle: caf\u00e9\n".encode("latin-1"),
+        "Line 2 of the config '{tmp}/latin1.yaml' is not UTF-8 text: byte 0xe9. Save the file as UTF-8.",
+    ),
     ("not settings", "{tmp}/list.yaml", b"- task\n- seeds\n", "holds a YAML list, not settings"),
-    ("an unknown dtype", "{tmp}/dtype.yaml", b"task: reply_in_french\nuse_peft: true\ndtype: float64x\n", "dtype 'float64x' is not "
-     "a dtype the models load in; give one of auto, bfloat16, float16, float32."),
-    ("a LoRA rank of 0", "{tmp}/lora.yaml", b"task: reply_in_french\nuse_peft: true\nlora_r: 0\n", "lora_r must be "
-     "an integer >= 1 (the LoRA rank and its scale), got 0."),
-    ("an unquoted no", "{tmp}/no.yaml", b"task: reply_in_french\nsave_strategy: no\n", "`save_strategy` is the "
-     "boolean False (YAML reads an unquoted no or off as a boolean), but it takes a word. Quote it: `save_strategy: "
-     '"no"`.'),
-]  # fmt: skip
+    (
+        "an unknown dtype",
+        "{tmp}/dtype.yaml",
+        b"task: reply_in_french\nuse_peft: true\ndtype: float64x\n",
+        "dtype 'float64x' is not a dtype the models load in; give one of auto, bfloat16, float16, float32.",
+    ),
+    (
+        "a LoRA rank of 0",
+        "{tmp}/lora.yaml",
+        b"task: reply_in_french\nuse_peft: true\nlora_r: 0\n",
+        "lora_r must be an integer >= 1 (the LoRA rank and its scale), got 0.",
+    ),
+    (
+        "an unquoted no",
+        "{tmp}/no.yaml",
+        b"task: reply_in_french\nsave_strategy: no\n",
+        "`save_strategy` is the "
+        "boolean False (YAML reads an unquoted no or off as a boolean), but it takes a word. Quote it: `save_strategy: "
+        '"no"`.',
+    ),
+]
 
 
 @pytest.mark.parametrize("case, config, content, expected", CASES, ids=[c[0] for c in CASES])
@@ -43,12 +60,19 @@ def test_bad_compare_config_is_one_line(tmp_path, capsys, case, config, content,
 # (case, the config's budget line, the expected line's text): a token budget no model can hold, refused before the
 # base models are evaluated (nothing is written)
 BUDGET_CASES = [
-    ("an unreachable max_new_tokens", "max_new_tokens: 1000000000", "Method 'opd' on the model {model}: In row 0, the "
-     "prompt without context has"),
-    ("an unreachable eval_max_new_tokens", "eval_max_new_tokens: 1000000000", "with a reply budget of 1000000000 "
-     "tokens (eval_max_new_tokens, else max_new_tokens) exceeds the 4096 positions of the model {model}. Lower "
-     "eval_max_new_tokens"),
-]  # fmt: skip
+    (
+        "an unreachable max_new_tokens",
+        "max_new_tokens: 1000000000",
+        "Method 'opd' on the model {model}: In row 0, the prompt without context has",
+    ),
+    (
+        "an unreachable eval_max_new_tokens",
+        "eval_max_new_tokens: 1000000000",
+        "with a reply budget of 1000000000 "
+        "tokens (eval_max_new_tokens, else max_new_tokens) exceeds the 4096 positions of the model {model}. Lower "
+        "eval_max_new_tokens",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, budget, expected", BUDGET_CASES, ids=[c[0] for c in BUDGET_CASES])
@@ -61,9 +85,19 @@ def test_an_unreachable_token_budget_is_refused_before_any_work(tiny_dir, tmp_pa
 
 
 def compare_yaml(tmp_path, **changes):
-    fields = {"model_name_or_path": "/nonexistent/model", "task": "reply_in_french", "seeds": "[0]",
-              "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]', "num_train": 2, "eval_items": 2, "max_steps": 1,
-              "use_peft": "true", "report_to": "none", "output_dir": str(tmp_path / "out"), **changes}  # fmt: skip
+    fields = {
+        "model_name_or_path": "/nonexistent/model",
+        "task": "reply_in_french",
+        "seeds": "[0]",
+        "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]',
+        "num_train": 2,
+        "eval_items": 2,
+        "max_steps": 1,
+        "use_peft": "true",
+        "report_to": "none",
+        "output_dir": str(tmp_path / "out"),
+        **changes,
+    }
     config = tmp_path / "compare.yaml"
     config.write_text("".join(f"{key}: {value}\n" for key, value in fields.items()))
     return ["compare", "--config", str(config)]
@@ -127,8 +161,12 @@ def test_an_output_dir_that_is_a_file_is_refused_by_compare_and_train(tmp_path, 
     taken.write_text("a file\n")
     err = one_error_line(cli_main, compare_yaml(tmp_path, output_dir=str(taken)), capsys, command="compare")
     assert f"output_dir {str(taken)!r} is a file, not a folder" in err
-    err = one_error_line(cli_main, ["train", "--model_name_or_path", tiny_dir, "--output_dir", str(taken), "--use_cpu", "true",
-                          "--bf16", "false"], capsys, command="train")  # fmt: skip
+    err = one_error_line(
+        cli_main,
+        ["train", "--model_name_or_path", tiny_dir, "--output_dir", str(taken), "--use_cpu", "true", "--bf16", "false"],
+        capsys,
+        command="train",
+    )
     assert f"output_dir {str(taken)!r} is a file, not a folder" in err
 
 
@@ -160,13 +198,26 @@ def _read_only_folder(tmp_path):
 # is checked before any model loads (the model here does not exist: its error would come later), nothing is written
 SLICES_DIR_CASES = [
     ("a file", "--slice", "FILE", "slices_dir '{dir}' is a file, not a folder; give the folder of the slice files."),
-    ("read-only", "--slice", "RO", "slices_dir '{dir}' cannot be written (Read-only file system); the slice would be "
-     "lost after its unit ran. Give a folder you can write to"),
-    ("below a read-only folder", "--slice", "RO/slices", "slices_dir '{dir}' cannot be written (Read-only file "
-     "system)"),
-    ("missing, to build from", "--from_slices", "NONE", "slices_dir '{dir}' does not exist; give the folder the slices "
-     "were written to"),
-]  # fmt: skip
+    (
+        "read-only",
+        "--slice",
+        "RO",
+        "slices_dir '{dir}' cannot be written (Read-only file system); the slice would be "
+        "lost after its unit ran. Give a folder you can write to",
+    ),
+    (
+        "below a read-only folder",
+        "--slice",
+        "RO/slices",
+        "slices_dir '{dir}' cannot be written (Read-only file system)",
+    ),
+    (
+        "missing, to build from",
+        "--from_slices",
+        "NONE",
+        "slices_dir '{dir}' does not exist; give the folder the slices were written to",
+    ),
+]
 
 
 @pytest.mark.slow  # starts `mount` and `umount`
@@ -182,8 +233,9 @@ def test_a_slices_folder_that_cannot_serve_is_refused_before_any_work(tmp_path, 
         if folder == "FILE":
             slices.write_text("{}")
         value = ["--slice", "base"] if option == "--slice" else ["--from_slices", "true"]
-        err = one_error_line(cli_main, [*compare_yaml(tmp_path), *value, "--slices_dir", str(slices)], capsys,
-                             command="compare")  # fmt: skip
+        err = one_error_line(
+            cli_main, [*compare_yaml(tmp_path), *value, "--slices_dir", str(slices)], capsys, command="compare"
+        )
         assert expected.format(dir=slices) in err, err
         assert not (tmp_path / "out").exists() and not (tmp_path / "none").exists()
     finally:

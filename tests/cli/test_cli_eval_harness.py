@@ -18,8 +18,10 @@ pytest.importorskip("lm_eval")
 
 READ_ONLY = Path("/sys/trl-nca-test")  # a place nobody can create a folder in, root included
 LONG = " ".join(["rule"] * 120)  # well over 64 tokens
-DOCS = [{"question": f"Question {i}?", "choices": ["yes", "no"], "label": i % 2, "hint": f"Say {'yes no'[i % 2]}."}
-        for i in range(3)]  # fmt: skip
+DOCS = [
+    {"question": f"Question {i}?", "choices": ["yes", "no"], "label": i % 2, "hint": f"Say {'yes no'[i % 2]}."}
+    for i in range(3)
+]
 NO_SYSTEM_TEMPLATE = (
     "{% for message in messages %}{% if message['role'] == 'system' %}"
     "{{ raise_exception('System role not supported') }}{% endif %}"
@@ -73,39 +75,84 @@ def tasks(tmp_path_factory):
         'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 4\nmetric_list:\n  - metric: bleu\n'
     )
     (folder / "c_hub.yaml").write_text(
-        "task: c_hub\ndataset_path: trl-nca-nobody/absent-dataset\n" + body
+        "task: c_hub\ndataset_path: trl-nca-nobody/absent-dataset\n"
+        + body
         + "output_type: multiple_choice\ndoc_to_choice: choices\ndoc_to_target: label\nmetric_list:\n  - metric: acc\n"
-    )  # fmt: skip
+    )
     return str(folder)
 
 
 # (case, the model, extra options, the expected line's text); every case gets --include-path and --output-dir
 CASES = [
-    ("an unknown task", "short", ["--tasks", "c_mcc"], "Unknown harness task 'c_mcc': lm-eval has no task, group or "
-     "tag of that name"),
-    ("a context field the documents lack", "short", ["--tasks", "c_mc", "--context-column", "nope"], "--context-column "
-     "'nope': the documents of harness task 'c_mc' have no field 'nope'"),
-    ("a context past the positions", "short", ["--tasks", "c_mc", "--context-text", LONG], "more than the 64 "
-     "positions of"),
-    ("--tasks with --dataset", "short", ["--tasks", "c_mc", "--dataset", "items.jsonl"], "--tasks and --dataset both "
-     "choose what to evaluate"),
+    (
+        "an unknown task",
+        "short",
+        ["--tasks", "c_mcc"],
+        "Unknown harness task 'c_mcc': lm-eval has no task, group or tag of that name",
+    ),
+    (
+        "a context field the documents lack",
+        "short",
+        ["--tasks", "c_mc", "--context-column", "nope"],
+        "--context-column 'nope': the documents of harness task 'c_mc' have no field 'nope'",
+    ),
+    (
+        "a context past the positions",
+        "short",
+        ["--tasks", "c_mc", "--context-text", LONG],
+        "more than the 64 positions of",
+    ),
+    (
+        "--tasks with --dataset",
+        "short",
+        ["--tasks", "c_mc", "--dataset", "items.jsonl"],
+        "--tasks and --dataset both choose what to evaluate",
+    ),
     ("--tasks with --game", "short", ["--tasks", "c_mc", "--game", "sokoban"], "--tasks and --game both choose"),
-    ("a metric the task does not compute", "short", ["--tasks", "c_mc", "--metric", "f1"], "Harness task 'c_mc' does "
-     "not compute the metric 'f1'; it computes ['acc']"),
-    ("a metric that is not 0/1", "short", ["--tasks", "c_bleu"], "The metric 'bleu' of harness task 'c_bleu' is "
-     "aggregated by bleu, not averaged over documents"),
-    ("documents on an unreachable Hub", "short", ["--tasks", "c_hub"], "Harness task 'c_hub' reads its documents from "
-     "the Hugging Face Hub, which cannot be reached here"),
-    ("no system role with --placement system", "no_system", ["--tasks", "c_mc"], "has no system role: lm-eval would "
-     "drop the system message"),
+    (
+        "a metric the task does not compute",
+        "short",
+        ["--tasks", "c_mc", "--metric", "f1"],
+        "Harness task 'c_mc' does not compute the metric 'f1'; it computes ['acc']",
+    ),
+    (
+        "a metric that is not 0/1",
+        "short",
+        ["--tasks", "c_bleu"],
+        "The metric 'bleu' of harness task 'c_bleu' is aggregated by bleu, not averaged over documents",
+    ),
+    (
+        "documents on an unreachable Hub",
+        "short",
+        ["--tasks", "c_hub"],
+        "Harness task 'c_hub' reads its documents from the Hugging Face Hub, which cannot be reached here",
+    ),
+    (
+        "no system role with --placement system",
+        "no_system",
+        ["--tasks", "c_mc"],
+        "has no system role: lm-eval would drop the system message",
+    ),
     ("a dataset option", "short", ["--tasks", "c_mc", "--scorer", "yesno"], "--scorer do(es) not apply to --tasks"),
-    ("samples of a deterministic task", "short", ["--tasks", "c_mc", "--samples-per-view", "2"], "the tasks ['c_mc'] "
-     "do not sample"),
-    ("a missing include path", "short", ["--tasks", "c_mc", "--include-path", "MISSING"], "is not a folder of task "
-     "YAML files"),
-    ("output-dir cannot be created", "short", ["--tasks", "c_mc", "--output-dir", str(READ_ONLY / "out")],
-     "Cannot create the output folder"),
-]  # fmt: skip
+    (
+        "samples of a deterministic task",
+        "short",
+        ["--tasks", "c_mc", "--samples-per-view", "2"],
+        "the tasks ['c_mc'] do not sample",
+    ),
+    (
+        "a missing include path",
+        "short",
+        ["--tasks", "c_mc", "--include-path", "MISSING"],
+        "is not a folder of task YAML files",
+    ),
+    (
+        "output-dir cannot be created",
+        "short",
+        ["--tasks", "c_mc", "--output-dir", str(READ_ONLY / "out")],
+        "Cannot create the output folder",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, model, extra, expected", CASES, ids=[c[0] for c in CASES])
@@ -134,15 +181,44 @@ def test_bad_harness_input_is_one_line_before_any_model_loads(
 def test_no_system_role_runs_with_placement_user(models, tasks, tmp_path):
     """The refused model runs with the context in the user turn, and both views differ there."""
     out = tmp_path / "out"
-    code = cli_main(["eval", "--model", models["no_system"], "--tasks", "c_mc", "--include-path", tasks,
-                     "--context-column", "hint", "--placement", "user", "--output-dir", str(out), "--no-progress",
-                     "--no-plots", "--bootstrap", "20"])  # fmt: skip
+    code = cli_main(
+        [
+            "eval",
+            "--model",
+            models["no_system"],
+            "--tasks",
+            "c_mc",
+            "--include-path",
+            tasks,
+            "--context-column",
+            "hint",
+            "--placement",
+            "user",
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--no-plots",
+            "--bootstrap",
+            "20",
+        ]
+    )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     (entry,) = summary["models"]
     assert entry["name"] == "no_system/c_mc"
-    assert {"n", "n_correct_x", "n_correct_xc", "harm_count", "help_count", "acc_x", "acc_xc", "harm", "help",
-            "regime", "both_correct"} <= set(entry["metrics"])  # fmt: skip
+    assert {
+        "n",
+        "n_correct_x",
+        "n_correct_xc",
+        "harm_count",
+        "help_count",
+        "acc_x",
+        "acc_xc",
+        "harm",
+        "help",
+        "regime",
+        "both_correct",
+    } <= set(entry["metrics"])
     assert entry["metrics"]["n"] == len(DOCS)
     records = [json.loads(line) for line in (out / "no_system" / "c_mc" / "records.jsonl").read_text().splitlines()]
     assert [r["x"]["extra"]["doc_id"] for r in records] == [0, 1, 2]
@@ -154,8 +230,21 @@ def test_no_system_role_runs_with_placement_user(models, tasks, tmp_path):
 def test_a_rerun_with_another_context_is_refused(models, tasks, tmp_path, capsys):
     """records.jsonl of another run (here: another context) in the output folder is refused, never mixed."""
     out = tmp_path / "out"
-    argv = ["eval", "--model", models["short"], "--tasks", "c_mc", "--include-path", tasks, "--output-dir", str(out),
-            "--no-progress", "--no-plots", "--bootstrap", "0"]  # fmt: skip
+    argv = [
+        "eval",
+        "--model",
+        models["short"],
+        "--tasks",
+        "c_mc",
+        "--include-path",
+        tasks,
+        "--output-dir",
+        str(out),
+        "--no-progress",
+        "--no-plots",
+        "--bootstrap",
+        "0",
+    ]
     assert cli_main([*argv, "--context-text", "Answer yes."]) == 0
     before = (out / "short" / "c_mc" / "records.jsonl").read_text()
     line = one_error_line(cli_main, [*argv, "--context-text", "Answer no."], capsys, "eval")

@@ -56,24 +56,43 @@ CASES = [
     ("alpha above 1", ["--alpha", "2"], "--alpha must be a significance level within (0, 1)"),
     ("alpha nan", ["--alpha", "nan"], "--alpha must be a significance level within (0, 1), e.g. 0.05; got nan"),
     ("negative bootstrap", ["--bootstrap", "-5"], "--bootstrap must be 0 (no intervals) or a number"),
-    ("greedy with a temperature", ["--greedy", "--temperature", "0.7"], "--greedy decodes without sampling, so "
-     "--temperature would be ignored"),
-    ("template with system placement", ["--template", "{context}"], "--template joins the context and the prompt in "
-     "the user turn, so it applies only with --placement user"),
-    ("separator with user placement", ["--placement", "user", "--separator", "/"], "--separator joins the context "
-     "and a system message"),
+    (
+        "greedy with a temperature",
+        ["--greedy", "--temperature", "0.7"],
+        "--greedy decodes without sampling, so --temperature would be ignored",
+    ),
+    (
+        "template with system placement",
+        ["--template", "{context}"],
+        "--template joins the context and the prompt in the user turn, so it applies only with --placement user",
+    ),
+    (
+        "separator with user placement",
+        ["--placement", "user", "--separator", "/"],
+        "--separator joins the context and a system message",
+    ),
     ("split of a local file", ["--split", "validation"], "is a single file, so it has no split 'validation'"),
     ("prompt past the position limit", ["--prompt", LONG], "its prompt without the context has"),
     ("context past the position limit", ["--context-text", LONG], "its prompt with the context has"),
-    ("an unreachable max-new-tokens", ["--max-new-tokens", "1000000000"], "--max-new-tokens 1000000000 leaves no "
-     "room for a prompt in the"),
-    ("a huge prompt, refused untokenised", ["--prompt", "word " * 40_000], "its prompt without the context holds "
-     "200,000 bytes of text, so at least"),
+    (
+        "an unreachable max-new-tokens",
+        ["--max-new-tokens", "1000000000"],
+        "--max-new-tokens 1000000000 leaves no room for a prompt in the",
+    ),
+    (
+        "a huge prompt, refused untokenised",
+        ["--prompt", "word " * 40_000],
+        "its prompt without the context holds 200,000 bytes of text, so at least",
+    ),
     ("output-dir is a file", ["--output-dir", "FILE"], "is a file, not a folder"),
     ("output-dir cannot be created", ["--output-dir", str(READ_ONLY / "out")], "Cannot create the output folder"),
-    pytest.param("device cuda without CUDA", ["--device", "cuda"], "--device cuda asks for a CUDA GPU, and torch sees "
-                 "none", marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
-]  # fmt: skip
+    pytest.param(
+        "device cuda without CUDA",
+        ["--device", "cuda"],
+        "--device cuda asks for a CUDA GPU, and torch sees none",
+        marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA"),
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -90,8 +109,17 @@ def test_bad_eval_input_is_one_line_before_any_model_loads(
     if "FILE" in extra:
         out.write_text("not a folder\n")
         extra[extra.index("FILE")] = str(out)
-    argv = ["eval", "--model", short_model, "--dataset", items(tmp_path, prompt), "--max-new-tokens", "8",
-            "--no-progress", "--no-plots"]  # fmt: skip
+    argv = [
+        "eval",
+        "--model",
+        short_model,
+        "--dataset",
+        items(tmp_path, prompt),
+        "--max-new-tokens",
+        "8",
+        "--no-progress",
+        "--no-plots",
+    ]
     if "--context-text" not in extra:
         argv += ["--context-text", "Answer with the letter."]
     if "--output-dir" not in extra:
@@ -106,8 +134,19 @@ def test_bad_eval_input_is_one_line_before_any_model_loads(
 def test_a_second_eval_into_a_folder_in_use_is_refused(short_model, tmp_path, capsys, no_model_loads):
     """Two runs into one folder at once would interleave their records (two run keys in one records.jsonl)."""
     out = tmp_path / "out"
-    argv = ["eval", "--model", short_model, "--dataset", items(tmp_path), "--context-text", "c",
-            "--max-new-tokens", "4", "--output-dir", str(out)]  # fmt: skip
+    argv = [
+        "eval",
+        "--model",
+        short_model,
+        "--dataset",
+        items(tmp_path),
+        "--context-text",
+        "c",
+        "--max-new-tokens",
+        "4",
+        "--output-dir",
+        str(out),
+    ]
     with output_folder_lock(out, "trl-nca eval --seed 1"):
         line = one_line(argv, capsys)
     assert "is in use by another trl-nca run (pid" in line and "trl-nca eval --seed 1" in line, line
@@ -118,8 +157,22 @@ def test_a_scorer_with_the_wrong_signature_is_refused(short_model, tmp_path, cap
     """A `--scorer module:fn` that cannot be called as fn(text, label) would score every answer wrong and exit 0."""
     (tmp_path / "my_scorers.py").write_text("def score(text):\n    return True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    line = one_line(["eval", "--model", short_model, "--dataset", items(tmp_path), "--context-text", "c",
-                     "--scorer", "my_scorers:score", "--output-dir", str(tmp_path / "out")], capsys)  # fmt: skip
+    line = one_line(
+        [
+            "eval",
+            "--model",
+            short_model,
+            "--dataset",
+            items(tmp_path),
+            "--context-text",
+            "c",
+            "--scorer",
+            "my_scorers:score",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capsys,
+    )
     assert (
         "The scorer function 'my_scorers:score' has the signature (text), but a scorer is called as fn(text, "
         "label)" in line
@@ -149,23 +202,44 @@ def _break_model(model: Path, case: str) -> None:
 
 # (case, the expected line's text): a model folder that cannot be evaluated, reported before any model loads
 MODEL_CASES = [
-    ("a tokenizer without a chat template", "has no chat template, so the prompts with and without the context "
-     "cannot be rendered"),
-    ("a tokenizer larger than the embeddings", "has 64 embedding rows (vocab_size): the tokenizer (320 tokens) is not "
-     "the model's"),
-    ("a truncated model.safetensors", "Model 'model': the weights file {model}/model.safetensors is cut short: it "
-     "holds 100,000 bytes, but its header describes"),
-    ("a shard index naming a missing shard", "names 1 shard(s) that are not in {model} "
-     "(model-00002-of-00002.safetensors). Download or copy the model again"),
-]  # fmt: skip
+    (
+        "a tokenizer without a chat template",
+        "has no chat template, so the prompts with and without the context cannot be rendered",
+    ),
+    (
+        "a tokenizer larger than the embeddings",
+        "has 64 embedding rows (vocab_size): the tokenizer (320 tokens) is not the model's",
+    ),
+    (
+        "a truncated model.safetensors",
+        "Model 'model': the weights file {model}/model.safetensors is cut short: it "
+        "holds 100,000 bytes, but its header describes",
+    ),
+    (
+        "a shard index naming a missing shard",
+        "names 1 shard(s) that are not in {model} (model-00002-of-00002.safetensors). Download or copy the model again",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, expected", MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
 def test_a_model_folder_that_cannot_be_evaluated_is_refused(tmp_path, capsys, no_model_loads, case, expected):
     model = Path(save_tiny_model(tmp_path / "model"))
     _break_model(model, case)
-    line = one_line(["eval", "--model", str(model), "--dataset", items(tmp_path), "--context-text", "c",
-                     "--output-dir", str(tmp_path / "out")], capsys)  # fmt: skip
+    line = one_line(
+        [
+            "eval",
+            "--model",
+            str(model),
+            "--dataset",
+            items(tmp_path),
+            "--context-text",
+            "c",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capsys,
+    )
     assert expected.format(model=model) in line, line
     assert not (tmp_path / "out").exists()
 
@@ -176,9 +250,12 @@ def qa_rows(n=3):
 
 def qa_evaluator(data, **kwargs):
     return PairedEvaluator(
-        data, context=ContextSpec(text="Be careful."), id_column="id",
-        generation=GenerationSettings(max_new_tokens=4, batch_size=2), **kwargs,
-    )  # fmt: skip
+        data,
+        context=ContextSpec(text="Be careful."),
+        id_column="id",
+        generation=GenerationSettings(max_new_tokens=4, batch_size=2),
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize(
@@ -198,8 +275,11 @@ def test_eval_refuses_to_resume_records_of_changed_items(tok, tmp_path, change):
     first = qa_evaluator(qa_rows()).run(model, tok, output_path=path, progress=False)
     changed = qa_rows()
     change(changed)
-    with pytest.raises(EvalInputError, match=r"records of 1 item\(s\) whose prompt, label or tokenization differ .*"
-                       r"\['q1'\].*Use a new output folder, or delete the file"):  # fmt: skip
+    with pytest.raises(
+        EvalInputError,
+        match=r"records of 1 item\(s\) whose prompt, label or tokenization differ .*"
+        r"\['q1'\].*Use a new output folder, or delete the file",
+    ):
         qa_evaluator(changed).run(model, tok, output_path=path, progress=False)
     # unchanged items resume (nothing regenerated), and new ones are added
     more = qa_evaluator(qa_rows(4)).run(model, tok, output_path=path, progress=False)
@@ -210,8 +290,24 @@ def test_eval_refuses_to_resume_records_of_changed_items(tok, tmp_path, change):
 def test_eval_cli_refuses_a_changed_dataset_in_an_existing_output_folder(tiny_dir, tmp_path, capsys):
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in qa_rows(2)))
-    argv = ["--model", tiny_dir, "--dataset", str(data), "--id-column", "id", "--context-text", "Be careful.",
-            "--max-new-tokens", "3", "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    argv = [
+        "--model",
+        tiny_dir,
+        "--dataset",
+        str(data),
+        "--id-column",
+        "id",
+        "--context-text",
+        "Be careful.",
+        "--max-new-tokens",
+        "3",
+        "--bootstrap",
+        "0",
+        "--no-plots",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "o"),
+    ]
     assert eval_main(argv) == 0
     rows = qa_rows(2)
     rows[0]["answer"] = "B"
@@ -268,8 +364,10 @@ def run_eval_error(argv, capsys):
 def test_eval_cli_label_missing_in_one_row(tiny_dir, tmp_path, capsys):
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n{"prompt": "q2"}\n')
-    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir",
-                          str(tmp_path / "o")], capsys)  # fmt: skip
+    err = run_eval_error(
+        ["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir", str(tmp_path / "o")],
+        capsys,
+    )
     assert "Row 1 (item '1') has no label in column 'answer'" in err
 
 
@@ -280,12 +378,30 @@ def test_non_utf8_file_names_file_and_line(tiny_dir, tmp_path, capsys, suffix):
         data.write_bytes(b'{"prompt": "q1", "answer": "A"}\n{"prompt": "q\xff2", "answer": "B"}\n')
     else:
         data.write_bytes(b'[{"prompt": "q1", "answer": "A"},\n {"prompt": "q\xff2", "answer": "B"}]\n')
-    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir",
-                          str(tmp_path / "o")], capsys)  # fmt: skip
+    err = run_eval_error(
+        ["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--output-dir", str(tmp_path / "o")],
+        capsys,
+    )
     assert f"Line 2 of {data} is not UTF-8 text: byte 0xff" in err
     # the training command reads local files the same way
-    assert cli_main(["train", "--model_name_or_path", tiny_dir, "--dataset_name", str(data), "--output_dir",
-                     str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "train",
+                "--model_name_or_path",
+                tiny_dir,
+                "--dataset_name",
+                str(data),
+                "--output_dir",
+                str(tmp_path / "t"),
+                "--use_cpu",
+                "true",
+                "--bf16",
+                "false",
+            ]
+        )
+        == 2
+    )
     assert f"Line 2 of {data} is not UTF-8 text: byte 0xff" in capsys.readouterr().err
 
 
@@ -301,16 +417,44 @@ def test_non_utf8_file_names_file_and_line(tiny_dir, tmp_path, capsys, suffix):
 def test_missing_models_get_our_message_in_every_command(tiny_dir, tmp_path, capsys, name, match):
     import re
 
-    assert cli_main(["train", "--model_name_or_path", name, "--output_dir", str(tmp_path / "t"), "--use_cpu", "true",
-                     "--bf16", "false"]) == 2  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "train",
+                "--model_name_or_path",
+                name,
+                "--output_dir",
+                str(tmp_path / "t"),
+                "--use_cpu",
+                "true",
+                "--bf16",
+                "false",
+            ]
+        )
+        == 2
+    )
     assert re.search("trl-nca train: error: Student model " + match, capsys.readouterr().err)
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
-    err = run_eval_error(["--model", name, "--dataset", str(data), "--context-text", "c", "--output-dir",
-                          str(tmp_path / "o")], capsys)  # fmt: skip
+    err = run_eval_error(
+        ["--model", name, "--dataset", str(data), "--context-text", "c", "--output-dir", str(tmp_path / "o")], capsys
+    )
     assert re.search(match, err)
-    teacher = cli_main(["train", "--model_name_or_path", tiny_dir, "--teacher_model_name_or_path", name,
-                        "--output_dir", str(tmp_path / "t"), "--use_cpu", "true", "--bf16", "false"])  # fmt: skip
+    teacher = cli_main(
+        [
+            "train",
+            "--model_name_or_path",
+            tiny_dir,
+            "--teacher_model_name_or_path",
+            name,
+            "--output_dir",
+            str(tmp_path / "t"),
+            "--use_cpu",
+            "true",
+            "--bf16",
+            "false",
+        ]
+    )
     assert teacher == 2 and re.search("Teacher model " + match, capsys.readouterr().err)
 
 
@@ -323,8 +467,22 @@ def test_eval_cli_accepts_embedded_like_train(tiny_dir, tmp_path, monkeypatch):
     )  # stands in for the converted cache
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
-    argv = ["--model", "embedded", "--dataset", str(data), "--context-text", "c", "--max-new-tokens", "3",
-            "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    argv = [
+        "--model",
+        "embedded",
+        "--dataset",
+        str(data),
+        "--context-text",
+        "c",
+        "--max-new-tokens",
+        "3",
+        "--bootstrap",
+        "0",
+        "--no-plots",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "o"),
+    ]
     assert eval_main(argv) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["models"][0]["name"] == "embedded"
@@ -388,32 +546,75 @@ def test_game_records_of_another_model_are_refused(tok, tmp_path):
     with pytest.raises(EvalInputError, match="holds records of another run"):
         run_game_eval(model=make_tiny_model(tok, 1), output_path=path, **common)
     with pytest.raises(EvalInputError, match="holds records of another run"):  # other prompts: chat template options
-        run_game_eval(model=make_tiny_model(tok, 0), output_path=path,
-                      **{**common, "options": {"num_seeds": 1, "chat_template_kwargs": {"enable_thinking": False}}})  # fmt: skip
+        run_game_eval(
+            model=make_tiny_model(tok, 0),
+            output_path=path,
+            **{**common, "options": {"num_seeds": 1, "chat_template_kwargs": {"enable_thinking": False}}},
+        )
 
 
 @pytest.mark.parametrize("option,value", [("--temperature", "nan"), ("--temperature", "inf"), ("--top-p", "nan")])
 def test_eval_refuses_non_finite_sampling(tiny_dir, tmp_path, capsys, option, value):
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
-    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", option, value,
-                          "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    err = run_eval_error(
+        [
+            "--model",
+            tiny_dir,
+            "--dataset",
+            str(data),
+            "--context-text",
+            "c",
+            option,
+            value,
+            "--output-dir",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert f"{option[2:].replace('-', '_')} must be a finite number, got the float {value}" in err
 
 
 def test_eval_limit_zero_says_so(tiny_dir, tmp_path, capsys):
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
-    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--limit", "0",
-                          "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    err = run_eval_error(
+        [
+            "--model",
+            tiny_dir,
+            "--dataset",
+            str(data),
+            "--context-text",
+            "c",
+            "--limit",
+            "0",
+            "--output-dir",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "The evaluation dataset is empty after limit=0" in err
 
 
 def test_eval_accepts_the_builtin_contexts_of_train(tiny_dir, tmp_path):
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
-    argv = ["--model", tiny_dir, "--dataset", str(data), "--context-file", "medical", "--max-new-tokens", "2",
-            "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(tmp_path / "o")]  # fmt: skip
+    argv = [
+        "--model",
+        tiny_dir,
+        "--dataset",
+        str(data),
+        "--context-file",
+        "medical",
+        "--max-new-tokens",
+        "2",
+        "--bootstrap",
+        "0",
+        "--no-plots",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "o"),
+    ]
     assert eval_main(argv) == 0
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["models"][0]["provenance"]["context"]["source"] == "builtin:medical"
@@ -449,11 +650,25 @@ def test_eval_records_without_item_fingerprints_are_refused(tok, tmp_path):
 def test_eval_and_analyze_bad_inputs_are_one_line(tiny_dir, tmp_path, capsys):
     data = tmp_path / "items.jsonl"
     data.write_text('{"prompt": "q1", "answer": "A"}\n')
-    err = run_eval_error(["--model", tiny_dir, "--dataset", str(data), "--context-text", "c", "--samples-per-view",
-                          "1000000000000", "--output-dir", str(tmp_path / "o")], capsys)  # fmt: skip
+    err = run_eval_error(
+        [
+            "--model",
+            tiny_dir,
+            "--dataset",
+            str(data),
+            "--context-text",
+            "c",
+            "--samples-per-view",
+            "1000000000000",
+            "--output-dir",
+            str(tmp_path / "o"),
+        ],
+        capsys,
+    )
     assert "samples_per_view 1000000000000 is more than 256" in err
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["analyze", "--model", f"base={tiny_dir}", "--task", "no_such_task", "--output-dir",
-                  str(tmp_path / "a")])  # fmt: skip
+        cli_main(
+            ["analyze", "--model", f"base={tiny_dir}", "--task", "no_such_task", "--output-dir", str(tmp_path / "a")]
+        )
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err and "no_such_task" in err, err

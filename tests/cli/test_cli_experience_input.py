@@ -27,15 +27,31 @@ def no_model_loads(monkeypatch):
 # (case, --output, the expected line's text, its fix)
 CASES = [
     ("output is a folder", "FOLDER", "--output '{out}' is a folder", "give the path of a file to write"),
-    ("output folder cannot be created", "/sys/trl-nca-test/lessons.txt", "cannot be written: ", "in a folder you can "
-     "write to"),
-    ("output folder is read-only", "/sys/kernel/trl-nca-lessons.txt", "cannot be written: ", "in a folder you can "
-     "write to"),
-    ("output written by another run", "LOCKED", "{out} is being written by another trl-nca run (pid", "Wait for it "
-     "to end, or give another --output."),
-    ("output is the JSON history's name", "lessons.json", "ends in .json, the name of the JSON history written next to "
-     "the text", "Give the text file another suffix"),
-]  # fmt: skip
+    (
+        "output folder cannot be created",
+        "/sys/trl-nca-test/lessons.txt",
+        "cannot be written: ",
+        "in a folder you can write to",
+    ),
+    (
+        "output folder is read-only",
+        "/sys/kernel/trl-nca-lessons.txt",
+        "cannot be written: ",
+        "in a folder you can write to",
+    ),
+    (
+        "output written by another run",
+        "LOCKED",
+        "{out} is being written by another trl-nca run (pid",
+        "Wait for it to end, or give another --output.",
+    ),
+    (
+        "output is the JSON history's name",
+        "lessons.json",
+        "ends in .json, the name of the JSON history written next to the text",
+        "Give the text file another suffix",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, output, expected, fix", CASES, ids=[c[0] for c in CASES])
@@ -79,8 +95,9 @@ def test_experience_cli_checks_settings_before_loading_the_model(tiny_dir, tmp_p
 
     monkeypatch.setattr(trl_nca.eval.loading, "load_model", no_model_work)
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["experience", "--model", tiny_dir, "--game", "frozenlake", "--output", str(tmp_path / "x.txt"),
-                  *extra])  # fmt: skip
+        cli_main(
+            ["experience", "--model", tiny_dir, "--game", "frozenlake", "--output", str(tmp_path / "x.txt"), *extra]
+        )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "trl-nca experience: error:" in err and match in err
@@ -94,6 +111,20 @@ def test_experience_cli_missing_model_is_one_line(tmp_path, capsys):
 
 
 def test_experience_bad_input_is_one_line(tmp_path, capsys):
-    err = one_error_line(cli_main, ["experience", "--model", "./no/model", "--game", "frozenlake", "--episodes", "0",
-                          "--output", str(tmp_path / "x.txt")], capsys, command="experience")  # fmt: skip
+    err = one_error_line(
+        cli_main,
+        [
+            "experience",
+            "--model",
+            "./no/model",
+            "--game",
+            "frozenlake",
+            "--episodes",
+            "0",
+            "--output",
+            str(tmp_path / "x.txt"),
+        ],
+        capsys,
+        command="experience",
+    )
     assert "--episodes must be at least 1, got 0" in err

@@ -47,10 +47,30 @@ def made(tmp_path_factory, tiny_dir):
     config.write_text(CONFIG.format(model=tiny_dir, methods=METHODS))
     other.write_text(CONFIG.format(model=tiny_dir, methods=OTHER_METHODS))
     for unit in ("base", "opd-seed0", "nca-seed0"):
-        compare(["--config", str(config), "--output_dir", str(root / unit), "--slice", unit,
-                 "--slices_dir", str(root / "slices")])  # fmt: skip
-    compare(["--config", str(other), "--output_dir", str(root / "other"), "--slice", "opd-seed0",
-             "--slices_dir", str(root / "other-slices")])  # fmt: skip
+        compare(
+            [
+                "--config",
+                str(config),
+                "--output_dir",
+                str(root / unit),
+                "--slice",
+                unit,
+                "--slices_dir",
+                str(root / "slices"),
+            ]
+        )
+    compare(
+        [
+            "--config",
+            str(other),
+            "--output_dir",
+            str(root / "other"),
+            "--slice",
+            "opd-seed0",
+            "--slices_dir",
+            str(root / "other-slices"),
+        ]
+    )
     return root, config
 
 
@@ -114,47 +134,116 @@ def _flip(data):
 
 # (case, the file changed, how, the expected line's text)
 CASES = [
-    ("made with other method settings", "opd-seed0", _other_method_settings, "was made with other settings, data, "
-     "weights or versions than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
-     "`run_settings.training.nca_beta` was 0.3, now 0.0; `run_settings.training.nca_monitor` was False, now True. Run "
-     "that slice again with these"),
-    ("another unit's file under this name", "nca-seed0", _copied_from("opd-seed0"), "holds the unit 'opd-seed0', but "
-     "its file is named for 'nca-seed0': a slice copied or renamed would stand for another run."),
-    ("another unit's file, its unit renamed", "nca-seed0", _copied_from("opd-seed0", rename=True), "holds method "
-     "'opd', organism None, seed 0, but the unit 'nca-seed0' of this comparison is method 'nca', organism None, seed "
-     "0. Run its slice again."),
-    ("a flipped outcome", "opd-seed0", _edit(_flip, reseal=False), "its outcomes, curves or diagnostics (`scorer, "
-     "items, diagnostics, train_seconds, curves, tracking`) do not match its `results_sha256`: the file was edited "
-     "after its run. Run its slice again."),
-    ("the string '0' as an outcome", "opd-seed0", _edit(_set(["items", 0, "x", 0, 0], "0")), "`items[0].x[0]` must "
-     "be [correct, format_failure, truncated, num_tokens] as whole numbers, not ['0', "),
-    ("true as an outcome", "opd-seed0", _edit(_set(["items", 0, "x", 0, 0], True)), "`items[0].x[0]` must be "
-     "[correct, format_failure, truncated, num_tokens] as whole numbers, not [True, "),
-    ("an outcome of 2", "opd-seed0", _edit(_set(["items", 0, "xc", 1, 0], 2)), "`items[0].xc[1]` must hold the "
-     "flags correct, format_failure and truncated as 0 or 1, not [2, "),
-    ("num_tokens -100", "opd-seed0", _edit(_set(["items", 0, "x", 0, 3], -100)), "`items[0].x[0]` holds -100 "
-     "response tokens, outside 0 to max_new_tokens=3; run its slice again."),
-    ("a duplicate item id", "base", _edit(_duplicate_id), "`items[1].id` repeats the item 'test-0'; run its slice "
-     "again."),
-    ("a foreign item id", "base", _edit(_foreign_id), "`items` holds ids that are no held-out item of this table "
-     "(test-9999); run its slice again."),
-    ("a list", "base", lambda data, slices, root: [], "holds a list, not a slice's object of fields; run its slice "
-     "again."),
-    ("null", "base", lambda data, slices, root: None, "holds null, not a slice's object of fields; run its slice "
-     "again."),
+    (
+        "made with other method settings",
+        "opd-seed0",
+        _other_method_settings,
+        "was made with other settings, data, "
+        "weights or versions than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
+        "`run_settings.training.nca_beta` was 0.3, now 0.0; `run_settings.training.nca_monitor` was False, now True. Run "
+        "that slice again with these",
+    ),
+    (
+        "another unit's file under this name",
+        "nca-seed0",
+        _copied_from("opd-seed0"),
+        "holds the unit 'opd-seed0', but "
+        "its file is named for 'nca-seed0': a slice copied or renamed would stand for another run.",
+    ),
+    (
+        "another unit's file, its unit renamed",
+        "nca-seed0",
+        _copied_from("opd-seed0", rename=True),
+        "holds method "
+        "'opd', organism None, seed 0, but the unit 'nca-seed0' of this comparison is method 'nca', organism None, seed "
+        "0. Run its slice again.",
+    ),
+    (
+        "a flipped outcome",
+        "opd-seed0",
+        _edit(_flip, reseal=False),
+        "its outcomes, curves or diagnostics (`scorer, "
+        "items, diagnostics, train_seconds, curves, tracking`) do not match its `results_sha256`: the file was edited "
+        "after its run. Run its slice again.",
+    ),
+    (
+        "the string '0' as an outcome",
+        "opd-seed0",
+        _edit(_set(["items", 0, "x", 0, 0], "0")),
+        "`items[0].x[0]` must be [correct, format_failure, truncated, num_tokens] as whole numbers, not ['0', ",
+    ),
+    (
+        "true as an outcome",
+        "opd-seed0",
+        _edit(_set(["items", 0, "x", 0, 0], True)),
+        "`items[0].x[0]` must be [correct, format_failure, truncated, num_tokens] as whole numbers, not [True, ",
+    ),
+    (
+        "an outcome of 2",
+        "opd-seed0",
+        _edit(_set(["items", 0, "xc", 1, 0], 2)),
+        "`items[0].xc[1]` must hold the flags correct, format_failure and truncated as 0 or 1, not [2, ",
+    ),
+    (
+        "num_tokens -100",
+        "opd-seed0",
+        _edit(_set(["items", 0, "x", 0, 3], -100)),
+        "`items[0].x[0]` holds -100 response tokens, outside 0 to max_new_tokens=3; run its slice again.",
+    ),
+    (
+        "a duplicate item id",
+        "base",
+        _edit(_duplicate_id),
+        "`items[1].id` repeats the item 'test-0'; run its slice again.",
+    ),
+    (
+        "a foreign item id",
+        "base",
+        _edit(_foreign_id),
+        "`items` holds ids that are no held-out item of this table (test-9999); run its slice again.",
+    ),
+    (
+        "a list",
+        "base",
+        lambda data, slices, root: [],
+        "holds a list, not a slice's object of fields; run its slice again.",
+    ),
+    (
+        "null",
+        "base",
+        lambda data, slices, root: None,
+        "holds null, not a slice's object of fields; run its slice again.",
+    ),
     ("no items", "base", _edit(_drop("items")), "`items` is missing; run its slice again."),
     ("no method", "opd-seed0", _edit(_drop("method")), "`method` is missing; run its slice again."),
     ("no curves", "opd-seed0", _edit(_drop("curves")), "`curves` is missing; run its slice again."),
-    ("curves of a base", "base", _edit(_set(["curves"], {"step": [1]})), "`curves` must be null for a base; run its "
-     "slice again."),
-    ("a student without run settings", "opd-seed0", _edit(_set(["run_settings"], None)), "`run_settings` must be set "
-     "for a student; run its slice again."),
-    ("a seed as text", "opd-seed0", _edit(_set(["seed"], "0")), "`seed` must be a whole number >= 0 or null, not "
-     "'0'; run its slice again."),
+    (
+        "curves of a base",
+        "base",
+        _edit(_set(["curves"], {"step": [1]})),
+        "`curves` must be null for a base; run its slice again.",
+    ),
+    (
+        "a student without run settings",
+        "opd-seed0",
+        _edit(_set(["run_settings"], None)),
+        "`run_settings` must be set for a student; run its slice again.",
+    ),
+    (
+        "a seed as text",
+        "opd-seed0",
+        _edit(_set(["seed"], "0")),
+        "`seed` must be a whole number >= 0 or null, not '0'; run its slice again.",
+    ),
     ("an unknown field", "base", _edit(_set(["note"], "x")), "`note` is not a field of a slice; run its slice again."),
-    ("a format-1 slice", "base", _edit(_set(["format"], 1)), "is of format 1, this trl-nca reads format 2; upgrade "
-     "committed slices with `python scripts/upgrade_slices.py DIR --config CONFIG`, or run its slice again."),
-]  # fmt: skip
+    (
+        "a format-1 slice",
+        "base",
+        _edit(_set(["format"], 1)),
+        "is of format 1, this trl-nca reads format 2; upgrade "
+        "committed slices with `python scripts/upgrade_slices.py DIR --config CONFIG`, or run its slice again.",
+    ),
+]
 
 
 @pytest.mark.parametrize("case, unit, edit, expected", CASES, ids=[c[0] for c in CASES])
@@ -164,8 +253,22 @@ def test_a_slice_that_cannot_prove_what_made_it_is_one_line(made, tmp_path, caps
     shutil.copytree(root / "slices", slices)
     target = slices / f"{unit}.json"
     target.write_text(json.dumps(edit(json.loads(target.read_text()), slices, root)))
-    line = one_error_line(cli_main, ["compare", "--config", str(config), "--output_dir", str(tmp_path / "out"),
-                                     "--from_slices", "true", "--slices_dir", str(slices)], capsys, command="compare")  # fmt: skip
+    line = one_error_line(
+        cli_main,
+        [
+            "compare",
+            "--config",
+            str(config),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--from_slices",
+            "true",
+            "--slices_dir",
+            str(slices),
+        ],
+        capsys,
+        command="compare",
+    )
     assert str(target) in line and expected in line, line
     assert not (tmp_path / "out" / "comparison.json").exists() and not (tmp_path / "out" / "comparison.md").exists()
 
@@ -175,6 +278,16 @@ def test_the_untouched_slices_build_their_table(made, tmp_path):
     from trl_nca.cli import compare
 
     root, config = made
-    summary = compare(["--config", str(config), "--output_dir", str(tmp_path / "out"), "--from_slices", "true",
-                       "--slices_dir", str(root / "slices")])  # fmt: skip
+    summary = compare(
+        [
+            "--config",
+            str(config),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--from_slices",
+            "true",
+            "--slices_dir",
+            str(root / "slices"),
+        ]
+    )
     assert (tmp_path / "out" / "comparison.json").is_file() and set(summary["per_seed"]) == {"base", "opd", "nca"}

@@ -22,10 +22,27 @@ def dataset(tmp_path):
 
 def base_args(tmp_path, dataset, model_dir, *extra):
     return [
-        "--dataset", str(dataset), "--prompt-column", "question", "--label-column", "gold", "--id-column", "uid",
-        "--max-new-tokens", "6", "--batch-size", "2", "--bootstrap", "50", "--no-progress",
-        "--output-dir", str(tmp_path / "out"), "--model", f"base={model_dir}", *extra,
-    ]  # fmt: skip
+        "--dataset",
+        str(dataset),
+        "--prompt-column",
+        "question",
+        "--label-column",
+        "gold",
+        "--id-column",
+        "uid",
+        "--max-new-tokens",
+        "6",
+        "--batch-size",
+        "2",
+        "--bootstrap",
+        "50",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--model",
+        f"base={model_dir}",
+        *extra,
+    ]
 
 
 def run_error(argv, capsys) -> str:
@@ -71,10 +88,26 @@ def test_cli_fixed_context_file_and_yesno(tmp_path, tiny_dir):
     context = tmp_path / "system.txt"
     context.write_text("You are a careful analyst.")
     argv = [
-        "--model", tiny_dir, "--dataset", str(data), "--context-file", str(context), "--scorer", "yesno",
-        "--placement", "user", "--greedy", "--max-new-tokens", "4", "--bootstrap", "0", "--no-plots",
-        "--no-progress", "--output-dir", str(tmp_path / "out"),
-    ]  # fmt: skip
+        "--model",
+        tiny_dir,
+        "--dataset",
+        str(data),
+        "--context-file",
+        str(context),
+        "--scorer",
+        "yesno",
+        "--placement",
+        "user",
+        "--greedy",
+        "--max-new-tokens",
+        "4",
+        "--bootstrap",
+        "0",
+        "--no-plots",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     assert main(argv) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     prov = summary["models"][0]["provenance"]

@@ -43,11 +43,36 @@ sys.exit(main(sys.argv[1:]))
 
 def train_argv(tiny_dir, output_dir, *extra):
     return [
-        "--model_name_or_path", tiny_dir, "--dataset_name", "quickstart", "--max_train_samples", "8",
-        "--per_device_train_batch_size", "2", "--max_steps", "4", "--max_new_tokens", "4", "--learning_rate", "1e-3",
-        "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1", "--output_dir", str(output_dir),
-        "--bf16", "false", "--use_cpu", "true", "--report_to", "none", *extra,
-    ]  # fmt: skip
+        "--model_name_or_path",
+        tiny_dir,
+        "--dataset_name",
+        "quickstart",
+        "--max_train_samples",
+        "8",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_steps",
+        "4",
+        "--max_new_tokens",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--logging_steps",
+        "1",
+        "--output_dir",
+        str(output_dir),
+        "--bf16",
+        "false",
+        "--use_cpu",
+        "true",
+        "--report_to",
+        "none",
+        *extra,
+    ]
 
 
 def weights(folder):
@@ -78,8 +103,12 @@ def test_cli_training_killed_after_a_checkpoint_resumes_exactly(tiny_dir, tmp_pa
     env = dict(os.environ, KILL_AT="2", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     result = subprocess.run(
         [sys.executable, "-c", KILL_AFTER_SAVE, "train", *train_argv(tiny_dir, killed)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == -9, result.stderr[-3000:]
     assert (killed / "checkpoint-2").is_dir() and not (killed / "checkpoint-4").exists()
     assert not (killed / "model.safetensors").exists()
@@ -134,9 +163,23 @@ sys.exit(main(sys.argv[1:]))
 
 def game_argv(tiny_dir, output_dir):
     return [
-        "--model", f"m={tiny_dir}", "--game", "frozenlake", "--game-option", "num_seeds=5", "--max-new-tokens", "4",
-        "--batch-size", "2", "--bootstrap", "0", "--no-plots", "--no-progress", "--output-dir", str(output_dir),
-    ]  # fmt: skip
+        "--model",
+        f"m={tiny_dir}",
+        "--game",
+        "frozenlake",
+        "--game-option",
+        "num_seeds=5",
+        "--max-new-tokens",
+        "4",
+        "--batch-size",
+        "2",
+        "--bootstrap",
+        "0",
+        "--no-plots",
+        "--no-progress",
+        "--output-dir",
+        str(output_dir),
+    ]
 
 
 @pytest.mark.slow  # the killed evaluation is a process of its own
@@ -151,12 +194,17 @@ def test_game_evaluation_killed_mid_run_resumes_to_the_same_records(tiny_dir, tm
     assert len(expected) == 5
 
     records = tmp_path / "killed" / "m" / "records.jsonl"
-    env = dict(os.environ, RECORDS=str(records), KILL_AFTER="2", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(ROOT))  # fmt: skip
+    env = dict(
+        os.environ, RECORDS=str(records), KILL_AFTER="2", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT)
+    )
     result = subprocess.run(
         [sys.executable, "-c", KILL_MID_GAME, *game_argv(tiny_dir, tmp_path / "killed")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == -9, result.stderr[-3000:]
     kept = records.read_text().splitlines()
     assert len(kept) == 2  # the maps finished before the kill were written as they ended

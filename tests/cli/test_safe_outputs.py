@@ -29,21 +29,59 @@ def child_env(**extra):
 
 def train_argv(tiny_dir, output_dir, *extra):
     return [
-        "--model_name_or_path", tiny_dir, "--dataset_name", "quickstart", "--max_train_samples", "8",
-        "--per_device_train_batch_size", "2", "--max_steps", "4", "--max_new_tokens", "4", "--learning_rate", "1e-3",
-        "--save_strategy", "steps", "--save_steps", "2", "--logging_steps", "1", "--output_dir", str(output_dir),
-        "--bf16", "false", "--use_cpu", "true", "--report_to", "none", *extra,
-    ]  # fmt: skip
+        "--model_name_or_path",
+        tiny_dir,
+        "--dataset_name",
+        "quickstart",
+        "--max_train_samples",
+        "8",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_steps",
+        "4",
+        "--max_new_tokens",
+        "4",
+        "--learning_rate",
+        "1e-3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--logging_steps",
+        "1",
+        "--output_dir",
+        str(output_dir),
+        "--bf16",
+        "false",
+        "--use_cpu",
+        "true",
+        "--report_to",
+        "none",
+        *extra,
+    ]
 
 
 def compare_config(tmp_path, tiny_dir, out, **changes):
     fields = {
-        "model_name_or_path": tiny_dir, "task": "reply_in_french", "seeds": "[0]",
-        "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]', "num_train": 2, "eval_items": 2, "max_new_tokens": 3,
-        "max_steps": 1, "per_device_train_batch_size": 2, "learning_rate": "1.0e-3", "use_peft": "true", "lora_r": 2,
-        "lora_alpha": 4, "lora_target_modules": "[q_proj, v_proj]",
-        "report_to": "none", "disable_tqdm": "true", "output_dir": str(out), **changes,
-    }  # fmt: skip
+        "model_name_or_path": tiny_dir,
+        "task": "reply_in_french",
+        "seeds": "[0]",
+        "methods": '["opd:nca_beta=0", "nca:nca_beta=0.5"]',
+        "num_train": 2,
+        "eval_items": 2,
+        "max_new_tokens": 3,
+        "max_steps": 1,
+        "per_device_train_batch_size": 2,
+        "learning_rate": "1.0e-3",
+        "use_peft": "true",
+        "lora_r": 2,
+        "lora_alpha": 4,
+        "lora_target_modules": "[q_proj, v_proj]",
+        "report_to": "none",
+        "disable_tqdm": "true",
+        "output_dir": str(out),
+        **changes,
+    }
     config = tmp_path / f"compare-{out.name}.yaml"
     config.write_text("".join(f"{key}: {value}\n" for key, value in fields.items()))
     return config
@@ -79,8 +117,9 @@ def test_a_figure_is_written_whole_in_its_format(tmp_path):
 def _mount_tmpfs(folder: Path, size: str) -> bool:
     folder.mkdir()
     try:
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                                capture_output=True, timeout=30)  # fmt: skip
+        result = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return result.returncode == 0
@@ -189,9 +228,13 @@ def test_ctrl_c_in_train_saves_a_checkpoint_and_ends_in_one_line(tiny_dir, tmp_p
     out = tmp_path / "run"
     argv = train_argv(tiny_dir, out, "--save_steps", "100")  # no checkpoint of its own before the interrupt
     result = subprocess.run(
-        [sys.executable, "-c", INTERRUPT_MID_STEP, "train", *argv], cwd=tmp_path, env=child_env(INTERRUPT_AT="1"),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [sys.executable, "-c", INTERRUPT_MID_STEP, "train", *argv],
+        cwd=tmp_path,
+        env=child_env(INTERRUPT_AT="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 130, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "KeyboardInterrupt" not in result.stderr
     last = result.stderr.strip().splitlines()[-1]
@@ -219,8 +262,9 @@ def test_a_locked_folder_is_refused_at_once_and_a_killed_holder_frees_it(tiny_di
     from trl_nca.inputs import output_folder_lock
 
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], env=child_env(), stdout=subprocess.PIPE,
-                              text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(out)], env=child_env(), stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         start = time.perf_counter()
@@ -240,8 +284,12 @@ def test_two_compare_runs_started_together_into_one_folder(tiny_dir, tmp_path):
     out = tmp_path / "out"
     config = compare_config(tmp_path, tiny_dir, out)
     command = [sys.executable, "-m", "trl_nca.cli", "compare", "--config", str(config)]
-    runs = [subprocess.Popen(command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for _ in range(2)]  # fmt: skip
+    runs = [
+        subprocess.Popen(
+            command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     results = [(run.pid, *run.communicate(timeout=900), run.returncode) for run in runs]
     codes = sorted(code for *_, code in results)
     assert codes == [0, 2], [(code, err[-2000:]) for _, _, err, code in results]
@@ -280,8 +328,14 @@ sys.exit(main(sys.argv[1:]))
 def test_compare_killed_at_a_write_resumes_and_cut_files_are_named(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out"
     config = compare_config(tmp_path, tiny_dir, out)
-    result = subprocess.run([sys.executable, "-c", KILL_AT_DONE, "compare", "--config", str(config)], cwd=tmp_path,
-                            env=child_env(), capture_output=True, text=True, timeout=900)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", KILL_AT_DONE, "compare", "--config", str(config)],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == -9, result.stderr[-3000:]
     assert not (out / "opd" / "seed0" / "done.json").exists()  # never half a file under the real name
 
@@ -303,8 +357,10 @@ def test_compare_killed_at_a_write_resumes_and_cut_files_are_named(tiny_dir, tmp
     # a garbage line in the middle of a records file, and a line without item_id
     records = out / "base" / "records.jsonl"
     lines = records.read_text().splitlines(keepends=True)
-    for bad, reason in (("garbage\n", "is not a valid paired record: Expecting value"),
-                        ('{"x": 1}\n', "is not a valid paired record: it has no 'item_id' field")):  # fmt: skip
+    for bad, reason in (
+        ("garbage\n", "is not a valid paired record: Expecting value"),
+        ('{"x": 1}\n', "is not a valid paired record: it has no 'item_id' field"),
+    ):
         records.write_text(lines[0] + bad + "".join(lines[1:]))
         assert cli_main(["compare", "--config", str(config)]) == 2
         err = capsys.readouterr().err
@@ -334,8 +390,12 @@ def test_records_resume_when_the_model_path_is_spelled_otherwise(tiny_dir, tmp_p
 
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
     rows = [{"id": f"q{i}", "prompt": f"Question {i}?", "answer": "A"} for i in range(2)]
-    evaluator = PairedEvaluator(rows, context=ContextSpec(column=None, text="Be brief."), id_column="id",
-                                generation=GenerationSettings(max_new_tokens=2, batch_size=2))  # fmt: skip
+    evaluator = PairedEvaluator(
+        rows,
+        context=ContextSpec(column=None, text="Be brief."),
+        id_column="id",
+        generation=GenerationSettings(max_new_tokens=2, batch_size=2),
+    )
     path = tmp_path / "records.jsonl"
     first = evaluator.run(model, tokenizer, output_path=path, model_path=tiny_dir, progress=False)
     monkeypatch.chdir(Path(tiny_dir).parent)
@@ -368,8 +428,13 @@ organism.organism_model_path(organism.OrganismSpec(steps=1), cache_dir=sys.argv[
 @pytest.mark.slow  # the pretraining is a process of its own
 def test_organism_pretraining_stopped_by_sigterm_leaves_no_staging_folder(tmp_path):
     cache = tmp_path / "cache"
-    child = subprocess.Popen([sys.executable, "-c", STOPPED_PRETRAINING, str(cache)], env=child_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_PRETRAINING, str(cache)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().strip() == "pretraining"
     assert list(cache.glob(".organism-*.tmp-*"))
     child.send_signal(signal.SIGTERM)
@@ -394,16 +459,31 @@ def _read_only_remount(folder: Path, on: bool) -> bool:
 # the first error is the one reported (the lock's release and the temporary file's removal tolerate EPERM and EROFS),
 # what was written before is kept, and no stale lock blocks the rerun
 UNWRITABLE_CASES = [
-    ("made immutable (chattr +i)", _immutable, "atomic", "trl-nca eval: error: Cannot write {out}/b.json (Operation "
-     "not permitted): its folder became unwritable during the run. Make it writable again (or choose another output "
-     "folder) and run the same command again: finished work is kept and resumed."),
-    ("remounted read-only", _read_only_remount, "atomic", "trl-nca eval: error: Cannot write {out}/b.json (Read-only "
-     "file system): its folder became unwritable during the run. Make it writable again (or choose another output "
-     "folder) and run the same command again: finished work is kept and resumed."),
-    ("remounted read-only, a record appended", _read_only_remount, "append", "trl-nca eval: error: Cannot use "
-     "{out}/a.json (Read-only file system). Check its permissions, or whether its folder became read-only during the "
-     "run, and run the same command again: finished work is kept and resumed."),
-]  # fmt: skip
+    (
+        "made immutable (chattr +i)",
+        _immutable,
+        "atomic",
+        "trl-nca eval: error: Cannot write {out}/b.json (Operation "
+        "not permitted): its folder became unwritable during the run. Make it writable again (or choose another output "
+        "folder) and run the same command again: finished work is kept and resumed.",
+    ),
+    (
+        "remounted read-only",
+        _read_only_remount,
+        "atomic",
+        "trl-nca eval: error: Cannot write {out}/b.json (Read-only "
+        "file system): its folder became unwritable during the run. Make it writable again (or choose another output "
+        "folder) and run the same command again: finished work is kept and resumed.",
+    ),
+    (
+        "remounted read-only, a record appended",
+        _read_only_remount,
+        "append",
+        "trl-nca eval: error: Cannot use "
+        "{out}/a.json (Read-only file system). Check its permissions, or whether its folder became read-only during the "
+        "run, and run the same command again: finished work is kept and resumed.",
+    ),
+]
 
 
 @pytest.mark.slow  # starts `chattr` and `mount`
@@ -470,8 +550,9 @@ def test_a_lock_whose_run_is_gone_is_taken_over_with_a_line(tmp_path, caplog):
     dead = int(gone.stdout)
     out = tmp_path / "out"
     for recorded, taken in ((os.getpid(), False), (dead, True)):  # a live run's lock is refused, a gone run's taken
-        orphan = subprocess.Popen([sys.executable, "-c", HOLD_AS_ORPHAN, str(out), str(recorded)],
-                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        orphan = subprocess.Popen(
+            [sys.executable, "-c", HOLD_AS_ORPHAN, str(out), str(recorded)], stdout=subprocess.PIPE, text=True
+        )
         try:
             assert orphan.stdout.readline().strip() == "locked"
             if not taken:

@@ -109,15 +109,24 @@ CASES = [
 def test_workers_end_with_their_run_and_a_rerun_resumes(setup, tmp_path, case, action, code, last_line, rerun):
     config, whole = setup
     out = tmp_path / "out"
-    proc = subprocess.Popen(_command(config, out), env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, preexec_fn=_default_sigint)  # fmt: skip
+    proc = subprocess.Popen(
+        _command(config, out),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_sigint,
+    )
     seen = []
     for line in proc.stdout:
         seen.append(line)
         if MARKER in line:
             break
-    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                  text=True).stdout.split()]  # fmt: skip
+    workers = [
+        int(pid)
+        for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    ]
     assert len(workers) == 2, "".join(seen)
     started = time.monotonic()
     action(proc)

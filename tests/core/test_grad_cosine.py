@@ -22,9 +22,13 @@ def train(tok, tmp_path, every, **kwargs):
     lora = kwargs.pop("lora", None)
     args = make_args(tmp_path, log_grad_cosine_steps=every, **kwargs)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=None, args=args, train_dataset=prompt_dataset(8), processing_class=tok,
+        model=make_tiny_model(tok, 0),
+        teacher_model=None,
+        args=args,
+        train_dataset=prompt_dataset(8),
+        processing_class=tok,
         peft_config=lora,
-    )  # fmt: skip
+    )
     trainer.train()
     weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     return weights, trainer.state.log_history
@@ -101,9 +105,14 @@ def test_logged_cosine_equals_two_separate_full_logit_losses(tok, tmp_path, sequ
     # float64 models: a cosine of two nearly orthogonal gradients keeps no relative precision in float32
     student, teacher = float64_model(make_tiny_model(tok, 0)), float64_model(make_tiny_model(tok, 1))
     args = make_args(
-        tmp_path, max_steps=1, lmbda=0.0, log_grad_cosine_steps=1, optim="sgd", learning_rate=0.0,
+        tmp_path,
+        max_steps=1,
+        lmbda=0.0,
+        log_grad_cosine_steps=1,
+        optim="sgd",
+        learning_rate=0.0,
         nca_sequential_views=sequential,
-    )  # fmt: skip
+    )
     trainer = NCATrainer(
         model=student,
         teacher_model=teacher,
@@ -151,8 +160,10 @@ def test_bad_settings_are_refused(tok, tmp_path):
     with pytest.raises(ValueError, match="log_grad_cosine_steps must be an integer >= 0"):
         make_args(tmp_path, log_grad_cosine_steps=-1)
     args = make_args(
-        tmp_path, log_grad_cosine_steps=1, gradient_checkpointing=True,
+        tmp_path,
+        log_grad_cosine_steps=1,
+        gradient_checkpointing=True,
         gradient_checkpointing_kwargs={"use_reentrant": True},
-    )  # fmt: skip
+    )
     with pytest.raises(ValueError, match="reentrant gradient checkpointing"):
         NCATrainer(model=make_tiny_model(tok), args=args, train_dataset=prompt_dataset(8), processing_class=tok)

@@ -113,8 +113,9 @@ def test_agreement_in_one_process_communicates_nothing():
 
 
 @pytest.mark.parametrize("trainer_index", [0, 1], ids=["NCATrainer", "NCADistillationTrainer"])
-def test_one_process_seeing_several_gpus_is_refused_with_the_launch_to_use(tiny_dir, tmp_path, monkeypatch,
-                                                                           trainer_index):  # fmt: skip
+def test_one_process_seeing_several_gpus_is_refused_with_the_launch_to_use(
+    tiny_dir, tmp_path, monkeypatch, trainer_index
+):
     """Without a launcher, Trainer wraps the student in `nn.DataParallel` when one process sees several GPUs (faked
     here: `n_gpu` 8); the trainer refuses it, naming the launch, before the teacher loads."""
     trainer_cls, config_cls = _trainers()[trainer_index]
@@ -127,8 +128,10 @@ def test_one_process_seeing_several_gpus_is_refused_with_the_launch_to_use(tiny_
     with pytest.raises(ValueError, match="nn.DataParallel") as error:
         trainer_cls(model=str(tiny_dir), args=args, train_dataset=DATA)
     assert "sees 8 GPUs" in str(error.value)
-    assert "accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 8 examples/medmcqa.py " \
-        "--use_peft" in str(error.value)  # fmt: skip
+    assert (
+        "accelerate launch --config_file examples/accelerate/ddp.yaml --num_processes 8 examples/medmcqa.py "
+        "--use_peft" in str(error.value)
+    )
     assert teacher_loads == []
 
 

@@ -214,10 +214,14 @@ class _FullSizeAllocations(TorchDispatchMode):
 
 
 @pytest.mark.parametrize(
-    "spec", [DivergenceSpec(), DivergenceSpec(beta=0.5, temperature=0.7, nca_stop_gradient=False),
-             DivergenceSpec(top_k=5, renormalize=True, nca_divergence="symmetric_kl")],
+    "spec",
+    [
+        DivergenceSpec(),
+        DivergenceSpec(beta=0.5, temperature=0.7, nca_stop_gradient=False),
+        DivergenceSpec(top_k=5, renormalize=True, nca_divergence="symmetric_kl"),
+    ],
     ids=["default", "jsd-no-stop-gradient", "top-k-renormalised"],
-)  # fmt: skip
+)
 def test_zero3_head_is_gathered_once_per_pass(monkeypatch, spec):
     """3 token chunks x 7 vocabulary slices: the partitioned heads are gathered once for the forward and once for the
     backward, the weight and bias gradients are one buffer each (no full-size gradient per tile), and the gradients
@@ -235,8 +239,14 @@ def test_zero3_head_is_gathered_once_per_pass(monkeypatch, spec):
     # The bias as one more weight column against a constant 1 in the hidden states: the reference has no bias.
     ones = torch.ones(h_x.shape[0], 1, dtype=torch.float64)
     wb = torch.cat([w_s, b_s[:, None]], 1)
-    ref = reference(torch.cat([h_x, ones], 1), torch.cat([h_c, ones], 1), torch.cat([h_t, ones], 1), wb,
-                    torch.cat([w_t, torch.zeros_like(ones[:1].expand(w_t.shape[0], 1))], 1), spec)  # fmt: skip
+    ref = reference(
+        torch.cat([h_x, ones], 1),
+        torch.cat([h_c, ones], 1),
+        torch.cat([h_t, ones], 1),
+        wb,
+        torch.cat([w_t, torch.zeros_like(ones[:1].expand(w_t.shape[0], 1))], 1),
+        spec,
+    )
     weights = torch.linspace(0.5, 2.0, h_x.shape[0], dtype=torch.float64)
     expected = torch.autograd.grad(((ref["opd"] + 0.5 * ref["nca"]) * weights).sum(), (h_x, h_c, w_s, b_s))
 
@@ -245,8 +255,9 @@ def test_zero3_head_is_gathered_once_per_pass(monkeypatch, spec):
     for p in (weight, bias, teacher):
         _partition(p)
     with _FullSizeAllocations(w_s.shape, b_s.shape) as forward:
-        out = token_divergences(h_x, h_t, LMHead(weight, bias), LMHead(teacher), spec, h_c=h_c, vocab_chunk=8,
-                                token_chunk=3)  # fmt: skip
+        out = token_divergences(
+            h_x, h_t, LMHead(weight, bias), LMHead(teacher), spec, h_c=h_c, vocab_chunk=8, token_chunk=3
+        )
     assert entries == [True]
     loss = ((out["opd"] + 0.5 * out["nca"]) * weights).sum()
     with _FullSizeAllocations(w_s.shape, b_s.shape) as backward:
@@ -319,8 +330,15 @@ def test_lm_head_matches_the_models_own_logits(family):
     """Softcapping (Gemma2) and logit scaling (Granite divides, Cohere multiplies) are applied as the model does."""
     import transformers
 
-    common = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=16)  # fmt: skip
+    common = dict(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
     config = {
         "gemma2": lambda: transformers.Gemma2Config(**common, final_logit_softcapping=3.0),
         "granite": lambda: transformers.GraniteConfig(**common, logits_scaling=4.0),

@@ -340,9 +340,13 @@ def build_trainer(tok, tmp_path, share, teacher="separate", architecture="llama"
     per_row = kwargs.pop("per_row_context", False)
     args = make_args(tmp_path, share_prefix=share, **kwargs)
     trainer = NCATrainer(
-        model=student, teacher_model=teacher_model, args=args, train_dataset=ragged_dataset(per_row),
-        processing_class=tok, peft_config=peft,
-    )  # fmt: skip
+        model=student,
+        teacher_model=teacher_model,
+        args=args,
+        train_dataset=ragged_dataset(per_row),
+        processing_class=tok,
+        peft_config=peft,
+    )
     trainer.model.double()
     if peft is not None:  # a nonzero adapter, so the views differ from the adapter-disabled teacher
         with torch.no_grad():
@@ -373,14 +377,21 @@ def terms_and_grads(trainer):
         ("user", False, "separate", "llama", True),
     ],
 )
-def test_trainer_terms_and_gradients_equal_unshared(tok, tmp_path, placement, per_row_context, teacher, architecture,
-                                                    joint):  # fmt: skip
+def test_trainer_terms_and_gradients_equal_unshared(
+    tok, tmp_path, placement, per_row_context, teacher, architecture, joint
+):
     results = []
     for share in (False, True):
         trainer = build_trainer(
-            tok, tmp_path, share, teacher, architecture, context_placement=placement,
-            per_row_context=per_row_context, nca_joint_forward=joint,
-        )  # fmt: skip
+            tok,
+            tmp_path,
+            share,
+            teacher,
+            architecture,
+            context_placement=placement,
+            per_row_context=per_row_context,
+            nca_joint_forward=joint,
+        )
         results.append((terms_and_grads(trainer), dict(trainer.nca.prefix_sharing.last_shared)))
     ((t0, g0), shared0), ((t1, g1), shared1) = results
     assert not any(shared0.values())
@@ -411,10 +422,19 @@ def test_training_with_accumulation_equals_unshared(tok, tmp_path, teacher, chec
     finals = []
     for share in (False, True):
         trainer = build_trainer(
-            tok, tmp_path, share, teacher, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=2,
-            optim="sgd", learning_rate=0.5, max_grad_norm=0.0, lr_scheduler_type="constant",
+            tok,
+            tmp_path,
+            share,
+            teacher,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            max_steps=2,
+            optim="sgd",
+            learning_rate=0.5,
+            max_grad_norm=0.0,
+            lr_scheduler_type="constant",
             gradient_checkpointing=bool(checkpointing),
-        )  # fmt: skip
+        )
         if checkpointing == "5.17":
             drop_cache_like_transformers_5_17(trainer.model)
         trainer.train_dataset = trainer.train_dataset.select([0, 1, 2, 3, 0, 1, 2, 3])
@@ -447,9 +467,11 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
         trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
     )
     view = build_view(
-        batch.context_prompts, batch.context_prompt_attention_mask, batch.completion_ids,
+        batch.context_prompts,
+        batch.context_prompt_attention_mask,
+        batch.completion_ids,
         batch.completion_mask,
-    )  # fmt: skip
+    )
     mask = batch.completion_mask
     head = None
     model = trainer.teacher_model if teacher == "separate" else trainer.model
@@ -495,9 +517,11 @@ def test_live_self_teacher_never_keeps_its_prefix(tok, tmp_path):
         trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
     )
     view = build_view(
-        batch.context_prompts, batch.context_prompt_attention_mask, batch.completion_ids,
+        batch.context_prompts,
+        batch.context_prompt_attention_mask,
+        batch.completion_ids,
         batch.completion_mask,
-    )  # fmt: skip
+    )
     calls, handle = _prefix_passes(trainer.model)
     try:
         for _ in range(2):
@@ -514,9 +538,15 @@ def test_game_rollout_training_equals_unshared(tmp_path):
     for share in (False, True):
         model = tiny(tok, 0)
         args = make_args(
-            tmp_path, share_prefix=share, max_steps=2, per_device_train_batch_size=2, lmbda=1.0, max_length=None,
-            learning_rate=1e-2, max_new_tokens=4,
-        )  # fmt: skip
+            tmp_path,
+            share_prefix=share,
+            max_steps=2,
+            per_device_train_batch_size=2,
+            lmbda=1.0,
+            max_length=None,
+            learning_rate=1e-2,
+            max_new_tokens=4,
+        )
         rollout = GameRollout(game="frozenlake", episodes_per_step=2, max_calls=2)
         trainer = NCATrainer(model=model, args=args, processing_class=tok, rollout=rollout)
         torch.manual_seed(0)

@@ -21,8 +21,10 @@ QUESTIONS = ["Push the box.", "Frozen lake: up, then left and down", "Is this st
 
 def prompts_with_system(tok, order=(0, 1, 0, 2, 3, 1)):
     """Chat prompts that share the system message (and the template's opening), of several lengths, some repeated."""
-    rendered = [render_prompt_ids(tok, [{"role": "system", "content": CONTEXT}, {"role": "user", "content": q}])
-                for q in QUESTIONS]  # fmt: skip
+    rendered = [
+        render_prompt_ids(tok, [{"role": "system", "content": CONTEXT}, {"role": "user", "content": q}])
+        for q in QUESTIONS
+    ]
     return [rendered[i] for i in order]
 
 
@@ -47,8 +49,14 @@ def test_every_step_scores_as_the_left_padded_batch_in_float64(tok, share_repeat
     assert prefill.rows_saved == (2 if share_repeats else 0)
     assert not any(layer.keys.requires_grad for layer in prefill.cache.layers)  # sampling keeps no graph
     ids, mask = left_pad(prompts, tok.pad_token_id)
-    settings = {"max_new_tokens": 6, "do_sample": False, "output_scores": True, "return_dict_in_generate": True,
-                "pad_token_id": tok.pad_token_id, "eos_token_id": None}  # fmt: skip
+    settings = {
+        "max_new_tokens": 6,
+        "do_sample": False,
+        "output_scores": True,
+        "return_dict_in_generate": True,
+        "pad_token_id": tok.pad_token_id,
+        "eos_token_id": None,
+    }
     plain = model.generate(input_ids=ids, attention_mask=mask, **settings)
     shared = model.generate(
         input_ids=prefill.input_ids, attention_mask=prefill.attention_mask, **prefill.cache_inputs, **settings
@@ -87,9 +95,16 @@ def test_a_sliding_window_model_shares_repeats_but_not_the_prefix(tok, caplog):
     from transformers import MistralConfig, MistralForCausalLM
 
     config = MistralConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, sliding_window=8, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=8,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     model = MistralForCausalLM(config).eval()
     prompts = prompts_with_system(tok)
@@ -123,8 +138,10 @@ def test_the_trainer_samples_with_a_shared_prefix_as_without(tok, tmp_path, monk
     for share in (True, False):
         args = run_args(NCAConfig, tmp_path / str(share), SHORT_RUN, per_device_train_batch_size=4, share_prefix=share)
         trainer = NCATrainer(model=make_tiny_model(tok), args=args, train_dataset=data, processing_class=tok)
-        rows = [render_prompt_ids(tok, [{"role": "system", "content": CONTEXT}, {"role": "user", "content": q}])
-                for q in QUESTIONS]  # fmt: skip
+        rows = [
+            render_prompt_ids(tok, [{"role": "system", "content": CONTEXT}, {"role": "user", "content": q}])
+            for q in QUESTIONS
+        ]
         prompts, mask = left_pad(rows, tok.pad_token_id)
         torch.manual_seed(7)
         results[share] = trainer._generate(trainer.model, prompts, mask)

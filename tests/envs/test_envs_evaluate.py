@@ -42,8 +42,19 @@ def test_paired_game_evaluation_on_tiny_model(tiny, tmp_path):
     assert summary["n"] == 3 and summary["oracle_ceiling"] == pytest.approx(
         sum(r.meta["oracle_solvable"] for r in records) / 3
     )
-    for key in ("win_rate_x", "win_rate_xc", "both_won", "harm", "help", "steps_to_success_x", "invalid_move_rate_xc",
-                "cap_rate_x", "tokens_per_step_xc", "mcnemar_p", "regime"):  # fmt: skip
+    for key in (
+        "win_rate_x",
+        "win_rate_xc",
+        "both_won",
+        "harm",
+        "help",
+        "steps_to_success_x",
+        "invalid_move_rate_xc",
+        "cap_rate_x",
+        "tokens_per_step_xc",
+        "mcnemar_p",
+        "regime",
+    ):
         assert key in summary
     for name in ("summary.json", "report.md", "game_summary.json", "model/records.jsonl"):
         assert (tmp_path / name).exists()
@@ -99,9 +110,23 @@ def test_eval_cli_accepts_a_game(tiny_dir, tmp_path):
     from trl_nca.cli.eval import main
 
     code = main(
-        ["--model", tiny_dir, "--game", "frozenlake", "--game-option", "num_seeds=2", "--max-new-tokens", "4",
-         "--output-dir", str(tmp_path), "--no-plots", "--bootstrap", "0", "--no-progress"]
-    )  # fmt: skip
+        [
+            "--model",
+            tiny_dir,
+            "--game",
+            "frozenlake",
+            "--game-option",
+            "num_seeds=2",
+            "--max-new-tokens",
+            "4",
+            "--output-dir",
+            str(tmp_path),
+            "--no-plots",
+            "--bootstrap",
+            "0",
+            "--no-progress",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["models"][0]["metrics"]["n"] == 2

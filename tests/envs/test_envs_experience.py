@@ -58,9 +58,25 @@ def test_extraction_keeps_lessons_that_win_on_validation(tmp_path):
 def test_extraction_command_on_tiny_model(tiny_dir, tmp_path, capsys):
     output = tmp_path / "exp.txt"
     code = main(
-        ["--model", tiny_dir, "--game", "sokoban", "--output", str(output), "--rounds", "1", "--episodes", "2",
-         "--validation-size", "2", "--max-new-tokens", "4", "--device", "cpu"]
-    )  # fmt: skip
+        [
+            "--model",
+            tiny_dir,
+            "--game",
+            "sokoban",
+            "--output",
+            str(output),
+            "--rounds",
+            "1",
+            "--episodes",
+            "2",
+            "--validation-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0 and output.exists()
     lines = capsys.readouterr().out.strip().splitlines()  # what it will do first; its time and outputs last
     assert lines[0].startswith(f"trl-nca experience: extract sokoban experience from 1 model ({tiny_dir}) in 1 round ")

@@ -35,8 +35,15 @@ def varied_records(seed: int, n: int = 12, right_x: float = 0.5, right_xc: float
 
 
 def summary(models):
-    return {"title": "t", "alpha": 0.05, "confidence": 0.95, "n_bootstrap": 0, "bootstrap_seed": 0, "versions": {},
-            "models": [{"name": name, "metrics": compute_metrics(recs, n_bootstrap=0)} for name, recs in models]}  # fmt: skip
+    return {
+        "title": "t",
+        "alpha": 0.05,
+        "confidence": 0.95,
+        "n_bootstrap": 0,
+        "bootstrap_seed": 0,
+        "versions": {},
+        "models": [{"name": name, "metrics": compute_metrics(recs, n_bootstrap=0)} for name, recs in models],
+    }
 
 
 def _header(text: str) -> list[str]:
@@ -54,8 +61,10 @@ def test_each_table_shows_and_defines_the_columns_it_is_flagged_for():
     for column in shown:
         assert f"- {column.legend()}" in report  # defined once, above the table
 
-    per_seed = {name: [{**{k: m["metrics"][k] for k in SUMMARY_KEYS}, "regime": "C", "seed": 0}]
-                for name, m in zip(("base", "opd"), varied["models"], strict=True)}  # fmt: skip
+    per_seed = {
+        name: [{**{k: m["metrics"][k] for k in SUMMARY_KEYS}, "regime": "C", "seed": 0}]
+        for name, m in zip(("base", "opd"), varied["models"], strict=True)
+    }
     table = render_table(aggregate(per_seed, SUMMARY_KEYS), per_seed, SUMMARY_KEYS, n_items=4)
     flagged = [c for c in columns.COLUMNS if columns.COMPARISON in c.tables]
     assert _header(table) == ["Model", "runs", *(c.name for c in flagged)]
@@ -65,10 +74,17 @@ def test_each_table_shows_and_defines_the_columns_it_is_flagged_for():
     assert set(ORGANISM_KEYS) == set(columns.keys(columns.ORGANISMS))
 
     game = game_summary(
-        [PairedRecord(str(i), view(i % 2, steps=1, invalid_moves=0, reward=0.0),
-                      view(1, steps=2, invalid_moves=0, reward=1.0), meta={"oracle_solvable": True})
-         for i in range(4)], n_bootstrap=0
-    )  # fmt: skip
+        [
+            PairedRecord(
+                str(i),
+                view(i % 2, steps=1, invalid_moves=0, reward=0.0),
+                view(1, steps=2, invalid_moves=0, reward=1.0),
+                meta={"oracle_solvable": True},
+            )
+            for i in range(4)
+        ],
+        n_bootstrap=0,
+    )
     renamed = columns.game_names()
     for key in columns.game_keys():
         assert renamed.get(key, key) in game
@@ -76,10 +92,12 @@ def test_each_table_shows_and_defines_the_columns_it_is_flagged_for():
 
 
 def test_a_column_the_same_for_every_model_is_left_out_with_a_line():
-    same_length = summary([
-        ("base", records([1, 1, 0, 0], [1, 0, 1, 1], [6, 6, 6, 6], [6, 6, 6, 6])),
-        ("student", records([1, 0, 0, 0], [1, 1, 0, 1], [6, 6, 6, 6], [6, 6, 6, 6])),
-    ])  # fmt: skip
+    same_length = summary(
+        [
+            ("base", records([1, 1, 0, 0], [1, 0, 1, 1], [6, 6, 6, 6], [6, 6, 6, 6])),
+            ("student", records([1, 0, 0, 0], [1, 1, 0, 1], [6, 6, 6, 6], [6, 6, 6, 6])),
+        ]
+    )
     report = render_markdown(same_length)
     header = _header(report)
     assert "Len_x" not in header and "Length change" not in header and "Trunc_x" not in header
@@ -89,8 +107,10 @@ def test_a_column_the_same_for_every_model_is_left_out_with_a_line():
     assert "- Len_x:" not in report  # a column left out is not defined either
     assert "`lengths.png` is not drawn: every model's replies average 6.0 tokens" in report
 
-    per_seed = {"base": [{"acc_x": 0.0, "acc_xc": 1.0, "length_change": 0.0, "regime": "B", "organism": 0}],
-                "opd": [{"acc_x": 0.5, "acc_xc": 0.5, "length_change": 0.0, "regime": "C", "organism": 0, "seed": 1}]}  # fmt: skip
+    per_seed = {
+        "base": [{"acc_x": 0.0, "acc_xc": 1.0, "length_change": 0.0, "regime": "B", "organism": 0}],
+        "opd": [{"acc_x": 0.5, "acc_xc": 0.5, "length_change": 0.0, "regime": "C", "organism": 0, "seed": 1}],
+    }
     keys = ("acc_x", "acc_xc", "length_change")
     table = render_table(aggregate(per_seed, keys), per_seed, keys)
     assert (

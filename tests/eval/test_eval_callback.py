@@ -35,9 +35,18 @@ def rng_hungry_scorer(text, label):
 
 def train(tok, tmp_path, callback=None):
     args = run_args(
-        NCAConfig, tmp_path / "out", CPU, nca_beta=0.5, max_new_tokens=8, per_device_train_batch_size=2, max_steps=2,
-        save_strategy="no", logging_steps=1, seed=7, data_seed=7,
-    )  # fmt: skip
+        NCAConfig,
+        tmp_path / "out",
+        CPU,
+        nca_beta=0.5,
+        max_new_tokens=8,
+        per_device_train_batch_size=2,
+        max_steps=2,
+        save_strategy="no",
+        logging_steps=1,
+        seed=7,
+        data_seed=7,
+    )
     trainer = NCATrainer(
         model=make_tiny_model(tok), args=args, train_dataset=train_dataset(), processing_class=tok
     )  # self-distillation teacher: the student's initial weights

@@ -22,10 +22,14 @@ def char_sum(text, label):
 
 def rows(n=7):
     return [
-        {"id": f"q{i}", "prompt": f"Question {i}{'?' * (i % 3)}: which answer? (A) yes (B) no", "answer": "AB"[i % 2],
-         "context": CONTEXT}
+        {
+            "id": f"q{i}",
+            "prompt": f"Question {i}{'?' * (i % 3)}: which answer? (A) yes (B) no",
+            "answer": "AB"[i % 2],
+            "context": CONTEXT,
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +48,14 @@ def lora_model(tok):
 
 def evaluator(k, batch_size=4, **kwargs):
     return PairedEvaluator(
-        rows(), id_column="id", context=ContextSpec(), scorer=char_sum, samples_per_view=k,
-        generation=GenerationSettings(max_new_tokens=7, batch_size=batch_size, seed=3), **kwargs,
-    )  # fmt: skip
+        rows(),
+        id_column="id",
+        context=ContextSpec(),
+        scorer=char_sum,
+        samples_per_view=k,
+        generation=GenerationSettings(max_new_tokens=7, batch_size=batch_size, seed=3),
+        **kwargs,
+    )
 
 
 def written(records):
@@ -75,8 +84,10 @@ def test_grouped_samples_with_a_shared_prefill_give_the_records_of_the_plain_pat
 def test_shared_prefill_gives_the_tokens_of_full_prompts(tok, model, greedy):
     """Rows that repeat a prompt, in any order and next to other prompts of other lengths, sampled with their own
     seeds: the same completions as every prompt run in full."""
-    a, b, c = (render_prompt_ids(tok, [{"role": "user", "content": q}])
-               for q in ("Push the box.", "Frozen lake: up, then left and down", "Is this statement hateful?"))  # fmt: skip
+    a, b, c = (
+        render_prompt_ids(tok, [{"role": "user", "content": q}])
+        for q in ("Push the box.", "Frozen lake: up, then left and down", "Is this statement hateful?")
+    )
     prompts, seeds = [a, b, a, c, b, a], [11, 12, 13, 14, 15, 16]
     settings = GenerationSettings(max_new_tokens=9, batch_size=6, do_sample=not greedy)
     shared = HFBackend(model, tok)

@@ -157,8 +157,11 @@ def test_load_errors_name_what_could_not_load(tiny_dir, tmp_path):
 def test_context_from_options_sources_and_defaults(tmp_path):
     default = context_from_options()
     assert (default.spec.column, default.spec.text, default.spec.placement, default.source) == (
-        "context", None, "system", "column:context"
-    )  # fmt: skip
+        "context",
+        None,
+        "system",
+        "column:context",
+    )
     builtin = context_from_options(file="medical", column="ignored")
     assert (builtin.spec.text, builtin.source) == (read_context("medical"), "builtin:medical")
     path = tmp_path / "c.txt"

@@ -48,9 +48,13 @@ def model(tok):
 
 def evaluator(**kwargs):
     return PairedEvaluator(
-        rows(), id_column="id", context=ContextSpec(), scorer=char_sum,
-        generation=GenerationSettings(max_new_tokens=6, batch_size=3, seed=0), **kwargs,
-    )  # fmt: skip
+        rows(),
+        id_column="id",
+        context=ContextSpec(),
+        scorer=char_sum,
+        generation=GenerationSettings(max_new_tokens=6, batch_size=3, seed=0),
+        **kwargs,
+    )
 
 
 def test_one_sample_per_view_keeps_the_records_and_numbers_of_before(tok, model):
@@ -91,8 +95,10 @@ def test_k_samples_share_seeds_per_sample_index_and_extend_the_one_sample_record
     assert len({r.x.extra["samples"][0]["completion"] for r in three} | {r.x.completion for r in three}) > len(three)
     assert "samples_per_view" not in evaluator().describe() and ev.describe()["samples_per_view"] == 3
     metrics = compute_metrics(three, n_bootstrap=20)
-    p_x = [np.mean([char_sum(s, None) for s in [r.x.completion, *(v["completion"] for v in r.x.extra["samples"])]])
-           for r in three]  # fmt: skip
+    p_x = [
+        np.mean([char_sum(s, None) for s in [r.x.completion, *(v["completion"] for v in r.x.extra["samples"])]])
+        for r in three
+    ]
     assert metrics["acc_x"] == pytest.approx(np.mean(p_x)) and metrics["samples_per_view"] == 3
 
 
@@ -142,9 +148,14 @@ def test_callback_passes_samples_per_view(tok, model):
     from trl_nca.eval.callback import PairedEvalCallback
 
     callback = PairedEvalCallback(
-        rows(3), context=ContextSpec(), scorer=char_sum, id_column="id", num_items=3, samples_per_view=2,
+        rows(3),
+        context=ContextSpec(),
+        scorer=char_sum,
+        id_column="id",
+        num_items=3,
+        samples_per_view=2,
         generation=GenerationSettings(max_new_tokens=4),
-    )  # fmt: skip
+    )
     records, metrics = callback.evaluate(model, tok, step=0)
     assert all(len(r.xc.extra["samples"]) == 1 for r in records) and metrics["samples_per_view"] == 2
 
@@ -154,8 +165,22 @@ def test_cli_samples_per_view(tmp_path, tiny_dir, capsys):
 
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(3)))
-    argv = ["--model", tiny_dir, "--dataset", str(data), "--id-column", "id", "--max-new-tokens", "4", "--no-plots",
-            "--bootstrap", "0", "--no-progress", "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    argv = [
+        "--model",
+        tiny_dir,
+        "--dataset",
+        str(data),
+        "--id-column",
+        "id",
+        "--max-new-tokens",
+        "4",
+        "--no-plots",
+        "--bootstrap",
+        "0",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "out"),
+    ]
     assert main([*argv, "--samples-per-view", "2"]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["models"][0]["metrics"]["samples_per_view"] == 2

@@ -36,10 +36,15 @@ def write_tasks(folder, answers=None):
     document has its own context in the field `hint`. `answers` replaces the generation targets."""
     folder.mkdir(parents=True, exist_ok=True)
     docs = [
-        {"question": q, "choices": ["yes", "no", "maybe"], "label": i % 3, "hint": f"Hint {i}: answer {'yes no'[i % 2]}.",
-         "answer": (answers or {}).get(i, "yes")}
+        {
+            "question": q,
+            "choices": ["yes", "no", "maybe"],
+            "label": i % 3,
+            "hint": f"Hint {i}: answer {'yes no'[i % 2]}.",
+            "answer": (answers or {}).get(i, "yes"),
+        }
         for i, q in enumerate(QUESTIONS)
-    ]  # fmt: skip
+    ]
     data = folder / "docs.jsonl"
     data.write_text("".join(json.dumps(d) + "\n" for d in docs))
     common = (
@@ -64,10 +69,17 @@ def write_tasks(folder, answers=None):
 def lm_eval_run(lm, folder, task, system_instruction=None):
     """lm-eval's own run of `task`, with the settings the paired evaluation uses."""
     results = lm_eval.simple_evaluate(
-        model=lm, tasks=[task], task_manager=task_manager(str(folder), include_defaults=False),
-        system_instruction=system_instruction, apply_chat_template=True, random_seed=SEED, numpy_random_seed=SEED,
-        torch_random_seed=SEED, fewshot_random_seed=1234, bootstrap_iters=0,
-    )  # fmt: skip
+        model=lm,
+        tasks=[task],
+        task_manager=task_manager(str(folder), include_defaults=False),
+        system_instruction=system_instruction,
+        apply_chat_template=True,
+        random_seed=SEED,
+        numpy_random_seed=SEED,
+        torch_random_seed=SEED,
+        fewshot_random_seed=1234,
+        bootstrap_iters=0,
+    )
     return results
 
 
@@ -96,8 +108,9 @@ def values(results, task, metric):
 @pytest.mark.parametrize("fixed", [True, False], ids=["fixed context", "per-document context"])
 def test_accuracies_are_lm_evals(tok, model, folder, task, metric, fixed):
     context = ContextSpec(column=None, text=FIXED) if fixed else ContextSpec(column="hint")
-    (run,) = evaluate_harness(model, tok, [task], context=context, include_path=str(folder),
-                              options=HarnessOptions(batch_size=4))  # fmt: skip
+    (run,) = evaluate_harness(
+        model, tok, [task], context=context, include_path=str(folder), options=HarnessOptions(batch_size=4)
+    )
     lm = hf_lm(model, tok, HarnessOptions(batch_size=4))
     without = lm_eval_run(lm, folder, task)
     with_context = lm_eval_run(lm, folder, task, FIXED) if fixed else lm_eval_run(lm, folder, f"{task}_hint")
@@ -140,27 +153,33 @@ def test_resumed_documents_are_paired_by_doc_id(tok, model, folder, tmp_path):
     doc_ids are the documents' own) and drops a half-written last line; the records end as those of one uninterrupted
     run."""
     context = ContextSpec(column="hint")
-    (full,) = evaluate_harness(model, tok, ["h_mc"], context=context, include_path=str(folder),
-                               output_dir=tmp_path / "a")  # fmt: skip
+    (full,) = evaluate_harness(
+        model, tok, ["h_mc"], context=context, include_path=str(folder), output_dir=tmp_path / "a"
+    )
     path = tmp_path / "a" / "model" / "h_mc" / "records.jsonl"
     lines = path.read_text().splitlines()
     kept = "\n".join(line for k, line in enumerate(lines) if k in (1, 3)) + "\n"  # docs 0, 2, 4 lost
     path.write_text(kept + lines[0][:60])  # and a half-written last line, as a Ctrl-C in a write leaves
-    (resumed,) = evaluate_harness(model, tok, ["h_mc"], context=context, include_path=str(folder),
-                                  output_dir=tmp_path / "a")  # fmt: skip
+    (resumed,) = evaluate_harness(
+        model, tok, ["h_mc"], context=context, include_path=str(folder), output_dir=tmp_path / "a"
+    )
     assert [r.item_id for r in resumed.records] == [str(i) for i in range(len(QUESTIONS))]
     for a, b in zip(full.records, resumed.records, strict=True):
         assert (a.x.extra["value"], a.xc.extra["value"], a.x.answer, a.xc.answer) == (
-            b.x.extra["value"], b.xc.extra["value"], b.x.answer, b.xc.answer
-        )  # fmt: skip
+            b.x.extra["value"],
+            b.xc.extra["value"],
+            b.x.answer,
+            b.xc.answer,
+        )
         assert a.xc.extra["prompt"] == b.xc.extra["prompt"]
 
 
 def test_sampled_generation_k_samples(tok, model, folder):
     """--samples-per-view K: each view runs K times, sample j of both views with seed + j; records hold K samples."""
     options = HarnessOptions(samples_per_view=2, gen_kwargs={"do_sample": True, "temperature": 1.0})
-    (run,) = evaluate_harness(model, tok, ["h_gen"], context=ContextSpec(column="hint"), include_path=str(folder),
-                              options=options)  # fmt: skip
+    (run,) = evaluate_harness(
+        model, tok, ["h_gen"], context=ContextSpec(column="hint"), include_path=str(folder), options=options
+    )
     m = compute_metrics(run.records, n_bootstrap=0)
     assert m["samples_per_view"] == 2 and m["permutation_p"] is not None
     record = run.records[0]
@@ -194,11 +213,21 @@ def test_callback_logs_harness_tasks_every_n_steps(tok, folder, tmp_path):
 
     def train(callback=None):
         args = run_args(
-            NCAConfig, tmp_path / ("with" if callback else "plain"), CPU, nca_beta=0.5, max_new_tokens=8,
-            per_device_train_batch_size=2, max_steps=2, save_strategy="no", logging_steps=1, seed=7, data_seed=7,
-        )  # fmt: skip
-        data = Dataset.from_dict({"prompt": [f"Which answer? {i} (A) yes (B) no" for i in range(4)],
-                                  "context": [CONTEXT] * 4})  # fmt: skip
+            NCAConfig,
+            tmp_path / ("with" if callback else "plain"),
+            CPU,
+            nca_beta=0.5,
+            max_new_tokens=8,
+            per_device_train_batch_size=2,
+            max_steps=2,
+            save_strategy="no",
+            logging_steps=1,
+            seed=7,
+            data_seed=7,
+        )
+        data = Dataset.from_dict(
+            {"prompt": [f"Which answer? {i} (A) yes (B) no" for i in range(4)], "context": [CONTEXT] * 4}
+        )
         trainer = NCATrainer(model=make_tiny_model(tok), args=args, train_dataset=data, processing_class=tok)
         if callback is not None:
             trainer.add_callback(callback.bind(trainer))
@@ -206,16 +235,26 @@ def test_callback_logs_harness_tasks_every_n_steps(tok, folder, tmp_path):
         return trainer
 
     callback = PairedEvalCallback(
-        context=ContextSpec(column="hint"), tasks=["h_mc", "h_gen"], include_path=str(folder), eval_steps=1,
-        num_items=3, output_dir=str(tmp_path / "paired"), n_bootstrap=20,
-    )  # fmt: skip
+        context=ContextSpec(column="hint"),
+        tasks=["h_mc", "h_gen"],
+        include_path=str(folder),
+        eval_steps=1,
+        num_items=3,
+        output_dir=str(tmp_path / "paired"),
+        n_bootstrap=20,
+    )
     plain, with_eval = train(), train(callback)
     for (name, a), (_, b) in zip(plain.model.named_parameters(), with_eval.model.named_parameters(), strict=True):
         assert torch.equal(a, b), name
     logged = [entry for entry in with_eval.state.log_history if "paired/h_mc/acc_x" in entry]
     assert [entry["step"] for entry in logged] == [1, 2]
-    assert {"paired/h_mc/acc_xc", "paired/h_gen/acc_x", "paired/h_gen/length_x_mean", "paired/h_mc/mcnemar_p",
-            "paired/h_mc/regime_code"} <= set(logged[0])  # fmt: skip
+    assert {
+        "paired/h_mc/acc_xc",
+        "paired/h_gen/acc_x",
+        "paired/h_gen/length_x_mean",
+        "paired/h_mc/mcnemar_p",
+        "paired/h_mc/regime_code",
+    } <= set(logged[0])
     assert logged[1]["paired/h_mc/acc_x"] == compute_metrics(callback.last_runs[0].records)["acc_x"]
     assert [(e["step"], e["task"]) for e in callback.history] == [(1, "h_mc"), (1, "h_gen"), (2, "h_mc"), (2, "h_gen")]
     summary = json.loads((tmp_path / "paired" / "summary.json").read_text())

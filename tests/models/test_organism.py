@@ -27,8 +27,19 @@ def test_tokenizer_renders_the_chat_word_by_word():
     tok = O.make_tokenizer()
     ids = render_prompt_ids(tok, [{"role": "user", "content": "rule shift\nmap 4 0 7"}])
     tokens = tok.convert_ids_to_tokens(ids)
-    assert tokens == ["<|im_start|>", "user", "rule", "shift", "map", "4", "0", "7", "<|im_end|>", "<|im_start|>",
-                      "assistant"]  # fmt: skip
+    assert tokens == [
+        "<|im_start|>",
+        "user",
+        "rule",
+        "shift",
+        "map",
+        "4",
+        "0",
+        "7",
+        "<|im_end|>",
+        "<|im_start|>",
+        "assistant",
+    ]
     assert tok.unk_token_id not in ids
     assert tok.decode(tok("5 1 8", add_special_tokens=False)["input_ids"]) == "5 1 8"
     assert tok.pad_token_id != tok.eos_token_id
@@ -177,8 +188,12 @@ def test_the_organism_reads_its_rules():
     rng = random.Random(99)
     queries = [[rng.randint(0, 9) for _ in range(rng.randint(3, 8))] for _ in range(64)]
     for rules in ([], ["shift"], ["shift", "shift"], ["flip"]):
-        prompts = [render_prompt_ids(tok, [{"role": "user", "content": "\n".join(
-            [*(O.rule_line(r) for r in rules), O.query_line(q)])}]) for q in queries]  # fmt: skip
+        prompts = [
+            render_prompt_ids(
+                tok, [{"role": "user", "content": "\n".join([*(O.rule_line(r) for r in rules), O.query_line(q)])}]
+            )
+            for q in queries
+        ]
         width = max(map(len, prompts))
         ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
         mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()

@@ -19,7 +19,9 @@ def test_every_shipped_organism_matches_its_manifest_and_its_spec():
         assert dialect in DIALECTS and entry["file"] == f"{name}.safetensors"
         spec = shipped_spec(dialect, seed)
         assert entry["key"] == spec.key() and entry["spec"] == dataclasses.asdict(spec) | {
-            "rule_counts": list(spec.rule_counts), "fact_counts": list(spec.fact_counts)}  # fmt: skip
+            "rule_counts": list(spec.rule_counts),
+            "fact_counts": list(spec.fact_counts),
+        }
         assert shipped.file_sha256(shipped.RESOURCE_DIR / entry["file"]) == entry["sha256"]
         assert shipped.weights_digest(shipped.load_reference(entry)) == entry["weights_digest"]
 

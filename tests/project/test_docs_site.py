@@ -56,8 +56,12 @@ def test_site_builds_strictly(tmp_path):
     env["NO_MKDOCS_2_WARNING"] = "1"
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     site = tmp_path / "site"
     for page in ("index.html", "api/trainer/index.html", "reference/troubleshooting/index.html"):
@@ -190,7 +194,7 @@ def test_error_extraction_reads_fstrings_returned_errors_and_parser_errors(tmp_p
         "class C:\n"
         "    def g(self, error):\n"
         "        raise RuntimeError(str(error)) from error\n"
-    )  # fmt: skip
+    )
     hooks.ROOT = tmp_path
     sites = hooks.error_sites(package)
     got = [(s.where, s.kind, s.message) for s in sites]

@@ -46,16 +46,45 @@ def check_figures(folder: Path, matplotlib: str, caplog) -> None:
 def test_medmcqa_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch, caplog, matplotlib):
     subjects = ["Medicine", "Anatomy", "Pharmacology", "Dental"]
     rows = [
-        {"id": f"m{i}", "question": f"Case {i}?", "opa": "a", "opb": "b", "opc": "c", "opd": "d", "cop": i % 4,
-         "choice_type": "single", "exp": "", "subject_name": subjects[i % 4], "topic_name": "t"}
+        {
+            "id": f"m{i}",
+            "question": f"Case {i}?",
+            "opa": "a",
+            "opb": "b",
+            "opc": "c",
+            "opd": "d",
+            "cop": i % 4,
+            "choice_type": "single",
+            "exp": "",
+            "subject_name": subjects[i % 4],
+            "topic_name": "t",
+        }
         for i in range(8)
-    ]  # fmt: skip
+    ]
     data = tmp_path / "medmcqa.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "out"
-    args = ["--model_name_or_path", tiny_dir, "--dataset_path", str(data), "--max_steps", "1",
-            "--per_device_train_batch_size", "2", "--max_new_tokens", "4", "--eval_limit", "2",
-            "--eval_max_new_tokens", "4", "--output_dir", str(out), *CPU, "--model_init_kwargs", BF16_EAGER]  # fmt: skip
+    args = [
+        "--model_name_or_path",
+        tiny_dir,
+        "--dataset_path",
+        str(data),
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_new_tokens",
+        "4",
+        "--eval_limit",
+        "2",
+        "--eval_max_new_tokens",
+        "4",
+        "--output_dir",
+        str(out),
+        *CPU,
+        "--model_init_kwargs",
+        BF16_EAGER,
+    ]
     monkeypatch.chdir(tmp_path)
     if matplotlib == "missing":
         block_matplotlib(monkeypatch)
@@ -108,10 +137,19 @@ def test_two_steps_on_the_embedded_model(tmp_path):
     path = embedded_model_path()
     ds = Dataset.from_dict({"prompt": ["Which organ produces insulin? (A) Liver (B) Pancreas"] * 4})
     args = NCAConfig(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, max_new_tokens=8, bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, learning_rate=1e-3,
-        context_text=read_context("medical"), gradient_checkpointing=True,
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        max_new_tokens=8,
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        learning_rate=1e-3,
+        context_text=read_context("medical"),
+        gradient_checkpointing=True,
+    )
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     trainer = NCATrainer(model=path, args=args, train_dataset=ds, peft_config=lora)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_B" in n}
@@ -123,9 +161,27 @@ def test_two_steps_on_the_embedded_model(tmp_path):
 
 def test_frozenlake_example_trains_and_reports(tiny_dir, tmp_path, monkeypatch):
     out = tmp_path / "out"
-    args = ["--model_name_or_path", tiny_dir, "--max_steps", "1", "--per_device_train_batch_size",
-            "2", "--max_new_tokens", "6", "--max_length", "4096", "--eval_seeds", "2", "--eval_max_new_tokens", "6",
-            "--output_dir", str(out), *CPU, "--model_init_kwargs", BF16_EAGER]  # fmt: skip
+    args = [
+        "--model_name_or_path",
+        tiny_dir,
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_new_tokens",
+        "6",
+        "--max_length",
+        "4096",
+        "--eval_seeds",
+        "2",
+        "--eval_max_new_tokens",
+        "6",
+        "--output_dir",
+        str(out),
+        *CPU,
+        "--model_init_kwargs",
+        BF16_EAGER,
+    ]
     monkeypatch.chdir(tmp_path)
     _example("frozenlake").main(args)
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"  # the user's init kwargs were kept
@@ -213,8 +269,11 @@ def test_examples_merge_model_init_kwargs_with_model_config():
     user = ["--model_init_kwargs", '{"attn_implementation": "eager", "low_cpu_mem_usage": true, "dtype": "float16"}']
     _, args, model = parser.parse_args_and_config(args=base + user + ["--model_revision", "v2"])
     assert student_init_kwargs(args, model) == {
-        "attn_implementation": "eager", "low_cpu_mem_usage": True, "dtype": "float16", "revision": "v2"
-    }  # fmt: skip
+        "attn_implementation": "eager",
+        "low_cpu_mem_usage": True,
+        "dtype": "float16",
+        "revision": "v2",
+    }
     _, args, model = parser.parse_args_and_config(args=base + ["--dtype", "bfloat16"])
     assert student_init_kwargs(args, model) == {"dtype": "bfloat16", "revision": "main", "attn_implementation": None}
     _, args, model = parser.parse_args_and_config(args=base + user + ["--dtype", "bfloat16"])

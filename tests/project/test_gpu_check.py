@@ -26,8 +26,14 @@ def _gpu_check():
 
 
 def _run_script(args, tmp_path, **env):
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"), **env)  # fmt: skip
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"),
+        **env,
+    )
     return subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args], env=env, capture_output=True, text=True, timeout=900
     )
@@ -78,8 +84,12 @@ def test_dry_run_runs_every_part_and_labels_every_figure(tmp_path):
     assert launch["measured"]["records"] == {"base": 8, "student": 8}
     # the step parts: the Qwen3 architecture at the tiny sizes, the settings each part ran with
     workload = gpu_check.DRY_RUN_WORKLOAD
-    expected = {"opd": (0.0, "fixed random tokens"), "nca": (0.5, "fixed random tokens"),
-                "nca-zero3": (0.5, "fixed random tokens"), "nca-sampled": (0.5, "sampled on-policy")}  # fmt: skip
+    expected = {
+        "opd": (0.0, "fixed random tokens"),
+        "nca": (0.5, "fixed random tokens"),
+        "nca-zero3": (0.5, "fixed random tokens"),
+        "nca-sampled": (0.5, "sampled on-policy"),
+    }
     for name, (beta, completions) in expected.items():
         settings, measured = parts[name]["settings"], parts[name]["measured"]
         assert (settings["nca_beta"], settings["completions"]) == (beta, completions), name
@@ -120,8 +130,12 @@ def test_the_parts_and_the_install_fit_one_device_call():
 def test_the_shell_script_reads_the_install_limit_from_the_python_check():
     """gpu_check.sh's install step waits as long as gpu_check.py says (`--install-timeout`), one number in one place."""
     gpu_check = _gpu_check()
-    printed = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--install-timeout"],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--install-timeout"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert printed.stdout.strip() == str(gpu_check.INSTALL_TIMEOUT_S)
 
 
@@ -163,14 +177,17 @@ def test_a_part_past_its_timeout_is_killed_and_the_json_keeps_what_finished(tmp_
         "    time.sleep(60)\n"
         "json.dump(doc, open(part_out, 'w'))\n"
     )
-    parts = (gpu_check.Part("environment", 30, 30, "stand-in"), gpu_check.Part("opd", 30, 30, "stand-in"),
-             gpu_check.Part("nca", 3, 3, "stand-in"))  # fmt: skip
+    parts = (
+        gpu_check.Part("environment", 30, 30, "stand-in"),
+        gpu_check.Part("opd", 30, 30, "stand-in"),
+        gpu_check.Part("nca", 3, 3, "stand-in"),
+    )
     monkeypatch.setattr(gpu_check, "PARTS", parts)
     monkeypatch.setattr(gpu_check, "print_environment", lambda env: None)
     monkeypatch.setattr(
         gpu_check,
         "_part_command",
-        lambda part, cli, part_out, port: [sys.executable, str(child), part.name, str(part_out), str(out)],  # fmt: skip
+        lambda part, cli, part_out, port: [sys.executable, str(child), part.name, str(part_out), str(out)],
     )
     assert gpu_check.main(["--dry-run", "--out", str(out), "--parts", "opd", "nca"]) == 1
     report = json.loads(out.read_text())
@@ -237,8 +254,12 @@ def test_the_wheel_plan_names_every_requirement_the_machine_lacks(tmp_path):
     """download_wheels.sh's check: each wheel's requirements against the other wheels and the GPU machine."""
     gpu_check = _gpu_check()
     machine = dict(gpu_check.GPU_MACHINE)
-    _wheel(tmp_path, "trl-1.16.0-py3-none-any.whl", ["transformers>=4.56.2", "datasets>=4.7.0", "psutil>=5.9.4",
-                                                     "deepspeed>=0.14; extra == 'deepspeed'"], ">=3.11")  # fmt: skip
+    _wheel(
+        tmp_path,
+        "trl-1.16.0-py3-none-any.whl",
+        ["transformers>=4.56.2", "datasets>=4.7.0", "psutil>=5.9.4", "deepspeed>=0.14; extra == 'deepspeed'"],
+        ">=3.11",
+    )
     _wheel(tmp_path, "datasets-5.2.0-py3-none-any.whl", ["dill<0.4.2,>=0.3.0", "multiprocess<0.70.20"])
     _wheel(tmp_path, "dill-0.4.1-py3-none-any.whl")
     assert gpu_check.plan_wheels(tmp_path, machine) == [
@@ -335,13 +356,24 @@ def _read_only_folder(tmp_path):
 
 # (case, the --out given, the one line it must print before any part runs) (issue 50)
 OUT_CASES = [
-    ("an existing folder", "{tmp}", "gpu_check: error: --out '{tmp}' is a folder; give the path of the JSON file to "
-     "write (e.g. {tmp}/check.json)."),
-    ("below a file", "{tmp}/file.txt/check.json", "gpu_check: error: --out '{tmp}/file.txt/check.json' lies below "
-     "'{tmp}/file.txt', which is a file; give a path in a folder."),
-    ("in a read-only folder", "{tmp}/ro/check.json", "gpu_check: error: --out '{tmp}/ro/check.json' cannot be written "
-     "(Read-only file system); give a path in a folder you can write to."),
-]  # fmt: skip
+    (
+        "an existing folder",
+        "{tmp}",
+        "gpu_check: error: --out '{tmp}' is a folder; give the path of the JSON file to write (e.g. {tmp}/check.json).",
+    ),
+    (
+        "below a file",
+        "{tmp}/file.txt/check.json",
+        "gpu_check: error: --out '{tmp}/file.txt/check.json' lies below "
+        "'{tmp}/file.txt', which is a file; give a path in a folder.",
+    ),
+    (
+        "in a read-only folder",
+        "{tmp}/ro/check.json",
+        "gpu_check: error: --out '{tmp}/ro/check.json' cannot be written "
+        "(Read-only file system); give a path in a folder you can write to.",
+    ),
+]
 
 
 @pytest.mark.slow  # starts `mount` and `umount`

@@ -20,8 +20,22 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "accelerate"
 EXAMPLES = ROOT / "examples"
 SCRIPTS = Path(__file__).parents[1] / "scripts"
-SMALL = ["--max_steps", "2", "--per_device_train_batch_size", "2", "--max_new_tokens", "8", "--bf16", "false",
-         "--report_to", "none", "--ddp_backend", "gloo", "--eval_batch_size", "4"]  # fmt: skip
+SMALL = [
+    "--max_steps",
+    "2",
+    "--per_device_train_batch_size",
+    "2",
+    "--max_new_tokens",
+    "8",
+    "--bf16",
+    "false",
+    "--report_to",
+    "none",
+    "--ddp_backend",
+    "gloo",
+    "--eval_batch_size",
+    "4",
+]
 
 
 def launch(config: str, script: Path, *args: str, cwd: Path, processes: int = 2) -> subprocess.CompletedProcess:
@@ -31,10 +45,21 @@ def launch(config: str, script: Path, *args: str, cwd: Path, processes: int = 2)
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-        "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
-        str(script), *args, *(["--use_cpu", "true"] if config == "ddp" else []),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / f"{config}.yaml"),
+        "--num_processes",
+        str(processes),
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        *args,
+        *(["--use_cpu", "true"] if config == "ddp" else []),
+    ]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -44,11 +69,21 @@ def _medmcqa_rows(path: Path) -> Path:
     subjects = ["Medicine", "Anatomy", "Pharmacology", "Dental"]
     opening = "A patient of forty-five presents with severe abdominal pain radiating to the back since two days. "
     rows = [
-        {"id": f"m{i}", "question": (opening if i % 3 == 0 else "") + f"Case {i}" + " and more" * (i % 5) + "?",
-         "opa": "a", "opb": "b", "opc": "c", "opd": "d", "cop": i % 4, "choice_type": "single", "exp": "",
-         "subject_name": subjects[i % 4], "topic_name": "t"}
+        {
+            "id": f"m{i}",
+            "question": (opening if i % 3 == 0 else "") + f"Case {i}" + " and more" * (i % 5) + "?",
+            "opa": "a",
+            "opb": "b",
+            "opc": "c",
+            "opd": "d",
+            "cop": i % 4,
+            "choice_type": "single",
+            "exp": "",
+            "subject_name": subjects[i % 4],
+            "topic_name": "t",
+        }
         for i in range(64)
-    ]  # fmt: skip
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     return path
 
@@ -68,10 +103,23 @@ def test_medmcqa_example_under_each_launcher(tiny_dir, tmp_path, config):
     data = _medmcqa_rows(tmp_path / "medmcqa.jsonl")
     out = tmp_path / "out"
     result = launch(
-        config, EXAMPLES / "medmcqa.py", "--model_name_or_path", str(tiny_dir), "--dataset_path", str(data),
-        "--train_limit", "16", "--eval_limit", "8", "--eval_max_new_tokens", "8", "--output_dir", str(out), *SMALL,
+        config,
+        EXAMPLES / "medmcqa.py",
+        "--model_name_or_path",
+        str(tiny_dir),
+        "--dataset_path",
+        str(data),
+        "--train_limit",
+        "16",
+        "--eval_limit",
+        "8",
+        "--eval_max_new_tokens",
+        "8",
+        "--output_dir",
+        str(out),
+        *SMALL,
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert (out / "model.safetensors").is_file()
     _assert_paired_report(out, 8)  # the 8 Anatomy/Dental items of the first 64 rows... limited to 8
@@ -86,10 +134,28 @@ def test_medmcqa_example_one_process_zero3_lora_defaults(tiny_dir, tmp_path):
     data = _medmcqa_rows(tmp_path / "medmcqa.jsonl")
     out = tmp_path / "out"
     result = launch(
-        "zero3", EXAMPLES / "medmcqa.py", "--model_name_or_path", str(tiny_dir), "--dataset_path", str(data),
-        "--train_limit", "16", "--eval_limit", "8", "--eval_max_new_tokens", "8", "--output_dir", str(out),
-        "--use_peft", "--lora_target_modules", "q_proj", "v_proj", *SMALL, cwd=tmp_path, processes=1,
-    )  # fmt: skip
+        "zero3",
+        EXAMPLES / "medmcqa.py",
+        "--model_name_or_path",
+        str(tiny_dir),
+        "--dataset_path",
+        str(data),
+        "--train_limit",
+        "16",
+        "--eval_limit",
+        "8",
+        "--eval_max_new_tokens",
+        "8",
+        "--output_dir",
+        str(out),
+        "--use_peft",
+        "--lora_target_modules",
+        "q_proj",
+        "v_proj",
+        *SMALL,
+        cwd=tmp_path,
+        processes=1,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     assert (out / "adapter_model.safetensors").is_file()
     _assert_paired_report(out, 8)
@@ -101,9 +167,21 @@ def test_sokoban_example_under_zero3(tiny_dir, tmp_path):
     calls; then the paired evaluation on held-out maps."""
     out = tmp_path / "out"
     result = launch(
-        "zero3", EXAMPLES / "sokoban.py", "--model_name_or_path", str(tiny_dir), "--eval_seeds", "2",
-        "--eval_max_new_tokens", "6", "--max_length", "4096", "--output_dir", str(out), *SMALL, cwd=tmp_path,
-    )  # fmt: skip
+        "zero3",
+        EXAMPLES / "sokoban.py",
+        "--model_name_or_path",
+        str(tiny_dir),
+        "--eval_seeds",
+        "2",
+        "--eval_max_new_tokens",
+        "6",
+        "--max_length",
+        "4096",
+        "--output_dir",
+        str(out),
+        *SMALL,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     _assert_paired_report(out, 2)
 

@@ -40,10 +40,11 @@ def test_tests_that_start_processes_are_marked_slow():
     for path in sorted(TESTS.rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module_slow = any(
-            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+            isinstance(n, ast.Assign)
+            and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
             and "mark.slow" in ast.unparse(n.value)
             for n in tree.body
-        )  # fmt: skip
+        )
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and not module_slow:
                 if node.name in _process_starters(tree) and not _marked_slow(node):

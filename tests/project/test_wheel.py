@@ -51,8 +51,13 @@ def test_configs_by_name_from_the_installed_wheel(wheel, tmp_path):
     other shipped names resolve inside the installed package and pass the config checks; a name that is neither a
     file nor shipped is refused with the list of names."""
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     code = f"""
 import sys
 from trl_nca.cli import CommandLineError, builtin_config_names, check_config_file, with_builtin_config
@@ -70,8 +75,9 @@ else:
 print(" ".join(builtin_config_names()))
 """
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert {"main", "main_quick", "quickstart"} <= set(result.stdout.split())
 

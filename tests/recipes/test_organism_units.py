@@ -9,8 +9,10 @@ import pytest
 
 
 def rows(values, organism, regimes=None, key="harm"):
-    return [{"organism": organism, "seed": s, key: v, "regime": (regimes or "C" * len(values))[s]}
-            for s, v in enumerate(values)]  # fmt: skip
+    return [
+        {"organism": organism, "seed": s, key: v, "regime": (regimes or "C" * len(values))[s]}
+        for s, v in enumerate(values)
+    ]
 
 
 def test_fewest_pairs_is_where_the_sign_test_can_reach_five_percent():
@@ -232,9 +234,11 @@ def _summary(harms, methods=None, samples_per_view=4):
                 {"organism": organism, "seed": seed, "harm": opd, "regime": "A" if opd > 0.05 else "C"}
             )
             per_seed["nca"].append({"organism": organism, "seed": seed, "harm": nca, "regime": "C"})
-    settings = {"student": {"task": "organism_shift", "model": "organism", "peft": {"r": 8}, "monitor_opd": True},
-                "training": {"learning_rate": 0.002, "max_steps": 100},
-                "evaluation": {"temperature": 1.0, "samples_per_view": samples_per_view}}  # fmt: skip
+    settings = {
+        "student": {"task": "organism_shift", "model": "organism", "peft": {"r": 8}, "monitor_opd": True},
+        "training": {"learning_rate": 0.002, "max_steps": 100},
+        "evaluation": {"temperature": 1.0, "samples_per_view": samples_per_view},
+    }
     return {
         "methods": methods or {"opd": {"nca_beta": 0.0}, "nca": {"nca_beta": 0.5}},
         "settings": settings,
@@ -251,10 +255,14 @@ def test_a_run_is_read_per_organism_against_the_documented_outcomes():
     experiments = [outcomes_of("units-shift", documented, "section 9")]
     run = _summary([(0.5, 0.0), (0.2, 0.0), (0.0, 0.0)])
     text = read_per_organism(run, experiments)
-    assert "organism 0: opd degraded, nca prevented it (regime A in 2 of 2 opd seeds; harm 50.0% vs 0.0%); " \
-           "documented: opd degraded, nca prevented it." in text  # fmt: skip
-    assert "organism 2: opd did not degrade (regime A in 0 of 2 opd seeds; harm 0.0% vs 0.0%); documented: opd " \
-           "degraded, nca did not prevent it." in text  # fmt: skip
+    assert (
+        "organism 0: opd degraded, nca prevented it (regime A in 2 of 2 opd seeds; harm 50.0% vs 0.0%); "
+        "documented: opd degraded, nca prevented it." in text
+    )
+    assert (
+        "organism 2: opd did not degrade (regime A in 0 of 2 opd seeds; harm 0.0% vs 0.0%); documented: opd "
+        "degraded, nca did not prevent it." in text
+    )
     assert "opd degraded on 2 of 3 organisms, nca prevented it on 1 of those 2." in text
     # other evaluation settings, or a method of the same name with other settings: not read against the study
     other = read_per_organism(_summary([(0.5, 0.0)] * 3, samples_per_view=1), experiments)
@@ -280,13 +288,16 @@ def test_where_nca_did_not_prevent_it_the_reading_says_when_its_anchor_began_to_
     run = _summary([(0.8, 0.6), (0.5, 0.0)])
     run["settings"]["training"]["max_steps"] = 40
     steps = [5, 10, 15, 20, 25, 30, 35, 40]
-    run["curves"] = {f"nca/org{o}/seed{s}": {"step": steps, "nca_beta": [0.0] * 6 + [0.02, 0.086]}
-                     for o in (0, 1) for s in (0, 1)}  # fmt: skip
+    run["curves"] = {
+        f"nca/org{o}/seed{s}": {"step": steps, "nca_beta": [0.0] * 6 + [0.02, 0.086]} for o in (0, 1) for s in (0, 1)
+    }
     run["curves"]["nca/org0/seed1"]["nca_beta"] = [0.0] * 8
     lines = read_per_organism(run, []).splitlines()
     assert lines[0].startswith("organism 0: opd degraded, nca did not prevent it")
-    assert lines[0].endswith(" nca's anchor weight (nca_beta) stayed 0 until step 35 of 40 in seed 0 and through all "
-                             "40 steps in seed 1: it opened too late to act.")  # fmt: skip
+    assert lines[0].endswith(
+        " nca's anchor weight (nca_beta) stayed 0 until step 35 of 40 in seed 0 and through all "
+        "40 steps in seed 1: it opened too late to act."
+    )
     assert lines[1].startswith("organism 1: opd degraded, nca prevented it") and "anchor weight" not in lines[1]
 
 

@@ -128,8 +128,10 @@ def test_overlapping_method_lines_stay_apart_and_the_reading_says_when_the_ancho
     assert sum(ax.get_legend() is not None for ax in curves_figure(data["curves"]).axes) == 1
 
     steps = list(range(5, 105, 5))
-    curves = {"opd/seed0": {"step": steps, "nca_beta": [0.0] * 20},
-              "nca/seed0": {"step": steps, "nca_beta": [0.0] * 6 + [0.05] * 14}}  # fmt: skip
+    curves = {
+        "opd/seed0": {"step": steps, "nca_beta": [0.0] * 20},
+        "nca/seed0": {"step": steps, "nca_beta": [0.0] * 6 + [0.05] * 14},
+    }
     reading = tracking_reading(tracking, curves)
     assert "opd's from" in reading and "(its anchor weight nca_beta was 0 throughout: no anchor acted)" in reading
     assert "(its anchor still off then: nca_beta 0 until step 35)" in reading
@@ -139,10 +141,19 @@ def paired(models):
     """A paired summary as `write_report` gives it, for `(name, n, n_correct_x, harm_count, help_count)`."""
     out = []
     for name, n, right, harm, help_ in models:
-        metrics = {"n": n, "n_correct_x": right, "harm_count": harm, "help_count": help_,
-                   "acc_x": right / n, "acc_xc": (right - harm + help_) / n,
-                   "harm": harm / right if right else None, "help": help_ / (n - right) if n - right else None,
-                   "length_x": {"mean": 10.0 + right}, "length_xc": {"mean": 12.0}, "ci": {}}  # fmt: skip
+        metrics = {
+            "n": n,
+            "n_correct_x": right,
+            "harm_count": harm,
+            "help_count": help_,
+            "acc_x": right / n,
+            "acc_xc": (right - harm + help_) / n,
+            "harm": harm / right if right else None,
+            "help": help_ / (n - right) if n - right else None,
+            "length_x": {"mean": 10.0 + right},
+            "length_xc": {"mean": 12.0},
+            "ci": {},
+        }
         metrics["length_change"] = (12.0 - metrics["length_x"]["mean"]) / metrics["length_x"]["mean"]
         out.append({"name": name, "metrics": metrics})
     return {"models": out}

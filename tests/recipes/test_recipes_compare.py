@@ -196,9 +196,17 @@ disable_tqdm: true
         ("max_steps: 2", "max_steps: 1", "`training.max_steps` was 2, now 1"),
         ("task: reply_in_french", "task: island_facts", "`student.task` was 'reply_in_french', now 'island_facts'"),
         ("lora_r: 2", "lora_r: 4", "`student.peft.r` was 2, now 4"),
-        (f"model_name_or_path: {tiny_dir}", f"model_name_or_path: {Path(tiny_dir).parent / 'copy'}", "`student.model` was"),
-        ('"nca:nca_beta=0.5"', '"nca:nca_beta=0.25"', "student nca/seed0 made with other settings: `training.nca_beta` was 0.5, now 0.25"),
-    ]:  # fmt: skip
+        (
+            f"model_name_or_path: {tiny_dir}",
+            f"model_name_or_path: {Path(tiny_dir).parent / 'copy'}",
+            "`student.model` was",
+        ),
+        (
+            '"nca:nca_beta=0.5"',
+            '"nca:nca_beta=0.25"',
+            "student nca/seed0 made with other settings: `training.nca_beta` was 0.5, now 0.25",
+        ),
+    ]:
         assert old in text
         config.write_text(text.replace(old, new))
         assert main(["compare", "--config", str(config)]) == 2
@@ -301,8 +309,9 @@ def test_curves_figure_of_a_job_shorter_than_logging_steps(tmp_path):
 
 
 def rows(harms, organism=None, **other):
-    return [{"seed": s, "organism": organism, "harm": h, **{k: v[s] for k, v in other.items()}}
-            for s, h in enumerate(harms)]  # fmt: skip
+    return [
+        {"seed": s, "organism": organism, "harm": h, **{k: v[s] for k, v in other.items()}} for s, h in enumerate(harms)
+    ]
 
 
 def test_distribution_median_quartiles_and_range():
@@ -360,8 +369,9 @@ def test_fewer_than_two_pairs_give_no_interval_and_say_why():
     paired = compare_to_baseline(per_seed, "opd", keys=("harm",))
     d = paired["nca"]["harm"]
     assert d["n"] == 1 and d["ci"] is None and d["sign_test_p"] is None and d["permutation_p"] is None
-    text = render_statistics({"keys": ["harm"], "baseline": "opd", "paired": paired,
-                              "distributions": distributions(per_seed, ("harm",))})  # fmt: skip
+    text = render_statistics(
+        {"keys": ["harm"], "baseline": "opd", "paired": paired, "distributions": distributions(per_seed, ("harm",))}
+    )
     assert "| opd - nca | harm | 1 | 40.0 | n/a |" in text
     assert (
         "Note: No interval or test: they need at least 6 paired runs (same organism and training seed), and there is 1."
@@ -450,9 +460,17 @@ def test_diagnostic_rates_count_every_sample_of_a_view():
 
 
 def _summary(harms_by_method, methods=None, lr=2e-3):
-    settings = {"student": {"task": "organism_shift", "model": "organism", "peft": {"r": 8}, "monitor_opd": True,
-                            "track_every": 10},
-                "training": {"learning_rate": lr, "max_steps": 100}, "evaluation": {"temperature": 1.0}}  # fmt: skip
+    settings = {
+        "student": {
+            "task": "organism_shift",
+            "model": "organism",
+            "peft": {"r": 8},
+            "monitor_opd": True,
+            "track_every": 10,
+        },
+        "training": {"learning_rate": lr, "max_steps": 100},
+        "evaluation": {"temperature": 1.0},
+    }
     per_seed = {"base": [{"seed": None, "harm": None, "acc_x": 0.0, "acc_xc": 1.0}]}
     for method, harms in harms_by_method.items():
         per_seed[method] = [
@@ -461,8 +479,12 @@ def _summary(harms_by_method, methods=None, lr=2e-3):
     from trl_nca.recipes.statistics import STAT_KEYS, distributions
 
     statistics = {"distributions": distributions(per_seed, STAT_KEYS)}
-    return {"methods": methods or {m: {} for m in harms_by_method}, "settings": settings, "per_seed": per_seed,
-            "statistics": statistics}  # fmt: skip
+    return {
+        "methods": methods or {m: {} for m in harms_by_method},
+        "settings": settings,
+        "per_seed": per_seed,
+        "statistics": statistics,
+    }
 
 
 def test_a_run_is_read_against_the_range_documented_for_its_settings():

@@ -86,10 +86,20 @@ def test_sdft_config_shares_the_settings_and_its_teacher_prompt_is_the_context_v
     from trl_nca.tasks import get_task
 
     shared = NCAConfig(
-        output_dir=str(tmp_path / "shared"), learning_rate=3e-3, lr_scheduler_type="constant", max_steps=7,
-        per_device_train_batch_size=4, gradient_accumulation_steps=2, max_new_tokens=9, temperature=0.7,
-        logging_steps=3, bf16=False, gradient_checkpointing=False, report_to="none", warmup_steps=2,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "shared"),
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        max_steps=7,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_new_tokens=9,
+        temperature=0.7,
+        logging_steps=3,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        warmup_steps=2,
+    )
     task = get_task(task_name)
     (method,) = check_methods([parse_method("sdft:trainer=sdft")], shared)
     config = run_config(shared, task, method, seed=5, output_dir=tmp_path / "run", monitor_opd=True)
@@ -111,9 +121,12 @@ def test_sdft_config_shares_the_settings_and_its_teacher_prompt_is_the_context_v
     from peft import LoraConfig
 
     trainer = sdft.sdft_trainer(
-        model=model, args=config, train_dataset=_dataset(dataset), processing_class=tokenizer,
+        model=model,
+        args=config,
+        train_dataset=_dataset(dataset),
+        processing_class=tokenizer,
         peft_config=LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
-    )  # fmt: skip
+    )
     builder = trainer.teacher_context_builder
     for row, example in zip(rows, dataset):
         context = task.context.context_of(row)

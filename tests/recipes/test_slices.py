@@ -42,11 +42,31 @@ def sliced(tmp_path_factory, tiny_dir):
     config.write_text(CONFIG.format(model=tiny_dir, out=root / "whole"))
     whole = compare(["--config", str(config)])
     for i, unit in enumerate(UNITS):
-        written = compare(["--config", str(config), "--output_dir", str(root / f"sitting{i}"), "--slice", unit,
-                           "--slices_dir", str(root / "slices")])  # fmt: skip
+        written = compare(
+            [
+                "--config",
+                str(config),
+                "--output_dir",
+                str(root / f"sitting{i}"),
+                "--slice",
+                unit,
+                "--slices_dir",
+                str(root / "slices"),
+            ]
+        )
         assert written["unit"] == unit
-    built = compare(["--config", str(config), "--output_dir", str(root / "built"), "--from_slices", "true",
-                     "--slices_dir", str(root / "slices")])  # fmt: skip
+    built = compare(
+        [
+            "--config",
+            str(config),
+            "--output_dir",
+            str(root / "built"),
+            "--from_slices",
+            "true",
+            "--slices_dir",
+            str(root / "slices"),
+        ]
+    )
     return root, config, whole, built
 
 
@@ -77,8 +97,20 @@ def _refused(capsys, root, config, slices, *extra):
     from trl_nca.cli import main
 
     capsys.readouterr()
-    code = main(["compare", "--config", str(config), "--output_dir", str(root / "refused"), "--from_slices", "true",
-                 "--slices_dir", str(slices), *extra])  # fmt: skip
+    code = main(
+        [
+            "compare",
+            "--config",
+            str(config),
+            "--output_dir",
+            str(root / "refused"),
+            "--from_slices",
+            "true",
+            "--slices_dir",
+            str(slices),
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err, err
     assert not (root / "refused" / "comparison.json").exists()

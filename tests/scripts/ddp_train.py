@@ -51,17 +51,35 @@ def main(out: str, per_device: int, grad_accum: int, reentrant: bool):
     ]
     ds = Dataset.from_dict({"messages": rows, "context": ["Be brief and precise."] * 4})
     args = NCAConfig(
-        output_dir=out, max_steps=1, per_device_train_batch_size=per_device, gradient_accumulation_steps=grad_accum,
-        lmbda=0.0, nca_beta_schedule="constant", optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", max_new_tokens=4, seed=0, logging_steps=1,
-        dataloader_drop_last=False, gradient_checkpointing=reentrant,
+        output_dir=out,
+        max_steps=1,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=grad_accum,
+        lmbda=0.0,
+        nca_beta_schedule="constant",
+        optim="sgd",
+        learning_rate=1.0,
+        max_grad_norm=0.0,
+        lr_scheduler_type="constant",
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        max_new_tokens=4,
+        seed=0,
+        logging_steps=1,
+        dataloader_drop_last=False,
+        gradient_checkpointing=reentrant,
         gradient_checkpointing_kwargs={"use_reentrant": True} if reentrant else None,
         nca_sequential_views=None if reentrant else True,
-    )  # fmt: skip
+    )
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=ds,
         processing_class=tok,
-    )  # fmt: skip
+    )
     counter = CountAllReduces(trainer)
     trainer.add_callback(counter)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -25,9 +25,17 @@ def main():
         "Be brief." if i % 2 else "Answer like a careful clinician who names each source. " * 2 for i in range(8)
     ]
     args = NCADistillationConfig(
-        output_dir=out, max_steps=2, per_device_train_batch_size=2, max_completion_length=6, bf16=False,
-        report_to=[], save_strategy="no", logging_steps=1, ddp_backend="gloo", use_vllm=False,
-    )  # fmt: skip
+        output_dir=out,
+        max_steps=2,
+        per_device_train_batch_size=2,
+        max_completion_length=6,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        ddp_backend="gloo",
+        use_vllm=False,
+    )
     trainer = NCADistillationTrainer(
         model=student, args=args, train_dataset=Dataset.from_dict({"prompt": prompts, "context": contexts})
     )

@@ -58,10 +58,18 @@ def main():
     opts = parser.parse_args()
     torch.set_num_threads(1)
     args = NCAConfig(
-        output_dir=opts.out, max_steps=2, per_device_train_batch_size=2, bf16=False, report_to=[],
-        save_strategy="no", max_new_tokens=4, seed=0, logging_steps=1, ddp_backend="gloo",
+        output_dir=opts.out,
+        max_steps=2,
+        per_device_train_batch_size=2,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        max_new_tokens=4,
+        seed=0,
+        logging_steps=1,
+        ddp_backend="gloo",
         ds3_gather_for_generation=not opts.no_gather,
-    )  # fmt: skip
+    )
     rollout = UnevenRollout(episodes_per_step=2 * args.world_size)
     trainer = NCATrainer(
         model=os.path.join(opts.models, "student"), args=args, rollout=rollout, processing_class=make_tiny_tokenizer()

@@ -107,8 +107,16 @@ def main():
     if opts.sampling_prefixes:
         # step 1: both processes' rows share a long start (of different lengths); step 2: only process 0's do
         starts = ["A patient of forty-five presents with severe abdominal pain. ", "The child has a fever and a rash. "]
-        questions = [starts[0] + "What now?", starts[0] + "Which test?", starts[1] + "Cause?", starts[1] + "Why?",
-                     starts[0] + "Dose?", starts[0] + "Which drug first?", "Cause?", "Why so, doctor?"]  # fmt: skip
+        questions = [
+            starts[0] + "What now?",
+            starts[0] + "Which test?",
+            starts[1] + "Cause?",
+            starts[1] + "Why?",
+            starts[0] + "Dose?",
+            starts[0] + "Which drug first?",
+            "Cause?",
+            "Why so, doctor?",
+        ]
         rows = [[{"role": "user", "content": q}, {"role": "assistant", "content": "ok"}] for q in questions]
         contexts = ["Be brief and precise."] * len(rows)
     data = Dataset.from_dict({"messages": rows, "context": contexts})
@@ -122,22 +130,40 @@ def main():
         {"max_completion_length": 6} if distill else {"max_new_tokens": 6, "lmbda": 1.0 if opts.on_policy else 0.0}
     )
     args = config_class(
-        output_dir=opts.out, max_steps=opts.steps, per_device_train_batch_size=opts.per_device,
-        gradient_accumulation_steps=opts.grad_accum, optim="sgd",
+        output_dir=opts.out,
+        max_steps=opts.steps,
+        per_device_train_batch_size=opts.per_device,
+        gradient_accumulation_steps=opts.grad_accum,
+        optim="sgd",
         nca_beta_schedule="constant",  # the NCA term weighed from the first step: the steps are compared with it on
         gradient_checkpointing=not opts.no_checkpointing,
-        gradient_checkpointing_kwargs=None if opts.reentrant == "unset" else {"use_reentrant": opts.reentrant == "true"},
+        gradient_checkpointing_kwargs=None
+        if opts.reentrant == "unset"
+        else {"use_reentrant": opts.reentrant == "true"},
         nca_joint_forward=None if opts.joint_forward == "auto" else opts.joint_forward == "true",
-        learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False, use_cpu=not distributed,
-        report_to=[], save_strategy="no", seed=0, logging_steps=1, dataloader_drop_last=False, **lengths,
+        learning_rate=1.0,
+        max_grad_norm=0.0,
+        lr_scheduler_type="constant",
+        bf16=False,
+        use_cpu=not distributed,
+        report_to=[],
+        save_strategy="no",
+        seed=0,
+        logging_steps=1,
+        dataloader_drop_last=False,
+        **lengths,
         train_sampling_strategy="sequential" if opts.mixed or opts.sampling_prefixes else "random",
         ds3_gather_for_generation=not opts.no_gather_for_generation,
         ddp_backend="gloo" if distributed else None,  # on a CPU, accelerate needs the backend named
-        deepspeed=None if opts.zero_in_args is None else {
-            "zero_optimization": {"stage": opts.zero_in_args}, "train_micro_batch_size_per_gpu": "auto",
-            "gradient_accumulation_steps": "auto", "zero_allow_untested_optimizer": True,
+        deepspeed=None
+        if opts.zero_in_args is None
+        else {
+            "zero_optimization": {"stage": opts.zero_in_args},
+            "train_micro_batch_size_per_gpu": "auto",
+            "gradient_accumulation_steps": "auto",
+            "zero_allow_untested_optimizer": True,
         },
-    )  # fmt: skip
+    )
     if args.deepspeed_plugin is not None:
         # Keep Trainer's torch SGD (one step moves the weights by the gradient itself): it is not on DeepSpeed's ZeRO
         # list, and with an offloaded optimizer DeepSpeed would swap in its own CPU Adam.
@@ -150,14 +176,21 @@ def main():
         from peft import LoraConfig
 
         peft_config = LoraConfig(
-            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "v_proj"],
             init_lora_weights=opts.teacher != "self-copy",
-        )  # fmt: skip
+        )
         torch.manual_seed(1234)  # the random B of `self-copy` is the same in every run
     trainer = trainer_class(
-        model=student_path, teacher_model=teacher_path if opts.teacher == "separate" else None, args=args,
-        train_dataset=data, processing_class=tok, peft_config=peft_config,
-    )  # fmt: skip
+        model=student_path,
+        teacher_model=teacher_path if opts.teacher == "separate" else None,
+        args=args,
+        train_dataset=data,
+        processing_class=tok,
+        peft_config=peft_config,
+    )
     info = {
         "teacher": type(trainer.accelerator.unwrap_model(trainer.teacher_model)).__name__,
         "processes": trainer.accelerator.num_processes,

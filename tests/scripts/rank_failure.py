@@ -31,9 +31,16 @@ def main():
     torch.set_num_threads(1)
     rows = {"prompt": [f"Question {i}: which answer?" for i in range(16)], "context": ["Be brief."] * 16}
     args = NCAConfig(
-        output_dir=out, max_steps=4, per_device_train_batch_size=2, max_new_tokens=4, bf16=False, report_to=[],
-        save_strategy="no", logging_steps=1, ddp_backend="gloo",
-    )  # fmt: skip
+        output_dir=out,
+        max_steps=4,
+        per_device_train_batch_size=2,
+        max_new_tokens=4,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        ddp_backend="gloo",
+    )
     trainer = NCATrainer(
         model=student, args=args, train_dataset=Dataset.from_dict(rows), callbacks=[FailOnProcessOne()]
     )

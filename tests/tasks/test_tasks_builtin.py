@@ -47,8 +47,17 @@ def test_french_held_out_questions_use_unseen_forms():
     def form_of(question, forms):
         import re
 
-        return [f for f in forms if re.fullmatch(re.escape(f).replace(r"\{", "{").replace(r"\}", "}").format(
-            a=r"\d+", b=r"\d+", country=".+", animal=".+", object=".+", food=".+", activity=".+", job=".+"), question)]  # fmt: skip
+        return [
+            f
+            for f in forms
+            if re.fullmatch(
+                re.escape(f)
+                .replace(r"\{", "{")
+                .replace(r"\}", "}")
+                .format(a=r"\d+", b=r"\d+", country=".+", animal=".+", object=".+", food=".+", activity=".+", job=".+"),
+                question,
+            )
+        ]
 
     assert all(form_of(q, FRENCH_TRAIN_FORMS) and not form_of(q, FRENCH_TEST_FORMS) for q in train)
     assert all(form_of(q, FRENCH_TEST_FORMS) and not form_of(q, FRENCH_TRAIN_FORMS) for q in test)
@@ -79,8 +88,10 @@ def test_town_items_ask_for_a_fact_of_the_one_sheet_in_unseen_forms():
     for row in task.train + task.test:
         assert row["answer"] == facts[row["attribute"]] and row["answer"] in task.context.text
         assert facts["town"] in row["prompt"] and row["answer"] not in row["prompt"]
-    questions = {split: {row["prompt"].split(". ")[-1].split(": ")[-1] for row in rows}
-                 for split, rows in (("train", task.train), ("test", task.test))}  # fmt: skip
+    questions = {
+        split: {row["prompt"].split(". ")[-1].split(": ")[-1] for row in rows}
+        for split, rows in (("train", task.train), ("test", task.test))
+    }
     assert not questions["train"] & questions["test"]  # no question form is shared
     assert len(task.test) == 240 and len({r["prompt"] for r in task.test}) == 240
 

@@ -30,8 +30,11 @@ def test_reentrant_or_not(requested, peft_zero3, deepspeed, reentrant):
 
 def test_joint_forward_where_reentrant_checkpointing_meets_a_gradient_reduction():
     def args(world_size=1, deepspeed=False, checkpointing=True):
-        return SimpleNamespace(world_size=world_size, deepspeed_plugin=object() if deepspeed else None,
-                               gradient_checkpointing=checkpointing)  # fmt: skip
+        return SimpleNamespace(
+            world_size=world_size,
+            deepspeed_plugin=object() if deepspeed else None,
+            gradient_checkpointing=checkpointing,
+        )
 
     assert needs_joint_forward(args(deepspeed=True), reentrant=True)  # one process under DeepSpeed too
     assert needs_joint_forward(args(world_size=2), reentrant=True)  # DDP
@@ -58,16 +61,27 @@ def test_settled_kwargs_reach_the_model_and_sampling(tmp_path, trainer_name, req
     tok = make_tiny_tokenizer()
     kwargs = None if requested is None else {"use_reentrant": requested}
     args = config_class(
-        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=2, use_cpu=True, report_to=[],
-        save_strategy="no", logging_steps=1, disable_tqdm=True, gradient_checkpointing_kwargs=kwargs, **lengths,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        gradient_checkpointing_kwargs=kwargs,
+        **lengths,
+    )
     assert args.gradient_checkpointing  # TRL's default
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = trainer_class(
-            model=make_tiny_model(tok), args=args, train_dataset=prompt_dataset(4), processing_class=tok,
+            model=make_tiny_model(tok),
+            args=args,
+            train_dataset=prompt_dataset(4),
+            processing_class=tok,
             peft_config=LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"]),
-        )  # fmt: skip
+        )
         trainer.train()
     old_names = [w for w in caught if "gradient_checkpointing" in str(w.message) and w.category is FutureWarning]
     assert old_names == []

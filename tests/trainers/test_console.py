@@ -24,18 +24,34 @@ from trl_nca.trainers.console import (
 
 
 STEP_LOG = {
-    "loss": 0.4123, "grad_norm": 0.07, "learning_rate": 0.001, "opd_loss": 0.4, "nca_loss": 0.0123,
-    "view_kl": 0.0123, "completions/mean_length": 3.0, "nca_beta": 0.05, "nca/stall": 0.0, "epoch": 0.25,
-}  # fmt: skip
+    "loss": 0.4123,
+    "grad_norm": 0.07,
+    "learning_rate": 0.001,
+    "opd_loss": 0.4,
+    "nca_loss": 0.0123,
+    "view_kl": 0.0123,
+    "completions/mean_length": 3.0,
+    "nca_beta": 0.05,
+    "nca/stall": 0.0,
+    "epoch": 0.25,
+}
 
 
 def test_a_training_log_is_one_compact_line():
     line = compact_log_line(STEP_LOG, 3, 30, 3.21)
     assert line == "step 3/30  loss 0.412  opd 0.4  nca 0.0123  beta 0.05  lr 1e-3  3.21 s/step"
     assert compact_log_line({**STEP_LOG, "nca/stall": 1.0}, 3, 30, None).endswith("stall on")
-    tracked = {"paired/n": 32, "paired/acc_x": 0.5, "paired/acc_xc": 0.25, "paired/n_correct_x": 16,
-               "paired/n_correct_xc": 8, "paired/harm_count": 9.5, "paired/help_count": 1.5,
-               "paired/mcnemar_p": 0.6, "epoch": 1.0}  # fmt: skip
+    tracked = {
+        "paired/n": 32,
+        "paired/acc_x": 0.5,
+        "paired/acc_xc": 0.25,
+        "paired/n_correct_x": 16,
+        "paired/n_correct_xc": 8,
+        "paired/harm_count": 9.5,
+        "paired/help_count": 1.5,
+        "paired/mcnemar_p": 0.6,
+        "epoch": 1.0,
+    }
     # rates in % with their counts, as the tables print them (expected counts, fractional with several samples)
     assert compact_log_line(tracked, 10, 40, None) == (
         "track step 10/40  Acc_x 50.0% (16/32)  Acc_xc 25.0% (8/32)  Harm 59.4% (9.5/16)  Help 9.4% (1.5/16)"
@@ -169,12 +185,39 @@ def test_the_commands_turn_the_libraries_bars_off_unless_verbose(monkeypatch):
 
 def train_argv(model, data, out, *extra):
     return [
-        "train", "--model_name_or_path", str(model), "--dataset_name", str(data), "--context_text", "Answer A.",
-        "--per_device_train_batch_size", "2", "--max_steps", "3", "--max_new_tokens", "3", "--learning_rate", "1e-3",
-        "--save_strategy", "no", "--output_dir", str(out), "--bf16", "false", "--use_cpu", "true",
-        "--report_to", "none", "--gradient_checkpointing", "false", "--disable_tqdm", "true", "--logging_steps", "1",
+        "train",
+        "--model_name_or_path",
+        str(model),
+        "--dataset_name",
+        str(data),
+        "--context_text",
+        "Answer A.",
+        "--per_device_train_batch_size",
+        "2",
+        "--max_steps",
+        "3",
+        "--max_new_tokens",
+        "3",
+        "--learning_rate",
+        "1e-3",
+        "--save_strategy",
+        "no",
+        "--output_dir",
+        str(out),
+        "--bf16",
+        "false",
+        "--use_cpu",
+        "true",
+        "--report_to",
+        "none",
+        "--gradient_checkpointing",
+        "false",
+        "--disable_tqdm",
+        "true",
+        "--logging_steps",
+        "1",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def test_train_opens_with_what_it_will_do_and_closes_with_time_and_outputs(tiny_dir, tmp_path, capsys, monkeypatch):
@@ -206,8 +249,22 @@ def test_eval_opens_with_its_models_and_items_and_closes_with_its_outputs(tiny_d
     rows = [{"prompt": f"Which? {i} (A) yes (B) no", "answer": "A", "context": CONTEXT} for i in range(4)]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "out"
-    argv = ["eval", "--model", f"base={tiny_dir}", "--dataset", str(data), "--max-new-tokens", "4", "--batch-size",
-            "2", "--bootstrap", "0", "--no-plots", "--output-dir", str(out)]  # fmt: skip
+    argv = [
+        "eval",
+        "--model",
+        f"base={tiny_dir}",
+        "--dataset",
+        str(data),
+        "--max-new-tokens",
+        "4",
+        "--batch-size",
+        "2",
+        "--bootstrap",
+        "0",
+        "--no-plots",
+        "--output-dir",
+        str(out),
+    ]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == (

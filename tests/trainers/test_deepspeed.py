@@ -50,9 +50,18 @@ def _train(
     args = [str(SCRIPT), str(out), "--tuning", tuning, "--teacher", teacher, "--models", str(models), *extra]
     if config is not None:
         launch = [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / f"{config}.yaml"),
-            "--num_processes", str(processes), "--mixed_precision", "no", "--main_process_port", str(free_port()),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(CONFIGS / f"{config}.yaml"),
+            "--num_processes",
+            str(processes),
+            "--mixed_precision",
+            "no",
+            "--main_process_port",
+            str(free_port()),
+        ]
         args = launch + args
     else:
         args = [sys.executable, *args]
@@ -117,9 +126,16 @@ def _assert_same_step(single: Path, zero: Path, tuning: str, processes: int = 2)
         ("zero3", "lora", "self", ("--trainer", "distill"), False, False),
         ("zero3", "lora", "self", ("--trainer", "distill", "--reentrant", "true", "--reduce-bucket", "1"), True, True),
     ],
-    ids=["zero3-lora-trl-default", "zero3-lora-reentrant", "zero3-full-reentrant-offpolicy", "zero2-lora-reentrant",
-         "zero2-full-default", "distill-zero3-lora-default", "distill-zero3-lora-reentrant"],
-)  # fmt: skip
+    ids=[
+        "zero3-lora-trl-default",
+        "zero3-lora-reentrant",
+        "zero3-full-reentrant-offpolicy",
+        "zero2-lora-reentrant",
+        "zero2-full-default",
+        "distill-zero3-lora-default",
+        "distill-zero3-lora-reentrant",
+    ],
+)
 def test_zero_one_process_with_checkpointing_matches_without_deepspeed(
     tmp_path, tmp_path_factory, models, config, tuning, teacher, extra, use_reentrant, joint
 ):
@@ -134,12 +150,33 @@ def test_zero_one_process_with_checkpointing_matches_without_deepspeed(
 def test_separate_views_with_reentrant_checkpointing_under_deepspeed_are_refused(tmp_path, models):
     """`nca_joint_forward=False` with reentrant checkpointing under DeepSpeed cannot be exact: one line, before any
     step."""
-    args = [str(SCRIPT), str(tmp_path / "zero"), "--tuning", "lora", "--teacher", "self", "--models", str(models),
-            "--reentrant", "true", "--joint-forward", "false"]  # fmt: skip
+    args = [
+        str(SCRIPT),
+        str(tmp_path / "zero"),
+        "--tuning",
+        "lora",
+        "--teacher",
+        "self",
+        "--models",
+        str(models),
+        "--reentrant",
+        "true",
+        "--joint-forward",
+        "false",
+    ]
     launch = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
-        "--num_processes", "1", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / "zero3.yaml"),
+        "--num_processes",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+    ]
     result = subprocess.run(launch + args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode != 0
     assert "nca_joint_forward=False cannot be exact with reentrant gradient checkpointing under DeepSpeed" in (
@@ -174,11 +211,20 @@ def test_zero3_two_processes_reentrant_small_bucket(tmp_path, tmp_path_factory, 
         # processes whose rows share prefixes of different lengths, with prompts and completions of different lengths
         ("zero3", "full", "separate", ("--per-device", "2", "--mixed"), "LlamaForCausalLM"),
     ],
-    ids=["zero2-full-separate-accum", "zero2-lora-self", "zero3-full-separate", "zero3-lora-self-sample",
-         "zero3-lora-merged-copy", "zero3-full-copy", "zero3-offload-lora-self", "zero3-mixed-prefixes"],
-)  # fmt: skip
-def test_zero_two_processes_match_single_process(tmp_path, tmp_path_factory, models, config, tuning, teacher, extra,
-                                                 teacher_kind):  # fmt: skip
+    ids=[
+        "zero2-full-separate-accum",
+        "zero2-lora-self",
+        "zero3-full-separate",
+        "zero3-lora-self-sample",
+        "zero3-lora-merged-copy",
+        "zero3-full-copy",
+        "zero3-offload-lora-self",
+        "zero3-mixed-prefixes",
+    ],
+)
+def test_zero_two_processes_match_single_process(
+    tmp_path, tmp_path_factory, models, config, tuning, teacher, extra, teacher_kind
+):
     data = tuple(flag for flag in extra if flag == "--mixed")
     single = _reference(tmp_path_factory, models, tuning, teacher, *data)
     out = _train(tmp_path / "zero", models, tuning, teacher, config, *extra)
@@ -230,16 +276,20 @@ def _assert_same_samples(out: Path, models: Path) -> None:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     model = AutoModelForCausalLM.from_pretrained(models / "student")
-    model = get_peft_model(
-        model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
-    )  # fmt: skip
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"]))
     model.load_state_dict(torch.load(out / "weights.pt"), strict=True)
     model.eval()
     pad, eos = model.generation_config.pad_token_id, model.generation_config.eos_token_id
     config = GenerationConfig(
-        max_new_tokens=6, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad, eos_token_id=eos,
+        max_new_tokens=6,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=pad,
+        eos_token_id=eos,
         use_cache=True,
-    )  # fmt: skip
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in the launched processes
     try:
@@ -264,10 +314,26 @@ def test_processes_that_do_not_see_each_other_are_refused(tmp_path, models):
     and counts 1 process while DeepSpeed joins 2, so both would train on the same rows. The trainer refuses it."""
     out = tmp_path / "zero"
     args = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-        str(SCRIPT), str(out), "--tuning", "full", "--teacher", "separate", "--models", str(models),
-        "--per-device", "2", "--zero-in-args", "2",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(SCRIPT),
+        str(out),
+        "--tuning",
+        "full",
+        "--teacher",
+        "separate",
+        "--models",
+        str(models),
+        "--per-device",
+        "2",
+        "--zero-in-args",
+        "2",
+    ]
     result = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode != 0
     assert "2 processes were launched, but accelerate counts 1" in result.stderr
@@ -284,10 +350,23 @@ def test_rollout_generate_calls_agree_across_processes(tmp_path, models, gather)
     out.mkdir()
     script = Path(__file__).parents[1] / "scripts" / "ds_rollout.py"
     args = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "zero3.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-        str(script), str(out), "--models", str(models), *([] if gather else ["--no-gather"]),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(CONFIGS / "zero3.yaml"),
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        str(out),
+        "--models",
+        str(models),
+        *([] if gather else ["--no-gather"]),
+    ]
     result = subprocess.run(args, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     calls = [json.loads((out / f"calls_rank{rank}.json").read_text()) for rank in range(2)]

@@ -35,11 +35,24 @@ def ragged(model, tok):
 
 # One step of 4 rows, 8 sampled tokens, SGD at learning rate 1 without clipping (the update is the gradient).
 DISTILLATION_STEP = {
-    "use_cpu": True, "report_to": [], "save_strategy": "no", "max_steps": 1, "per_device_train_batch_size": 4,
-    "max_completion_length": 8, "logging_steps": 1, "gradient_checkpointing": False, "seed": 0, "data_seed": 0,
-    "nca_beta": 0.5, "nca_beta_schedule": "constant", "optim": "sgd", "learning_rate": 1.0, "max_grad_norm": 0.0, "lr_scheduler_type": "constant",
+    "use_cpu": True,
+    "report_to": [],
+    "save_strategy": "no",
+    "max_steps": 1,
+    "per_device_train_batch_size": 4,
+    "max_completion_length": 8,
+    "logging_steps": 1,
+    "gradient_checkpointing": False,
+    "seed": 0,
+    "data_seed": 0,
+    "nca_beta": 0.5,
+    "nca_beta_schedule": "constant",
+    "optim": "sgd",
+    "learning_rate": 1.0,
+    "max_grad_norm": 0.0,
+    "lr_scheduler_type": "constant",
     "disable_tqdm": True,
-}  # fmt: skip
+}
 
 
 def make_args(tmp_path, **fields):
@@ -75,9 +88,12 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     student = ragged(float64_model(make_tiny_model(tok, 0)), tok)
     initial = copy.deepcopy(student)
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=copy.deepcopy(teacher), args=make_args(tmp_path), train_dataset=prompt_dataset(),
+        model=student,
+        teacher_model=copy.deepcopy(teacher),
+        args=make_args(tmp_path),
+        train_dataset=prompt_dataset(),
         processing_class=tok,
-    )  # fmt: skip
+    )
     calls = record_batches(trainer)
     trainer.train()
     (inputs,) = calls
@@ -89,11 +105,20 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     # NCATrainer on the same completions, same initial weights and teacher.
     nca_student = copy.deepcopy(initial)
     nca = NCATrainer(
-        model=nca_student, teacher_model=copy.deepcopy(teacher), processing_class=tok, train_dataset=prompt_dataset(),
-        args=NCAConfig(output_dir=str(tmp_path / "nca"), use_cpu=True, report_to=[], nca_beta=0.5, max_new_tokens=8,
-                       nca_beta_schedule="constant",
-                       gradient_checkpointing=False),
-    )  # fmt: skip
+        model=nca_student,
+        teacher_model=copy.deepcopy(teacher),
+        processing_class=tok,
+        train_dataset=prompt_dataset(),
+        args=NCAConfig(
+            output_dir=str(tmp_path / "nca"),
+            use_cpu=True,
+            report_to=[],
+            nca_beta=0.5,
+            max_new_tokens=8,
+            nca_beta_schedule="constant",
+            gradient_checkpointing=False,
+        ),
+    )
     rows = [nca.train_dataset[i] for i in range(4)]
     ours = {tuple(r["prompt_ids"]): r["context_prompt_ids"] for r in rows}
     for ids, mask, cids, cmask in zip(
@@ -130,9 +155,12 @@ def test_gradient_accumulation_equals_one_large_batch(tok, tmp_path):
         before = cloned_parameters(student)
         args = make_args(tmp_path, per_device_train_batch_size=bs, gradient_accumulation_steps=ga, seed=1)
         trainer = NCADistillationTrainer(
-            model=student, teacher_model=float64_model(make_tiny_model(tok, 1)), args=args, train_dataset=prompt_dataset(),
+            model=student,
+            teacher_model=float64_model(make_tiny_model(tok, 1)),
+            args=args,
+            train_dataset=prompt_dataset(),
             processing_class=tok,
-        )  # fmt: skip
+        )
         calls = record_batches(trainer)
         trainer.train()
         lengths = torch.cat([c.completion_mask.sum(1) for c in calls])
@@ -156,13 +184,24 @@ def test_resume_from_checkpoint_is_exact(tok, tmp_path):
     for resume in (False, True):
         out = tmp_path / ("resumed" if resume else "straight")
         args = make_args(
-            tmp_path, output_dir=str(out), max_steps=4, save_strategy="steps", save_steps=2, optim="adamw_torch",
-            learning_rate=1e-2, per_device_train_batch_size=2, nca_beta_schedule="warmup", nca_warmup_steps=4,
-        )  # fmt: skip
+            tmp_path,
+            output_dir=str(out),
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+            optim="adamw_torch",
+            learning_rate=1e-2,
+            per_device_train_batch_size=2,
+            nca_beta_schedule="warmup",
+            nca_warmup_steps=4,
+        )
         trainer = NCADistillationTrainer(
-            model=ragged(make_tiny_model(tok, 0), tok), teacher_model=make_tiny_model(tok, 1), args=args,
-            train_dataset=prompt_dataset(8), processing_class=tok,
-        )  # fmt: skip
+            model=ragged(make_tiny_model(tok, 0), tok),
+            teacher_model=make_tiny_model(tok, 1),
+            args=args,
+            train_dataset=prompt_dataset(8),
+            processing_class=tok,
+        )
         trainer.train(resume_from_checkpoint=str(tmp_path / "straight" / "checkpoint-2") if resume else None)
         finals.append(
             (cloned_parameters(trainer.model), [h["nca_beta"] for h in trainer.state.log_history if "nca_beta" in h])
@@ -181,9 +220,13 @@ def test_evaluation_reports_token_means_over_the_set(tok, tmp_path):
     teacher = float64_model(make_tiny_model(tok, 1))
     args = make_args(tmp_path, per_device_eval_batch_size=2)
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=teacher, args=args, train_dataset=prompt_dataset(), eval_dataset=prompt_dataset(4),
+        model=student,
+        teacher_model=teacher,
+        args=args,
+        train_dataset=prompt_dataset(),
+        eval_dataset=prompt_dataset(4),
         processing_class=tok,
-    )  # fmt: skip
+    )
     seen = []
     original = trainer.compute_loss
 
@@ -245,9 +288,12 @@ def test_nca_beta_zero_runs_no_context_view(tok, tmp_path):
     initial = copy.deepcopy(student)
     teacher = float64_model(make_tiny_model(tok, 1))
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=teacher, args=make_args(tmp_path, nca_beta=0.0), train_dataset=prompt_dataset(),
+        model=student,
+        teacher_model=teacher,
+        args=make_args(tmp_path, nca_beta=0.0),
+        train_dataset=prompt_dataset(),
         processing_class=tok,
-    )  # fmt: skip
+    )
     calls = record_batches(trainer)
     trainer.train()
     (log,) = [h for h in trainer.state.log_history if "opd_loss" in h]
@@ -265,9 +311,12 @@ def _student_forwards_in_loss(tok, tmp_path, nca_beta):
     student = make_tiny_model(tok, 0)
     args = make_args(tmp_path, nca_beta=nca_beta, share_prefix=False)
     trainer = NCADistillationTrainer(
-        model=student, teacher_model=make_tiny_model(tok, 1), args=args,
-        train_dataset=prompt_dataset(), processing_class=tok,
-    )  # fmt: skip
+        model=student,
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=prompt_dataset(),
+        processing_class=tok,
+    )
     calls = record_batches(trainer)
     trainer.train()
     forwards = []
@@ -280,18 +329,27 @@ def _student_forwards_in_loss(tok, tmp_path, nca_beta):
 def test_bad_input_gets_clear_errors(tok, tmp_path):
     def build(args=None, data=None, **kwargs):
         return NCADistillationTrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
-            args=args if args is not None else make_args(tmp_path), train_dataset=data if data is not None else prompt_dataset(),
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            processing_class=tok,
+            args=args if args is not None else make_args(tmp_path),
+            train_dataset=data if data is not None else prompt_dataset(),
             **kwargs,
-        )  # fmt: skip
+        )
 
     with pytest.raises(TypeError, match="needs an NCADistillationConfig, got NCAConfig"):
         build(args=NCAConfig(output_dir=str(tmp_path / "x"), use_cpu=True, report_to=[]))
     with pytest.raises(ValueError, match="no context column 'context'.*'prompt'"):
         build(data=Dataset.from_dict({"prompt": QUESTIONS}))
     with pytest.raises(ValueError, match="row 1.*no user turn"):
-        build(data=Dataset.from_dict({"prompt": [[{"role": "user", "content": "a"}], [{"role": "system", "content": "b"}]],
-                                      "context": [CONTEXT] * 2}))  # fmt: skip
+        build(
+            data=Dataset.from_dict(
+                {
+                    "prompt": [[{"role": "user", "content": "a"}], [{"role": "system", "content": "b"}]],
+                    "context": [CONTEXT] * 2,
+                }
+            )
+        )
     with pytest.raises(ValueError, match="row 0.*context view is too long"):
         build(args=make_args(tmp_path, max_context_length=40))
     with pytest.raises(ValueError, match="does not take `tools`"):
@@ -308,17 +366,22 @@ def test_bad_input_gets_clear_errors(tok, tmp_path):
     tok2 = make_tiny_tokenizer()
     tok2.chat_template = tok2.chat_template.replace("{% for", "{% if extra %}extra{% endif %}{% for", 1)
     trainer = NCADistillationTrainer(
-        model=make_tiny_model(tok2, 0), teacher_model=make_tiny_model(tok2, 1), processing_class=tok2,
-        args=make_args(tmp_path, chat_template_kwargs={"extra": True}), train_dataset=prompt_dataset(),
-    )  # fmt: skip
+        model=make_tiny_model(tok2, 0),
+        teacher_model=make_tiny_model(tok2, 1),
+        processing_class=tok2,
+        args=make_args(tmp_path, chat_template_kwargs={"extra": True}),
+        train_dataset=prompt_dataset(),
+    )
     with pytest.raises(ValueError, match="rendered a prompt into .* tokens.*chat_template_kwargs"):
         trainer.train()
 
 
-@pytest.mark.parametrize("lora_dropout, disable_dropout, warned", [(0.05, False, True), (0.0, False, False),
-                                                                   (0.05, True, False)])  # fmt: skip
-def test_lora_dropout_turning_prefix_sharing_off_is_said_once(tok, tmp_path, caplog, lora_dropout, disable_dropout,
-                                                               warned):  # fmt: skip
+@pytest.mark.parametrize(
+    "lora_dropout, disable_dropout, warned", [(0.05, False, True), (0.0, False, False), (0.05, True, False)]
+)
+def test_lora_dropout_turning_prefix_sharing_off_is_said_once(
+    tok, tmp_path, caplog, lora_dropout, disable_dropout, warned
+):
     """TRL's ModelConfig LoRA dropout (0.05) with DistillationConfig's `disable_dropout=False`: the student's views
     cannot share their prefix (rows would share its dropout draws). One warning at setup says so and names the fix;
     the LoRA self-teacher (adapter and its dropout disabled) still shares."""
@@ -332,9 +395,12 @@ def test_lora_dropout_turning_prefix_sharing_off_is_said_once(tok, tmp_path, cap
     peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=lora_dropout)
     with caplog.at_level(logging.WARNING):
         trainer = NCADistillationTrainer(
-            model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(), processing_class=tok,
+            model=make_tiny_model(tok, 0),
+            args=args,
+            train_dataset=prompt_dataset(),
+            processing_class=tok,
             peft_config=peft,
-        )  # fmt: skip
+        )
     lines = [
         r.getMessage()
         for r in caplog.records

@@ -31,8 +31,21 @@ def test_two_process_ddp_matches_single_process(tmp_path, mode):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     extra = ["1", "2"] if mode == "accumulation" else ["2", "1", "reentrant"]
     _run([sys.executable, str(SCRIPT), str(single), "4", *extra[2:]], tmp_path)
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-          str(SCRIPT), str(ddp), *extra], tmp_path)  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(SCRIPT),
+            str(ddp),
+            *extra,
+        ],
+        tmp_path,
+    )
     a, b = torch.load(single / "weights.pt"), torch.load(ddp / "weights.pt")
     for name in a:
         FLOAT32.close(a[name], b[name])  # float32 gradients summed in another order (rows split over processes)

@@ -32,9 +32,15 @@ from trl_nca.testing import (
 BETAS = [0.0, 0.5]
 # One or two short optimizer steps on the CPU; the sampling length field differs between the two configs.
 COMMON = {
-    **CPU, "save_strategy": "no", "per_device_train_batch_size": 2, "per_device_eval_batch_size": 2,
-    "gradient_checkpointing": False, "logging_steps": 1, "seed": 0, "disable_tqdm": True,
-}  # fmt: skip
+    **CPU,
+    "save_strategy": "no",
+    "per_device_train_batch_size": 2,
+    "per_device_eval_batch_size": 2,
+    "gradient_checkpointing": False,
+    "logging_steps": 1,
+    "seed": 0,
+    "disable_tqdm": True,
+}
 KINDS = {
     "NCATrainer": (NCATrainer, NCAConfig, {"max_new_tokens": 4}),
     "NCADistillationTrainer": (NCADistillationTrainer, NCADistillationConfig, {"max_completion_length": 4}),
@@ -84,10 +90,13 @@ def save_remote_code_model(directory: Path) -> str:
     config_file = directory / "config.json"
     data = json.loads(config_file.read_text())
     data.update(
-        model_type="nca-remote", architectures=["RemoteForCausalLM"],
-        auto_map={"AutoConfig": "configuration_remote.RemoteConfig",
-                  "AutoModelForCausalLM": "modeling_remote.RemoteForCausalLM"},
-    )  # fmt: skip
+        model_type="nca-remote",
+        architectures=["RemoteForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_remote.RemoteConfig",
+            "AutoModelForCausalLM": "modeling_remote.RemoteForCausalLM",
+        },
+    )
     config_file.write_text(json.dumps(data))
     return str(directory)
 
@@ -100,9 +109,11 @@ def test_trust_remote_code_is_passed_on_when_models_load_by_name(tmp_path, kind)
     with pytest.raises(ValueError, match="custom code"):
         build(model=path, teacher_model=path, args=config(kind, tmp_path, 0.5), train_dataset=prompt_dataset())
     trained = build(
-        model=path, teacher_model=path, args=config(kind, tmp_path, 0.5, trust_remote_code=True),
+        model=path,
+        teacher_model=path,
+        args=config(kind, tmp_path, 0.5, trust_remote_code=True),
         train_dataset=prompt_dataset(),
-    )  # fmt: skip
+    )
     assert type(trained.model).__name__ == "RemoteForCausalLM"
     assert type(trained._teacher()).__name__ == "RemoteForCausalLM"
 
@@ -171,8 +182,13 @@ def test_a_batch_without_the_context_view_is_refused_with_the_reason(tmp_path, k
             "completion_mask": ones[:, :3],
         }
     else:  # GKD's collator output
-        batch = {"input_ids": prompt, "attention_mask": ones, "labels": prompt, "prompts": prompt,
-                 "prompt_attention_mask": ones}  # fmt: skip
+        batch = {
+            "input_ids": prompt,
+            "attention_mask": ones,
+            "labels": prompt,
+            "prompts": prompt,
+            "prompt_attention_mask": ones,
+        }
     with pytest.raises(ValueError, match=r"compute_loss got a batch without \['context_prompts'.*cannot be rebuilt"):
         made.compute_loss(made.model, batch)
 
@@ -193,9 +209,11 @@ def trainable_moved(before, model) -> list[str]:
 def test_init_with_names_only(tiny_dir, tiny_teacher_dir, tmp_path, kind, nca_beta):
     """TRL: model and teacher given by name, a prompt-only dataset, nothing else: the trainer builds."""
     made = KINDS[kind][0](
-        model=tiny_dir, teacher_model=tiny_teacher_dir, train_dataset=prompt_dataset(),
+        model=tiny_dir,
+        teacher_model=tiny_teacher_dir,
+        train_dataset=prompt_dataset(),
         args=KINDS[kind][1](output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], nca_beta=nca_beta),
-    )  # fmt: skip
+    )
     # `nca_beta` is the anchor's upper bound; the default, gated anchor is off at the first step
     assert made.processing_class is not None and made.args.nca_beta == nca_beta and made.nca_beta == 0.0
 
@@ -225,8 +243,9 @@ def test_train_moves_every_weight_and_logs_the_loss(tmp_path, kind, nca_beta, fo
 def test_gradient_accumulation_trains(tmp_path, kind, nca_beta):
     """TRL: under gradient accumulation the update still moves every parameter (the loss normalisation itself is
     `test_loss_normalises_by_num_items_in_batch`)."""
-    made = trainer(kind, tmp_path, nca_beta, fields={"max_steps": 1, "learning_rate": 0.1,
-                                                      "gradient_accumulation_steps": 2})  # fmt: skip
+    made = trainer(
+        kind, tmp_path, nca_beta, fields={"max_steps": 1, "learning_rate": 0.1, "gradient_accumulation_steps": 2}
+    )
     before = cloned_parameters(made.model)
     made.train()
     assert made.state.log_history[-1]["train_loss"] is not None and trainable_moved(before, made.model) == []
@@ -242,11 +261,13 @@ def nca_shaped_batch(made, kind):
     batch = NCACollator(tok.pad_token_id)(rows)
     if kind == "NCADistillationTrainer":
         return {
-            "prompt_ids": batch["prompts"], "prompt_mask": batch["prompt_attention_mask"],
+            "prompt_ids": batch["prompts"],
+            "prompt_mask": batch["prompt_attention_mask"],
             "context_prompts": batch["context_prompts"],
             "context_prompt_attention_mask": batch["context_prompt_attention_mask"],
-            "completion_ids": batch["completion_ids"], "completion_mask": batch["completion_mask"],
-        }  # fmt: skip
+            "completion_ids": batch["completion_ids"],
+            "completion_mask": batch["completion_mask"],
+        }
     return batch  # NCATrainer's view keys: compute_loss builds its NCABatch
 
 
@@ -288,10 +309,19 @@ def test_train_with_evaluation_and_checkpoints(tmp_path, kind, nca_beta):
     """TRL: evaluation every 2 steps logs `eval_loss` (also before the first step with `eval_on_start`), and the
     checkpoint of step 2 holds the weights."""
     made = trainer(
-        kind, tmp_path, nca_beta, eval_dataset=prompt_dataset(2),
-        fields={"max_steps": 2, "eval_strategy": "steps", "eval_steps": 2, "eval_on_start": True,
-                "save_strategy": "steps", "save_steps": 2},
-    )  # fmt: skip
+        kind,
+        tmp_path,
+        nca_beta,
+        eval_dataset=prompt_dataset(2),
+        fields={
+            "max_steps": 2,
+            "eval_strategy": "steps",
+            "eval_steps": 2,
+            "eval_on_start": True,
+            "save_strategy": "steps",
+            "save_steps": 2,
+        },
+    )
     made.train()
     evals = [h for h in made.state.log_history if "eval_loss" in h]
     assert [h["step"] for h in evals] == [0, 2] and all(math.isfinite(h["eval_loss"]) for h in evals)
@@ -303,8 +333,12 @@ def test_train_with_evaluation_and_checkpoints(tmp_path, kind, nca_beta):
 def test_init_with_eval_dataset(tmp_path, kind, shape):
     """TRL: the eval dataset at init may be one dataset, a DatasetDict or a dict of datasets (keys kept), or None."""
     split = prompt_dataset(2)
-    given = {"dataset": split, "dataset_dict": DatasetDict({"data1": split, "data2": split}),
-             "dict_of_dataset": {"data1": split, "data2": split}, "none": None}[shape]  # fmt: skip
+    given = {
+        "dataset": split,
+        "dataset_dict": DatasetDict({"data1": split, "data2": split}),
+        "dict_of_dataset": {"data1": split, "data2": split},
+        "none": None,
+    }[shape]
     made = trainer(kind, tmp_path, 0.5, eval_dataset=given)
     if shape == "none":
         assert made.eval_dataset is None
@@ -326,8 +360,9 @@ def test_train_dataset_is_the_tokenised_two_view_copy(tmp_path, kind):
 
 
 @both
-@pytest.mark.parametrize("case", ["adapter initialisation is seeded", "LoRA config", "PEFT model",
-                                  "LoRA with gradient checkpointing"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case", ["adapter initialisation is seeded", "LoRA config", "PEFT model", "LoRA with gradient checkpointing"]
+)
 def test_peft(tmp_path, kind, case):
     """TRL: a LoRA adapter (given as a config or as a PEFT model, also with gradient checkpointing) trains its own
     weights only, and the same seed gives the same initial adapter whatever the global random state."""
@@ -362,11 +397,13 @@ def test_peft(tmp_path, kind, case):
 @both
 @pytest.mark.parametrize(
     "config, error",
-    [(dict(target_modules=["q_proj", "v_proj"]), None),
-     (dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]), None),
-     (dict(target_modules=["q_proj", "lm_head"]), "lm_head")],
+    [
+        (dict(target_modules=["q_proj", "v_proj"]), None),
+        (dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]), None),
+        (dict(target_modules=["q_proj", "lm_head"]), "lm_head"),
+    ],
     ids=["non-head targets", "head saved whole", "adapter on the head"],
-)  # fmt: skip
+)
 def test_peft_on_the_output_layer(tmp_path, kind, config, error):
     """TRL: an adapter elsewhere, or the head trained whole (`modules_to_save`), is fine; an adapter on the head is
     refused (the chunked loss reads the head's weight directly)."""
@@ -415,8 +452,14 @@ def test_sampling_stops_at_every_eos_id_of_the_generation_config(tmp_path, nca_b
     model = make_tiny_model(tok, 0)
     ends = [tok.eos_token_id, *range(40, 120)]
     model.generation_config.eos_token_id = ends
-    made = trainer("NCADistillationTrainer", tmp_path, nca_beta, tok=tok, model=model,
-                   fields={"max_steps": 1, "max_completion_length": 8})  # fmt: skip
+    made = trainer(
+        "NCADistillationTrainer",
+        tmp_path,
+        nca_beta,
+        tok=tok,
+        model=model,
+        fields={"max_steps": 1, "max_completion_length": 8},
+    )
     batches = record_batches(made)
     made.train()
     (batch,) = batches
@@ -433,11 +476,14 @@ def test_sampling_stops_at_every_eos_id_of_the_generation_config(tmp_path, nca_b
 @pytest.mark.parametrize("nca_beta", BETAS)
 @pytest.mark.parametrize(
     "fields",
-    [{"top_p": 0.9, "top_k": 10, "min_p": 0.01, "repetition_penalty": 1.1},
-     {"generation_kwargs": {"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}},
-     {"pad_to_multiple_of": 8}, {"beta": 0.5}],
+    [
+        {"top_p": 0.9, "top_k": 10, "min_p": 0.01, "repetition_penalty": 1.1},
+        {"generation_kwargs": {"do_sample": True, "top_k": 50, "num_beams": 2, "length_penalty": -0.1}},
+        {"pad_to_multiple_of": 8},
+        {"beta": 0.5},
+    ],
     ids=["sampling fields", "generation_kwargs", "pad_to_multiple_of", "beta 0.5"],
-)  # fmt: skip
+)
 def test_distillation_fields_train(tmp_path, nca_beta, fields):
     """TRL (DistillationTrainer): its sampling fields, `generation_kwargs`, `pad_to_multiple_of` and an intermediate
     JSD `beta` train end to end."""
@@ -451,16 +497,27 @@ def test_iterable_datasets(tmp_path, nca_beta):
     """TRL (DistillationTrainer): a streamed train set trains with `max_steps` (dispatch_batches forced off, one
     loader worker), `dispatch_batches=True` is refused, a streamed eval set leaves the train loader's workers."""
     stream = prompt_dataset(8).to_iterable_dataset()
-    made = trainer("NCADistillationTrainer", tmp_path, nca_beta, data=stream,
-                   fields={"max_steps": 2, "dataloader_num_workers": 2})  # fmt: skip
+    made = trainer(
+        "NCADistillationTrainer", tmp_path, nca_beta, data=stream, fields={"max_steps": 2, "dataloader_num_workers": 2}
+    )
     assert made.args.accelerator_config.dispatch_batches is False and made.args.dataloader_num_workers == 0
     made.train()
     assert made.state.global_step == 2
     with pytest.raises(ValueError, match="dispatch_batches=False"):
-        trainer("NCADistillationTrainer", tmp_path, nca_beta, data=prompt_dataset(8).to_iterable_dataset(),
-                fields={"max_steps": 1, "accelerator_config": {"dispatch_batches": True}})  # fmt: skip
-    mixed = trainer("NCADistillationTrainer", tmp_path, nca_beta, eval_dataset=prompt_dataset(2).to_iterable_dataset(),
-                    fields={"dataloader_num_workers": 2})  # fmt: skip
+        trainer(
+            "NCADistillationTrainer",
+            tmp_path,
+            nca_beta,
+            data=prompt_dataset(8).to_iterable_dataset(),
+            fields={"max_steps": 1, "accelerator_config": {"dispatch_batches": True}},
+        )
+    mixed = trainer(
+        "NCADistillationTrainer",
+        tmp_path,
+        nca_beta,
+        eval_dataset=prompt_dataset(2).to_iterable_dataset(),
+        fields={"dataloader_num_workers": 2},
+    )
     assert mixed.get_eval_dataloader().num_workers == 0 and mixed.args.dataloader_num_workers == 2
 
 
@@ -474,8 +531,13 @@ def test_distillation_inputs_nca_does_not_take(tmp_path, what):
         return
     tok = make_tiny_tokenizer()
     tok.chat_template = tok.chat_template.replace("{% for", "{% if extra %}extra{% endif %}{% for", 1)
-    made = trainer("NCADistillationTrainer", tmp_path, 0.5, tok=tok,
-                   fields={"max_steps": 1, "chat_template_kwargs": {"extra": True}})  # fmt: skip
+    made = trainer(
+        "NCADistillationTrainer",
+        tmp_path,
+        0.5,
+        tok=tok,
+        fields={"max_steps": 1, "chat_template_kwargs": {"extra": True}},
+    )
     with pytest.raises(ValueError, match="rendered a prompt into .*chat_template_kwargs"):
         made.train()
 
@@ -501,8 +563,9 @@ def test_gkd_on_policy_samples(tmp_path, nca_beta):
     made = trainer("NCATrainer", tmp_path, nca_beta)
     tok = made.processing_class
     batch = made.data_collator([made.train_dataset[i] for i in range(2)])
-    made.generation_config = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id,
-                                              eos_token_id=tok.eos_token_id)  # fmt: skip
+    made.generation_config = GenerationConfig(
+        max_new_tokens=8, do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id
+    )
     first = made._generate(made.model, batch["prompts"], batch["prompt_attention_mask"])
     second = made._generate(made.model, batch["prompts"], batch["prompt_attention_mask"])
     assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])

@@ -41,10 +41,26 @@ def test_fsdp2_launch_is_refused_before_any_model_loads(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     args = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
-        "--main_process_port", str(port), str(SCRIPT), str(tmp_path / "out"), "--tuning", "full", "--teacher",
-        "separate", "--models", str(tmp_path / "models"), "--per-device", "2",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(port),
+        str(SCRIPT),
+        str(tmp_path / "out"),
+        "--tuning",
+        "full",
+        "--teacher",
+        "separate",
+        "--models",
+        str(tmp_path / "models"),
+        "--per-device",
+        "2",
+    ]
     result = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode != 0
     assert "NCATrainer does not support FSDP" in result.stderr

@@ -37,8 +37,10 @@ def test_two_step_game_training(tmp_path, game):
         assert 2 <= rows <= 2 * rollout.max_calls  # one sample per model call
         context = tok.batch_decode(batch.context_prompts, skip_special_tokens=True)
         plain = tok.batch_decode(batch.prompts, skip_special_tokens=True)
-        assert all(rollout.experience.strip()[:40] in c and rollout.experience.strip()[:40] not in p
-                   for c, p in zip(context, plain))  # fmt: skip
+        assert all(
+            rollout.experience.strip()[:40] in c and rollout.experience.strip()[:40] not in p
+            for c, p in zip(context, plain)
+        )
     logs = [h for h in trainer.state.log_history if "opd_loss" in h]
     assert len(logs) == 2
     for key in ("rollout/win_rate", "rollout/invalid_action_rate", "rollout/mean_steps", "nca_loss"):

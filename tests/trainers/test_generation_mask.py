@@ -38,9 +38,14 @@ def test_trainer_samples_as_gkd_does(tmp_path, rows):
     tok = make_tiny_tokenizer()
     model = make_tiny_model(tok)
     args = run_args(
-        NCAConfig, tmp_path, CPU, max_new_tokens=12, seed=0, gradient_checkpointing=False,
+        NCAConfig,
+        tmp_path,
+        CPU,
+        max_new_tokens=12,
+        seed=0,
+        gradient_checkpointing=False,
         per_device_train_batch_size=rows,
-    )  # fmt: skip
+    )
     data = Dataset.from_dict({"prompt": [f"Question {i}?" for i in range(rows)], "context": ["Be brief."] * rows})
     trainer = NCATrainer(model=model, args=args, train_dataset=data, processing_class=tok)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(rows)])
@@ -86,9 +91,12 @@ def test_lora_student_samples_as_its_eval_mode_policy(tmp_path, trainer_class):
     args = run_args(config_cls, tmp_path, preset, disable_dropout=False)
     peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.5)
     trainer = trainer_cls(
-        model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(), processing_class=tok,
+        model=make_tiny_model(tok, 0),
+        args=args,
+        train_dataset=prompt_dataset(),
+        processing_class=tok,
         peft_config=peft,
-    )  # fmt: skip
+    )
     student = trainer.accelerator.unwrap_model(trainer.model)
     generate, checked, dropout_in_loss = student.generate, [], []
 

@@ -24,9 +24,16 @@ MEDIUM = " ".join(["ok"] * 15)  # a 46-token reference answer: with its 32-token
 
 # Fields that GKDConfig and NCAConfig share, with their GKD meaning (`run_args(GKDConfig or NCAConfig, ...)`).
 SHARED = {
-    **CPU, "max_steps": 1, "per_device_train_batch_size": 2, "max_new_tokens": 8, "save_strategy": "no",
-    "logging_steps": 1, "lmbda": 0.5, "beta": 0.5, "seed": 0,
-}  # fmt: skip
+    **CPU,
+    "max_steps": 1,
+    "per_device_train_batch_size": 2,
+    "max_new_tokens": 8,
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "lmbda": 0.5,
+    "beta": 0.5,
+    "seed": 0,
+}
 
 
 def conversations(long_prompt=False, long_answer=False):
@@ -47,17 +54,23 @@ def test_configs_that_train_under_gkd_train_under_nca(tok, tmp_path, case, caplo
     config, data = CASES[case]
     dataset = conversations(**data)
     gkd = GKDTrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-        args=run_args(GKDConfig, tmp_path / "gkd" / "out", SHARED, **config), train_dataset=dataset, processing_class=tok,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=run_args(GKDConfig, tmp_path / "gkd" / "out", SHARED, **config),
+        train_dataset=dataset,
+        processing_class=tok,
+    )
     gkd.train()
     assert gkd.state.global_step == 1
 
     with caplog.at_level(logging.WARNING, logger="trl_nca.trainers.data"):
         nca = NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-            args=run_args(NCAConfig, tmp_path / "nca" / "out", SHARED, **config), train_dataset=dataset, processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=run_args(NCAConfig, tmp_path / "nca" / "out", SHARED, **config),
+            train_dataset=dataset,
+            processing_class=tok,
+        )
     max_length = nca.args.max_length
     assert (
         f"2 rows of the train dataset have a prompt plus reference completion longer than max_length={max_length}"
@@ -75,10 +88,12 @@ def test_sampling_is_not_limited_by_max_length(tok, tmp_path):
     """GKD never limits sampling by max_length: neither does NCA (prompt + max_new_tokens > max_length is fine)."""
     data = Dataset.from_dict({"prompt": ["Which answer? (A) yes (B) no"] * 2, "context": [CONTEXT] * 2})
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-        args=run_args(NCAConfig, tmp_path / "out", SHARED, lmbda=1.0, max_length=16, max_new_tokens=24), train_dataset=data,
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=run_args(NCAConfig, tmp_path / "out", SHARED, lmbda=1.0, max_length=16, max_new_tokens=24),
+        train_dataset=data,
         processing_class=tok,
-    )  # fmt: skip
+    )
     batches = record_batches(trainer)
     trainer.train()
     (batch,) = batches
@@ -96,9 +111,13 @@ def test_sampling_is_not_limited_by_max_length(tok, tmp_path):
 def test_metrics_hooks_that_would_never_be_called_are_refused(tok, tmp_path, name):
     with pytest.raises(ValueError, match=rf"does not take `{name}`.*never materialises logits.*PairedEvalCallback"):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=run_args(NCAConfig, tmp_path / "out", SHARED),
-            train_dataset=conversations(), processing_class=tok, **{name: lambda *a: {}},
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=run_args(NCAConfig, tmp_path / "out", SHARED),
+            train_dataset=conversations(),
+            processing_class=tok,
+            **{name: lambda *a: {}},
+        )
 
 
 def test_incompatible_data_collator_is_refused_at_init(tok, tmp_path):
@@ -107,9 +126,11 @@ def test_incompatible_data_collator_is_refused_at_init(tok, tmp_path):
     )
     with pytest.raises(ValueError, match=r"batch lacks \['context_prompts', .*'has_reference'\].*NCACollator"):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-            data_collator=DataCollatorForChatML(tokenizer=tok), **kwargs,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            data_collator=DataCollatorForChatML(tokenizer=tok),
+            **kwargs,
+        )
 
     def broken(examples):
         raise KeyError("question")
@@ -122,9 +143,11 @@ def test_incompatible_data_collator_is_refused_at_init(tok, tmp_path):
             return {**super().__call__(examples), "row_ids": torch.arange(len(examples))}
 
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-        data_collator=Extended(pad_token_id=tok.pad_token_id), **kwargs,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        data_collator=Extended(pad_token_id=tok.pad_token_id),
+        **kwargs,
+    )
     trainer.train()
 
 
@@ -156,9 +179,21 @@ def test_eval_completions_choose_what_evaluation_scores(tok, tmp_path, mode):
     student, teacher = make_tiny_model(tok, 0), make_tiny_model(tok, 1)
     eval_set = ragged_eval_set()
     trainer = NCATrainer(
-        model=student, teacher_model=teacher, processing_class=tok, train_dataset=conversations(),
-        eval_dataset=eval_set, args=run_args(NCAConfig, tmp_path / "out", SHARED, per_device_eval_batch_size=2, eval_completions=mode, beta=1.0, nca_beta_schedule="constant"),
-    )  # fmt: skip
+        model=student,
+        teacher_model=teacher,
+        processing_class=tok,
+        train_dataset=conversations(),
+        eval_dataset=eval_set,
+        args=run_args(
+            NCAConfig,
+            tmp_path / "out",
+            SHARED,
+            per_device_eval_batch_size=2,
+            eval_completions=mode,
+            beta=1.0,
+            nca_beta_schedule="constant",
+        ),
+    )
     metrics = trainer.evaluate()
     assert metrics["eval_completions/on_policy"] == (1.0 if mode == "on_policy" else 0.0)
     batch = trainer.data_collator([trainer.eval_dataset[i] for i in range(3)])
@@ -178,6 +213,10 @@ def test_eval_completions_dataset_needs_references(tok, tmp_path):
     prompts = Dataset.from_dict({"prompt": ["q1", "q2"], "context": [CONTEXT] * 2})
     with pytest.raises(ValueError, match=r"eval_completions='dataset'.*eval dataset 2 rows \(first: \[0, 1\]\)"):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
-            train_dataset=conversations(), eval_dataset=prompts, args=run_args(NCAConfig, tmp_path / "out", SHARED, eval_completions="dataset"),
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            processing_class=tok,
+            train_dataset=conversations(),
+            eval_dataset=prompts,
+            args=run_args(NCAConfig, tmp_path / "out", SHARED, eval_completions="dataset"),
+        )

@@ -29,13 +29,22 @@ def test_trainer_uses_the_adaptive_weight_of_each_step(tok, tmp_path, accumulati
     """Each logged step used the weight the formula gives from the previous step's logged terms, and its loss is
     opd_loss + nca_beta * nca_loss with that weight (also with gradient accumulation)."""
     args = make_args(
-        tmp_path, max_steps=4, learning_rate=5e-2, nca_beta=0.5, nca_beta_schedule="adaptive", nca_adaptive_init=0.1,
-        per_device_train_batch_size=4 // accumulation, gradient_accumulation_steps=accumulation,
-    )  # fmt: skip
+        tmp_path,
+        max_steps=4,
+        learning_rate=5e-2,
+        nca_beta=0.5,
+        nca_beta_schedule="adaptive",
+        nca_adaptive_init=0.1,
+        per_device_train_batch_size=4 // accumulation,
+        gradient_accumulation_steps=accumulation,
+    )
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-        train_dataset=prompt_dataset(16), processing_class=tok,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=prompt_dataset(16),
+        processing_class=tok,
+    )
     trainer.train()
     steps = _logged_steps(trainer)
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
@@ -63,14 +72,24 @@ def test_logging_steps_leave_the_anchor_weights_unchanged(tok, tmp_path):
     runs = []
     for logging_steps in (1, 3):
         args = make_args(
-            tmp_path, output_dir=str(tmp_path / str(logging_steps)), max_steps=4, learning_rate=5e-2, nca_beta=0.5,
-            nca_beta_schedule="adaptive", nca_adaptive_init=0.1, logging_steps=logging_steps,
-        )  # fmt: skip
+            tmp_path,
+            output_dir=str(tmp_path / str(logging_steps)),
+            max_steps=4,
+            learning_rate=5e-2,
+            nca_beta=0.5,
+            nca_beta_schedule="adaptive",
+            nca_adaptive_init=0.1,
+            logging_steps=logging_steps,
+        )
         weights = WeightOfEachStep()
         trainer = NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-            train_dataset=prompt_dataset(16), processing_class=tok, callbacks=[weights],
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=args,
+            train_dataset=prompt_dataset(16),
+            processing_class=tok,
+            callbacks=[weights],
+        )
         weights.trainer = trainer
         trainer.train()
         runs.append((weights.weights, trainer.nca_beta, trainer.nca.schedule.steps_done))
@@ -93,9 +112,11 @@ def test_warmup_starts_without_anchor(tok, tmp_path):
 
 def test_constant_schedule_logs_its_weight(tok, tmp_path):
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), args=make_args(tmp_path, nca_beta=0.25), train_dataset=prompt_dataset(4),
+        model=make_tiny_model(tok, 0),
+        args=make_args(tmp_path, nca_beta=0.25),
+        train_dataset=prompt_dataset(4),
         processing_class=tok,
-    )  # fmt: skip
+    )
     trainer.train()
     assert [s["nca_beta"] for s in _logged_steps(trainer)] == [0.25, 0.25]
 
@@ -106,13 +127,23 @@ def test_resume_restores_the_adaptive_weight_exactly(tok, tmp_path):
     for resume in (False, True):
         out = tmp_path / ("resumed" if resume else "straight")
         args = make_args(
-            tmp_path, output_dir=str(out), max_steps=4, save_strategy="steps", save_steps=2, learning_rate=5e-2,
-            nca_beta=0.5, nca_beta_schedule="adaptive", nca_adaptive_init=0.1,
-        )  # fmt: skip
+            tmp_path,
+            output_dir=str(out),
+            max_steps=4,
+            save_strategy="steps",
+            save_steps=2,
+            learning_rate=5e-2,
+            nca_beta=0.5,
+            nca_beta_schedule="adaptive",
+            nca_adaptive_init=0.1,
+        )
         trainer = NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-            train_dataset=prompt_dataset(8), processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=args,
+            train_dataset=prompt_dataset(8),
+            processing_class=tok,
+        )
         if resume:
             checkpoint = out.parent / "straight" / "checkpoint-2"
             assert json.loads((checkpoint / "nca_schedule.json").read_text())["steps_done"] == 2
@@ -149,9 +180,15 @@ def test_a_gate_a_live_self_teacher_can_never_open_is_refused_before_training(to
 
     def trainer(target):
         args = make_args(
-            tmp_path, max_steps=2, nca_beta=0.5, nca_beta_schedule="adaptive", nca_adaptive_init=0.0,
-            nca_adaptive_min=0.05, nca_adaptive_target=target, self_teacher="live",
-        )  # fmt: skip
+            tmp_path,
+            max_steps=2,
+            nca_beta=0.5,
+            nca_beta_schedule="adaptive",
+            nca_adaptive_init=0.0,
+            nca_adaptive_min=0.05,
+            nca_adaptive_target=target,
+            self_teacher="live",
+        )
         return NCATrainer(
             model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok
         )
@@ -195,16 +232,22 @@ def test_the_default_is_the_gated_anchor_and_plain_opd_needs_no_schedule(tok, tm
     starts at 0.05; nca_beta=0 (plain OPD) runs under the default schedule settings with weight 0 throughout."""
     args = default_anchor_args(tmp_path, max_steps=1, nca_beta=0.5)
     schedule = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-        train_dataset=prompt_dataset(4), processing_class=tok,
-    ).nca.schedule  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=prompt_dataset(4),
+        processing_class=tok,
+    ).nca.schedule
     assert (schedule.kind, schedule.value, schedule.beta) == ("adaptive", 0.0, 0.5)
     assert schedule.update({"opd_loss": 1.0, "view_kl": 1.1}) == 0.0  # not above the target: still off
     assert schedule.update({"opd_loss": 1.0, "view_kl": 1.2}) == 0.05  # above it: on, at the minimum
     opd = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=default_anchor_args(tmp_path, nca_beta=0.0),
-        train_dataset=prompt_dataset(4), processing_class=tok,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=default_anchor_args(tmp_path, nca_beta=0.0),
+        train_dataset=prompt_dataset(4),
+        processing_class=tok,
+    )
     assert opd.nca.schedule.kind == "constant" and opd.nca_beta == 0.0
 
 
@@ -220,9 +263,12 @@ def test_model_card_says_which_anchor_the_run_used(tok, tmp_path, fields, says):
     """The model card cites the paper; the line after the method's name says which anchor weighed the run."""
     args = default_anchor_args(tmp_path, **{"nca_beta": 0.5, **fields})
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-        train_dataset=prompt_dataset(4), processing_class=tok,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=prompt_dataset(4),
+        processing_class=tok,
+    )
     trainer.create_model_card(model_name="student")
     card = (tmp_path / "out" / "README.md").read_text()
     named = card.index("This model was trained with NCA")

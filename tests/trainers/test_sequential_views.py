@@ -29,11 +29,25 @@ def references(n=4):
 
 def nca_args(tmp_path, **kwargs):
     defaults = dict(
-        output_dir=str(tmp_path / "out"), max_steps=1, per_device_train_batch_size=4, max_new_tokens=6, lmbda=0.0,
-        nca_beta=0.5, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant", bf16=False,
-        use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, gradient_checkpointing=False, seed=0,
+        output_dir=str(tmp_path / "out"),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        max_new_tokens=6,
+        lmbda=0.0,
+        nca_beta=0.5,
+        optim="sgd",
+        learning_rate=1.0,
+        max_grad_norm=0.0,
+        lr_scheduler_type="constant",
+        bf16=False,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        gradient_checkpointing=False,
+        seed=0,
         disable_tqdm=True,
-    )  # fmt: skip
+    )
     defaults.update(kwargs)
     return NCAConfig(**defaults)
 
@@ -46,10 +60,13 @@ def one_step(tok, tmp_path, sequential, lora=False, teacher="separate", **kwargs
     student = float64_model(make_tiny_model(tok, 0))
     before = {n: p.detach().clone() for n, p in student.named_parameters()}
     trainer = NCATrainer(
-        model=student, teacher_model=float64_model(make_tiny_model(tok, 1)) if teacher == "separate" else None,
-        args=nca_args(tmp_path / str(sequential), nca_sequential_views=sequential, **kwargs), processing_class=tok,
-        train_dataset=references(), peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if lora else None,
-    )  # fmt: skip
+        model=student,
+        teacher_model=float64_model(make_tiny_model(tok, 1)) if teacher == "separate" else None,
+        args=nca_args(tmp_path / str(sequential), nca_sequential_views=sequential, **kwargs),
+        processing_class=tok,
+        train_dataset=references(),
+        peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if lora else None,
+    )
     trainer.train()
     update = {n: p.detach() - before[n] for n, p in trainer.model.named_parameters() if n in before}
     if lora:
@@ -139,9 +156,12 @@ def test_only_one_views_activations_are_alive_at_a_time(tok, tmp_path):
 
     def peak(**kwargs):
         trainer = NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
-            args=nca_args(tmp_path, **kwargs), train_dataset=references(),
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            processing_class=tok,
+            args=nca_args(tmp_path, **kwargs),
+            train_dataset=references(),
+        )
         return saved_peak(trainer)
 
     opd = peak(nca_beta=0.0)  # the no-context view, the teacher (no graph) and OPD
@@ -162,19 +182,36 @@ def test_distillation_trainer_views_in_sequence(tok, tmp_path):
         student.generation_config.eos_token_id = [tok.eos_token_id, *range(40, 100)]  # ragged completions
         before = {n: p.detach().clone() for n, p in student.named_parameters()}
         args = NCADistillationConfig(
-            output_dir=str(tmp_path / str(sequential)), max_steps=1, per_device_train_batch_size=2,
-            gradient_accumulation_steps=2, max_completion_length=8, use_cpu=True, report_to=[], save_strategy="no",
-            logging_steps=1, gradient_checkpointing=False, seed=0, nca_beta=0.5, optim="sgd", learning_rate=1.0,
-            max_grad_norm=0.0, lr_scheduler_type="constant", disable_tqdm=True, nca_sequential_views=sequential,
-        )  # fmt: skip
+            output_dir=str(tmp_path / str(sequential)),
+            max_steps=1,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            max_completion_length=8,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=1,
+            gradient_checkpointing=False,
+            seed=0,
+            nca_beta=0.5,
+            optim="sgd",
+            learning_rate=1.0,
+            max_grad_norm=0.0,
+            lr_scheduler_type="constant",
+            disable_tqdm=True,
+            nca_sequential_views=sequential,
+        )
         rows = {
             "prompt": ["Which answer? (A) yes (B) no", "Push the box.", "Is it hateful?", "Up"],
             "context": [CONTEXT] * 4,
         }
         trainer = NCADistillationTrainer(
-            model=student, teacher_model=float64_model(make_tiny_model(tok, 1)), args=args,
-            train_dataset=Dataset.from_dict(rows), processing_class=tok,
-        )  # fmt: skip
+            model=student,
+            teacher_model=float64_model(make_tiny_model(tok, 1)),
+            args=args,
+            train_dataset=Dataset.from_dict(rows),
+            processing_class=tok,
+        )
         assert trainer.nca.sequential == sequential
         trainer.train()
         update = {n: p.detach() - before[n] for n, p in student.named_parameters()}
@@ -222,10 +259,13 @@ def test_none_runs_the_views_in_sequence_for_adapters_only(tok, tmp_path):
     def sequential(**kwargs):
         lora = kwargs.pop("lora", False)
         trainer = NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), processing_class=tok,
-            args=nca_args(tmp_path, **kwargs), train_dataset=references(),
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            processing_class=tok,
+            args=nca_args(tmp_path, **kwargs),
+            train_dataset=references(),
             peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if lora else None,
-        )  # fmt: skip
+        )
         return trainer.nca.sequential
 
     assert not sequential() and sequential(lora=True) and sequential(nca_sequential_views=True)
@@ -235,6 +275,8 @@ def test_none_runs_the_views_in_sequence_for_adapters_only(tok, tmp_path):
 def test_sequential_views_refused_at_init_where_they_cannot_apply(tok, tmp_path):
     with pytest.raises(ValueError, match="nca_sequential_views=True cannot apply: self_teacher='live'"):
         NCATrainer(
-            model=make_tiny_model(tok, 0), args=nca_args(tmp_path, self_teacher="live", nca_sequential_views=True),
-            train_dataset=references(), processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            args=nca_args(tmp_path, self_teacher="live", nca_sequential_views=True),
+            train_dataset=references(),
+            processing_class=tok,
+        )

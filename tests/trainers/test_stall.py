@@ -22,9 +22,12 @@ def test_trainer_records_the_signal_of_each_step_and_only_for_an_anchor(tok, tmp
     steps = 2 * STALL_WINDOW + 2
     args = make_args(tmp_path, max_steps=steps, nca_beta=0.5, learning_rate=5e-2)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-        train_dataset=prompt_dataset(4 * steps), processing_class=tok,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=prompt_dataset(4 * steps),
+        processing_class=tok,
+    )
     trainer.train()
     logged = [h for h in trainer.state.log_history if "opd_loss" in h]
     assert len(logged) == steps
@@ -33,10 +36,12 @@ def test_trainer_records_the_signal_of_each_step_and_only_for_an_anchor(tok, tmp
         assert {k: entry[k] for k in want} == pytest.approx(want, rel=1e-12)
     assert "nca/gap_left" in logged[-1]
     opd = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1),
-        args=make_args(tmp_path, nca_beta=0.0, nca_monitor=True), train_dataset=prompt_dataset(4),
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=make_args(tmp_path, nca_beta=0.0, nca_monitor=True),
+        train_dataset=prompt_dataset(4),
         processing_class=tok,
-    )  # fmt: skip
+    )
     opd.train()
     assert not any(k.startswith("nca/") for h in opd.state.log_history for k in h)
 
@@ -47,13 +52,21 @@ def test_checkpoint_holds_the_signal_and_a_resumed_run_continues_it(tok, tmp_pat
     for resume in (False, True):
         out = tmp_path / ("resumed" if resume else "straight")
         args = make_args(
-            tmp_path, output_dir=str(out), max_steps=steps, save_strategy="steps", save_steps=STALL_WINDOW + 1,
-            nca_beta=0.5, learning_rate=5e-2,
-        )  # fmt: skip
+            tmp_path,
+            output_dir=str(out),
+            max_steps=steps,
+            save_strategy="steps",
+            save_steps=STALL_WINDOW + 1,
+            nca_beta=0.5,
+            learning_rate=5e-2,
+        )
         trainer = NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args,
-            train_dataset=prompt_dataset(4 * steps), processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=args,
+            train_dataset=prompt_dataset(4 * steps),
+            processing_class=tok,
+        )
         if resume:
             checkpoint = tmp_path / "straight" / f"checkpoint-{STALL_WINDOW + 1}"
             assert json.loads((checkpoint / "nca_stall.json").read_text())["steps"] == STALL_WINDOW + 1

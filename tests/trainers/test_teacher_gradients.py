@@ -91,9 +91,13 @@ def build(tok, tmp_path, kind, tuning, tied, anchor="student", sequential=None):
             peft_config = lora
     merged_start = copy.deepcopy(model).merge_and_unload().eval() if kind == "merged_copy" else None
     trainer = NCATrainer(
-        model=model, teacher_model=teacher, args=args, train_dataset=ragged_answers(), processing_class=tok,
+        model=model,
+        teacher_model=teacher,
+        args=args,
+        train_dataset=ragged_answers(),
+        processing_class=tok,
         peft_config=peft_config,
-    )  # fmt: skip
+    )
     student = trainer.model
 
     def teacher_logits(view, mask):

@@ -408,9 +408,12 @@ def test_user_placement_and_fixed_context(tok, tmp_path):
     ds = Dataset.from_dict({"prompt": ["Push the box."] * 2})
     args = make_args(tmp_path, context_text="Boxes move when pushed.", context_placement="user", max_steps=1)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args, train_dataset=ds,
+        model=make_tiny_model(tok, 0),
+        teacher_model=make_tiny_model(tok, 1),
+        args=args,
+        train_dataset=ds,
         processing_class=tok,
-    )  # fmt: skip
+    )
     text = tok.decode(trainer.train_dataset[0]["context_prompt_ids"])
     assert "user\nBoxes move when pushed.\n\nPush the box." in text
     trainer.train()
@@ -463,9 +466,13 @@ def test_seq_kd_teacher_writes_completions_from_the_context_view(tok, tmp_path, 
     peft = LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if lora else None
     args = make_args(tmp_path, lmbda=0.0, seq_kd=True, max_steps=1)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=teacher, args=args, train_dataset=prompt_dataset(2),
-        processing_class=tok, peft_config=peft,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=teacher,
+        args=args,
+        train_dataset=prompt_dataset(2),
+        processing_class=tok,
+        peft_config=peft,
+    )
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
     calls = []
     original = trainer._generate
@@ -490,10 +497,12 @@ def test_joint_forward_equals_two_forwards(tok, tmp_path):
         student = float64_model(make_tiny_model(tok, 0))
         args = make_args(tmp_path, lmbda=0.0, nca_joint_forward=joint)
         trainer = NCATrainer(
-            model=student, teacher_model=float64_model(make_tiny_model(tok, 1)), args=args,
+            model=student,
+            teacher_model=float64_model(make_tiny_model(tok, 1)),
+            args=args,
             train_dataset=messages_dataset(3),
             processing_class=tok,
-        )  # fmt: skip
+        )
         batch = trainer._with_completions(
             trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False
         )

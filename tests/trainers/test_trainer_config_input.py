@@ -101,9 +101,12 @@ def test_empty_dataset(tok, tmp_path):
         build(tok, tmp_path, Dataset.from_dict({"prompt": []}), context_text="c")
     with pytest.raises(ValueError, match=r"The eval dataset is empty"):
         NCATrainer(
-            model=make_tiny_model(tok, 0), args=args(tmp_path, context_text="c"), processing_class=tok,
-            train_dataset=Dataset.from_dict({"prompt": ["q"]}), eval_dataset=Dataset.from_dict({"prompt": []}),
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            args=args(tmp_path, context_text="c"),
+            processing_class=tok,
+            train_dataset=Dataset.from_dict({"prompt": ["q"]}),
+            eval_dataset=Dataset.from_dict({"prompt": []}),
+        )
 
 
 @pytest.mark.parametrize(
@@ -225,8 +228,12 @@ def test_pretokenised_dataset_trains(tok, tmp_path):
     def rows(ids, mask):
         return [tuple(row[keep.bool()].tolist()) for row, keep in zip(ids, mask)]
 
-    trained = set(zip(rows(batch.prompts, batch.prompt_attention_mask),
-                      rows(batch.context_prompts, batch.context_prompt_attention_mask)))  # fmt: skip
+    trained = set(
+        zip(
+            rows(batch.prompts, batch.prompt_attention_mask),
+            rows(batch.context_prompts, batch.context_prompt_attention_mask),
+        )
+    )
     assert trained == {(tuple(r["prompt_ids"]), tuple(r["context_prompt_ids"])) for r in data}
 
 
@@ -255,9 +262,12 @@ def test_pretokenised_lengths_are_checked(tok, tmp_path):
     for truncate in (False, True):  # a tokenised row cannot be re-rendered, so it is never cut
         with pytest.raises(ValueError, match=r"row 1 .*context view is too long.*max_context_length=64.*cannot be re"):
             build(
-                tok, tmp_path, tokenised(tok, context_prompt_ids=(1, long_context)), max_context_length=64,
+                tok,
+                tmp_path,
+                tokenised(tok, context_prompt_ids=(1, long_context)),
+                max_context_length=64,
                 truncate_context=truncate,
-            )  # fmt: skip
+            )
 
 
 def test_prompt_beyond_the_position_limit_is_an_error(tok, tmp_path):
@@ -285,9 +295,12 @@ def test_teacher_with_another_token_map_given_as_a_path(tok, tmp_path, permuted_
     ds = Dataset.from_dict({"prompt": ["q"]})
     with pytest.raises(ValueError, match=VOCAB_MESSAGE):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=permuted_teacher_dir, args=args(tmp_path, context_text="c"),
-            train_dataset=ds, processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=permuted_teacher_dir,
+            args=args(tmp_path, context_text="c"),
+            train_dataset=ds,
+            processing_class=tok,
+        )
 
 
 def test_teacher_with_another_token_map_given_as_a_model(tok, tmp_path, permuted_teacher_dir):
@@ -297,15 +310,22 @@ def test_teacher_with_another_token_map_given_as_a_model(tok, tmp_path, permuted
     ds = Dataset.from_dict({"prompt": ["q"]})
     with pytest.raises(ValueError, match=VOCAB_MESSAGE):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=teacher, args=args(tmp_path, context_text="c"),
-            train_dataset=ds, processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=teacher,
+            args=args(tmp_path, context_text="c"),
+            train_dataset=ds,
+            processing_class=tok,
+        )
     # a model built in memory says nothing about its tokenizer: the explicit one is checked
     with pytest.raises(ValueError, match=VOCAB_MESSAGE):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=make_tiny_model(tok, 1), args=args(tmp_path, context_text="c"),
-            train_dataset=ds, processing_class=tok, teacher_processing_class=permuted_tokenizer(),
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=make_tiny_model(tok, 1),
+            args=args(tmp_path, context_text="c"),
+            train_dataset=ds,
+            processing_class=tok,
+            teacher_processing_class=permuted_tokenizer(),
+        )
 
 
 def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher_dir, monkeypatch):
@@ -325,9 +345,12 @@ def test_teacher_with_the_same_tokenizer_is_accepted(tok, tmp_path, tiny_teacher
     ds = Dataset.from_dict({"prompt": ["q"]})
     student = make_tiny_model(tok, 0)
     trainer = NCATrainer(
-        model=student, teacher_model=tiny_teacher_dir, args=args(tmp_path, context_text="c"),
-        train_dataset=ds, processing_class=tok,
-    )  # fmt: skip
+        model=student,
+        teacher_model=tiny_teacher_dir,
+        args=args(tmp_path, context_text="c"),
+        train_dataset=ds,
+        processing_class=tok,
+    )
     (teacher_tokenizer,) = compared
     assert teacher_tokenizer.name_or_path == tiny_teacher_dir and teacher_tokenizer.get_vocab() == tok.get_vocab()
     saved = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).state_dict()
@@ -342,9 +365,15 @@ def test_teacher_vocabulary_mismatch(tok, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     other = LlamaForCausalLM(
-        LlamaConfig(vocab_size=len(tok) - 7, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1)
-    )  # fmt: skip
+        LlamaConfig(
+            vocab_size=len(tok) - 7,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
     ds = Dataset.from_dict({"prompt": ["q"], "context": ["c"]})
     with pytest.raises(ValueError, match=rf"teacher's {len(tok) - 7}.*do not cover the tokenizer's {len(tok)} tokens"):
         build(tok, tmp_path, ds, teacher=other)

@@ -36,9 +36,15 @@ def test_whole_batch_plan(case, entropy):
     plan = plan_views(active, monitor, joint_forward, need_context(active, monitor, measure), measure, entropy)
     terms = (NCA_TERMS if context else ("opd",)) + (("entropy",) if entropy else ())
     assert plan == ViewPlan(
-        no_context=True, context=context, joint=joint, context_grad=grad, side_stream=side, teacher=True,
-        teacher_reuses_context=reuse, terms=terms,
-    )  # fmt: skip
+        no_context=True,
+        context=context,
+        joint=joint,
+        context_grad=grad,
+        side_stream=side,
+        teacher=True,
+        teacher_reuses_context=reuse,
+        terms=terms,
+    )
 
 
 def test_explicit_need_context_without_nca():

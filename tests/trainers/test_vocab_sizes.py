@@ -55,9 +55,12 @@ def test_loss_and_gradients_over_the_common_rows(tok, tmp_path, wider, spec):
     teacher = float64_model(make_tiny_model(tok, 1, vocab_size=rows + (EXTRA if wider == "teacher" else 0)))
     loud_padding_rows(student if wider == "student" else teacher, rows)
     trainer = NCATrainer(
-        model=student, teacher_model=teacher, args=make_args(tmp_path, **spec), train_dataset=ragged_answers(),
+        model=student,
+        teacher_model=teacher,
+        args=make_args(tmp_path, **spec),
+        train_dataset=ragged_answers(),
         processing_class=tok,
-    )  # fmt: skip
+    )
     batch = trainer._with_completions(
         trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False
     )
@@ -97,9 +100,12 @@ def test_too_few_common_rows_for_the_tokenizer_is_an_error(tok, tmp_path):
     teacher = make_tiny_model(tok, 1, vocab_size=len(tok) - 4)
     with pytest.raises(ValueError, match=rf"first {len(tok) - 4} rows, which do not cover the tokenizer's {len(tok)}"):
         NCATrainer(
-            model=make_tiny_model(tok, 0), teacher_model=teacher, args=make_args(tmp_path),
-            train_dataset=ragged_answers(), processing_class=tok,
-        )  # fmt: skip
+            model=make_tiny_model(tok, 0),
+            teacher_model=teacher,
+            args=make_args(tmp_path),
+            train_dataset=ragged_answers(),
+            processing_class=tok,
+        )
 
 
 def test_teacher_by_name_with_a_wider_output_layer(tok, tmp_path):
@@ -107,9 +113,12 @@ def test_teacher_by_name_with_a_wider_output_layer(tok, tmp_path):
     path = tmp_path / "wide-teacher"
     make_tiny_model(tok, 1, vocab_size=len(tok) + EXTRA).save_pretrained(path)
     trainer = NCATrainer(
-        model=make_tiny_model(tok, 0), teacher_model=str(path), args=make_args(tmp_path),
-        train_dataset=ragged_answers(), processing_class=tok,
-    )  # fmt: skip
+        model=make_tiny_model(tok, 0),
+        teacher_model=str(path),
+        args=make_args(tmp_path),
+        train_dataset=ragged_answers(),
+        processing_class=tok,
+    )
     assert trainer._teacher().get_output_embeddings().weight.shape[0] == len(tok) + EXTRA
     assert trainer._teacher().config.vocab_size == len(tok) + EXTRA  # GKD's check saw a stand-in value only
     trainer.train()

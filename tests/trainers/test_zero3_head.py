@@ -44,9 +44,18 @@ def test_zero3_gathers_the_heads_once_per_loss_pass(tmp_path):
     # The reference: one process, the whole batch, the default tiles (one per micro-batch), no DeepSpeed.
     _run([sys.executable, str(SCRIPTS / "ds_train.py"), str(single), *common], tmp_path)
     launch = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "examples/accelerate/zero3.yaml"),
-        "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(free_port()),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "examples/accelerate/zero3.yaml"),
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+    ]
     _run([*launch, str(SCRIPTS / "ds_head_gathers.py"), str(zero), *common, "--per-device", "2"], tmp_path)
 
     info = json.loads((zero / "info.json").read_text())

@@ -113,10 +113,15 @@ def prepare_prompts(
         seen[item_id] = index
         items.append(
             prompt_item(
-                row, index, tokenizer, context, item_id=item_id, prompt_column=prompt_column,
+                row,
+                index,
+                tokenizer,
+                context,
+                item_id=item_id,
+                prompt_column=prompt_column,
                 chat_template_kwargs=chat_template_kwargs,
             )
-        )  # fmt: skip
+        )
     return items
 
 
@@ -142,9 +147,12 @@ class RecordsInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "path": self.path, "view": self.view, "items": self.items, "retokenized": self.retokenized,
+            "path": self.path,
+            "view": self.view,
+            "items": self.items,
+            "retokenized": self.retokenized,
             "length_mismatches": self.length_mismatches,
-        }  # fmt: skip
+        }
 
 
 class RecordItems(NamedTuple):
@@ -185,9 +193,14 @@ def items_from_records(
     for index, item_id, record in ordered:
         row = _record_row(rows, index, item_id, id_column, path)
         prompt = prompt_item(
-            row, index, tokenizer, context, item_id=item_id, prompt_column=prompt_column,
+            row,
+            index,
+            tokenizer,
+            context,
+            item_id=item_id,
+            prompt_column=prompt_column,
             chat_template_kwargs=chat_template_kwargs,
-        )  # fmt: skip
+        )
         _check_record_prompt(record, prompt, path)
         completion = _recorded_completion(getattr(record, view), tokenizer, end_id)
         if completion.source == "records:retokenized":

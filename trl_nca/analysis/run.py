@@ -39,9 +39,14 @@ def load_model(
     of `trl-nca eval` too (`trl_nca.eval.loading.load_model`)."""
     with _as_analysis_input_error():
         return loading.load_model(
-            path, adapter, dtype=dtype, device=device, trust_remote_code=trust_remote_code, trainable_adapter=True,
+            path,
+            adapter,
+            dtype=dtype,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            trainable_adapter=True,
             base=base,
-        )  # fmt: skip
+        )
 
 
 @contextlib.contextmanager
@@ -101,10 +106,16 @@ def analyze_model(
     options = options or AnalysisOptions()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     views = compare_views(
-        model, items, pad_id=pad_id, batch_size=options.batch_size, temperature=options.temperature,
-        top_tokens=options.top_tokens, vocab_chunk=options.vocab_chunk, progress=options.progress,
+        model,
+        items,
+        pad_id=pad_id,
+        batch_size=options.batch_size,
+        temperature=options.temperature,
+        top_tokens=options.top_tokens,
+        vocab_chunk=options.vocab_chunk,
+        progress=options.progress,
         desc=f"{name}: views",
-    )  # fmt: skip
+    )
     kl = views.kl_summary(options.kl_positions)
     kl["top_tokens"] = [
         {
@@ -132,9 +143,16 @@ def analyze_model(
         teacher = teacher if teacher is not None else (reference if reference is not None else model)
         spec = DivergenceSpec(beta=options.beta, temperature=options.temperature)
         result["grad_cosine"] = opd_nca_gradient_cosine(
-            model, teacher, items[: options.grad_items], pad_id=pad_id, spec=spec, batch_size=options.batch_size,
-            vocab_chunk=options.vocab_chunk, progress=options.progress, desc=f"{name}: gradients",
-        )  # fmt: skip
+            model,
+            teacher,
+            items[: options.grad_items],
+            pad_id=pad_id,
+            spec=spec,
+            batch_size=options.batch_size,
+            vocab_chunk=options.vocab_chunk,
+            progress=options.progress,
+            desc=f"{name}: gradients",
+        )
     if reference is not None and reference is not model:
         result["update"] = update_norms(reference, model).summary()
     return result

@@ -59,9 +59,13 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
         epilog=EPILOG,
     )
     for add_group in (
-        _add_model_arguments, _add_prompt_arguments, _add_context_arguments, _add_completion_arguments,
-        _add_measure_arguments, _add_output_arguments,
-    ):  # fmt: skip
+        _add_model_arguments,
+        _add_prompt_arguments,
+        _add_context_arguments,
+        _add_completion_arguments,
+        _add_measure_arguments,
+        _add_output_arguments,
+    ):
         add_group(parser)
     return parser
 
@@ -74,9 +78,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "teacher of the gradient measure.",
     )
     models.add_argument(
-        "--teacher", metavar="PATH[:ADAPTER]",
+        "--teacher",
+        metavar="PATH[:ADAPTER]",
         help="Teacher of the gradient measure (scores the context view); default: the reference model.",
-    )  # fmt: skip
+    )
     # analyze's own default: the cosines near 1 need float32's precision (eval's `auto` would change them)
     add_dtype_option(models, "float32", ": the cosines near 1 need the precision")
     models.add_argument("--device", help="e.g. cuda:0 or cpu (default: cuda if available).")
@@ -107,26 +112,35 @@ def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_completion_arguments(parser: argparse.ArgumentParser) -> None:
     completions = parser.add_argument_group("completions")
     completions.add_argument(
-        "--records", action="append", default=[], metavar="[NAME=]PATH",
+        "--records",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
         help="Completions from `trl-nca eval`/`compare` records: a records.jsonl file, or an eval output folder "
         "(then <PATH>/<NAME>/records.jsonl or <PATH>/<NAME>/eval/records.jsonl per model). NAME= gives one model "
         "its own; without NAME it applies to every model not named. Needs --task or --dataset for the prompts.",
-    )  # fmt: skip
+    )
     completions.add_argument(
-        "--records-view", default="x", choices=["x", "xc"],
+        "--records-view",
+        default="x",
+        choices=["x", "xc"],
         help="Which recorded response to score: x (sampled without the context, as training samples; default) or xc.",
-    )  # fmt: skip
+    )
     completions.add_argument(
-        "--completions", default="own", choices=["own", "base"],
+        "--completions",
+        default="own",
+        choices=["own", "base"],
         help="Without --records: each model's own samples (default), or the reference's samples for every model.",
-    )  # fmt: skip
+    )
     completions.add_argument(
         "--max-new-tokens", type=int, default=None, help="Sampled tokens per completion (default: the task's, or 64)."
     )
     completions.add_argument(
-        "--temperature", type=float, default=1.0,
+        "--temperature",
+        type=float,
+        default=1.0,
         help="Sampling temperature, also dividing the logits of every divergence (as in training; default 1.0).",
-    )  # fmt: skip
+    )
     completions.add_argument("--top-p", type=float, default=1.0, help="Sampling top-p (default 1.0, as training).")
     completions.add_argument("--top-k", type=int, default=0, help="Sampling top-k (default 0 = off, as training).")
     completions.add_argument("--greedy", action="store_true", help="Greedy decoding instead of sampling.")
@@ -140,9 +154,11 @@ def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
     )
     measures.add_argument("--top-tokens", type=int, default=15, help="Rows of the top-KL token table (default 15).")
     measures.add_argument(
-        "--grad-items", type=int, default=8,
+        "--grad-items",
+        type=int,
+        default=8,
         help="Items (the first ones) in the batch of the OPD-vs-NCA gradient cosine (default 8; 0 skips it).",
-    )  # fmt: skip
+    )
     measures.add_argument(
         "--beta",
         type=float,
@@ -219,9 +235,12 @@ def plan_analysis(args: argparse.Namespace) -> AnalysisPlan:
 
 def _check_options(args) -> None:
     checks = [
-        ("--limit", args.limit, 1), ("--batch-size", args.batch_size, 1), ("--vocab-chunk", args.vocab_chunk, 1),
-        ("--top-tokens", args.top_tokens, 0), ("--grad-items", args.grad_items, 0),
-    ]  # fmt: skip
+        ("--limit", args.limit, 1),
+        ("--batch-size", args.batch_size, 1),
+        ("--vocab-chunk", args.vocab_chunk, 1),
+        ("--top-tokens", args.top_tokens, 0),
+        ("--grad-items", args.grad_items, 0),
+    ]
     for name, value, low in checks:
         if value < low:
             raise AnalysisInputError(f"{name} must be at least {low}, got {value}.")
@@ -330,9 +349,14 @@ def _records_file(path: str, name: str) -> Path:
 def _sampling_settings(args, default_max_new_tokens: int) -> GenerationSettings:
     try:
         return GenerationSettings(
-            max_new_tokens=args.max_new_tokens or default_max_new_tokens, temperature=args.temperature,
-            top_p=args.top_p, top_k=args.top_k, do_sample=not args.greedy, seed=args.seed, batch_size=args.batch_size,
-        )  # fmt: skip
+            max_new_tokens=args.max_new_tokens or default_max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            do_sample=not args.greedy,
+            seed=args.seed,
+            batch_size=args.batch_size,
+        )
     except ValueError as error:
         raise AnalysisInputError(str(error)) from error
 
@@ -349,10 +373,15 @@ def _teacher_spec(value: str | None) -> ModelSpec | None:
 
 def _analysis_options(args) -> AnalysisOptions:
     return AnalysisOptions(
-        batch_size=args.batch_size, temperature=args.temperature, percentile=args.percentile,
-        top_tokens=args.top_tokens, grad_items=args.grad_items, beta=args.beta, vocab_chunk=args.vocab_chunk,
+        batch_size=args.batch_size,
+        temperature=args.temperature,
+        percentile=args.percentile,
+        top_tokens=args.top_tokens,
+        grad_items=args.grad_items,
+        beta=args.beta,
+        vocab_chunk=args.vocab_chunk,
         progress=not args.no_progress,
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -374,9 +403,10 @@ def _load_options(args) -> dict[str, Any]:
 
 def _prompt_options(args) -> dict[str, Any]:
     return {
-        "id_column": args.id_column, "prompt_column": args.prompt_column,
+        "id_column": args.id_column,
+        "prompt_column": args.prompt_column,
         "chat_template_kwargs": args.chat_template_kwargs,
-    }  # fmt: skip
+    }
 
 
 def load_reference(plan: AnalysisPlan, args) -> Reference:
@@ -431,9 +461,14 @@ def measure_model(number: int, spec: ModelSpec, plan: AnalysisPlan, reference: R
     model = reference.model if number == 0 else _load_student(spec, plan, reference, args)
     completions = _completions(number, spec, model, plan, reference, args)
     measures = analyze_model(
-        spec.name, model, completions.items, tokenizer=reference.tokenizer,
-        reference=reference.model if number else None, teacher=reference.teacher, options=plan.options,
-    )  # fmt: skip
+        spec.name,
+        model,
+        completions.items,
+        tokenizer=reference.tokenizer,
+        reference=reference.model if number else None,
+        teacher=reference.teacher,
+        options=plan.options,
+    )
     result = {"name": spec.name, "path": spec.path, "adapter": spec.adapter, "completions": completions.info}
     if number:
         del model
@@ -459,9 +494,13 @@ def _completions(number: int, spec: ModelSpec, model, plan: AnalysisPlan, refere
     if args.completions == "base" and number > 0:
         return Completions(reference.sampled, {"source": f"sampled by {plan.specs[0].name}"})
     items = sample_items(
-        model, reference.tokenizer, reference.prompts, plan.settings, progress=plan.options.progress,
+        model,
+        reference.tokenizer,
+        reference.prompts,
+        plan.settings,
+        progress=plan.options.progress,
         desc=f"{spec.name}: sampling",
-    )  # fmt: skip
+    )
     if number == 0:
         reference.sampled = items
     return Completions(items, {"source": f"sampled by {spec.name}"})
@@ -472,10 +511,16 @@ def _recorded_completions(spec: ModelSpec, model, plan: AnalysisPlan, reference:
 
     path = plan.records[spec.name]
     items, info = items_from_records(
-        load_records(path), plan.prompts.rows, reference.tokenizer, plan.prompts.context.spec, path=str(path),
-        view=args.records_view, end_id=end_token_id(model, reference.tokenizer), limit=args.limit,
+        load_records(path),
+        plan.prompts.rows,
+        reference.tokenizer,
+        plan.prompts.context.spec,
+        path=str(path),
+        view=args.records_view,
+        end_id=end_token_id(model, reference.tokenizer),
+        limit=args.limit,
         **_prompt_options(args),
-    )  # fmt: skip
+    )
     note = None
     if info.retokenized:
         note = (

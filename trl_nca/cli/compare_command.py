@@ -45,8 +45,15 @@ def compare(argv: list[str] | None = None) -> dict:
     else:  # --quiet: the opening line, the table and the closing line
         print(f"\n{summary['table']}\n")
     output = Path(training_args.output_dir)
-    say(closing_line("compare", summary["wall_seconds"], explain.outputs_of(
-        table=output / "comparison.md", summary=output / "comparison.json", report=summary["report"])))  # fmt: skip
+    say(
+        closing_line(
+            "compare",
+            summary["wall_seconds"],
+            explain.outputs_of(
+                table=output / "comparison.md", summary=output / "comparison.json", report=summary["report"]
+            ),
+        )
+    )
     return summary
 
 

@@ -69,9 +69,15 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     parser.epilog = EPILOG
     for add_group in (
-        _add_model_arguments, _add_dataset_arguments, _add_harness_arguments, _add_context_arguments,
-        _add_scoring_arguments, _add_generation_arguments, _add_output_arguments, _add_game_arguments,
-    ):  # fmt: skip
+        _add_model_arguments,
+        _add_dataset_arguments,
+        _add_harness_arguments,
+        _add_context_arguments,
+        _add_scoring_arguments,
+        _add_generation_arguments,
+        _add_output_arguments,
+        _add_game_arguments,
+    ):
         add_group(parser)
     return parser
 
@@ -80,10 +86,13 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models")
     add_model_options(models, " Example: --model nca=Qwen/Qwen2.5-0.5B-Instruct.")
     models.add_argument(
-        "--adapter", action="append", default=[], metavar="[NAME=]PATH",
+        "--adapter",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
         help="PEFT adapter folder, the other way to give one. With NAME= it goes to the model of that name; without "
         "names, give one --adapter per --model in the same order ('none' for a model without adapter).",
-    )  # fmt: skip
+    )
     models.add_argument("--tokenizer", help="Tokenizer folder or Hub id (default: each model's own path).")
     add_dtype_option(models, "auto")  # eval's default since its first version: a changed default would change numbers
     models.add_argument("--device", help="Device for the HF backend, e.g. cuda:0 or cpu (default: cuda if available).")
@@ -96,9 +105,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
     data = parser.add_argument_group("dataset")
     data.add_argument(
-        "--dataset", metavar="NAME_OR_FILE",
+        "--dataset",
+        metavar="NAME_OR_FILE",
         help="Hub dataset name, a local .jsonl/.json/.parquet/.csv file, or a save_to_disk folder.",
-    )  # fmt: skip
+    )
     data.add_argument("--dataset-config", help="Hub dataset configuration name.")
     data.add_argument("--split", default="test", help="Split of a Hub dataset (default: test).")
     data.add_argument(
@@ -114,21 +124,30 @@ def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
         "lm-evaluation-harness tasks (instead of --dataset; needs `pip install trl-nca[harness]`, docs/harness.md)"
     )
     harness.add_argument(
-        "--tasks", metavar="NAME[,NAME...]",
+        "--tasks",
+        metavar="NAME[,NAME...]",
         help="lm-eval tasks, groups or tags, each run without and with the context and paired per document.",
-    )  # fmt: skip
+    )
     harness.add_argument(
-        "--include-path", "--include_path", dest="include_path", metavar="DIR",
+        "--include-path",
+        "--include_path",
+        dest="include_path",
+        metavar="DIR",
         help="A folder of local task YAMLs (lm-eval's --include_path).",
-    )  # fmt: skip
+    )
     harness.add_argument(
-        "--num-fewshot", "--num_fewshot", dest="num_fewshot", type=int, metavar="N",
+        "--num-fewshot",
+        "--num_fewshot",
+        dest="num_fewshot",
+        type=int,
+        metavar="N",
         help="Few-shot examples per prompt (lm-eval's --num_fewshot; default: each task's own).",
-    )  # fmt: skip
+    )
     harness.add_argument(
-        "--metric", metavar="NAME[,FILTER]",
+        "--metric",
+        metavar="NAME[,FILTER]",
         help="The task's 0/1 metric that decides a correct answer (default: the first of its metric_list).",
-    )  # fmt: skip
+    )
 
 
 def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,15 +158,18 @@ def _add_context_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_scoring_arguments(parser: argparse.ArgumentParser) -> None:
     scoring = parser.add_argument_group("scoring")
     scoring.add_argument(
-        "--scorer", default="mcq",
+        "--scorer",
+        default="mcq",
         help=f"One of {sorted(SCORERS)}, or 'package.module:function' taking (text, label) (default: mcq, the OPCD "
         "parser; the strict parser is reported next to it). A custom scorer imports that module and runs its code, "
         "with your permissions: use only code you trust.",
-    )  # fmt: skip
+    )
     scoring.add_argument(
-        "--companion-scorer", action="append", metavar="SCORER",
+        "--companion-scorer",
+        action="append",
+        metavar="SCORER",
         help="Also score with this scorer and report it (repeatable; default: mcq_strict next to mcq and vice versa).",
-    )  # fmt: skip
+    )
     scoring.add_argument("--no-companion-scorers", action="store_true", help="Report the main scorer only.")
 
 
@@ -169,7 +191,7 @@ def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     )
     generation.add_argument(
         "--top-k", type=int, default=None, help=f"Default: {defaults.top_k} (0 disables top-k)" + game_note.format(20)
-    )  # fmt: skip
+    )
     generation.add_argument("--greedy", action="store_true", help="Greedy decoding instead of sampling.")
     generation.add_argument(
         "--seed", type=int, default=defaults.seed, help="Run seed; each item's seed derives from it and its id."
@@ -178,10 +200,13 @@ def _add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=defaults.batch_size, help="Prompts per generate call (default: %(default)s)."
     )
     generation.add_argument(
-        "--samples-per-view", type=int, default=1, metavar="K",
+        "--samples-per-view",
+        type=int,
+        default=1,
+        metavar="K",
         help="Answer each item K times without and K times with the context (sample j of both views shares its "
         "seed); rates become per-item success rates and harm the expected harm (docs/evaluation.md). Default: 1.",
-    )  # fmt: skip
+    )
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,9 +226,12 @@ def _add_game_arguments(parser: argparse.ArgumentParser) -> None:
         "--game", help="Evaluate on a text game (sokoban or frozenlake, trl_nca.eval.games) instead of --dataset."
     )
     games.add_argument(
-        "--game-option", action="append", default=[], metavar="KEY=VALUE",
+        "--game-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="Option passed to the game evaluator (repeatable; VALUE parsed as JSON when possible).",
-    )  # fmt: skip
+    )
 
 
 def parse_model_specs(models: Sequence[str], adapters: Sequence[str]) -> list[ModelSpec]:
@@ -361,11 +389,14 @@ def _check_run_options(args) -> None:
 def _game_task(args) -> PairedTask:
     """The game maps of `--game`, with the experience of `--context-text`/`--context-file` when given."""
     not_for_games = {
-        "--dataset": args.dataset, "--limit": args.limit, "--prompt-column": args.prompt_column,
-        "--id-column": args.id_column, "--dataset-config": args.dataset_config,
+        "--dataset": args.dataset,
+        "--limit": args.limit,
+        "--prompt-column": args.prompt_column,
+        "--id-column": args.id_column,
+        "--dataset-config": args.dataset_config,
         "--label-column": None if args.label_column == "answer" else args.label_column,
         "--scorer": None if args.scorer == "mcq" else args.scorer,
-    }  # fmt: skip
+    }
     given = [option for option, value in not_for_games.items() if value is not None]
     if given:
         raise EvalInputError(
@@ -446,14 +477,25 @@ def evaluate_model(spec: ModelSpec, plan: EvalPlan, args) -> ModelRun:
     records_path = plan.output_dir / safe_name(spec.name) / "records.jsonl"
     loaded = load_for_backend(spec, args)
     provenance = run_provenance(
-        plan.task, loaded.model, loaded.tokenizer, generation=plan.settings, model_path=spec.path,
+        plan.task,
+        loaded.model,
+        loaded.tokenizer,
+        generation=plan.settings,
+        model_path=spec.path,
         adapter=spec.adapter,
-    )  # fmt: skip
+    )
     provenance["backend"] = args.backend
     records = run_paired(
-        plan.task, loaded.model, loaded.tokenizer, generation=plan.settings, output_path=records_path,
-        backend=loaded.backend, provenance=provenance, progress=not args.no_progress, desc=spec.name,
-    )  # fmt: skip
+        plan.task,
+        loaded.model,
+        loaded.tokenizer,
+        generation=plan.settings,
+        output_path=records_path,
+        backend=loaded.backend,
+        provenance=provenance,
+        progress=not args.no_progress,
+        desc=spec.name,
+    )
     del loaded
     loading.release_memory()
     return ModelRun(spec.name, records, provenance=provenance, records_path=str(records_path))
@@ -497,12 +539,17 @@ def run_harness_eval(args: argparse.Namespace) -> dict[str, Any]:
 
 # options of the dataset path, with the value they hold when not given (the harness tasks bring their own)
 NOT_FOR_TASKS = {
-    "--prompt-column": ("prompt_column", None), "--id-column": ("id_column", None),
-    "--dataset-config": ("dataset_config", None), "--label-column": ("label_column", "answer"),
-    "--scorer": ("scorer", "mcq"), "--companion-scorer": ("companion_scorer", None),
-    "--no-companion-scorers": ("no_companion_scorers", False), "--split": ("split", "test"),
-    "--game-option": ("game_option", []), "--separator": ("separator", DEFAULT_SEPARATOR),
-}  # fmt: skip
+    "--prompt-column": ("prompt_column", None),
+    "--id-column": ("id_column", None),
+    "--dataset-config": ("dataset_config", None),
+    "--label-column": ("label_column", "answer"),
+    "--scorer": ("scorer", "mcq"),
+    "--companion-scorer": ("companion_scorer", None),
+    "--no-companion-scorers": ("no_companion_scorers", False),
+    "--split": ("split", "test"),
+    "--game-option": ("game_option", []),
+    "--separator": ("separator", DEFAULT_SEPARATOR),
+}
 
 
 def plan_harness(args: argparse.Namespace) -> HarnessPlan:
@@ -536,10 +583,15 @@ def plan_harness(args: argparse.Namespace) -> HarnessPlan:
     import_lm_eval()  # one line naming the extra when lm-eval is missing
     context = loading.context_from_args(args)
     options = HarnessOptions(
-        num_fewshot=args.num_fewshot, metric=args.metric, samples_per_view=args.samples_per_view, seed=args.seed,
-        gen_kwargs=_harness_gen_kwargs(args), batch_size=args.batch_size, limit=args.limit,
+        num_fewshot=args.num_fewshot,
+        metric=args.metric,
+        samples_per_view=args.samples_per_view,
+        seed=args.seed,
+        gen_kwargs=_harness_gen_kwargs(args),
+        batch_size=args.batch_size,
+        limit=args.limit,
         chat_template_kwargs=args.chat_template_kwargs,
-    )  # fmt: skip
+    )
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     tasks = harness_tasks(names, context.spec, options, include_path=args.include_path, context_source=context.source)
     if options.samples_per_view > 1:
@@ -611,10 +663,20 @@ def evaluate_model_on_tasks(spec: ModelSpec, plan: HarnessPlan, args) -> list[Mo
         )
         lm = hf_lm(model, tokenizer, plan.options)
     runs = evaluate_harness(
-        model, tokenizer, plan.tasks, context=plan.tasks[0].context, adapter=spec.adapter, options=plan.options,
-        output_dir=plan.output_dir, model_name=spec.name, lm=lm, check=False, model_path=spec.path,
-        backend=args.backend, progress=not args.no_progress,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        plan.tasks,
+        context=plan.tasks[0].context,
+        adapter=spec.adapter,
+        options=plan.options,
+        output_dir=plan.output_dir,
+        model_name=spec.name,
+        lm=lm,
+        check=False,
+        model_path=spec.path,
+        backend=args.backend,
+        progress=not args.no_progress,
+    )
     del model, lm
     loading.release_memory()
     return runs
@@ -635,8 +697,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EvalInputError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     files = summary["files"]
-    say(closing_line("eval", clock.seconds, {"report": files["markdown"], "summary": files["summary"],
-                                            "records": args.output_dir}))  # fmt: skip
+    say(
+        closing_line(
+            "eval",
+            clock.seconds,
+            {"report": files["markdown"], "summary": files["summary"], "records": args.output_dir},
+        )
+    )
     return 0
 
 

@@ -29,9 +29,11 @@ _CONTEXT = ContextSpec()
 DEFAULT_TEMPLATE = _CONTEXT.template
 DEFAULT_SEPARATOR = _CONTEXT.separator
 CONTEXT_DEFAULTS = {
-    "context_column": _CONTEXT.column, "placement": _CONTEXT.placement, "template": DEFAULT_TEMPLATE,
+    "context_column": _CONTEXT.column,
+    "placement": _CONTEXT.placement,
+    "template": DEFAULT_TEMPLATE,
     "separator": DEFAULT_SEPARATOR,
-}  # fmt: skip
+}
 # the destinations of the context options (`trl_nca.eval.loading.context_from_args` reads them)
 CONTEXT_OPTIONS = ("context_column", "context_text", "context_file", "placement", "template", "separator")
 
@@ -56,9 +58,12 @@ def add_model_options(group, help_suffix: str = "", *, one: bool = False) -> Non
         )
         return
     group.add_argument(
-        "--model", action="append", default=[], metavar=MODEL_SPEC,
+        "--model",
+        action="append",
+        default=[],
+        metavar=MODEL_SPEC,
         help=f"{MODEL_SPEC_HELP} Repeat for several models.{help_suffix}",
-    )  # fmt: skip
+    )
 
 
 def add_dtype_option(group, default: str, why: str = "") -> None:
@@ -66,7 +71,7 @@ def add_dtype_option(group, default: str, why: str = "") -> None:
     docstring)."""
     group.add_argument(
         "--dtype", default=default, choices=list(DTYPES), help=f"Weights dtype (default {default}{why})."
-    )  # fmt: skip
+    )
 
 
 def add_context_options(parser: argparse.ArgumentParser, title: str = "context", defaults: dict | None = None) -> None:
@@ -77,27 +82,35 @@ def add_context_options(parser: argparse.ArgumentParser, title: str = "context",
     context = parser.add_argument_group(title)
     source = context.add_mutually_exclusive_group()
     source.add_argument(
-        "--context-column", default=given.get("context_column"),
+        "--context-column",
+        default=given.get("context_column"),
         help="Column with each item's context (default: context).",
-    )  # fmt: skip
+    )
     source.add_argument("--context-text", help="One fixed context string for every item (e.g. a system prompt).")
     source.add_argument(
         "--context-file",
         help="A UTF-8 text file holding one fixed context for every item, or a built-in one: 'medical' or 'safety'.",
     )
     context.add_argument(
-        "--placement", default=given.get("placement"), choices=["system", "user"],
+        "--placement",
+        default=given.get("placement"),
+        choices=["system", "user"],
         help="Put the context in the system message (default) or inside the first user message.",
-    )  # fmt: skip
+    )
     context.add_argument(
-        "--template", default=given.get("template"),
+        "--template",
+        default=given.get("template"),
         help="With --placement user: how context and prompt are joined; must contain {context} and {prompt}.",
-    )  # fmt: skip
+    )
     context.add_argument(
-        "--separator", default=given.get("separator"),
+        "--separator",
+        default=given.get("separator"),
         help="With --placement system: joins the context and an existing system message.",
-    )  # fmt: skip
+    )
     context.add_argument(
-        "--chat-template-kwargs", type=json_object_arg, default={}, metavar="JSON",
+        "--chat-template-kwargs",
+        type=json_object_arg,
+        default={},
+        metavar="JSON",
         help="Extra chat template variables, e.g. '{\"enable_thinking\": false}'.",
-    )  # fmt: skip
+    )

@@ -27,23 +27,29 @@ class TrainScriptArguments:
 
     dataset_name: str = field(
         default="quickstart",
-        metadata={"help": "Built-in 'quickstart' (24 medical MCQs), a Hub dataset name, or a local .jsonl/.json/"
-                  ".parquet/.csv file with a `prompt` or `messages` column."},
-    )  # fmt: skip
+        metadata={
+            "help": "Built-in 'quickstart' (24 medical MCQs), a Hub dataset name, or a local .jsonl/.json/"
+            ".parquet/.csv file with a `prompt` or `messages` column."
+        },
+    )
     dataset_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     dataset_test_split: str | None = field(default=None, metadata={"help": "Split for the eval loss, if any."})
     context_file: str | None = field(
         default=None,
-        metadata={"help": "Read one fixed context from this text file, or a built-in one: 'medical' or 'safety'. "
-                  "Ignored when `context_text` is set."},
-    )  # fmt: skip
+        metadata={
+            "help": "Read one fixed context from this text file, or a built-in one: 'medical' or 'safety'. "
+            "Ignored when `context_text` is set."
+        },
+    )
     max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training rows."})
     paired_eval: bool = field(
         default=False,
-        metadata={"help": "After training, evaluate base and student with and without the context (report in "
-                  "<output_dir>/paired_eval)."},
-    )  # fmt: skip
+        metadata={
+            "help": "After training, evaluate base and student with and without the context (report in "
+            "<output_dir>/paired_eval)."
+        },
+    )
     paired_eval_split: str | None = field(
         default=None, metadata={"help": "Split for the paired evaluation (default: dataset_test_split, else train)."}
     )
@@ -51,10 +57,12 @@ class TrainScriptArguments:
     paired_eval_max_new_tokens: int = field(default=256, metadata={"help": "Tokens per evaluation answer."})
     scorer: str = field(
         default="mcq",
-        metadata={"help": "Scorer of the paired evaluation: mcq, mcq_strict, yesno, exact, normalized, or "
-                  "'package.module:function'. A custom scorer imports that module and runs its code: use only code "
-                  "you trust."},
-    )  # fmt: skip
+        metadata={
+            "help": "Scorer of the paired evaluation: mcq, mcq_strict, yesno, exact, normalized, or "
+            "'package.module:function'. A custom scorer imports that module and runs its code: use only code "
+            "you trust."
+        },
+    )
     label_column: str = field(default="answer", metadata={"help": "Label column of the paired evaluation."})
 
 
@@ -75,10 +83,13 @@ def _paired_evaluator(script_args, dataset, context_spec):
     from ..eval import GenerationSettings, PairedEvaluator
 
     return PairedEvaluator(
-        dataset, context=context_spec, scorer=script_args.scorer, label_column=script_args.label_column,
+        dataset,
+        context=context_spec,
+        scorer=script_args.scorer,
+        label_column=script_args.label_column,
         id_column="id" if "id" in dataset.column_names else None,
         generation=GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens),
-    )  # fmt: skip
+    )
 
 
 def train(argv: list[str] | None = None):
@@ -227,8 +238,11 @@ def _train(script_args, training_args, model_args):
         raise CommandLineError(str(error)) from error
     _check_room_for_weights(trainer, training_args.output_dir)
     paired_items = None if paired_dataset is None else len(paired_dataset)
-    explain.opening(explain.train_opening(script_args, training_args, model_path, settings["data"]["rows"],
-                                          settings["peft"], paired_items))  # fmt: skip
+    explain.opening(
+        explain.train_opening(
+            script_args, training_args, model_path, settings["data"]["rows"], settings["peft"], paired_items
+        )
+    )
     if trainer.accelerator.is_main_process:
         write_text_atomic(
             Path(training_args.output_dir) / TRAIN_SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n"
@@ -240,8 +254,15 @@ def _train(script_args, training_args, model_args):
     if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
         _paired_eval_after_training(trainer, script_args, training_args, model_path, paired_dataset)
     output = Path(training_args.output_dir)
-    explain.opening(closing_line("train", clock.seconds, explain.outputs_of(
-        model=output, settings=output / TRAIN_SETTINGS, report=output / "paired_eval" / "report.md")))  # fmt: skip
+    explain.opening(
+        closing_line(
+            "train",
+            clock.seconds,
+            explain.outputs_of(
+                model=output, settings=output / TRAIN_SETTINGS, report=output / "paired_eval" / "report.md"
+            ),
+        )
+    )
     return trainer
 
 
@@ -253,9 +274,14 @@ def _paired_eval_after_training(trainer, script_args, training_args, model_path:
     settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
     id_column = "id" if "id" in paired_dataset.column_names else None
     report = compare_base_and_student(
-        trainer, paired_dataset, base_model_path=model_path, scorer=script_args.scorer,
-        label_column=script_args.label_column, id_column=id_column, generation=settings,
-    )  # fmt: skip
+        trainer,
+        paired_dataset,
+        base_model_path=model_path,
+        scorer=script_args.scorer,
+        label_column=script_args.label_column,
+        id_column=id_column,
+        generation=settings,
+    )
     if report is not None:
         print((Path(training_args.output_dir) / "paired_eval" / "report.md").read_text())
 
@@ -341,8 +367,11 @@ def _check_prompt_sizes(training_args, model_args, model_path: str, datasets: di
         path = min(known, key=known.get)
         limit, name = known[path], f"the {known[path]} positions of the model {path} (max_position_embeddings)"
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=training_args.trust_remote_code)
-    limits = Limits(max_new_tokens=training_args.max_new_tokens, max_context_length=limit,
-                    truncate_context=training_args.truncate_context)  # fmt: skip
+    limits = Limits(
+        max_new_tokens=training_args.max_new_tokens,
+        max_context_length=limit,
+        truncate_context=training_args.truncate_context,
+    )
     for split, dataset in datasets.items():
         if dataset is not None:
             check_prompt_sizes(dataset, training_args.context_spec, tokenizer, limits, name, split)
@@ -386,10 +415,14 @@ def _run_settings(script_args, training_args, model_path: str, peft_config, trai
     else:
         identity = getattr(train_dataset, "_fingerprint", None)
     data = {
-        "dataset": source, "config": script_args.dataset_config, "split": script_args.dataset_train_split,
-        "max_train_samples": script_args.max_train_samples, "rows": len(train_dataset), "identity": identity,
+        "dataset": source,
+        "config": script_args.dataset_config,
+        "split": script_args.dataset_train_split,
+        "max_train_samples": script_args.max_train_samples,
+        "rows": len(train_dataset),
+        "identity": identity,
         "context_file": script_args.context_file,
-    }  # fmt: skip
+    }
     return {
         "training": training_settings(training_args, skip=("teacher_model_name_or_path",)),
         "teacher": training_args.teacher_model_name_or_path,
@@ -411,8 +444,10 @@ def _check_resumed_settings(output_dir: str, settings: dict) -> None:
     if not saved.is_file():
         logging.getLogger(__name__).warning(
             "%s has no %s (an older trl-nca did not write one), so the resumed run's settings cannot be "
-            "checked against those it started with.", output_dir, TRAIN_SETTINGS,
-        )  # fmt: skip
+            "checked against those it started with.",
+            output_dir,
+            TRAIN_SETTINGS,
+        )
         return
     old = read_json_output(saved, "Delete it to resume without the check, or use a new output_dir.")
     new = json.loads(json.dumps(settings))
@@ -423,19 +458,27 @@ def _check_resumed_settings(output_dir: str, settings: dict) -> None:
                 lengths[key] = (old["training"][key], new["training"].get(key))
         old = {**old, "training": {**old["training"], **{k: new["training"].get(k) for k in lengths}}}
     refuse_changed_settings(
-        "a training run", saved, old, new,
+        "a training run",
+        saved,
+        old,
+        new,
         why="Resuming would continue it as another run (new data, context or settings, the old optimizer state).",
-    )  # fmt: skip
+    )
     if lengths:
         changed = ", ".join(f"{key} {was} -> {now}" for key, (was, now) in lengths.items())
         schedule = new["training"].get("lr_scheduler_type")
         constant = schedule in ("constant", "constant_with_warmup")
         logging.getLogger(__name__).warning(
             "Resuming with a new length (%s): the %r learning-rate schedule is laid out again over the new length%s.",
-            changed, schedule, "" if constant else (
+            changed,
+            schedule,
+            ""
+            if constant
+            else (
                 "; the first resumed step keeps the rate the checkpoint's optimizer holds (where the old schedule "
-                "ended), the steps after it follow the new schedule"),
-        )  # fmt: skip
+                "ended), the steps after it follow the new schedule"
+            ),
+        )
 
 
 RESUMABLE_CHANGES = ("max_steps", "num_train_epochs")

@@ -340,9 +340,12 @@ class PrefixSharing:
         agreed = agreed_min([length], view.input_ids.device)[0]
         if agreed < length:
             self.unshared(
-                what, "other-rank", "another process cannot share as long a prefix (its rows share fewer tokens, or "
-                "its forward cannot share), and every process must run the same forwards", level=logging.INFO,
-            )  # fmt: skip
+                what,
+                "other-rank",
+                "another process cannot share as long a prefix (its rows share fewer tokens, or "
+                "its forward cannot share), and every process must run the same forwards",
+                level=logging.INFO,
+            )
         length = agreed
         if length == 0:
             return completion_states(model, view, completion_mask)
@@ -380,9 +383,11 @@ class PrefixSharing:
             return 0
         if length < self.min_tokens:
             self.unshared(
-                what, "short", f"its rows share only {length} prompt tokens, fewer than share_prefix_min_tokens="
-                f"{self.min_tokens}", level=logging.INFO,
-            )  # fmt: skip
+                what,
+                "short",
+                f"its rows share only {length} prompt tokens, fewer than share_prefix_min_tokens={self.min_tokens}",
+                level=logging.INFO,
+            )
             return 0
         problem = self.problem(model)
         if problem is not None:

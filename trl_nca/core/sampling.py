@@ -208,9 +208,14 @@ class HFBackend:
     name = "hf"
 
     def __init__(
-        self, model, tokenizer, *, share_prompts: bool = True, share_prefix: bool = True,
+        self,
+        model,
+        tokenizer,
+        *,
+        share_prompts: bool = True,
+        share_prefix: bool = True,
         min_prefix_tokens: int = MIN_PREFIX_TOKENS,
-    ):  # fmt: skip
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.share_prompts = share_prompts
@@ -364,9 +369,13 @@ def shared_prefill(
     if P > 0:
         ids = torch.tensor([head], device=device)
         model(
-            input_ids=ids, attention_mask=torch.ones_like(ids), position_ids=torch.arange(P, device=device)[None, :],
-            use_cache=True, logits_to_keep=1, **{argument: cache},
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            position_ids=torch.arange(P, device=device)[None, :],
+            use_cache=True,
+            logits_to_keep=1,
+            **{argument: cache},
+        )
         cache.batch_repeat_interleave(len(distinct))
     suffix_ids, suffix_mask = left_pad([p[P:-1] for p in distinct], pad_id)
     suffix_ids, suffix_mask = suffix_ids.to(device), suffix_mask.to(device)

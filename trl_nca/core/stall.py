@@ -76,8 +76,13 @@ class StallMonitor:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        return {"window": self.window, "first": list(self.first), "recent": [list(r) for r in self.recent],
-                "steps": self.steps, "last": self.last}  # fmt: skip
+        return {
+            "window": self.window,
+            "first": list(self.first),
+            "recent": [list(r) for r in self.recent],
+            "steps": self.steps,
+            "last": self.last,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.window = int(state["window"])

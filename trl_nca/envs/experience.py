@@ -118,9 +118,15 @@ def validation_win_rate(
     """Win rate on `seeds` with `experience` as context (None: without context); calls seeded by (seed, step)."""
     envs = [make_env(game, s, max_calls=max_calls, **(env_kwargs or {})) for s in seeds]
     result = play_episodes(
-        envs, generate, tokenizer, experience, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+        envs,
+        generate,
+        tokenizer,
+        experience,
+        default_game_spec(),
+        max_calls,
+        sampling_seed=sampling_seed,
         seed_prefix="val:",
-    )  # fmt: skip
+    )
     return result.stats["win_rate"]
 
 
@@ -185,9 +191,15 @@ def _lessons_of_round(
         for s in training_seeds(episodes, round=EXTRACTION_ROUND_BASE + r)
     ]
     played = play_episodes(
-        envs, generate, tokenizer, context, default_game_spec(), max_calls, sampling_seed=sampling_seed,
+        envs,
+        generate,
+        tokenizer,
+        context,
+        default_game_spec(),
+        max_calls,
+        sampling_seed=sampling_seed,
         seed_prefix=f"extract:{r}:",
-    )  # fmt: skip
+    )
     prompt = SUMMARY_PROMPT.format(
         n=len(envs),
         title=TITLES[game],

@@ -191,8 +191,10 @@ class PairedEvalCallback(TrainerCallback):
             raise ValueError("PairedEvalCallback needs the trainer's model and processing_class (or `tokenizer=`).")
         if self.harness_tasks:
             by_task = self.evaluate_tasks(model, tokenizer, state.global_step)
-            entries = [{"step": state.global_step, "final": final, "task": name, "metrics": metrics}
-                       for name, metrics in by_task.items()]  # fmt: skip
+            entries = [
+                {"step": state.global_step, "final": final, "task": name, "metrics": metrics}
+                for name, metrics in by_task.items()
+            ]
             logs = {k: v for name, m in by_task.items() for k, v in flatten_metrics(m, f"{self.prefix}{name}/").items()}
         else:
             _, metrics = self.evaluate(model, tokenizer, state.global_step)

@@ -134,8 +134,11 @@ def compare_base_and_student(
         with context():
             provenance = evaluator.provenance(model, path, None)  # names the attached adapter, active or disabled
             records = evaluator.run(
-                model, trainer.processing_class, output_path=records_path, provenance=provenance,
+                model,
+                trainer.processing_class,
+                output_path=records_path,
+                provenance=provenance,
                 desc=f"paired eval {name}",
-            )  # fmt: skip
+            )
         runs.append(ModelRun(name, records, provenance=provenance, records_path=records_path))
     return write_report(runs, output_dir, title=title or f"{Path(trainer.args.output_dir).name}: paired evaluation")

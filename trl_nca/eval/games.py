@@ -214,9 +214,19 @@ def paired_game_records(
             on_record(records[seed])
 
     play_pairs(
-        generate, tokenizer, game, seeds, experience, spec=spec, max_calls=max_calls, env_kwargs=env_kwargs,
-        sampling_seed=sampling_seed, max_prompts=batch_size, on_pair=pair, chat_template_kwargs=chat_template_kwargs,
-    )  # fmt: skip
+        generate,
+        tokenizer,
+        game,
+        seeds,
+        experience,
+        spec=spec,
+        max_calls=max_calls,
+        env_kwargs=env_kwargs,
+        sampling_seed=sampling_seed,
+        max_prompts=batch_size,
+        on_pair=pair,
+        chat_template_kwargs=chat_template_kwargs,
+    )
     return [records[seed] for seed in seeds]
 
 
@@ -307,11 +317,19 @@ class GameEvaluation:
         """Play both views of every map of `items` (continuous batching, see `play_pairs`); records as maps end."""
         by_id = {self.item_id(seed): seed for seed in self.seeds}
         paired_game_records(
-            generate, tokenizer, self.game, [by_id[item.item_id] for item in items], self.experience,
-            spec=self.spec, max_calls=self.max_calls, env_kwargs=self.env_kwargs, sampling_seed=settings.seed,
-            batch_size=settings.batch_size, on_record=lambda record: on_records([record]),
+            generate,
+            tokenizer,
+            self.game,
+            [by_id[item.item_id] for item in items],
+            self.experience,
+            spec=self.spec,
+            max_calls=self.max_calls,
+            env_kwargs=self.env_kwargs,
+            sampling_seed=settings.seed,
+            batch_size=settings.batch_size,
+            on_record=lambda record: on_records([record]),
             chat_template_kwargs=self.chat_template_kwargs,
-        )  # fmt: skip
+        )
 
 
 RUN_OPTIONS = ("num_seeds", "seeds", "max_calls", "experience_file", "chat_template_kwargs")
@@ -493,8 +511,9 @@ def _experience_context(game: str, experience: str | None, spec: ContextSpec | N
     if experience is None:
         experience = load_experience(game_class(game).name)
     base = spec or default_game_spec()
-    return ContextSpec(column=None, text=experience, placement=base.placement, template=base.template,
-                       separator=base.separator)  # fmt: skip
+    return ContextSpec(
+        column=None, text=experience, placement=base.placement, template=base.template, separator=base.separator
+    )
 
 
 def run_game_eval(

@@ -146,8 +146,14 @@ def resolve_task_manager(names: Sequence[str], include_path):
 def _is_hub_failure(error: BaseException) -> bool:
     """Whether loading a task's dataset failed because the Hub could not be reached (offline mode or the network)."""
     names = {cls.__name__ for cls in type(error).__mro__}
-    hub_errors = {"ConnectionError", "OfflineModeIsEnabled", "DatasetNotFoundError", "LocalEntryNotFoundError",
-                  "HfHubHTTPError", "Timeout"}  # fmt: skip
+    hub_errors = {
+        "ConnectionError",
+        "OfflineModeIsEnabled",
+        "DatasetNotFoundError",
+        "LocalEntryNotFoundError",
+        "HfHubHTTPError",
+        "Timeout",
+    }
     text = str(error)
     return bool(names & hub_errors) or "offline" in text.lower() or "Couldn't reach" in text
 
@@ -321,19 +327,26 @@ class HarnessTask:
 
         def chat(messages, add_generation_prompt=True):
             return tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=not add_generation_prompt, **dict(self.options.chat_template_kwargs),
-            )  # fmt: skip
+                messages,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=not add_generation_prompt,
+                **dict(self.options.chat_template_kwargs),
+            )
 
         rendered = []
         for view in ("x", "xc"):
             with self.view(view) as system_instruction:
                 self.task.set_fewshot_seed(seed=self.options.fewshot_seed)
                 prompt = self.task.fewshot_context(
-                    doc, self._num_fewshot(), system_instruction=system_instruction, apply_chat_template=True,
-                    fewshot_as_multiturn=self.options.fewshot_as_multiturn, chat_template=chat,
+                    doc,
+                    self._num_fewshot(),
+                    system_instruction=system_instruction,
+                    apply_chat_template=True,
+                    fewshot_as_multiturn=self.options.fewshot_as_multiturn,
+                    chat_template=chat,
                     gen_prefix=self.task.resolve_field(doc, self.task.config.gen_prefix),
-                )  # fmt: skip
+                )
             rendered.append(prompt if isinstance(prompt, str) else "\n".join(prompt))
         return rendered[0], rendered[1]
 
@@ -394,13 +407,22 @@ class HarnessTask:
         seed = self.options.seed + sample
         with self.view(view) as system_instruction:
             results = lm_eval.simple_evaluate(
-                model=lm, tasks=[self.task], task_manager=self.manager,
+                model=lm,
+                tasks=[self.task],
+                task_manager=self.manager,
                 num_fewshot=self.options.num_fewshot,
-                system_instruction=system_instruction, apply_chat_template=True,
-                fewshot_as_multiturn=self.options.fewshot_as_multiturn, gen_kwargs=dict(self.options.gen_kwargs or {}) or None,
-                log_samples=True, bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,
-                torch_random_seed=seed, fewshot_random_seed=self.options.fewshot_seed, **subset,
-            )  # fmt: skip
+                system_instruction=system_instruction,
+                apply_chat_template=True,
+                fewshot_as_multiturn=self.options.fewshot_as_multiturn,
+                gen_kwargs=dict(self.options.gen_kwargs or {}) or None,
+                log_samples=True,
+                bootstrap_iters=0,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=self.options.fewshot_seed,
+                **subset,
+            )
         logged = [s for s in results["samples"][self.name] if s["filter"] == self.filter]
         return {int(s["doc_id"]): self._doc_sample(s) for s in logged}
 
@@ -429,10 +451,14 @@ class HarnessTask:
         tokens = len(tokenizer(sample.completion, add_special_tokens=False)["input_ids"]) if generated else 0
         max_gen = int(self.generation_kwargs().get("max_gen_toks", 256)) if generated else None
         return ViewOutcome(
-            completion=sample.completion, answer=sample.answer, correct=sample.value == 1.0, num_tokens=tokens,
-            truncated=bool(generated and tokens >= max_gen), format_failure=False,
+            completion=sample.completion,
+            answer=sample.answer,
+            correct=sample.value == 1.0,
+            num_tokens=tokens,
+            truncated=bool(generated and tokens >= max_gen),
+            format_failure=False,
             extra={"doc_id": sample.doc_id, "metric": self.metric, "value": sample.value, "prompt": sample.prompt},
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------------------------------------ PairedTask
 
@@ -478,9 +504,12 @@ class HarnessTask:
         return GenerationSettings(
             max_new_tokens=int(kwargs.get("max_gen_toks", 256)) if kwargs else 1,
             temperature=float(kwargs.get("temperature", 1.0)) if sampled else 1.0,
-            top_p=float(kwargs.get("top_p", 1.0)) if sampled else 1.0, top_k=int(kwargs.get("top_k", 0)) if sampled else 0,
-            do_sample=sampled, seed=self.options.seed, batch_size=self.options.batch_size,
-        )  # fmt: skip
+            top_p=float(kwargs.get("top_p", 1.0)) if sampled else 1.0,
+            top_k=int(kwargs.get("top_k", 0)) if sampled else 0,
+            do_sample=sampled,
+            seed=self.options.seed,
+            batch_size=self.options.batch_size,
+        )
 
     def prepare(self, tokenizer) -> list[TaskItem]:
         return [
@@ -492,20 +521,36 @@ class HarnessTask:
         return _BoundHarnessTask(self, lm)
 
     def run(
-        self, model, tokenizer, *, lm=None, output_path=None, provenance=None, model_path=None, adapter=None,
-        progress: bool = False, desc: str | None = None,
-    ) -> list[PairedRecord]:  # fmt: skip
+        self,
+        model,
+        tokenizer,
+        *,
+        lm=None,
+        output_path=None,
+        provenance=None,
+        model_path=None,
+        adapter=None,
+        progress: bool = False,
+        desc: str | None = None,
+    ) -> list[PairedRecord]:
         """Evaluate `model` (with `tokenizer`) on this task, both views; `lm` is the lm-eval model to run (default:
         `HFLM` wrapping `model`). Records are appended to `output_path` and resumed from it as `run_paired` does."""
         lm = lm if lm is not None else hf_lm(model, tokenizer, self.options)
         settings = self.settings()
         if provenance is None:
-            provenance = run_provenance(self, model, tokenizer, generation=settings, model_path=model_path,
-                                        adapter=adapter)  # fmt: skip
+            provenance = run_provenance(
+                self, model, tokenizer, generation=settings, model_path=model_path, adapter=adapter
+            )
         return run_paired(
-            self.bound(lm), model, tokenizer, generation=settings, output_path=output_path, provenance=provenance,
-            progress=progress, desc=desc or self.name,
-        )  # fmt: skip
+            self.bound(lm),
+            model,
+            tokenizer,
+            generation=settings,
+            output_path=output_path,
+            provenance=provenance,
+            progress=progress,
+            desc=desc or self.name,
+        )
 
 
 @dataclass
@@ -548,8 +593,9 @@ class _BoundHarnessTask:
                     ]
                 views[view] = first
             doc_hash = runs["x"][0][doc_id].doc_hash
-            records.append(PairedRecord(str(doc_id), views["x"], views["xc"], meta={"task": task.name,
-                                                                                    "doc_hash": doc_hash}))  # fmt: skip
+            records.append(
+                PairedRecord(str(doc_id), views["x"], views["xc"], meta={"task": task.name, "doc_hash": doc_hash})
+            )
         on_records(records)
 
 
@@ -581,9 +627,11 @@ def hf_lm(model, tokenizer, options: HarnessOptions):
     from lm_eval.models.huggingface import HFLM
 
     return HFLM(
-        pretrained=model, tokenizer=tokenizer, batch_size=options.batch_size,
+        pretrained=model,
+        tokenizer=tokenizer,
+        batch_size=options.batch_size,
         chat_template_args=dict(options.chat_template_kwargs) or None,
-    )  # fmt: skip
+    )
 
 
 def vllm_lm(path: str, *, adapter: str | None, dtype: str, options: HarnessOptions, tokenizer: str | None = None):

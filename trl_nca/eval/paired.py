@@ -291,7 +291,7 @@ class PairedEvaluator:
         scorer, seeds and sampling settings, library versions."""
         return run_provenance(
             self, model, tokenizer, generation=self.generation, model_path=model_path, adapter=adapter
-        )  # fmt: skip
+        )
 
     def prepare(self, tokenizer) -> list[EvalItem]:
         """The runner's name for `items`."""
@@ -321,9 +321,16 @@ class PairedEvaluator:
         if provenance is None:
             provenance = self.provenance(model, model_path, adapter, tokenizer=tokenizer)
         return run_paired(
-            self, model, tokenizer, generation=self.generation, output_path=output_path, backend=backend,
-            provenance=provenance, progress=progress, desc=desc,
-        )  # fmt: skip
+            self,
+            model,
+            tokenizer,
+            generation=self.generation,
+            output_path=output_path,
+            backend=backend,
+            provenance=provenance,
+            progress=progress,
+            desc=desc,
+        )
 
     def play(
         self,
@@ -547,9 +554,14 @@ def evaluate_paired(
     if backend == "vllm":
         engine = VLLMBackend(model, tokenizer, adapter=adapter)
         return evaluator.run(
-            engine.llm, tokenizer, output_path=output_path, backend=engine, progress=progress,
-            model_path=model_path, adapter=adapter,
-        )  # fmt: skip
+            engine.llm,
+            tokenizer,
+            output_path=output_path,
+            backend=engine,
+            progress=progress,
+            model_path=model_path,
+            adapter=adapter,
+        )
     if backend != "hf":
         raise ValueError(f"Unknown backend {backend!r}; use 'hf' or 'vllm'.")
     if model_path is not None:

@@ -92,8 +92,14 @@ def _grouped_bars(ax, summary: Mapping[str, Any], keys: Sequence[str], labels: S
             elif key in CONDITIONAL_TOTALS:  # the count behind the rate, and a faded, hatched bar when it is few
                 m = model["metrics"]
                 total = CONDITIONAL_TOTALS[key](m)
-                ax.text(x, v + up + 1.5, count_of(m[f"{key}_count"], total).replace(", ", "\n"), ha="center",
-                        va="bottom", fontsize=6)  # fmt: skip
+                ax.text(
+                    x,
+                    v + up + 1.5,
+                    count_of(m[f"{key}_count"], total).replace(", ", "\n"),
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                )
                 if total < FEW_ITEMS:
                     bar.set_alpha(0.4)
                     bar.set_hatch("//")
@@ -177,8 +183,7 @@ def lengths_figure(summary: Mapping[str, Any]):
         ci = m.get("ci", {}).get("length_change")
         if ci is not None and m.get("length_change") is not None:
             change += f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
-        ax.annotate(change, (max(len_x, len_xc), i), xytext=(8, 0), textcoords="offset points", va="center",
-                    fontsize=7)  # fmt: skip
+        ax.annotate(change, (max(len_x, len_xc), i), xytext=(8, 0), textcoords="offset points", va="center", fontsize=7)
     ax.set_yticks(range(len(models)))
     ax.set_yticklabels([model["name"] for model in models], fontsize=8)
     ax.set_ylim(len(models) - 0.5, -0.5 - 0.6)  # first model on top, room for the legend

@@ -123,8 +123,13 @@ def respelled_run(provenance: Mapping[str, Any], key: str) -> Callable[[Mapping[
             for adapter_resolved in _spellings(adapter, identity.get("adapter_resolved_path")):
                 if identity.get("adapter_resolved_path") is None:
                     adapter_resolved = None
-                respelled = {**identity, "name_or_path": model, "resolved_path": resolved, "adapter": adapter,
-                             "adapter_resolved_path": adapter_resolved}  # fmt: skip
+                respelled = {
+                    **identity,
+                    "name_or_path": model,
+                    "resolved_path": resolved,
+                    "adapter": adapter,
+                    "adapter_resolved_path": adapter_resolved,
+                }
                 found.add(run_key({**provenance, "model": respelled}))
         return found
 
@@ -181,9 +186,11 @@ def run_paired(
     would build (the run key is computed from it). The model is in eval mode meanwhile and put back as it was.
     """
     items = list(task.prepare(tokenizer))
-    prov = dict(provenance) if provenance is not None else run_provenance(
-        task, model, tokenizer, generation=generation, model_path=model_path, adapter=adapter
-    )  # fmt: skip
+    prov = (
+        dict(provenance)
+        if provenance is not None
+        else run_provenance(task, model, tokenizer, generation=generation, model_path=model_path, adapter=adapter)
+    )
     key = run_key(prov)
     done: dict[str, PairedRecord] = {}
     if output_path is not None:

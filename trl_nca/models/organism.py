@@ -289,9 +289,8 @@ def build_shipped(spec: OrganismSpec, out_dir: str | os.PathLike | None = None) 
         "weights_digest": shipped.weights_digest(state),
         "final_loss": round(loss, 6),
         "seconds": round(time.perf_counter() - start, 1),
-        "built_on": {"machine": shipped.cpu_name(), "torch": torch.__version__,
-                     "threads": torch.get_num_threads()},
-    }  # fmt: skip
+        "built_on": {"machine": shipped.cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+    }
     manifest = shipped.read_manifest(folder)
     manifest.setdefault("organisms", {})[name] = entry
     manifest["format"] = FORMAT_VERSION
@@ -317,15 +316,22 @@ def _materialise_shipped(spec: OrganismSpec, entry: dict, target: Path) -> None:
     model = make_model(tokenizer, spec)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"The shipped organism {entry['file']} does not fit its spec: missing {missing}, "
-                         f"unexpected {unexpected}. Rebuild it with scripts/build_organisms.py.")  # fmt: skip
+        raise ValueError(
+            f"The shipped organism {entry['file']} does not fit its spec: missing {missing}, "
+            f"unexpected {unexpected}. Rebuild it with scripts/build_organisms.py."
+        )
     model.eval()
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        marker = {"spec": asdict(spec), "format": FORMAT_VERSION, "final_loss": entry["final_loss"],
-                  "shipped": entry["file"], "sha256": entry["sha256"]}  # fmt: skip
+        marker = {
+            "spec": asdict(spec),
+            "format": FORMAT_VERSION,
+            "final_loss": entry["final_loss"],
+            "shipped": entry["file"],
+            "sha256": entry["sha256"],
+        }
         (staging / "organism.json").write_text(json.dumps(marker, indent=2) + "\n")
         if target.exists():
             shutil.rmtree(target)
@@ -382,8 +388,11 @@ def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.Pa
         if (target / "organism.json").is_file() and _cached_matches(target, entry):
             return str(target)
         if target.exists():
-            logger.warning("The cached organism %s differs from the shipped %s; rebuilding it from the shipped "
-                           "weights.", target, entry["file"])  # fmt: skip
+            logger.warning(
+                "The cached organism %s differs from the shipped %s; rebuilding it from the shipped weights.",
+                target,
+                entry["file"],
+            )
         root.mkdir(parents=True, exist_ok=True)
         _materialise_shipped(spec, entry, target)
         return str(target)
@@ -398,8 +407,12 @@ def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.Pa
         model, tokenizer, loss = pretrain(spec)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        marker = {"spec": asdict(spec), "format": FORMAT_VERSION, "final_loss": loss,
-                  "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+        marker = {
+            "spec": asdict(spec),
+            "format": FORMAT_VERSION,
+            "final_loss": loss,
+            "seconds": round(time.perf_counter() - start, 1),
+        }
         (staging / "organism.json").write_text(json.dumps(marker, indent=2) + "\n")  # written last
         try:
             staging.rename(target)

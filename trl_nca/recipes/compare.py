@@ -155,8 +155,21 @@ class CompareRecipe:
         self._setup_slices(runs)
         model_paths = self._setup_model_paths(task, model_name, root, settings)
         self._setup_budgets(task, methods, root, train_rows, evaluator, model_paths)
-        return Plan(self.args, task, methods, baseline, root, model_paths, model_init_kwargs, peft_config,
-                    list(train_rows), list(test_rows), evaluator, settings, runs)  # fmt: skip
+        return Plan(
+            self.args,
+            task,
+            methods,
+            baseline,
+            root,
+            model_paths,
+            model_init_kwargs,
+            peft_config,
+            list(train_rows),
+            list(test_rows),
+            evaluator,
+            settings,
+            runs,
+        )
 
     def _setup_task(self) -> BuiltinTask:
         """The built-in task, generated from its seed, and every count and seed option checked against its sizes."""

@@ -33,21 +33,29 @@ class CompareArguments:
         metadata={"help": f"Built-in task (trl_nca.tasks): one of {', '.join(task_names())}."},
     )
     task_seed: int = field(default=0, metadata={"help": "Seed that generates the task's items."})
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "Training seeds; each method runs once "
-                             "per seed (and per organism) from the same initial weights."})  # fmt: skip
+    seeds: list[int] = field(
+        default_factory=lambda: [0],
+        metadata={
+            "help": "Training seeds; each method runs once per seed (and per organism) from the same initial weights."
+        },
+    )
     organism_seeds: list[int] | None = field(
         default=None,
-        metadata={"help": "With model_name_or_path: organism (or organism-quick), the seeds of independently "
-                  "pretrained organisms (each pretrained once and cached); every method and training seed runs on "
-                  "each. Default: the one organism of the alias."},
-    )  # fmt: skip
+        metadata={
+            "help": "With model_name_or_path: organism (or organism-quick), the seeds of independently "
+            "pretrained organisms (each pretrained once and cached); every method and training seed runs on "
+            "each. Default: the one organism of the alias."
+        },
+    )
     methods: list[str] = field(
         default_factory=lambda: ["opd:nca_beta=0", "nca:nca_beta=0.5"],
-        metadata={"help": "Methods as NAME:FIELD=VALUE[,FIELD=VALUE...] overrides of the training config, e.g. "
-                  "'opd:nca_beta=0' 'nca:nca_beta=0.5'. The key `trainer` picks the trainer: nca (NCATrainer, the "
-                  "default) or sdft (TRL's SDFTTrainer, whose overrides are SDFTConfig fields), e.g. "
-                  "'sdft:trainer=sdft'."},
-    )  # fmt: skip
+        metadata={
+            "help": "Methods as NAME:FIELD=VALUE[,FIELD=VALUE...] overrides of the training config, e.g. "
+            "'opd:nca_beta=0' 'nca:nca_beta=0.5'. The key `trainer` picks the trainer: nca (NCATrainer, the "
+            "default) or sdft (TRL's SDFTTrainer, whose overrides are SDFTConfig fields), e.g. "
+            "'sdft:trainer=sdft'."
+        },
+    )
     baseline: str | None = field(
         default=None,
         metadata={"help": "The method every other one is paired against in the statistics (default: the first)."},
@@ -80,37 +88,47 @@ class CompareArguments:
     )
     organism_min_base_acc_xc: float | None = field(
         default=None,
-        metadata={"help": "An exclusion rule fixed in advance: an organism whose base Acc_xc (a fraction, e.g. 0.9) is "
-                  "below this is excluded after the bases are evaluated, before any student trains, and reported. "
-                  "Default: no rule."},
-    )  # fmt: skip
+        metadata={
+            "help": "An exclusion rule fixed in advance: an organism whose base Acc_xc (a fraction, e.g. 0.9) is "
+            "below this is excluded after the bases are evaluated, before any student trains, and reported. "
+            "Default: no rule."
+        },
+    )
     organism_limit: int | None = field(
         default=None,
-        metadata={"help": "Run the first N organisms of `organism_seeds` (in the order listed) that pass the exclusion "
-                  "rule; the others are reported as not run. Default: all that pass."},
-    )  # fmt: skip
+        metadata={
+            "help": "Run the first N organisms of `organism_seeds` (in the order listed) that pass the exclusion "
+            "rule; the others are reported as not run. Default: all that pass."
+        },
+    )
     slice: str | None = field(
         default=None,
-        metadata={"help": "Run one unit of the comparison and write its slice file to `slices_dir`: `base` (or "
-                  "`base-orgN`), or a student such as `opd-seed0` (`nca-orgN-seedS` with organisms); the tables are "
-                  "then built with `from_slices` (trl_nca.recipes.slices). Default: run every unit."},
-    )  # fmt: skip
+        metadata={
+            "help": "Run one unit of the comparison and write its slice file to `slices_dir`: `base` (or "
+            "`base-orgN`), or a student such as `opd-seed0` (`nca-orgN-seedS` with organisms); the tables are "
+            "then built with `from_slices` (trl_nca.recipes.slices). Default: run every unit."
+        },
+    )
     slices_dir: str | None = field(
         default=None, metadata={"help": "Folder of the slice files of `slice` and `from_slices` (commit it)."}
     )
     from_slices: bool = field(
         default=False,
-        metadata={"help": "Build the table, statistics and reading from the slice files in `slices_dir` alone, "
-                  "refusing a missing or left-over unit and a slice made with other settings, data, weights or "
-                  "versions; nothing is trained or evaluated."},
-    )  # fmt: skip
+        metadata={
+            "help": "Build the table, statistics and reading from the slice files in `slices_dir` alone, "
+            "refusing a missing or left-over unit and a slice made with other settings, data, weights or "
+            "versions; nothing is trained or evaluated."
+        },
+    )
     workers: int = field(
         default=1,
-        metadata={"help": "Units run at once, each in a process of its own with one CPU thread (a CPU with N free "
-                  "cores runs N): every student, and every base evaluation too unless `organism_min_base_acc_xc` or "
-                  "`organism_limit` waits on the bases. The records and tables equal a sequential run's at one "
-                  "thread; only the measured times differ."},
-    )  # fmt: skip
+        metadata={
+            "help": "Units run at once, each in a process of its own with one CPU thread (a CPU with N free "
+            "cores runs N): every student, and every base evaluation too unless `organism_min_base_acc_xc` or "
+            "`organism_limit` waits on the bases. The records and tables equal a sequential run's at one "
+            "thread; only the measured times differ."
+        },
+    )
 
 
 @dataclass
@@ -124,8 +142,16 @@ class Method:
 METHOD_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # fields the comparison sets itself for every run (the task's context: `trl_nca.trainers.nca_config.context_fields`,
 # the run's folder and seed)
-RECIPE_FIELDS = ("output_dir", "seed", "save_strategy", "context_text", "context_column", "context_placement",
-                 "context_template", "context_separator")  # fmt: skip
+RECIPE_FIELDS = (
+    "output_dir",
+    "seed",
+    "save_strategy",
+    "context_text",
+    "context_column",
+    "context_placement",
+    "context_template",
+    "context_separator",
+)
 
 
 class CompareInputError(InputError):
@@ -300,8 +326,11 @@ def _check_seed_list(name: str, seeds: Any) -> None:
 def _annotation_types(annotation: Any) -> tuple[tuple[type, ...], type | None, bool]:
     """(the accepted types, the element type of a list, whether None is accepted) of a field's type hint such as
     `int`, `float`, `str | None` or `list[int] | None` (those of `CompareArguments`)."""
-    parts = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (
-        annotation,)  # fmt: skip
+    parts = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
     optional = type(None) in parts
     (kind,) = [part for part in parts if part is not type(None)]
     if typing.get_origin(kind) is list:
@@ -368,8 +397,10 @@ def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
             f"`organism_min_base_acc_xc: {rule!r}` would exclude every organism or none: give a fraction in (0, 1], "
             "e.g. 0.9 for a base Acc_xc of at least 90%, or leave it unset."
         )
-    for name, value, available in (("num_train", args.num_train, len(task.train)),
-                                   ("eval_items", args.eval_items, len(task.test))):  # fmt: skip
+    for name, value, available in (
+        ("num_train", args.num_train, len(task.train)),
+        ("eval_items", args.eval_items, len(task.test)),
+    ):
         if value is not None and value > available:
             raise CompareInputError(
                 f"`{name}: {value}` asks for more rows than task {task.name!r} has ({available}); give at most "

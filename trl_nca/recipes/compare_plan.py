@@ -17,14 +17,44 @@ from .ranges import canonical, json_default
 
 
 # NCAConfig fields that cannot change a trained student (where logs and checkpoints go, how progress is shown)
-NON_SHAPING_FIELDS = ("output_dir", "logging_dir", "logging_steps", "logging_strategy", "logging_first_step",
-                      "logging_nan_inf_filter", "log_level", "log_level_replica", "log_on_each_node", "report_to",
-                      "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
-                      "disable_tqdm", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo",
-                      "hub_always_push", "hub_revision", "save_strategy", "save_steps", "save_total_limit",
-                      "save_only_model", "save_on_each_node", "resume_from_checkpoint", "skip_memory_metrics",
-                      "dataloader_num_workers", "dataloader_persistent_workers", "dataloader_prefetch_factor",
-                      "dataloader_pin_memory", "ddp_timeout", "local_rank")  # fmt: skip
+NON_SHAPING_FIELDS = (
+    "output_dir",
+    "logging_dir",
+    "logging_steps",
+    "logging_strategy",
+    "logging_first_step",
+    "logging_nan_inf_filter",
+    "log_level",
+    "log_level_replica",
+    "log_on_each_node",
+    "report_to",
+    "run_name",
+    "project",
+    "trackio_space_id",
+    "trackio_bucket_id",
+    "trackio_static_space_id",
+    "disable_tqdm",
+    "push_to_hub",
+    "hub_model_id",
+    "hub_strategy",
+    "hub_token",
+    "hub_private_repo",
+    "hub_always_push",
+    "hub_revision",
+    "save_strategy",
+    "save_steps",
+    "save_total_limit",
+    "save_only_model",
+    "save_on_each_node",
+    "resume_from_checkpoint",
+    "skip_memory_metrics",
+    "dataloader_num_workers",
+    "dataloader_persistent_workers",
+    "dataloader_prefetch_factor",
+    "dataloader_pin_memory",
+    "ddp_timeout",
+    "local_rank",
+)
 
 
 def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir: Path, monitor_opd: bool):
@@ -77,9 +107,12 @@ def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "
 
 
 def _refuse_mismatch(
-    what: str, path: Path, old: Mapping[str, Any], new: Mapping[str, Any],
+    what: str,
+    path: Path,
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
     why: str = "Resuming would mix them into one table.",
-) -> None:  # fmt: skip
+) -> None:
     """Refuse a resume whose settings `new` differ from the recorded `old` (in `path`), listing the first differences;
     `why` says what resuming would do (`trl-nca train` uses it too)."""
     diffs = _differences(old, new)
@@ -197,8 +230,9 @@ def _checked_peft_config(args: CompareArguments, model_args, model_name: str):
         )
     peft_config = get_peft_config(model_args)
     if peft_config is None:
-        raise CompareInputError("The comparison trains LoRA students (self-distillation from the adapter-off model): "
-                                "set use_peft: true.")  # fmt: skip
+        raise CompareInputError(
+            "The comparison trains LoRA students (self-distillation from the adapter-off model): set use_peft: true."
+        )
     check_lora_sizes(model_args, CompareInputError)
     return peft_config
 
@@ -216,9 +250,13 @@ def _evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):
         batch_size=args.eval_batch_size,
     )
     return PairedEvaluator(
-        test_rows, context=task.context, scorer=task.scorer, id_column="id", generation=generation,
+        test_rows,
+        context=task.context,
+        scorer=task.scorer,
+        id_column="id",
+        generation=generation,
         samples_per_view=args.eval_samples_per_view,
-    )  # fmt: skip
+    )
 
 
 def _planned_runs(args, config, task, methods, root: Path, student: dict[str, Any]) -> list[Run]:
@@ -228,8 +266,11 @@ def _planned_runs(args, config, task, methods, root: Path, student: dict[str, An
     for method in methods:
         for organism in organisms:
             for seed in args.seeds:
-                folder = root / method.name / f"seed{seed}" if organism is None else (
-                    root / f"org{organism}" / method.name / f"seed{seed}")  # fmt: skip
+                folder = (
+                    root / method.name / f"seed{seed}"
+                    if organism is None
+                    else (root / f"org{organism}" / method.name / f"seed{seed}")
+                )
                 name = f"{method.name}/seed{seed}" if organism is None else f"{method.name}/org{organism}/seed{seed}"
                 try:  # validates the values
                     run_args = run_config(config, task, method, seed, folder, args.monitor_opd)
@@ -286,5 +327,9 @@ def _check_model_paths(saved: Path, model_paths: dict[str, str]) -> None:
     if saved.exists():
         old = read_json_output(saved, SETTINGS_FIX).get("model_paths", {})
         common = sorted(set(old) & set(model_paths))
-        _refuse_mismatch("a comparison", saved, {"model_paths": {k: old[k] for k in common}},
-                         {"model_paths": {k: model_paths[k] for k in common}})  # fmt: skip
+        _refuse_mismatch(
+            "a comparison",
+            saved,
+            {"model_paths": {k: old[k] for k in common}},
+            {"model_paths": {k: model_paths[k] for k in common}},
+        )

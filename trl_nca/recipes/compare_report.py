@@ -40,9 +40,20 @@ def _write_plan(plan: Plan) -> None:
     write_text_atomic(plan.root / "settings.json", json.dumps(plan.settings, indent=2, sort_keys=True) + "\n")
     write_text_atomic(
         plan.root / "task.json",
-        json.dumps({"task": task.name, "family": task.family, "description": task.description, **task.info,
-                    "num_train": len(plan.train_rows), "num_test": len(plan.test_rows)}, indent=2, default=str) + "\n"
-    )  # fmt: skip
+        json.dumps(
+            {
+                "task": task.name,
+                "family": task.family,
+                "description": task.description,
+                **task.info,
+                "num_train": len(plan.train_rows),
+                "num_test": len(plan.test_rows),
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n",
+    )
 
 
 def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
@@ -53,8 +64,13 @@ def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     root = plan.root
     report = write_report(evaluated.runs, root / "paired_eval", title=f"{plan.task.name}: base vs students, paired")
     wall_seconds = round(time.perf_counter() - start, 1)  # this invocation (a resumed one skips finished work)
-    summary = summarize(plan, evaluated, versions=report["versions"], wall_seconds=wall_seconds,
-                        report_path=str(root / "paired_eval" / "report.md"))  # fmt: skip
+    summary = summarize(
+        plan,
+        evaluated,
+        versions=report["versions"],
+        wall_seconds=wall_seconds,
+        report_path=str(root / "paired_eval" / "report.md"),
+    )
     write_model_cards(plan, summary["per_seed"], summary["num_test"])
     return write_summary(plan, summary)
 
@@ -139,9 +155,14 @@ Running the same `trl-nca compare` command again resumes: finished students are 
 
 
 def summarize(
-    plan: Plan, evaluated: Evaluated, *, versions: dict[str, Any], wall_seconds: float | None, report_path: str | None,
+    plan: Plan,
+    evaluated: Evaluated,
+    *,
+    versions: dict[str, Any],
+    wall_seconds: float | None,
+    report_path: str | None,
     diagnostics: dict[str, dict[str, float]] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The table, the statistics over runs and the readings of what `evaluated` holds, as the summary of
     `comparison.json` (its `table` and `statistics_table` are the printed texts); `diagnostics` as in
     `compare_eval._per_seed_rows`."""

@@ -40,9 +40,16 @@ def _dataset(rows: Sequence[dict[str, Any]]):
 
 
 def train_run(
-    task: BuiltinTask, config, model_path: str, model_init_kwargs, tokenizer, peft_config, train_rows, tracker=None,
+    task: BuiltinTask,
+    config,
+    model_path: str,
+    model_init_kwargs,
+    tokenizer,
+    peft_config,
+    train_rows,
+    tracker=None,
     phase: str | None = None,
-):  # fmt: skip
+):
     """Train one student; returns the trainer (its model holds the trained adapter). `phase` names its progress bar
     and training estimate (`trl_nca.trainers.console`)."""
     from ..trainers.console import explain_training
@@ -247,8 +254,12 @@ def _interrupts_passed_on(pool):
     def handle(signum, frame) -> None:
         interrupted.count += 1
         if interrupted.count == 1:
-            print("Interrupted: the students in training stop at their next step, queued ones are not started (Ctrl-C "
-                  "again stops at once).", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                "Interrupted: the students in training stop at their next step, queued ones are not started (Ctrl-C "
+                "again stops at once).",
+                file=sys.stderr,
+                flush=True,
+            )
             for pid in workers():
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGINT)
@@ -290,7 +301,9 @@ def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluate
 
         from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
-        with quiet_old_checkpointing_names():  # PEFT reads transformers' deprecated name (trainers.activation_checkpointing)
+        with (
+            quiet_old_checkpointing_names()
+        ):  # PEFT reads transformers' deprecated name (trainers.activation_checkpointing)
             student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
     else:
         done, student = _train_student(plan, run, model_path, tokenizer)
@@ -319,16 +332,29 @@ def _train_student(plan: Plan, run: Run, model_path: str, tokenizer):
     tracker = None
     if args.track_every > 0:
         tracker = PairedEvalCallback(
-            plan.test_rows, context=task.context, scorer=task.scorer, id_column="id",
-            eval_steps=args.track_every, num_items=args.track_items, generation=plan.evaluator.generation,
-            eval_on_start=True, final_report=False, n_bootstrap=0,
-        )  # fmt: skip
+            plan.test_rows,
+            context=task.context,
+            scorer=task.scorer,
+            id_column="id",
+            eval_steps=args.track_every,
+            num_items=args.track_items,
+            generation=plan.evaluator.generation,
+            eval_on_start=True,
+            final_report=False,
+            n_bootstrap=0,
+        )
     t0 = time.perf_counter()
     trainer = train_run(
-        task, run.config, model_path, plan.model_init_kwargs, tokenizer, copy.deepcopy(plan.peft_config),
+        task,
+        run.config,
+        model_path,
+        plan.model_init_kwargs,
+        tokenizer,
+        copy.deepcopy(plan.peft_config),
         plan.train_rows,
-        tracker, phase=f"training {run.name} (student {plan.runs.index(run) + 1} of {len(plan.runs)})",
-    )  # fmt: skip
+        tracker,
+        phase=f"training {run.name} (student {plan.runs.index(run) + 1} of {len(plan.runs)})",
+    )
     trainer.save_model(str(run.folder))
     done = {
         "method": run.method.name,

@@ -55,14 +55,24 @@ def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str
             "overrides": summary["methods"][method],
             "settings_sha256": _fingerprint(method_settings(summary, method)),
             "organisms": {
-                str(e["organism"]): {"degraded": e["degraded"], "prevented": e["prevented"],
-                                     "baseline_harm": e["baseline"].get("harm"), "method_harm": e["method"].get("harm")}
+                str(e["organism"]): {
+                    "degraded": e["degraded"],
+                    "prevented": e["prevented"],
+                    "baseline_harm": e["baseline"].get("harm"),
+                    "method_harm": e["method"].get("harm"),
+                }
                 for e in outcome["organisms"]
             },
-        }  # fmt: skip
-    return {"name": name, "section": section, "baseline": baseline, "baseline_overrides": summary["methods"][baseline],
-            "baseline_settings_sha256": _fingerprint(method_settings(summary, baseline)), "match": _match(summary),
-            "methods": methods}  # fmt: skip
+        }
+    return {
+        "name": name,
+        "section": section,
+        "baseline": baseline,
+        "baseline_overrides": summary["methods"][baseline],
+        "baseline_settings_sha256": _fingerprint(method_settings(summary, baseline)),
+        "match": _match(summary),
+        "methods": methods,
+    }
 
 
 def _documented(summary: Mapping[str, Any], method: str, experiments: list[dict[str, Any]]):
@@ -105,8 +115,11 @@ def _anchor_timing(summary: Mapping[str, Any], method: str, organism: Any, seeds
         first = next((s for s, b in zip(curve["step"], curve["nca_beta"]) if b > 0), None)
         end = last or curve["step"][-1]
         late = late and (first is None or 2 * first > end)
-        notes.append(f"through all {end} steps in seed {seed}" if first is None else
-                     f"until step {first} of {end} in seed {seed}")  # fmt: skip
+        notes.append(
+            f"through all {end} steps in seed {seed}"
+            if first is None
+            else f"until step {first} of {end} in seed {seed}"
+        )
     why = ": it opened too late to act" if late else ""
     return f" {method}'s anchor weight (nca_beta) stayed 0 " + " and ".join(notes) + why + "."
 

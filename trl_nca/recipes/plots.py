@@ -39,14 +39,27 @@ def comparison_figure(
             ax.bar(i + offset, mean, width, color=f"C{j}", label=label if i == 0 else None)
             top = mean
             if stat["n"] > 1:
-                ax.errorbar(i + offset, mean, yerr=[[mean - 100 * stat["min"]], [100 * stat["max"] - mean]],
-                            color="black", capsize=3, linewidth=1)  # fmt: skip
+                ax.errorbar(
+                    i + offset,
+                    mean,
+                    yerr=[[mean - 100 * stat["min"]], [100 * stat["max"] - mean]],
+                    color="black",
+                    capsize=3,
+                    linewidth=1,
+                )
                 seeds = [100 * r[key] for r in per_seed[name] if r.get(key) is not None]
                 ax.scatter([i + offset] * len(seeds), seeds, s=10, color="black", zorder=3)
                 top = 100 * stat["max"]
             # 5 points above the whisker's cap (3 points high): the label never touches it
-            ax.annotate(f"{mean:.0f}", (i + offset, top), xytext=(0, 5), textcoords="offset points", ha="center",
-                        va="bottom", fontsize=7)  # fmt: skip
+            ax.annotate(
+                f"{mean:.0f}",
+                (i + offset, top),
+                xytext=(0, 5),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     ax.set_xticks(range(len(names)))
     ax.set_xticklabels(names)
     ax.set_ylim(0, 110)
@@ -150,8 +163,14 @@ def curves_figure(histories: Mapping[str, Mapping[str, Sequence[Any]]]):
     if not keys:  # e.g. every job ran fewer optimizer steps than logging_steps
         fig = new_figure(5, 2.4)
         ax = fig.add_subplot()
-        ax.text(0.5, 0.5, "No training loss was logged\n(each job ran fewer steps than logging_steps).",
-                ha="center", va="center", fontsize=9)  # fmt: skip
+        ax.text(
+            0.5,
+            0.5,
+            "No training loss was logged\n(each job ran fewer steps than logging_steps).",
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
         ax.set_axis_off()
         return fig
     fig = new_figure(3.6 * len(keys), 3.2)
@@ -204,8 +223,14 @@ def tracking_dips(tracking: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[s
         _, acc_x = _mean_track(runs, "acc_x")
         low = int(np.argmin(acc_xc))
         if acc_xc[0] - acc_xc[low] >= DIP_POINTS:
-            dips[method] = {"start": float(acc_xc[0]), "low": float(acc_xc[low]), "step": steps[low],
-                            "acc_x": float(acc_x[low]), "end": float(acc_xc[-1]), "end_step": steps[-1]}  # fmt: skip
+            dips[method] = {
+                "start": float(acc_xc[0]),
+                "low": float(acc_xc[low]),
+                "step": steps[low],
+                "acc_x": float(acc_x[low]),
+                "end": float(acc_xc[-1]),
+                "end_step": steps[-1],
+            }
     return dips
 
 
@@ -269,8 +294,10 @@ def tracking_figure(tracking: Mapping[str, Sequence[Mapping[str, Any]]]):
         lows = ", ".join(
             f"{m} {d['low']:.0f}% at step {d['step']} (Acc_x {d['acc_x']:.0f}% then)" for m, d in dips.items()
         )
-        notes += [f"v: the lowest mean Acc_xc, {lows}.", "The context view moves before the no-context view has "
-                  "learnt the rule (docs/results.md, section 3)."]  # fmt: skip
+        notes += [
+            f"v: the lowest mean Acc_xc, {lows}.",
+            "The context view moves before the no-context view has learnt the rule (docs/results.md, section 3).",
+        ]
     width = 4 * max(1, len(panels))
     notes = [line for note in notes for line in textwrap.wrap(note, int(15 * width))]  # about 15 characters an inch
     height = 3.2 + 0.13 * len(notes)
@@ -342,16 +369,25 @@ def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str 
     ax.set_title(title or "Harm per run: P(wrong with the context | right without it)")
     ax.grid(axis="y", alpha=0.3)
     if any_few:
-        ax.text(0.99, 0.97, f"hollow: fewer than {FEW_ITEMS} items right without the context (too few to read)",
-                transform=ax.transAxes, ha="right", va="top", fontsize=7)  # fmt: skip
+        ax.text(
+            0.99,
+            0.97,
+            f"hollow: fewer than {FEW_ITEMS} items right without the context (too few to read)",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=7,
+        )
     fig.tight_layout()
     return fig
 
 
 def plot_harm(
-    per_seed: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike, title: str = "",
+    per_seed: Mapping[str, Sequence[Mapping[str, Any]]],
+    path: str | os.PathLike,
+    title: str = "",
     n_items: int | None = None,
-) -> str:  # fmt: skip
+) -> str:
     """`harm_figure`, written to `path` (PNG)."""
     return save_figure(harm_figure(per_seed, title=title, n_items=n_items), path)
 
@@ -375,7 +411,7 @@ def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix:
             folder / f"{prefix}harm.png",
             title=f"{title}: harm per run",
             n_items=summary.get("num_test"),
-        ),  # fmt: skip
+        ),
         "curves": plot_curves(summary["curves"], folder / f"{prefix}curves.png"),
     }
     if any(summary.get("tracking", {}).values()):

@@ -22,8 +22,16 @@ from .statistics import COLUMN_NAMES
 
 # the settings that must agree for a comparison to be read against a documented experiment (not the seeds, the
 # organisms, the output folder or the tracking along training, which shape no student)
-STUDENT_KEYS = ("task", "task_seed", "train_rows", "train_rows_sha256", "model", "model_init_kwargs", "peft",
-                "monitor_opd")  # fmt: skip
+STUDENT_KEYS = (
+    "task",
+    "task_seed",
+    "train_rows",
+    "train_rows_sha256",
+    "model",
+    "model_init_kwargs",
+    "peft",
+    "monitor_opd",
+)
 
 
 # the statistics a documented range covers (older summaries have no BothCorrect distribution)

@@ -59,8 +59,16 @@ SDFT_SETTINGS = {
 }
 # SDFTConfig fields the comparison sets for every run itself: the run's folder and seed, the context's place, the
 # samples per step and sampling settings shared with the other methods (see the module docstring)
-SDFT_RECIPE_FIELDS = ("output_dir", "seed", "save_strategy", "teacher_prompt_template", "num_generations",
-                      "max_completion_length", "temperature", "model_init_kwargs")  # fmt: skip
+SDFT_RECIPE_FIELDS = (
+    "output_dir",
+    "seed",
+    "save_strategy",
+    "teacher_prompt_template",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "model_init_kwargs",
+)
 # TrainingArguments fields SDFT needs at its own value
 SDFT_OWN_FIELDS = ("remove_unused_columns",)
 
@@ -157,8 +165,11 @@ def sdft_config(shared, task, overrides: dict[str, Any], seed: int, output_dir: 
 
     SDFTConfig = config_class()
     skip = {*SDFT_OWN_FIELDS, "output_dir", "seed", "save_strategy"}
-    values = {f.name: getattr(shared, f.name) for f in dataclasses.fields(TrainingArguments)
-              if f.init and f.name not in skip and hasattr(shared, f.name)}  # fmt: skip
+    values = {
+        f.name: getattr(shared, f.name)
+        for f in dataclasses.fields(TrainingArguments)
+        if f.init and f.name not in skip and hasattr(shared, f.name)
+    }
     values.update(
         output_dir=str(output_dir),
         seed=seed,
@@ -194,13 +205,18 @@ def sdft_trainer(model, args, train_dataset, processing_class, peft_config, call
     if args.distillation_mode == "topk_logits" and (args.distillation_topk or 0) > vocab:
         logger.warning(
             "SDFT: distillation_topk=%d is more than the model's %d output rows; using all %d (the full-vocabulary "
-            "divergence).", args.distillation_topk, vocab, vocab
-        )  # fmt: skip
+            "divergence).",
+            args.distillation_topk,
+            vocab,
+            vocab,
+        )
         args = copy.copy(args)  # not dataclasses.replace: SDFTConfig refuses its own derived batch fields
         args.distillation_topk = vocab
     from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
-    with quiet_old_checkpointing_names():  # PEFT's get_peft_model reads a deprecated name (trainers.activation_checkpointing)
+    with (
+        quiet_old_checkpointing_names()
+    ):  # PEFT's get_peft_model reads a deprecated name (trainers.activation_checkpointing)
         return SDFTTrainer(
             model=model,
             args=args,

@@ -138,10 +138,17 @@ def _records(items: list[dict[str, Any]]):
 
     def view(samples: list[list[int]]) -> ViewOutcome:
         outcomes = [
-            {"completion": "", "answer": None, "correct": bool(c), "num_tokens": n, "truncated": bool(t),
-             "format_failure": bool(f), "extra": {}}
+            {
+                "completion": "",
+                "answer": None,
+                "correct": bool(c),
+                "num_tokens": n,
+                "truncated": bool(t),
+                "format_failure": bool(f),
+                "extra": {},
+            }
             for c, f, t, n in samples
-        ]  # fmt: skip
+        ]
         first = outcomes[0]
         if len(outcomes) > 1:
             first["extra"] = {"samples": outcomes[1:]}
@@ -442,11 +449,16 @@ class Slice:
                 for number, sample in enumerate(samples):
                     where = f"items[{index}].{view}[{number}]"
                     if not isinstance(sample, list) or len(sample) != 4 or not all(map(_is_int, sample)):
-                        raise bad(where, f"must be [correct, format_failure, truncated, num_tokens] as whole numbers, "
-                                         f"not {sample!r}")  # fmt: skip
+                        raise bad(
+                            where,
+                            f"must be [correct, format_failure, truncated, num_tokens] as whole numbers, "
+                            f"not {sample!r}",
+                        )
                     if any(flag not in (0, 1) for flag in sample[:3]):
-                        raise bad(where, f"must hold the flags correct, format_failure and truncated as 0 or 1, not "
-                                         f"{sample[:3]}")  # fmt: skip
+                        raise bad(
+                            where,
+                            f"must hold the flags correct, format_failure and truncated as 0 or 1, not {sample[:3]}",
+                        )
                     if sample[3] < 0 or (_is_int(limit) and sample[3] > limit):
                         raise bad(where, f"holds {sample[3]} response tokens, outside 0 to max_new_tokens={limit}")
 
@@ -558,11 +570,15 @@ def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
     evaluated.runs = [r for r in evaluated.runs if r.name in names.values()]
     diagnostics = {name: slices[unit].diagnostics for unit, name in names.items()}
     first = next(iter(slices.values()))
-    summary = summarize(plan, evaluated, versions=first.versions, wall_seconds=None, report_path=None,
-                        diagnostics=diagnostics)  # fmt: skip
+    summary = summarize(
+        plan, evaluated, versions=first.versions, wall_seconds=None, report_path=None, diagnostics=diagnostics
+    )
     summary["settings"] = first.settings  # without the local model paths
-    summary["slices"] = {"folder": str(slices_dir), "machines": {unit: p.machine for unit, p in slices.items()},
-                         "wall_seconds": {unit: p.wall_seconds for unit, p in slices.items()}}  # fmt: skip
+    summary["slices"] = {
+        "folder": str(slices_dir),
+        "machines": {unit: p.machine for unit, p in slices.items()},
+        "wall_seconds": {unit: p.wall_seconds for unit, p in slices.items()},
+    }
     return write_summary(plan, summary, heading=f" (from the slices in {slices_dir})")
 
 

@@ -72,8 +72,15 @@ def distribution(values: Sequence[float]) -> dict[str, Any] | None:
         return None
     v = np.asarray(values, dtype=float)
     q1, median, q3 = (float(x) for x in np.percentile(v, [25, 50, 75]))
-    return {"n": int(v.size), "median": median, "q1": q1, "q3": q3, "iqr": q3 - q1, "min": float(v.min()),
-            "max": float(v.max())}  # fmt: skip
+    return {
+        "n": int(v.size),
+        "median": median,
+        "q1": q1,
+        "q3": q3,
+        "iqr": q3 - q1,
+        "min": float(v.min()),
+        "max": float(v.max()),
+    }
 
 
 def distributions(
@@ -202,8 +209,9 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(kept)) if kept else None
 
 
-def _organism_entry(organism, seeds, theirs: Mapping[Any, Mapping[str, Any]], ours: Mapping[Any, Mapping[str, Any]],
-                    keys: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+def _organism_entry(
+    organism, seeds, theirs: Mapping[Any, Mapping[str, Any]], ours: Mapping[Any, Mapping[str, Any]], keys: Sequence[str]
+) -> dict[str, Any]:
     """One organism's reading: each method's means over the `seeds` both ran (the rows of `theirs`, the baseline, and
     `ours`, the method, by seed), its regime-A runs, the per-seed differences, `degraded` and `prevented`."""
     base = [theirs[s] for s in seeds]
@@ -258,9 +266,15 @@ def _over_organisms(
     groups = [e["differences"][key] for e in organisms if e["differences"][key]]
     means = [float(np.mean(g)) for g in groups]
     signs = [_sign(g) for g in groups]
-    summary: dict[str, Any] = {"n": len(groups), "mean": float(np.mean(means)) if means else None, "ci": None,
-                               "below": signs.count(1), "above": signs.count(-1), "ties": signs.count(0),
-                               "sign_test_p": None}  # fmt: skip
+    summary: dict[str, Any] = {
+        "n": len(groups),
+        "mean": float(np.mean(means)) if means else None,
+        "ci": None,
+        "below": signs.count(1),
+        "above": signs.count(-1),
+        "ties": signs.count(0),
+        "sign_test_p": None,
+    }
     if len(groups) >= MIN_PAIRS:
         summary["ci"] = two_level_bootstrap_interval(groups, n_resamples, seed, confidence)
         summary["sign_test_p"] = mcnemar_exact(summary["below"], summary["above"])
@@ -418,8 +432,14 @@ def stalled_runs(
                 continue
             runs += 1
             if row["acc_x"] < share * other["acc_x"]:
-                stalled.append({"organism": row.get("organism"), "seed": row.get("seed"), "acc_x": row["acc_x"],
-                                "reference_acc_x": other["acc_x"]})  # fmt: skip
+                stalled.append(
+                    {
+                        "organism": row.get("organism"),
+                        "seed": row.get("seed"),
+                        "acc_x": row["acc_x"],
+                        "reference_acc_x": other["acc_x"],
+                    }
+                )
         out[method] = {"runs": runs, "stalled": stalled}
     return out
 
@@ -588,8 +608,9 @@ def conclusion(task: str, aggregated: dict[str, dict[str, Any]]) -> str:
         stat = aggregated.get(method, {}).get(key)
         return "n/a" if stat is None else f"{100 * stat['mean']:.0f}%"
 
-    parts = [f"On {task}, the base model answers {num('base', 'acc_x')} without and {num('base', 'acc_xc')} with the "
-             "context"]  # fmt: skip
+    parts = [
+        f"On {task}, the base model answers {num('base', 'acc_x')} without and {num('base', 'acc_xc')} with the context"
+    ]
     for method in aggregated:
         if method == "base":
             continue

@@ -91,17 +91,95 @@ class BuiltinTask:
 
 FRENCH_CONTEXT = "Always reply in French."
 
-_COUNTRIES = ("Italy", "Japan", "Egypt", "Spain", "Canada", "Brazil", "India", "Kenya", "Norway", "Peru", "Chile",
-              "Greece", "Turkey", "Mexico", "Australia", "Germany", "China", "Sweden", "Poland", "Vietnam")  # fmt: skip
-_ANIMALS = ("cat", "dog", "horse", "owl", "shark", "eagle", "rabbit", "elephant", "tiger", "frog", "whale", "bee",
-            "fox", "wolf", "penguin", "camel", "goat", "parrot")  # fmt: skip
-_OBJECTS = ("bicycle", "umbrella", "kettle", "lamp", "guitar", "clock", "bridge", "window", "candle", "ladder",
-            "mirror", "pencil", "backpack", "boat", "train", "chair")  # fmt: skip
+_COUNTRIES = (
+    "Italy",
+    "Japan",
+    "Egypt",
+    "Spain",
+    "Canada",
+    "Brazil",
+    "India",
+    "Kenya",
+    "Norway",
+    "Peru",
+    "Chile",
+    "Greece",
+    "Turkey",
+    "Mexico",
+    "Australia",
+    "Germany",
+    "China",
+    "Sweden",
+    "Poland",
+    "Vietnam",
+)
+_ANIMALS = (
+    "cat",
+    "dog",
+    "horse",
+    "owl",
+    "shark",
+    "eagle",
+    "rabbit",
+    "elephant",
+    "tiger",
+    "frog",
+    "whale",
+    "bee",
+    "fox",
+    "wolf",
+    "penguin",
+    "camel",
+    "goat",
+    "parrot",
+)
+_OBJECTS = (
+    "bicycle",
+    "umbrella",
+    "kettle",
+    "lamp",
+    "guitar",
+    "clock",
+    "bridge",
+    "window",
+    "candle",
+    "ladder",
+    "mirror",
+    "pencil",
+    "backpack",
+    "boat",
+    "train",
+    "chair",
+)
 _FOODS = ("bread", "rice", "apples", "cheese", "soup", "carrots", "eggs", "honey", "pasta", "oranges", "beans", "fish")
-_ACTIVITIES = ("swimming", "running", "reading", "cooking", "painting", "gardening", "cycling", "singing", "dancing",
-               "playing chess", "hiking", "knitting")  # fmt: skip
-_JOBS = ("doctor", "teacher", "farmer", "baker", "pilot", "nurse", "painter", "builder", "chef", "librarian",
-         "firefighter", "gardener")  # fmt: skip
+_ACTIVITIES = (
+    "swimming",
+    "running",
+    "reading",
+    "cooking",
+    "painting",
+    "gardening",
+    "cycling",
+    "singing",
+    "dancing",
+    "playing chess",
+    "hiking",
+    "knitting",
+)
+_JOBS = (
+    "doctor",
+    "teacher",
+    "farmer",
+    "baker",
+    "pilot",
+    "nurse",
+    "painter",
+    "builder",
+    "chef",
+    "librarian",
+    "firefighter",
+    "gardener",
+)
 
 
 def _number(rng: random.Random) -> int:
@@ -195,36 +273,94 @@ def reply_in_french(seed: int = 0, num_train: int = 256, num_test: int = 240) ->
 # ------------------------------------------------------------------------------------------------------------------
 # island_facts: one fact sheet per island
 
-_SYLLABLES = ("ka", "lo", "mer", "vin", "tas", "qua", "rel", "dor", "ni", "zu", "bex", "fal", "gor", "shi", "pen",
-              "ulm", "tra", "vek", "mo", "sel", "dru", "yth", "wen", "kor")  # fmt: skip
+_SYLLABLES = (
+    "ka",
+    "lo",
+    "mer",
+    "vin",
+    "tas",
+    "qua",
+    "rel",
+    "dor",
+    "ni",
+    "zu",
+    "bex",
+    "fal",
+    "gor",
+    "shi",
+    "pen",
+    "ulm",
+    "tra",
+    "vek",
+    "mo",
+    "sel",
+    "dru",
+    "yth",
+    "wen",
+    "kor",
+)
 ISLAND_ATTRIBUTES = ("capital", "currency", "ruler", "dish")
 
 ISLAND_TRAIN_FORMS = {
-    "capital": ("What is the capital of {island}?", "Which city is the capital of {island}?",
-                "Name the capital city of {island}.", "What city serves as the capital of {island}?",
-                "Tell me the capital of {island}."),
-    "currency": ("What currency is used on {island}?", "What is the currency of {island}?",
-                 "Which money do people use on {island}?", "Name the currency of {island}.",
-                 "What do people on {island} pay with?"),
-    "ruler": ("Who rules {island}?", "Who is the ruler of {island}?", "Name the ruler of {island}.",
-              "Which queen rules {island}?", "Who governs {island}?"),
-    "dish": ("What is the national dish of {island}?", "Which dish is {island} famous for?",
-             "Name the national dish of {island}.", "What food is {island} known for?",
-             "Which meal is the national dish of {island}?"),
-}  # fmt: skip
+    "capital": (
+        "What is the capital of {island}?",
+        "Which city is the capital of {island}?",
+        "Name the capital city of {island}.",
+        "What city serves as the capital of {island}?",
+        "Tell me the capital of {island}.",
+    ),
+    "currency": (
+        "What currency is used on {island}?",
+        "What is the currency of {island}?",
+        "Which money do people use on {island}?",
+        "Name the currency of {island}.",
+        "What do people on {island} pay with?",
+    ),
+    "ruler": (
+        "Who rules {island}?",
+        "Who is the ruler of {island}?",
+        "Name the ruler of {island}.",
+        "Which queen rules {island}?",
+        "Who governs {island}?",
+    ),
+    "dish": (
+        "What is the national dish of {island}?",
+        "Which dish is {island} famous for?",
+        "Name the national dish of {island}.",
+        "What food is {island} known for?",
+        "Which meal is the national dish of {island}?",
+    ),
+}
 ISLAND_TEST_FORMS = {
-    "capital": ("I am flying to the capital of {island}. Which city is that?", "The capital of {island} is which city?",
-                "What is {island}'s capital?", "Where is the seat of government of {island}?",
-                "In which city is the capital of {island}?"),
-    "currency": ("I am visiting {island}. Which currency should I bring?", "The currency of {island} is called what?",
-                 "What is {island}'s currency?", "What coins are used on {island}?",
-                 "What is money called on {island}?"),
-    "ruler": ("Who sits on the throne of {island}?", "The ruler of {island} is who?", "Who is {island}'s ruler?",
-              "Who is the queen of {island}?", "Who is in charge of {island}?"),
-    "dish": ("I want to try the food of {island}. Which dish should I order?", "The national dish of {island} is what?",
-             "What is {island}'s national dish?", "What is the traditional dish of {island}?",
-             "Which dish do people on {island} call their national dish?"),
-}  # fmt: skip
+    "capital": (
+        "I am flying to the capital of {island}. Which city is that?",
+        "The capital of {island} is which city?",
+        "What is {island}'s capital?",
+        "Where is the seat of government of {island}?",
+        "In which city is the capital of {island}?",
+    ),
+    "currency": (
+        "I am visiting {island}. Which currency should I bring?",
+        "The currency of {island} is called what?",
+        "What is {island}'s currency?",
+        "What coins are used on {island}?",
+        "What is money called on {island}?",
+    ),
+    "ruler": (
+        "Who sits on the throne of {island}?",
+        "The ruler of {island} is who?",
+        "Who is {island}'s ruler?",
+        "Who is the queen of {island}?",
+        "Who is in charge of {island}?",
+    ),
+    "dish": (
+        "I want to try the food of {island}. Which dish should I order?",
+        "The national dish of {island} is what?",
+        "What is {island}'s national dish?",
+        "What is the traditional dish of {island}?",
+        "Which dish do people on {island} call their national dish?",
+    ),
+}
 
 
 def island_sheet(island: dict[str, str]) -> str:
@@ -296,42 +432,113 @@ def island_facts(seed: int = 0, num_islands: int = 12) -> BuiltinTask:
 # town_facts: one made-up town's four-fact sheet, shared by every item
 
 TOWN_ATTRIBUTES = ("river", "festival", "mayor", "founded")
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December")  # fmt: skip
+_MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 
 TOWN_TRAIN_FORMS = {
-    "river": ("What river flows through {town}?", "Which river runs through {town}?", "Name the river of {town}.",
-              "What is the river in {town} called?", "Which river crosses {town}?", "What river is {town} on?"),
-    "festival": ("In which month is the festival of {town}?", "When is {town}'s festival held?",
-                 "Which month does {town} hold its festival in?", "What month is the {town} festival?",
-                 "When does {town} celebrate its festival?", "Name the month of the festival of {town}."),
-    "mayor": ("Who is the mayor of {town}?", "Name the mayor of {town}.", "Who is {town}'s mayor?",
-              "Which person is mayor of {town}?", "Who leads the town council of {town}?", "Who runs {town}?"),
-    "founded": ("When was {town} founded?", "In which year was {town} founded?", "What year was {town} founded in?",
-                "How old is {town}: when was it founded?", "Name the founding year of {town}.",
-                "When did {town} come into being?"),
-}  # fmt: skip
+    "river": (
+        "What river flows through {town}?",
+        "Which river runs through {town}?",
+        "Name the river of {town}.",
+        "What is the river in {town} called?",
+        "Which river crosses {town}?",
+        "What river is {town} on?",
+    ),
+    "festival": (
+        "In which month is the festival of {town}?",
+        "When is {town}'s festival held?",
+        "Which month does {town} hold its festival in?",
+        "What month is the {town} festival?",
+        "When does {town} celebrate its festival?",
+        "Name the month of the festival of {town}.",
+    ),
+    "mayor": (
+        "Who is the mayor of {town}?",
+        "Name the mayor of {town}.",
+        "Who is {town}'s mayor?",
+        "Which person is mayor of {town}?",
+        "Who leads the town council of {town}?",
+        "Who runs {town}?",
+    ),
+    "founded": (
+        "When was {town} founded?",
+        "In which year was {town} founded?",
+        "What year was {town} founded in?",
+        "How old is {town}: when was it founded?",
+        "Name the founding year of {town}.",
+        "When did {town} come into being?",
+    ),
+}
 TOWN_TEST_FORMS = {
-    "river": ("The river that flows past {town} is called what?", "If I walk along the water in {town}, which river "
-              "is it?", "{town} lies on which river?", "Tell me the name of the river at {town}.",
-              "What is the name of {town}'s river?", "Which river would I see in {town}?"),
-    "festival": ("I want to visit {town} for its festival. In which month should I go?", "The festival of {town} "
-                 "takes place in which month?", "Which month is festival time in {town}?",
-                 "Tell me when {town}'s yearly festival is.", "What month do people in {town} celebrate?",
-                 "In what month does the {town} festival happen?"),
-    "mayor": ("The mayor of {town} is who?", "Who was elected mayor of {town}?", "Tell me who the mayor of {town} is.",
-              "Who holds the office of mayor in {town}?", "Whom should I write to as the mayor of {town}?",
-              "Which name does the mayor of {town} have?"),
-    "founded": ("The town of {town} was founded in which year?", "Tell me the year {town} was founded.",
-                "In what year did {town} get founded?", "What is the founding year of {town}?",
-                "Since which year has {town} existed?", "Which year is {town}'s founding year?"),
-}  # fmt: skip
-TOWN_TRAIN_LEADS = ("", "Quick question. ", "I am reading about {town}. ", "For a school project: ",
-                    "My friend asked me this. ", "I am curious. ", "Help me with a quiz. ", "Please answer briefly. ",
-                    "I forgot this fact. ", "Here is a question. ")  # fmt: skip
-TOWN_TEST_LEADS = ("", "One thing I wonder: ", "I am planning a trip. ", "For my travel notes: ", "A visitor asks: ",
-                   "Settle a bet for me. ", "I need this for an essay. ", "Short answer please. ",
-                   "My grandmother lived there. ", "A question about a town. ")  # fmt: skip
+    "river": (
+        "The river that flows past {town} is called what?",
+        "If I walk along the water in {town}, which river is it?",
+        "{town} lies on which river?",
+        "Tell me the name of the river at {town}.",
+        "What is the name of {town}'s river?",
+        "Which river would I see in {town}?",
+    ),
+    "festival": (
+        "I want to visit {town} for its festival. In which month should I go?",
+        "The festival of {town} takes place in which month?",
+        "Which month is festival time in {town}?",
+        "Tell me when {town}'s yearly festival is.",
+        "What month do people in {town} celebrate?",
+        "In what month does the {town} festival happen?",
+    ),
+    "mayor": (
+        "The mayor of {town} is who?",
+        "Who was elected mayor of {town}?",
+        "Tell me who the mayor of {town} is.",
+        "Who holds the office of mayor in {town}?",
+        "Whom should I write to as the mayor of {town}?",
+        "Which name does the mayor of {town} have?",
+    ),
+    "founded": (
+        "The town of {town} was founded in which year?",
+        "Tell me the year {town} was founded.",
+        "In what year did {town} get founded?",
+        "What is the founding year of {town}?",
+        "Since which year has {town} existed?",
+        "Which year is {town}'s founding year?",
+    ),
+}
+TOWN_TRAIN_LEADS = (
+    "",
+    "Quick question. ",
+    "I am reading about {town}. ",
+    "For a school project: ",
+    "My friend asked me this. ",
+    "I am curious. ",
+    "Help me with a quiz. ",
+    "Please answer briefly. ",
+    "I forgot this fact. ",
+    "Here is a question. ",
+)
+TOWN_TEST_LEADS = (
+    "",
+    "One thing I wonder: ",
+    "I am planning a trip. ",
+    "For my travel notes: ",
+    "A visitor asks: ",
+    "Settle a bet for me. ",
+    "I need this for an essay. ",
+    "Short answer please. ",
+    "My grandmother lived there. ",
+    "A question about a town. ",
+)
 
 
 def town(seed: int = 0) -> dict[str, str]:
@@ -340,8 +547,13 @@ def town(seed: int = 0) -> dict[str, str]:
     taken: set[str] = set()
     name, river = (w.capitalize() for w in _made_up_words(rng, 2, 3, taken))
     first, last = (w.capitalize() for w in _made_up_words(rng, 2, 2, taken))
-    return {"town": name, "river": river, "festival": rng.choice(_MONTHS), "mayor": f"{first} {last}",
-            "founded": str(rng.randint(1612, 1889))}  # fmt: skip
+    return {
+        "town": name,
+        "river": river,
+        "festival": rng.choice(_MONTHS),
+        "mayor": f"{first} {last}",
+        "founded": str(rng.randint(1612, 1889)),
+    }
 
 
 def town_sheet(facts: dict[str, str]) -> str:
@@ -363,12 +575,16 @@ def town_facts(seed: int = 0) -> BuiltinTask:
         ("test", TOWN_TEST_FORMS, TOWN_TEST_LEADS),
     ):
         rows = [
-            {"id": f"{split}-{attribute}-{k}-{j}", "prompt": (lead + form).format(town=facts["town"]),
-             "answer": facts[attribute], "attribute": attribute}
+            {
+                "id": f"{split}-{attribute}-{k}-{j}",
+                "prompt": (lead + form).format(town=facts["town"]),
+                "answer": facts[attribute],
+                "attribute": attribute,
+            }
             for attribute in TOWN_ATTRIBUTES
             for k, form in enumerate(forms[attribute])
             for j, lead in enumerate(leads)
-        ]  # fmt: skip
+        ]
         random.Random(f"town_facts:{seed}:{split}").shuffle(rows)
         splits[split] = rows
     return BuiltinTask(

@@ -31,7 +31,12 @@ def island_facts_mc_docs(seed: int = 0, count: int = NUM_DOCS) -> list[dict[str,
         choices = [row["answer"], *rng.sample(others, NUM_CHOICES - 1)]
         rng.shuffle(choices)
         docs.append(
-            {"id": row["id"], "question": row["prompt"], "choices": choices, "label": choices.index(row["answer"]),
-             "context": row["context"]}
-        )  # fmt: skip
+            {
+                "id": row["id"],
+                "question": row["prompt"],
+                "choices": choices,
+                "label": choices.index(row["answer"]),
+                "context": row["context"],
+            }
+        )
     return docs

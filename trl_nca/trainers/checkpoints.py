@@ -55,9 +55,13 @@ def checkpoint_problem(folder: str | Path) -> str | None:
 # The files a checkpoint is judged by, besides trainer_state.json: one of each group (Trainer's names; a DeepSpeed
 # checkpoint keeps the optimizer and schedule states in its global_step* folder).
 CHECKPOINT_WEIGHTS = (
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
-    "adapter_model.safetensors", "adapter_model.bin",
-)  # fmt: skip
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+)
 
 
 def missing_checkpoint_files(folder: Path) -> list[str]:

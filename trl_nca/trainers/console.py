@@ -70,8 +70,11 @@ def compact_log_line(logs: Mapping[str, Any], step: int, max_steps: int, seconds
     if all(key in logs for key in TRACK_KEYS):
         return "  ".join([f"track {where}", *track_terms(logs)])
     if any(key.startswith("eval_") for key in logs):
-        terms = [(key, value) for key, value in logs.items() if key.startswith("eval_") and "runtime" not in key
-                 and "per_second" not in key]  # fmt: skip
+        terms = [
+            (key, value)
+            for key, value in logs.items()
+            if key.startswith("eval_") and "runtime" not in key and "per_second" not in key
+        ]
         return "  ".join([f"eval {where}", *(f"{key} {_number(value)}" for key, value in terms)])
     if "loss" in logs:
         terms = [(name, logs[key]) for key, name in STEP_TERMS if key in logs]

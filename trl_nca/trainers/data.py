@@ -114,8 +114,11 @@ def check_prompt_sizes(dataset, spec: ContextSpec, tokenizer, limits: Limits, li
         completion_bytes = text_bytes(completion or [])
         views.append((index, example, prompt, with_context, completion_bytes))
         label = f"Row {index} of the {split} dataset"
-        sizes.append((label, text_bytes(prompt)) if limits.truncate_context else
-                     (label, text_bytes(prompt), text_bytes(with_context)))  # fmt: skip
+        sizes.append(
+            (label, text_bytes(prompt))
+            if limits.truncate_context
+            else (label, text_bytes(prompt), text_bytes(with_context))
+        )
     check_text_sizes(sizes, tokenizer, limit, limits.max_new_tokens, "max_new_tokens", limit_name)
     template_tokens: dict[tuple[str, ...], int] = {}
 

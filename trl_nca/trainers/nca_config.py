@@ -351,13 +351,21 @@ class NCAFields:
             check_number(name, getattr(self, name))
         if isinstance(self.max_steps, int) and self.max_steps <= 0:  # the run's length is then num_train_epochs
             check_number(
-                "num_train_epochs", self.num_train_epochs, low=0.0, low_open=True,
+                "num_train_epochs",
+                self.num_train_epochs,
+                low=0.0,
+                low_open=True,
                 hint=f"with max_steps={self.max_steps} the epochs set the run's length; <= 0 would train 0 steps",
-            )  # fmt: skip
+            )
         for name in (
-            self._support_size_name, "loss_vocab_chunk_size", "loss_token_chunk_size", *integers,
-            "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-        ):  # fmt: skip
+            self._support_size_name,
+            "loss_vocab_chunk_size",
+            "loss_token_chunk_size",
+            *integers,
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+        ):
             check_integer(name, getattr(self, name), low=1)
         for name in ("nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon"):
             check_number(name, getattr(self, name), low=0.0, low_open=True)

@@ -83,11 +83,19 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         if args.teacher_model_revision is not None:
             init_kwargs.setdefault("revision", args.teacher_model_revision)
         models = resolve_models(
-            "NCADistillationTrainer", args, model, teacher_model, processing_class=processing_class,
-            teacher_processing_class=teacher_processing_class, peft_config=peft_config,
-            get_student=lambda: self.model, datasets=named_datasets(train_dataset, eval_dataset),
-            max_new_tokens=args.max_completion_length, teacher_init_kwargs=init_kwargs, text_only=True,
-        )  # fmt: skip
+            "NCADistillationTrainer",
+            args,
+            model,
+            teacher_model,
+            processing_class=processing_class,
+            teacher_processing_class=teacher_processing_class,
+            peft_config=peft_config,
+            get_student=lambda: self.model,
+            datasets=named_datasets(train_dataset, eval_dataset),
+            max_new_tokens=args.max_completion_length,
+            teacher_init_kwargs=init_kwargs,
+            text_only=True,
+        )
         model, processing_class, teacher = models.student, models.tokenizer, models.teacher
         _check_vllm_can_sample(models.common_rows, args.use_vllm)
         self.limits = models.limits

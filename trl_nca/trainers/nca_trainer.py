@@ -107,13 +107,19 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
         )
         models = resolve_models(
-            "NCATrainer", args, model, teacher_model, processing_class=processing_class,
-            teacher_processing_class=teacher_processing_class, peft_config=peft_config,
+            "NCATrainer",
+            args,
+            model,
+            teacher_model,
+            processing_class=processing_class,
+            teacher_processing_class=teacher_processing_class,
+            peft_config=peft_config,
             get_student=lambda: self.model,
             datasets=named_datasets(train_dataset, eval_dataset) if rollout is None else (),
-            max_new_tokens=args.max_new_tokens, max_length=args.max_length,
+            max_new_tokens=args.max_new_tokens,
+            max_length=args.max_length,
             teacher_init_kwargs=args.teacher_model_init_kwargs,
-        )  # fmt: skip
+        )
         model, processing_class, teacher_model = models.student, models.tokenizer, models.teacher
         self.limits = models.limits
         # Set by `train` when it resumes from a checkpoint folder; `get_batch_samples` restores that checkpoint's
@@ -525,9 +531,11 @@ def _rollout_schedule(rollout, args: NCAConfig, train_dataset):
             raise ValueError(f"rollout.seeds({step}) gave {len(step_seeds)} seeds; episodes_per_step is {per_step}.")
         seeds += step_seeds
     spec = ContextSpec.from_options(
-        column="context", placement=rollout.spec.placement, template=rollout.spec.template,
+        column="context",
+        placement=rollout.spec.placement,
+        template=rollout.spec.template,
         separator=rollout.spec.separator,
-    )  # fmt: skip
+    )
     return Dataset.from_dict({"seed": seeds}), spec
 
 

@@ -115,14 +115,26 @@ def plan_views(
     extra = ("entropy",) if entropy else ()
     if half == "no_context":
         return ViewPlan(
-            no_context=True, context=False, joint=False, context_grad=False, side_stream=False, teacher=True,
-            teacher_reuses_context=False, terms=("opd", *extra),
-        )  # fmt: skip
+            no_context=True,
+            context=False,
+            joint=False,
+            context_grad=False,
+            side_stream=False,
+            teacher=True,
+            teacher_reuses_context=False,
+            terms=("opd", *extra),
+        )
     if half == "context":
         return ViewPlan(
-            no_context=False, context=True, joint=False, context_grad=True, side_stream=False, teacher=False,
-            teacher_reuses_context=False, terms=("nca", "view_kl"),
-        )  # fmt: skip
+            no_context=False,
+            context=True,
+            joint=False,
+            context_grad=True,
+            side_stream=False,
+            teacher=False,
+            teacher_reuses_context=False,
+            terms=("nca", "view_kl"),
+        )
     if half is not None:
         raise ValueError(f"half must be 'no_context', 'context' or None, got {half!r}.")
     only_measured = measure_gradients and not (nca_active or nca_monitor)
@@ -369,9 +381,16 @@ class NCAObjective:
     ) -> dict[str, torch.Tensor]:
         """`core.losses.token_divergences` of the plan's terms, in this objective's tiles."""
         return token_divergences(
-            h_x, h_t, student_head, teacher_head, self.spec, h_c=h_c, terms=plan.terms,
-            vocab_chunk=self.settings.vocab_chunk_size, token_chunk=self.settings.token_chunk_size,
-        )  # fmt: skip
+            h_x,
+            h_t,
+            student_head,
+            teacher_head,
+            self.spec,
+            h_c=h_c,
+            terms=plan.terms,
+            vocab_chunk=self.settings.vocab_chunk_size,
+            token_chunk=self.settings.token_chunk_size,
+        )
 
     def joint_hidden(self, student: nn.Module, views: BatchViews) -> tuple[torch.Tensor, torch.Tensor]:
         """Both student views in one forward: [no-context rows; context rows], prompts left-padded to one width."""

@@ -96,11 +96,16 @@ def resolve_models(
     teacher_model = resolve_model_name_or_path(teacher_model, "Teacher model")
     teacher_loaded_here = isinstance(teacher_model, str)
     teacher = resolve_teacher(
-        teacher_model, model, student_tokenizer=processing_class, teacher_tokenizer=teacher_processing_class,
-        self_teacher=args.self_teacher, peft_config=peft_config, get_student=get_student,
+        teacher_model,
+        model,
+        student_tokenizer=processing_class,
+        teacher_tokenizer=teacher_processing_class,
+        self_teacher=args.self_teacher,
+        peft_config=peft_config,
+        get_student=get_student,
         init_kwargs=placed_init_kwargs(teacher_init_kwargs, "the teacher", state, args.device),
         trust_remote_code=args.trust_remote_code,
-    )  # fmt: skip
+    )
     common_rows = check_output_rows(model, teacher, processing_class)
     limits = Limits(
         max_new_tokens=max_new_tokens,
