@@ -36,8 +36,6 @@ import torch
 from torch.autograd.function import once_differentiable
 from trl.trainer.utils import maybe_gather_lm_head_ctx
 
-from .deprecation import renamed_keyword
-
 
 def _kl(p_log: torch.Tensor, q_log: torch.Tensor) -> torch.Tensor:
     """Elementwise terms of KL(p || q) from (finite) log-probabilities."""
@@ -442,7 +440,6 @@ def token_divergences(
     terms: tuple[str, ...] = _ALL_TERMS,
     vocab_chunk: int = 8192,
     token_chunk: int = 2048,
-    want: tuple[str, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-token divergences (each of shape (num_tokens,)) for the tokens whose hidden states are given.
 
@@ -459,10 +456,7 @@ def token_divergences(
 
     Under DeepSpeed ZeRO-3 the heads are gathered once for the forward and once for the backward, whatever the number
     of tiles; the head's weight gradient is one buffer that every tile adds its rows to.
-
-    `want` is the deprecated name of `terms` (`trl_nca.core.deprecation`).
     """
-    terms = renamed_keyword("token_divergences", "want", "terms", want, terms, _ALL_TERMS)
     # In the order _tile_terms appends them; the context terms only with a context view.
     order = ("opd", "nca", "view_kl", "entropy")
     terms = tuple(w for w in order if w in terms and (w in ("opd", "entropy") or h_c is not None))
