@@ -195,11 +195,11 @@ def batch_sizes(plan, sizes: list[int], repeats: int):
     size's, and the items whose records differ from the first size's (the batch size is left out of the run key)."""
     from transformers import AutoTokenizer
 
-    from trl_nca.recipes.compare import _load_base
+    from trl_nca.recipes.compare import load_base
 
     path = plan.model_paths[None]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = _load_base(path, plan.model_init_kwargs).eval()
+    model = load_base(path, plan.model_init_kwargs).eval()
     seconds, records = defaultdict(list), {}
     for _ in range(repeats):
         for size in sizes:
@@ -223,14 +223,14 @@ def decoding(plan):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import CompileConfig
 
-    from trl_nca.recipes.compare import _load_base
+    from trl_nca.recipes.compare import load_base
 
     path = plan.model_paths[None]
     print(
         "\n| dtype | batch | prefill of 45 tokens s | decoding step ms | tokens/s |\n| --- | ---: | ---: | ---: | ---: |"
     )
     for dtype in ("float32", "bfloat16"):
-        model = _load_base(path, {**plan.model_init_kwargs, "dtype": dtype})
+        model = load_base(path, {**plan.model_init_kwargs, "dtype": dtype})
         targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=targets)).eval()
         for rows in (8, 32, 64, 128):
@@ -246,7 +246,7 @@ def decoding(plan):
                 step = (time.perf_counter() - start) / 8
             print(f"| {dtype} | {rows} | {prefill:.2f} | {1000 * step:.0f} | {rows / step:.1f} |", flush=True)
         del model
-    model = _load_base(path, plan.model_init_kwargs).eval()
+    model = load_base(path, plan.model_init_kwargs).eval()
     ids = torch.randint(100, 1000, (128, 40), generator=torch.Generator().manual_seed(0))
     seconds, tokens = defaultdict(list), {}
     for _ in range(2):
@@ -292,7 +292,7 @@ def main():
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from trl_nca.recipes.compare import _load_base
+    from trl_nca.recipes.compare import load_base
 
     torch.set_num_threads(1)
     hf_logging.disable_progress_bar()
@@ -327,7 +327,7 @@ def main():
                     student = model
                 else:
                     del model
-        models = {"base": _load_base(plan.model_paths[None], plan.model_init_kwargs).eval(), "student": student.eval()}
+        models = {"base": load_base(plan.model_paths[None], plan.model_init_kwargs).eval(), "student": student.eval()}
         evals, calls = {}, defaultdict(list)
         for name, model in models.items():
             seconds, records = defaultdict(list), {}

@@ -250,7 +250,7 @@ class Stopwatch:
         return time.perf_counter() - self.start
 
 
-def _number(value: Any) -> str:
+def format_number(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e6:

@@ -523,14 +523,16 @@ def test_lora_target_modules_are_recorded_in_one_order():
     summaries that wrote it as a set's string (trl-nca 0.1.0) still compare equal."""
     from peft import LoraConfig
 
-    from trl_nca.recipes.compare import _differences, _peft_settings
+    from trl_nca.recipes.compare import peft_settings, setting_differences
     from trl_nca.recipes.ranges import canonical
 
     modules = ["v_proj", "q_proj", "down_proj", "k_proj"]
-    assert _peft_settings(LoraConfig(target_modules=modules))["target_modules"] == sorted(modules)
+    assert peft_settings(LoraConfig(target_modules=modules))["target_modules"] == sorted(modules)
     old = {"peft": {"target_modules": "{'v_proj', 'q_proj'}", "r": 8}}
-    assert _differences(old, {"peft": {"target_modules": ["q_proj", "v_proj"], "r": 8}}) == []
-    assert _differences(old, {"peft": {"target_modules": ["k_proj", "q_proj"], "r": 8}})  # other modules still differ
+    assert setting_differences(old, {"peft": {"target_modules": ["q_proj", "v_proj"], "r": 8}}) == []
+    assert setting_differences(
+        old, {"peft": {"target_modules": ["k_proj", "q_proj"], "r": 8}}
+    )  # other modules still differ
     assert canonical({"a": "{'not a set'"}) == {"a": "{'not a set'"}
 
 

@@ -407,7 +407,7 @@ def _run_settings(script_args, training_args, model_path: str, peft_config, trai
     nca_beta, the learning rate and schedule, the context, ...), the student and its adapter settings, and the data
     (its source, split and row limit, and the file's sha256 or the loaded dataset's fingerprint)."""
     from ..inputs import sha256_file
-    from ..recipes.compare import _peft_settings, training_settings
+    from ..recipes.compare import peft_settings, training_settings
 
     source = script_args.dataset_name
     if Path(source).is_file():
@@ -427,7 +427,7 @@ def _run_settings(script_args, training_args, model_path: str, peft_config, trai
         "training": training_settings(training_args, skip=("teacher_model_name_or_path",)),
         "teacher": training_args.teacher_model_name_or_path,
         "model": model_path,
-        "peft": _peft_settings(peft_config) if peft_config is not None else None,
+        "peft": peft_settings(peft_config) if peft_config is not None else None,
         "data": data,
     }
 

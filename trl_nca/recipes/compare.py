@@ -44,22 +44,22 @@ from .compare_args import (
     CompareArguments,
     CompareInputError,
     Method,
-    _check_sdft_task,
-    _check_seed,
     check_arguments,
     check_lora_sizes,
     check_methods,
+    check_sdft_task,
+    check_seed,
     check_types,
     parse_method,
 )
 from .compare_eval import (
     Evaluated,
-    _apply_exclusion,
-    _bases_decide_runs,
-    _evaluate_bases,
-    _load_base,
-    _tokenizers,
+    apply_exclusion,
+    bases_decide_runs,
     diagnostic_rates,
+    evaluate_bases,
+    load_base,
+    load_tokenizers,
 )
 from .compare_plan import (
     MAX_UNKNOWN_FRACTION,
@@ -67,22 +67,22 @@ from .compare_plan import (
     SETTINGS_FIX,
     Plan,
     Run,
-    _check_model_paths,
-    _check_output_folder,
-    _check_task_fits_model,
-    _checked_peft_config,
-    _differences,
-    _evaluator,
-    _jsonable,
-    _model_paths,
-    _peft_settings,
-    _planned_runs,
+    check_model_paths,
+    check_output_folder,
+    check_task_fits_model,
+    checked_peft_config,
+    jsonable,
+    paired_evaluator,
+    peft_settings,
+    planned_runs,
     refuse_changed_settings,
+    resolve_model_paths,
     run_config,
+    setting_differences,
     training_settings,
 )
-from .compare_report import _report, _write_plan
-from .compare_students import CURVE_KEYS, _evaluate_student, _units_in_workers, compact_history, train_run
+from .compare_report import write_comparison_report, write_plan
+from .compare_students import CURVE_KEYS, compact_history, evaluate_student, train_run, units_in_workers
 from .statistics import SUMMARY_KEYS, aggregate, conclusion, render_table, table_legend
 
 
@@ -121,9 +121,9 @@ __all__ = [
     "train_run",
     "training_settings",
     # imported from here by `trl-nca train` and the benchmarks
-    "_differences",
-    "_load_base",
-    "_peft_settings",
+    "setting_differences",
+    "load_base",
+    "peft_settings",
 ]
 
 
@@ -150,8 +150,8 @@ class CompareRecipe:
         train_rows, test_rows, evaluator = self._setup_data(task, methods)
         root = self._setup_output_dir()
         settings = self._setup_settings(task, train_rows, model_name, model_init_kwargs, peft_config, evaluator)
-        runs = _planned_runs(self.args, self.config, task, methods, root, settings["student"])
-        _check_output_folder(root, settings, runs, len(test_rows))
+        runs = planned_runs(self.args, self.config, task, methods, root, settings["student"])
+        check_output_folder(root, settings, runs, len(test_rows))
         self._setup_slices(runs)
         model_paths = self._setup_model_paths(task, model_name, root, settings)
         self._setup_budgets(task, methods, root, train_rows, evaluator, model_paths)
@@ -176,7 +176,7 @@ class CompareRecipe:
         args = self.args
         if args.task not in task_names():
             raise CompareInputError(f"`task: {args.task}` is not a built-in task; choose one of {task_names()}.")
-        _check_seed("task_seed", args.task_seed)
+        check_seed("task_seed", args.task_seed)
         task = get_task(args.task, seed=args.task_seed)
         check_arguments(args, task)
         return task
@@ -192,7 +192,7 @@ class CompareRecipe:
 
     def _setup_model(self, model_name: str) -> tuple[Any, dict[str, Any]]:
         """The students' LoRA config and the keyword arguments every model is loaded with."""
-        peft_config = _checked_peft_config(self.args, self.model_args, model_name)
+        peft_config = checked_peft_config(self.args, self.model_args, model_name)
         model_init_kwargs = {"dtype": self.model_args.dtype or "float32", **(self.config.model_init_kwargs or {})}
         try:
             check_dtype(model_init_kwargs)
@@ -204,9 +204,9 @@ class CompareRecipe:
         """The training and held-out rows used, and the paired evaluator of the held-out ones."""
         args = self.args
         train_rows = task.train if args.num_train is None else task.train[: args.num_train]
-        _check_sdft_task(methods, task, train_rows)
+        check_sdft_task(methods, task, train_rows)
         test_rows = task.test if args.eval_items is None else task.test[: args.eval_items]
-        return train_rows, test_rows, _evaluator(args, self.config, task, test_rows)
+        return train_rows, test_rows, paired_evaluator(args, self.config, task, test_rows)
 
     def _setup_output_dir(self) -> Path:
         root = Path(self.config.output_dir)
@@ -226,8 +226,8 @@ class CompareRecipe:
             "train_rows": len(train_rows),
             "train_rows_sha256": sha256_text(json.dumps(train_rows, sort_keys=True, default=str)),
             "model": model_name,
-            "model_init_kwargs": _jsonable(model_init_kwargs),
-            "peft": _peft_settings(peft_config),
+            "model_init_kwargs": jsonable(model_init_kwargs),
+            "peft": peft_settings(peft_config),
             "monitor_opd": args.monitor_opd,
             "track_every": args.track_every,
             "track_items": args.track_items,
@@ -253,11 +253,11 @@ class CompareRecipe:
         """The model each organism (or the one base) resolves to, recorded in `settings` and checked against a saved
         comparison's; the task is checked to fit an organism's tokenizer before it is pretrained, any other model's
         after it is resolved."""
-        _check_task_fits_model(task, model_name)
-        model_paths = _model_paths(model_name, self.args.organism_seeds)
-        _check_task_fits_model(task, model_name, model_paths)
+        check_task_fits_model(task, model_name)
+        model_paths = resolve_model_paths(model_name, self.args.organism_seeds)
+        check_task_fits_model(task, model_name, model_paths)
         settings["model_paths"] = {str(organism): path for organism, path in model_paths.items()}
-        _check_model_paths(root / "settings.json", settings["model_paths"])
+        check_model_paths(root / "settings.json", settings["model_paths"])
         return model_paths
 
     def _setup_budgets(self, task, methods, root: Path, train_rows, evaluator, model_paths) -> None:
@@ -270,22 +270,22 @@ class CompareRecipe:
     def run(plan: Plan) -> dict[str, Any]:
         """Train, evaluate and report a checked comparison; returns the summary written to `comparison.json`."""
         start = time.perf_counter()
-        _write_plan(plan)
+        write_plan(plan)
         evaluated = Evaluated()
         job = JobEstimate(sum(not (run.folder / "done.json").exists() for run in plan.runs))
-        if plan.args.workers > 1 and not _bases_decide_runs(plan):
+        if plan.args.workers > 1 and not bases_decide_runs(plan):
             # no base result chooses the students: the bases' evaluations run in the workers beside the students
-            _units_in_workers(plan, _tokenizers(plan), bases=list(plan.model_paths), job=job)
-        tokenizers = _evaluate_bases(plan, evaluated)  # loads what the workers wrote
-        plan = _apply_exclusion(plan, evaluated)
+            units_in_workers(plan, load_tokenizers(plan), bases=list(plan.model_paths), job=job)
+        tokenizers = evaluate_bases(plan, evaluated)  # loads what the workers wrote
+        plan = apply_exclusion(plan, evaluated)
         if plan.args.workers > 1:
-            _units_in_workers(plan, tokenizers, job=job)
+            units_in_workers(plan, tokenizers, job=job)
         for run in plan.runs:  # after the workers, each student is loaded back with its records
             trains = not (run.folder / "done.json").exists()
-            _evaluate_student(plan, run, tokenizers[run.organism], evaluated)
+            evaluate_student(plan, run, tokenizers[run.organism], evaluated)
             if trains:  # trained here (one worker): the whole job's estimate, from the students finished so far
                 say(job.finished(run.name), level="units")
-        return _report(plan, evaluated, start)
+        return write_comparison_report(plan, evaluated, start)
 
 
 def plan_comparison(args: CompareArguments, config, model_args) -> Plan:

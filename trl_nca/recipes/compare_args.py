@@ -277,7 +277,7 @@ def check_methods(methods: Sequence[Method], config) -> list[Method]:
     return checked
 
 
-def _check_sdft_task(methods: Sequence[Method], task: BuiltinTask, train_rows) -> None:
+def check_sdft_task(methods: Sequence[Method], task: BuiltinTask, train_rows) -> None:
     """A `trainer=sdft` method needs a context on every training row, placed in the user turn (`recipes/sdft.py`)."""
     from . import sdft
 
@@ -300,7 +300,7 @@ def _check_count(name: str, value: Any, minimum: int, optional: bool = False) ->
 MAX_SEED = 2**32 - 1
 
 
-def _check_seed(name: str, seed: Any) -> None:
+def check_seed(name: str, seed: Any) -> None:
     if not is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise CompareInputError(
             f"`{name}` holds {seed!r} ({type(seed).__name__}); every seed must be a whole number from 0 to {MAX_SEED}, "
@@ -314,7 +314,7 @@ def _check_seed_list(name: str, seeds: Any) -> None:
     if not isinstance(seeds, (list, tuple)):
         raise CompareInputError(f"`{name}` must be a list of seeds, e.g. [0, 1, 2], got {seeds!r}.")
     for seed in seeds:
-        _check_seed(name, seed)
+        check_seed(name, seed)
     repeated = sorted({s for s in seeds if list(seeds).count(s) > 1})
     if repeated:
         raise CompareInputError(
@@ -365,8 +365,8 @@ def check_types(args: CompareArguments) -> None:
 def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
     """Every count and seed list of `args`, against the task's sizes; raises `CompareInputError`."""
     _check_seed_list("seeds", args.seeds)
-    _check_seed("task_seed", args.task_seed)
-    _check_seed("eval_seed", args.eval_seed)
+    check_seed("task_seed", args.task_seed)
+    check_seed("eval_seed", args.eval_seed)
     if args.organism_seeds is not None:
         _check_seed_list("organism_seeds", args.organism_seeds)
     _check_count("num_train", args.num_train, 1, optional=True)

@@ -17,7 +17,7 @@ from .statistics import SUMMARY_KEYS
 logger = logging.getLogger(__name__)
 
 
-def _load_base(model_path: str, model_init_kwargs: dict[str, Any]):
+def load_base(model_path: str, model_init_kwargs: dict[str, Any]):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_path, **model_init_kwargs)
@@ -59,7 +59,7 @@ class Evaluated:
     exclusion: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def _apply_exclusion(plan: Plan, evaluated: Evaluated) -> Plan:
+def apply_exclusion(plan: Plan, evaluated: Evaluated) -> Plan:
     """The exclusion rule and the organism limit of the plan, applied to the evaluated bases: the plan without the
     runs (and base rows) of the organisms left out; each organism's verdict goes to `evaluated.exclusion`."""
     args = plan.args
@@ -92,27 +92,27 @@ def _apply_exclusion(plan: Plan, evaluated: Evaluated) -> Plan:
     return dataclasses.replace(plan, runs=[run for run in plan.runs if run.organism in kept])
 
 
-def _evaluate_bases(plan: Plan, evaluated: Evaluated) -> dict[int | None, Any]:
+def evaluate_bases(plan: Plan, evaluated: Evaluated) -> dict[int | None, Any]:
     """Evaluate each base model (one per organism seed), or load its records where a worker or an earlier invocation
     wrote them; returns their tokenizers, which the students share."""
-    tokenizers = _tokenizers(plan)
+    tokenizers = load_tokenizers(plan)
     for organism in plan.model_paths:
-        _evaluate_base(plan, organism, tokenizers[organism], evaluated)
+        evaluate_base(plan, organism, tokenizers[organism], evaluated)
     return tokenizers
 
 
-def _tokenizers(plan: Plan) -> dict[int | None, Any]:
+def load_tokenizers(plan: Plan) -> dict[int | None, Any]:
     from transformers import AutoTokenizer
 
     return {organism: AutoTokenizer.from_pretrained(path) for organism, path in plan.model_paths.items()}
 
 
-def _evaluate_base(plan: Plan, organism: int | None, tokenizer, evaluated: Evaluated) -> None:
+def evaluate_base(plan: Plan, organism: int | None, tokenizer, evaluated: Evaluated) -> None:
     """The paired evaluation of one base model, its records appended to `evaluated`."""
     from ..eval import ModelRun
 
     model_path = plan.model_paths[organism]
-    base = _load_base(model_path, plan.model_init_kwargs)
+    base = load_base(model_path, plan.model_init_kwargs)
     prov = plan.evaluator.provenance(base, model_path)
     path = plan.base_folder(organism) / "records.jsonl"
     name = plan.base_name(organism)
@@ -124,13 +124,13 @@ def _evaluate_base(plan: Plan, organism: int | None, tokenizer, evaluated: Evalu
     evaluated.identity[name] = ("base", organism, None)
 
 
-def _bases_decide_runs(plan: Plan) -> bool:
+def bases_decide_runs(plan: Plan) -> bool:
     """Whether the bases' results choose which students run (the exclusion rule or the organism limit), so that the
     bases are evaluated before any student starts."""
     return plan.args.organism_min_base_acc_xc is not None or plan.args.organism_limit is not None
 
 
-def _per_seed_rows(
+def per_seed_rows(
     task: BuiltinTask, evaluated: Evaluated, diagnostics: dict[str, dict[str, float]] | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """Every evaluated model's metrics as one row, grouped by method (the base models under "base"). `diagnostics`:

@@ -78,7 +78,7 @@ def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir:
     return dataclasses.replace(config, **overrides)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """`value` as JSON values; a set becomes a sorted list (its own order changes with every process's hash seed)."""
     return json.loads(json.dumps(value, sort_keys=True, default=json_default))
 
@@ -86,21 +86,21 @@ def _jsonable(value: Any) -> Any:
 def training_settings(config, skip: Sequence[str] = ()) -> dict[str, Any]:
     """The `NCAConfig` fields that shape a student (every field but `NON_SHAPING_FIELDS` and `skip`), as JSON values."""
     skipped = {*NON_SHAPING_FIELDS, *skip}
-    return _jsonable({k: v for k, v in config.to_dict().items() if k not in skipped})
+    return jsonable({k: v for k, v in config.to_dict().items() if k not in skipped})
 
 
-def _peft_settings(peft_config) -> dict[str, Any]:
+def peft_settings(peft_config) -> dict[str, Any]:
     data = peft_config.to_dict() if hasattr(peft_config, "to_dict") else dataclasses.asdict(peft_config)
-    return _jsonable({k: v for k, v in data.items() if k not in ("base_model_name_or_path", "revision")})
+    return jsonable({k: v for k, v in data.items() if k not in ("base_model_name_or_path", "revision")})
 
 
-def _differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
+def setting_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
     """(setting, old value, new value) for every setting that differs, nested dicts flattened as `a.b`."""
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = canonical(old.get(key, "<not set>")), new.get(key, "<not set>")
         if isinstance(a, dict) and isinstance(b, dict):
-            out += _differences(a, b, f"{prefix}{key}.")
+            out += setting_differences(a, b, f"{prefix}{key}.")
         elif a != b:
             out.append((f"{prefix}{key}", a, b))
     return out
@@ -115,7 +115,7 @@ def _refuse_mismatch(
 ) -> None:
     """Refuse a resume whose settings `new` differ from the recorded `old` (in `path`), listing the first differences;
     `why` says what resuming would do (`trl-nca train` uses it too)."""
-    diffs = _differences(old, new)
+    diffs = setting_differences(old, new)
     if not diffs:
         return
     listed = "; ".join(f"`{k}` was {a!r}, now {b!r}" for k, a, b in diffs[:5])
@@ -172,7 +172,7 @@ def _organism_spec(alias: str, seed: int):
     return dataclasses.replace(spec_for_alias(alias), seed=seed)
 
 
-def _model_paths(model_name: str, organism_seeds: Sequence[int] | None) -> dict[int | None, str]:
+def resolve_model_paths(model_name: str, organism_seeds: Sequence[int] | None) -> dict[int | None, str]:
     """Resolve the model (pretraining an organism the first time it is asked for): the last step of the plan."""
     from ..models.names import resolve_model_name_or_path
     from ..models.organism import organism_model_path, use_one_cpu_thread
@@ -188,7 +188,7 @@ def _model_paths(model_name: str, organism_seeds: Sequence[int] | None) -> dict[
 MAX_UNKNOWN_FRACTION = 0.01
 
 
-def _check_task_fits_model(task: BuiltinTask, model_name: str, model_paths: Mapping[Any, str] | None = None) -> None:
+def check_task_fits_model(task: BuiltinTask, model_name: str, model_paths: Mapping[Any, str] | None = None) -> None:
     """Refuse a task whose prompts and context the model's tokenizer mostly cannot represent (every unknown word
     becomes the same unknown token in both views). Without `model_paths`, only an organism alias is checked (its
     tokenizer needs no pretraining); with them, the tokenizer of every other model."""
@@ -217,7 +217,7 @@ def _check_task_fits_model(task: BuiltinTask, model_name: str, model_paths: Mapp
     )
 
 
-def _checked_peft_config(args: CompareArguments, model_args, model_name: str):
+def checked_peft_config(args: CompareArguments, model_args, model_name: str):
     """The students' LoRA config; `organism_seeds` only with the organism."""
     from trl import get_peft_config
 
@@ -237,7 +237,7 @@ def _checked_peft_config(args: CompareArguments, model_args, model_name: str):
     return peft_config
 
 
-def _evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):
+def paired_evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):
     """The paired evaluator of the base models and the students, with the comparison's sampling settings."""
     from ..eval import GenerationSettings, PairedEvaluator
 
@@ -259,7 +259,7 @@ def _evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):
     )
 
 
-def _planned_runs(args, config, task, methods, root: Path, student: dict[str, Any]) -> list[Run]:
+def planned_runs(args, config, task, methods, root: Path, student: dict[str, Any]) -> list[Run]:
     """One run per method, organism seed and training seed, each with its folder, checked config and settings."""
     organisms: list[int | None] = list(args.organism_seeds) if args.organism_seeds is not None else [None]
     runs = []
@@ -287,11 +287,11 @@ SETTINGS_FIX = (
 )
 
 
-def _done_fix(run: Run) -> str:
+def done_fix(run: Run) -> str:
     return f"Delete the folder {run.folder} (its student is trained again) and run the same command again."
 
 
-def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Run], eval_items: int) -> None:
+def check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Run], eval_items: int) -> None:
     """An existing output folder must hold this comparison: its settings, its number of evaluated items (in
     `task.json`) and every finished student's settings."""
     saved = root / "settings.json"
@@ -303,14 +303,14 @@ def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Ru
                 f"{task_file} holds a comparison evaluated on {old_items} held-out items, now {eval_items} (`eval_items`)"
                 ". Resuming would mix them into one table. Use a new output_dir, or set them back."
             )
-    if saved.exists():  # the resolved model paths are compared after resolving (`_check_model_paths`)
+    if saved.exists():  # the resolved model paths are compared after resolving (`check_model_paths`)
         old = {k: v for k, v in read_json_output(saved, SETTINGS_FIX).items() if k != "model_paths"}
         _refuse_mismatch("a comparison", saved, old, settings)
     for run in runs:
         done = run.folder / "done.json"
         if not done.exists():
             continue
-        old = read_json_output(done, _done_fix(run)).get("settings")
+        old = read_json_output(done, done_fix(run)).get("settings")
         if old is None:
             raise CompareInputError(
                 f"{done} was written by an older trl-nca without the settings of its student, so it cannot be checked "
@@ -321,7 +321,7 @@ def _check_output_folder(root: Path, settings: dict[str, Any], runs: Sequence[Ru
         raise CompareInputError(f"{root} holds finished students but no settings.json; use a new output_dir.")
 
 
-def _check_model_paths(saved: Path, model_paths: dict[str, str]) -> None:
+def check_model_paths(saved: Path, model_paths: dict[str, str]) -> None:
     """The models the names resolve to (e.g. the organism of another trl-nca version) must be those of the saved
     comparison, where both have them."""
     if saved.exists():

@@ -1,5 +1,5 @@
-"""What a comparison writes: its settings and task before anything runs (`_write_plan`), and after the evaluations
-the paired report, the table, the statistics over runs, the figures and the reading (`_report`: `summarize`, then
+"""What a comparison writes: its settings and task before anything runs (`write_plan`), and after the evaluations
+the paired report, the table, the statistics over runs, the figures and the reading (`write_comparison_report`: `summarize`, then
 `write_summary`, which the tables built from slices share, `recipes.slices`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.checks import format_pct
 from ..inputs import write_text_atomic
-from .compare_eval import Evaluated, _per_seed_rows
+from .compare_eval import Evaluated, per_seed_rows
 from .compare_plan import Plan
 from .outcomes import read_per_organism
 from .ranges import read_against_ranges
@@ -33,7 +33,7 @@ from .statistics import (
 )
 
 
-def _write_plan(plan: Plan) -> None:
+def write_plan(plan: Plan) -> None:
     """The comparison's settings and task, written before anything runs."""
     task = plan.task
     plan.root.mkdir(parents=True, exist_ok=True)
@@ -56,7 +56,7 @@ def _write_plan(plan: Plan) -> None:
     )
 
 
-def _report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
+def write_comparison_report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     """The paired report, the table, the statistics over runs and the figures; returns the summary written to
     `comparison.json`."""
     from ..eval import write_report
@@ -165,11 +165,11 @@ def summarize(
 ) -> dict[str, Any]:
     """The table, the statistics over runs and the readings of what `evaluated` holds, as the summary of
     `comparison.json` (its `table` and `statistics_table` are the printed texts); `diagnostics` as in
-    `compare_eval._per_seed_rows`."""
+    `compare_eval.per_seed_rows`."""
     from .plots import tracking_reading
 
     args, task = plan.args, plan.task
-    per_seed = _per_seed_rows(task, evaluated, diagnostics)
+    per_seed = per_seed_rows(task, evaluated, diagnostics)
     extra = ("regime", "organism", "seed")
     keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
     aggregated = aggregate(per_seed, keys)

@@ -26,8 +26,8 @@ from typing import Any
 from ..console import JobEstimate, in_detail, say, speaking_for
 from ..inputs import close_inherited_locks, read_json_output, write_text_atomic
 from ..tasks import BuiltinTask
-from .compare_eval import Evaluated, _evaluate_base, _load_base
-from .compare_plan import Plan, Run, _done_fix
+from .compare_eval import Evaluated, evaluate_base, load_base
+from .compare_plan import Plan, Run, done_fix
 
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def train_run(
     from ..trainers.nca_trainer import NCATrainer
     from . import sdft
 
-    model = _load_base(model_path, model_init_kwargs)
+    model = load_base(model_path, model_init_kwargs)
     trainer_class = NCATrainer
     if sdft.is_sdft_config(config):
         trainer_class = sdft.sdft_trainer  # TRL's SDFTTrainer on the task's rows as prompt + privileged_context
@@ -188,10 +188,10 @@ def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[s
         if _WORKER.stopping:
             return None
         if kind == "base":
-            _evaluate_base(plan, key, tokenizers[key], Evaluated())
+            evaluate_base(plan, key, tokenizers[key], Evaluated())
             return plan.base_name(key)
         run = plan.runs[key]
-        _evaluate_student(plan, run, tokenizers[run.organism], Evaluated())
+        evaluate_student(plan, run, tokenizers[run.organism], Evaluated())
         return run.name
     except UnitStopped:
         return None
@@ -199,7 +199,7 @@ def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[s
         _WORKER.in_unit = _WORKER.training = False
 
 
-def _units_in_workers(
+def units_in_workers(
     plan: Plan, tokenizers: dict[int | None, Any], bases: Sequence[int | None] = (), job: JobEstimate | None = None
 ) -> None:
     """Evaluate the bases in `bases` and train and evaluate the unfinished students in `workers` forked processes,
@@ -283,7 +283,7 @@ def _interrupts_passed_on(pool):
     return manager()
 
 
-def _evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
+def evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
     """Train the student of `run` (or load it, when its folder holds a finished one), then evaluate it."""
     with speaking_for(run.name):  # its progress lines name it: several students may run at once
         _evaluate_named_student(plan, run, tokenizer, evaluated)
@@ -296,7 +296,7 @@ def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluate
     records_path = run.folder / "eval" / "records.jsonl"
     done_path = run.folder / "done.json"
     if done_path.exists():
-        done = read_json_output(done_path, _done_fix(run))
+        done = read_json_output(done_path, done_fix(run))
         from peft import PeftModel
 
         from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
@@ -304,7 +304,7 @@ def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluate
         with (
             quiet_old_checkpointing_names()
         ):  # PEFT reads transformers' deprecated name (trainers.activation_checkpointing)
-            student = PeftModel.from_pretrained(_load_base(model_path, plan.model_init_kwargs), str(run.folder))
+            student = PeftModel.from_pretrained(load_base(model_path, plan.model_init_kwargs), str(run.folder))
     else:
         done, student = _train_student(plan, run, model_path, tokenizer)
         write_text_atomic(done_path, json.dumps(done, indent=2, default=str) + "\n")

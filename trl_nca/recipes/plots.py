@@ -337,7 +337,7 @@ def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str 
     `n_items` (the evaluated items), a run whose harm divides by fewer than `FEW_ITEMS` items right without the context
     is a hollow dot, left out of the box, and a note says so: a rate of so few items is not one to read."""
     from ..eval.metrics import FEW_ITEMS
-    from .statistics import _denominators
+    from .statistics import rate_denominators
 
     names = list(per_seed)
     fig = new_figure(max(4.0, 1.2 + 1.1 * len(names)), 3.4)
@@ -349,7 +349,9 @@ def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str 
         if not rows:
             ax.text(i, 2, "n/a", ha="center", fontsize=8)
             continue
-        few = [n_items is not None and _denominators(row, n_items).get("harm", FEW_ITEMS) < FEW_ITEMS for row in rows]
+        few = [
+            n_items is not None and rate_denominators(row, n_items).get("harm", FEW_ITEMS) < FEW_ITEMS for row in rows
+        ]
         values = np.array([100 * row["harm"] for row in rows])
         solid = values[~np.array(few)]
         if len(solid) > 1:

@@ -83,7 +83,7 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _differences(documented: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
+def setting_differences(documented: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
     """`setting` (documented value, this run's) for every setting where the two differ."""
     old, new = _flat(documented), _flat(settings)
     return [
@@ -127,8 +127,8 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
         same_task = [e for e in experiments if e["match"]["student"].get("task") == settings["student"].get("task")]
         nearest = ""
         if same_task:  # name what differs from the documented experiment of this task
-            closest = min(same_task, key=lambda e: len(_differences(e["match"], settings)))
-            diffs = _differences(closest["match"], settings)
+            closest = min(same_task, key=lambda e: len(setting_differences(e["match"], settings)))
+            diffs = setting_differences(closest["match"], settings)
             more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
             nearest = f" {closest['name']} differs in " + "; ".join(diffs[:3]) + more + "."
         return (

@@ -45,8 +45,8 @@ from typing import Any
 
 from ..inputs import sha256_text, write_text_atomic
 from .compare_args import CompareInputError
-from .compare_eval import Evaluated, _apply_exclusion, diagnostic_rates
-from .compare_plan import Plan, Run, _differences
+from .compare_eval import Evaluated, apply_exclusion, diagnostic_rates
+from .compare_plan import Plan, Run, setting_differences
 
 
 SLICE_FORMAT = 2
@@ -200,26 +200,26 @@ def run_slice(plan: Plan, unit: str, slices_dir: str | Path) -> Path:
     file's path."""
     from transformers import AutoTokenizer
 
-    from .compare_eval import _evaluate_bases
-    from .compare_report import _write_plan
-    from .compare_students import _evaluate_student
+    from .compare_eval import evaluate_bases
+    from .compare_report import write_plan
+    from .compare_students import evaluate_student
 
     _check_unit(plan, unit)
     header = slice_header(plan)
     start = time.perf_counter()
-    _write_plan(plan)
+    write_plan(plan)
     evaluated = Evaluated()
     bases = {base_unit(o): o for o in plan.model_paths}
     if unit in bases:
         organism = bases[unit]
         one = _only_organism(plan, organism)
-        _evaluate_bases(one, evaluated)
+        evaluate_bases(one, evaluated)
         method, seed = "base", None
     else:
         run = next(r for r in plan.runs if run_unit(r) == unit)
         _check_not_excluded(plan, run, slices_dir)
         tokenizer = AutoTokenizer.from_pretrained(plan.model_paths[run.organism])
-        _evaluate_student(plan, run, tokenizer, evaluated)
+        evaluate_student(plan, run, tokenizer, evaluated)
         organism, method, seed = run.organism, run.method.name, run.seed
     (model_run,) = evaluated.runs
     data = {
@@ -268,7 +268,7 @@ def _check_not_excluded(plan: Plan, run: Run, slices_dir: str | Path) -> None:
         check_slice(plan, piece, base_unit(organism))
         slices[base_unit(organism)] = piece
     evaluated = _evaluated_from(plan, slices)
-    kept = {r.organism for r in _apply_exclusion(plan, evaluated).runs}
+    kept = {r.organism for r in apply_exclusion(plan, evaluated).runs}
     if run.organism not in kept:
         verdict = evaluated.exclusion[str(run.organism)]["verdict"]
         raise SliceError(f"The student {run.name} is not run: organism {run.organism} is {verdict}.")
@@ -496,7 +496,7 @@ def check_slice(plan: Plan, piece: Slice, unit: str, header: Mapping[str, Any] |
     header = slice_header(plan) if header is None else header
     ours = {k: header[k] for k in HEADER_KEYS} | {"run_settings": _run_settings(plan, unit)}
     theirs = {k: getattr(piece, k) for k in HEADER_KEYS} | {"run_settings": piece.run_settings}
-    differences = _differences(theirs, ours)
+    differences = setting_differences(theirs, ours)
     if differences:
         listed = "; ".join(f"`{key}` was {old!r}, now {new!r}" for key, old, new in differences[:5])
         more = f" (and {len(differences) - 5} more)" if len(differences) > 5 else ""
@@ -565,7 +565,7 @@ def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
 
     slices = read_slices(plan, slices_dir)
     evaluated = _evaluated_from(plan, slices)
-    plan = _apply_exclusion(plan, evaluated)
+    plan = apply_exclusion(plan, evaluated)
     names = {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
     evaluated.runs = [r for r in evaluated.runs if r.name in names.values()]
     diagnostics = {name: slices[unit].diagnostics for unit, name in names.items()}

@@ -493,7 +493,7 @@ CONDITIONAL = {"harm": lambda acc_x: acc_x, "help": lambda acc_x: 1 - acc_x}
 """The conditional rates, with the share of the items they divide by (harm: those right without the context)."""
 
 
-def _denominators(row: Mapping[str, Any], n_items: int) -> dict[str, float]:
+def rate_denominators(row: Mapping[str, Any], n_items: int) -> dict[str, float]:
     """The items each conditional rate of a per-seed row divides by (`acc_x` times the items; expected counts with k
     samples per view)."""
     acc_x = _value(row, "acc_x")
@@ -536,7 +536,7 @@ def render_table(
             if n_items is not None and k in CONDITIONAL and stats[k] is not None:
                 notes = [f"{stats[k]['n']} of {stats['n_seeds']} runs"] if stats[k]["n"] < stats["n_seeds"] else []
                 defined = [r for r in per_seed.get(method, []) if _value(r, k) is not None]
-                if any(_denominators(r, n_items)[k] < FEW_ITEMS for r in defined):
+                if any(rate_denominators(r, n_items)[k] < FEW_ITEMS for r in defined):
                     notes.append("few")
                 cell += f" ({', '.join(notes)})" if notes else ""
             cells.append(cell)
@@ -548,7 +548,7 @@ def render_table(
     for method, runs in per_seed.items():
         for row in runs:
             cells = [method, *_run_cells(row, organisms)]
-            totals = {} if n_items is None else _denominators(row, n_items)
+            totals = {} if n_items is None else rate_denominators(row, n_items)
             for k in keys:
                 value = _value(row, k)
                 cell = "n/a" if value is None else _pct({"mean": value, "n": 1})

@@ -182,13 +182,13 @@ _JOBS = (
 )
 
 
-def _number(rng: random.Random) -> int:
+def format_number(rng: random.Random) -> int:
     return rng.randint(2, 60)
 
 
 _SLOTS: dict[str, Callable[[random.Random], Any]] = {
-    "a": _number,
-    "b": _number,
+    "a": format_number,
+    "b": format_number,
     "country": lambda r: r.choice(_COUNTRIES),
     "animal": lambda r: r.choice(_ANIMALS),
     "object": lambda r: r.choice(_OBJECTS),

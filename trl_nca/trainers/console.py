@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 
-from ..console import _number, duration, named, plural, progress_bar, say, set_training, shows, verbose
+from ..console import duration, format_number, named, plural, progress_bar, say, set_training, shows, verbose
 
 
 ESTIMATE_STEPS = 2  # the training estimate is printed after this many steps, from the last one's time
@@ -40,7 +40,7 @@ TRACK_KEYS = ("paired/n", "paired/n_correct_x", "paired/n_correct_xc", "paired/h
 
 def _rate(count: float, of: float) -> str:
     """A rate in % with its count, as the tables print it: `16.7% (8/48)`; `n/a (0/0)` with nothing to divide by."""
-    counted = f"({_number(count)}/{_number(of)})"
+    counted = f"({format_number(count)}/{format_number(of)})"
     return f"{100 * count / of:.1f}% {counted}" if of else f"n/a {counted}"
 
 
@@ -64,8 +64,8 @@ def compact_log_line(logs: Mapping[str, Any], step: int, max_steps: int, seconds
     as `name value` pairs."""
     where = f"step {step}/{max_steps}"
     if "train_runtime" in logs:
-        rate = f" ({_number(logs['train_runtime'] / step)} s/step)" if step else ""
-        loss = f", mean loss {_number(logs['train_loss'])}" if "train_loss" in logs else ""
+        rate = f" ({format_number(logs['train_runtime'] / step)} s/step)" if step else ""
+        loss = f", mean loss {format_number(logs['train_loss'])}" if "train_loss" in logs else ""
         return f"trained to step {step}/{max_steps} in {duration(logs['train_runtime'])}{rate}{loss}"
     if all(key in logs for key in TRACK_KEYS):
         return "  ".join([f"track {where}", *track_terms(logs)])
@@ -75,17 +75,17 @@ def compact_log_line(logs: Mapping[str, Any], step: int, max_steps: int, seconds
             for key, value in logs.items()
             if key.startswith("eval_") and "runtime" not in key and "per_second" not in key
         ]
-        return "  ".join([f"eval {where}", *(f"{key} {_number(value)}" for key, value in terms)])
+        return "  ".join([f"eval {where}", *(f"{key} {format_number(value)}" for key, value in terms)])
     if "loss" in logs:
         terms = [(name, logs[key]) for key, name in STEP_TERMS if key in logs]
         if logs.get("nca/stall"):
             terms.append(("stall", "on"))
-        parts = [where, *(f"{name} {_number(value)}" for name, value in terms)]
+        parts = [where, *(f"{name} {format_number(value)}" for name, value in terms)]
         if seconds_per_step is not None:
-            parts.append(f"{_number(seconds_per_step)} s/step")
+            parts.append(f"{format_number(seconds_per_step)} s/step")
         return "  ".join(parts)
     shown = [(key, value) for key, value in logs.items() if key not in ("epoch", "total_flos")]
-    return "  ".join([where, *(f"{key} {_number(value)}" for key, value in shown)])
+    return "  ".join([where, *(f"{key} {format_number(value)}" for key, value in shown)])
 
 
 class _StepClock:

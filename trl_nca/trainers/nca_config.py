@@ -51,7 +51,7 @@ def context_fields(spec: ContextSpec) -> dict[str, str | None]:
     }
 
 
-def _support_size_field():
+def support_size_field():
     """The size of the top-k support. `NCAConfig` calls it `top_k`; `NCADistillationConfig` calls it
     `divergence_top_k`, because `DistillationConfig.top_k` is already the sampling top-k."""
     return field(
@@ -470,7 +470,7 @@ class NCAConfig(NCAFields, GKDConfig):
           on one example at init. GKD's chat collator does not.
     """
 
-    top_k: int = _support_size_field()
+    top_k: int = support_size_field()
 
     lmbda: float = field(
         default=1.0,

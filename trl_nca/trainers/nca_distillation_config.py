@@ -12,7 +12,7 @@ from typing import ClassVar
 from trl import DistillationConfig
 
 from .field_docs import document_fields
-from .nca_config import NCAFields, _support_size_field
+from .nca_config import NCAFields, support_size_field
 
 
 @document_fields(after={"divergence_top_k": "divergence_support"})
@@ -38,7 +38,7 @@ class NCADistillationConfig(NCAFields, DistillationConfig):
     `max_context_length`. There is no `lmbda` or `seq_kd`: every step is on-policy.
     """
 
-    divergence_top_k: int = _support_size_field()
+    divergence_top_k: int = support_size_field()
 
     _support_size_name: ClassVar[str] = "divergence_top_k"
 
