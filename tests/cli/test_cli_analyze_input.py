@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-import trl_nca.cli.analyze
 from trl_nca.cli import main as cli_main
 from trl_nca.inputs import output_folder_lock
 from trl_nca.testing import one_error_line
@@ -16,14 +15,6 @@ READ_ONLY = Path("/sys/trl-nca-test")  # a place nobody can create a folder in, 
 
 def one_line(argv, capsys) -> str:
     return one_error_line(cli_main, argv, capsys)
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    def refused(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    monkeypatch.setattr(trl_nca.cli.analyze, "load_model", refused)
 
 
 # (case, --output-dir, the expected line's text)

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import trl_nca.eval.loading
 from trl_nca.cli import main as cli_main
 from trl_nca.testing import one_error_line, save_tiny_model
 
@@ -28,16 +27,6 @@ NO_SYSTEM_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Loading a model is the first piece of work: any case that reaches it fails the test."""
-
-    def refused(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    monkeypatch.setattr(trl_nca.eval.loading, "load_model", refused)
 
 
 @pytest.fixture(scope="module")

@@ -24,16 +24,6 @@ def one_line(argv, capsys) -> str:
     return one_error_line(cli_main, argv, capsys)
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Loading a model is the first piece of work: any case that reaches it fails the test."""
-
-    def refused(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    monkeypatch.setattr(trl_nca.eval.loading, "load_model", refused)
-
-
 @pytest.fixture(scope="module")
 def short_model(tmp_path_factory):
     """The tiny model with 64 positions (its config's max_position_embeddings)."""
@@ -523,8 +513,6 @@ def test_custom_scorer_help_says_it_runs_code(capsys):
 )
 def test_game_options_are_checked_before_any_model_is_loaded(tiny_dir, tmp_path, capsys, monkeypatch, options, match):
     import re
-
-    import trl_nca.eval.loading
 
     def no_model_work(*a, **k):
         raise AssertionError("a model was loaded before the game options were checked")

@@ -16,14 +16,6 @@ def one_line(argv, capsys) -> str:
     return one_error_line(cli_main, argv, capsys)
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    def refused(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    monkeypatch.setattr(trl_nca.eval.loading, "load_model", refused)
-
-
 # (case, --output, the expected line's text, its fix)
 CASES = [
     ("output is a folder", "FOLDER", "--output '{out}' is a folder", "give the path of a file to write"),
@@ -88,7 +80,6 @@ def test_bad_experience_output_is_one_line_before_the_rounds(
     ],
 )
 def test_experience_cli_checks_settings_before_loading_the_model(tiny_dir, tmp_path, capsys, monkeypatch, extra, match):
-    import trl_nca.eval.loading
 
     def no_model_work(*a, **k):
         raise AssertionError("a model was loaded before the settings were checked")

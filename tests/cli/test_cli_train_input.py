@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import trl_nca.trainers.setup
 from trl_nca.cli import main as cli_main
 from trl_nca.testing import one_error_line
 
@@ -77,14 +76,6 @@ def run_copy(finished_run, tmp_path):
     """A copy of the finished run to change: (data file, output_dir)."""
     shutil.copytree(finished_run, tmp_path / "run")
     return tmp_path / "run" / "data.jsonl", tmp_path / "run" / "out"
-
-
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    def refused(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    monkeypatch.setattr(trl_nca.trainers.setup, "create_model_from_path", refused)
 
 
 def _edit_data(data: Path) -> None:
