@@ -241,6 +241,7 @@ def test_a_rerun_with_another_context_is_refused(models, tasks, tmp_path, capsys
     assert (out / "short" / "c_mc" / "records.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_without_lm_eval_tasks_name_the_extra(models, tasks, tmp_path):
     """With lm-eval not importable (a sys.modules block, as when it is not installed), --tasks prints one line naming
     the extra, and the dataset path still imports and parses."""

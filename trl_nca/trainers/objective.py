@@ -252,8 +252,9 @@ class NCAObjective:
         teacher: the teacher (`trl_nca.trainers.teacher.Teacher`: a `ModelTeacher`, or a `SelfTeacher`).
         schedule: the anchor weight's schedule (`anchor_schedule`); its value is the weight of the step in progress.
         pad_token_id: pads the joint forward.
-        deepspeed, full_fine_tuning: whether DeepSpeed's engine runs the backward, and whether most of the student's
-            weights are trained (`trains_most_weights`); with the settings they decide `nca_sequential_views`.
+        deepspeed: whether DeepSpeed's engine runs the backward; with the settings it decides `nca_sequential_views`.
+        full_fine_tuning: whether most of the student's weights are trained (`trains_most_weights`); with the
+            settings it decides `nca_sequential_views` too.
     """
 
     def __init__(
