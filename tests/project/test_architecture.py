@@ -42,8 +42,11 @@ def test_importing_trl_nca_changes_nothing_process_wide():
     import subprocess
     import sys
 
+    # transformers' modeling module imports torch._dynamo, which sets TORCHINDUCTOR_CACHE_DIR: imported first, so that
+    # the comparison sees what importing trl_nca adds, whatever this worker had imported before (trl_nca imports lazily)
     code = (
         "import os, warnings\n"
+        "import transformers.modeling_utils\n"
         "before, filters = dict(os.environ), list(warnings.filters)\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
@@ -52,7 +55,9 @@ def test_importing_trl_nca_changes_nothing_process_wide():
         "assert list(warnings.filters) == filters\n"
         "print(sorted({type(w.message).__name__ for w in caught}))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRL_EXPERIMENTAL_SILENCE"}
+    # A fresh environment: this process imported trl_nca already, so whatever that set would be inherited and unseen
+    kept = ("PATH", "HOME", "PYTHONPATH", "OMP_NUM_THREADS", "HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY", "HF_HOME")
+    env = {k: os.environ[k] for k in kept if k in os.environ}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "TRLExperimentalWarning" not in result.stdout
