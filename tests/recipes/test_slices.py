@@ -124,8 +124,9 @@ def _refused(capsys, root, config, slices, *extra):
         ("stray", "holds slices ['sdft-seed0'] that are not units"),
         ("data", "`data_sha256` was '00000"),
         ("weights", "`weights_sha256.None` was '00000"),
-        ("versions", "`versions.transformers` was '0.0'"),
         ("settings", "`settings.training.learning_rate` was 0.5, now 0.001"),
+        ("lora rank", "`settings.student.peft.r` was 16, now 2"),
+        ("new field set", "`settings.student.peft.astra_config` was {'rank': 4}, now None"),
         ("cut", "is not a readable slice"),
     ],
 )
@@ -146,8 +147,10 @@ def test_a_slice_that_cannot_join_the_table_is_refused_naming_it(sliced, tmp_pat
             data["data_sha256"] = "0" * 64
         elif change == "weights":
             data["weights_sha256"] = {"None": "0" * 64}
-        elif change == "versions":
-            data["versions"]["transformers"] = "0.0"
+        elif change == "lora rank":
+            data["settings"]["student"]["peft"]["r"] = 16
+        elif change == "new field set":  # a field this PEFT does not know, set: it would shape the numbers
+            data["settings"]["student"]["peft"]["astra_config"] = {"rank": 4}
         else:
             data["settings"]["training"]["learning_rate"] = 0.5
         target.write_text(json.dumps(data))
@@ -155,6 +158,63 @@ def test_a_slice_that_cannot_join_the_table_is_refused_naming_it(sliced, tmp_pat
     assert message in err, err
     if change not in ("missing", "stray"):
         assert str(target) in err
+
+
+@pytest.mark.parametrize(
+    "change, warning",
+    [
+        ("versions", "made with transformers 0.0, running transformers "),
+        ("peft version", "made with peft 0.0.1, running peft "),
+        ("renamed version", "made with library 0.0.1, running library none"),
+        ("new default peft field", ""),
+        ("new default training field", ""),
+    ],
+)
+def test_a_slice_of_other_versions_or_new_default_fields_joins_the_table(sliced, tmp_path, capsys, change, warning):
+    """Versions are provenance (a warning naming them), and a field a newer library serialises at its default (or
+    unset) is no difference: the table is built, equal to the unchanged slices'."""
+    from trl_nca.cli import main
+
+    root, config, _, built = sliced
+    slices = tmp_path / "slices"
+    shutil.copytree(root / "slices", slices)
+    target = slices / "opd-seed1.json"
+    data = json.loads(target.read_text())
+    peft = data["settings"]["student"]["peft"]
+    if change == "versions":
+        data["versions"]["transformers"] = "0.0"
+    elif change == "peft version":
+        peft["peft_version"] = "0.0.1"
+    elif change == "renamed version":  # a library that renames its version field: still provenance
+        peft["library_version"] = "0.0.1"
+    elif change == "new default peft field":
+        peft["astra_config"] = None
+    else:
+        data["settings"]["training"]["a_new_trl_option"] = False
+        data["run_settings"]["training"]["a_new_trl_option"] = False
+    target.write_text(json.dumps(data))
+    capsys.readouterr()
+    code = main(
+        [
+            "compare",
+            "--config",
+            str(config),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--from_slices",
+            "true",
+            "--slices_dir",
+            str(slices),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    saved = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert saved["per_seed"] == built["per_seed"]
+    if warning:
+        assert warning in captured.err and str(target) in captured.err, captured.err
+    else:
+        assert "versions are provenance" not in captured.err
 
 
 @pytest.mark.parametrize(

@@ -116,8 +116,8 @@ class CompareArguments:
         default=False,
         metadata={
             "help": "Build the table, statistics and reading from the slice files in `slices_dir` alone, "
-            "refusing a missing or left-over unit and a slice made with other settings, data, weights or "
-            "versions; nothing is trained or evaluated."
+            "refusing a missing or left-over unit and a slice made with other settings, data or weights (other "
+            "library versions are a warning); nothing is trained or evaluated."
         },
     )
     workers: int = field(

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +13,10 @@ from typing import Any
 from ..inputs import read_json_output
 from ..tasks import BuiltinTask, get_task, task_names
 from .compare_args import CompareArguments, CompareInputError, Method, check_lora_sizes
-from .ranges import canonical, json_default
+from .identity import compare_settings, jsonable
+
+
+logger = logging.getLogger(__name__)
 
 
 # NCAConfig fields that cannot change a trained student (where logs and checkpoints go, how progress is shown)
@@ -78,11 +81,6 @@ def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir:
     return dataclasses.replace(config, **overrides)
 
 
-def jsonable(value: Any) -> Any:
-    """`value` as JSON values; a set becomes a sorted list (its own order changes with every process's hash seed)."""
-    return json.loads(json.dumps(value, sort_keys=True, default=json_default))
-
-
 def training_settings(config, skip: Sequence[str] = ()) -> dict[str, Any]:
     """The `NCAConfig` fields that shape a student (every field but `NON_SHAPING_FIELDS` and `skip`), as JSON values."""
     skipped = {*NON_SHAPING_FIELDS, *skip}
@@ -94,16 +92,10 @@ def peft_settings(peft_config) -> dict[str, Any]:
     return jsonable({k: v for k, v in data.items() if k not in ("base_model_name_or_path", "revision")})
 
 
-def setting_differences(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(setting, old value, new value) for every setting that differs, nested dicts flattened as `a.b`."""
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = canonical(old.get(key, "<not set>")), new.get(key, "<not set>")
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += setting_differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append((f"{prefix}{key}", a, b))
-    return out
+def setting_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(setting, old value, new value) for every setting that shapes the numbers and differs, nested dicts flattened
+    as `a.b` (`identity.compare_settings`: a library's new default field and its version are no difference)."""
+    return compare_settings(old, new).differences
 
 
 def _refuse_mismatch(
@@ -114,15 +106,17 @@ def _refuse_mismatch(
     why: str = "Resuming would mix them into one table.",
 ) -> None:
     """Refuse a resume whose settings `new` differ from the recorded `old` (in `path`), listing the first differences;
-    `why` says what resuming would do (`trl-nca train` uses it too)."""
-    diffs = setting_differences(old, new)
-    if not diffs:
-        return
-    listed = "; ".join(f"`{k}` was {a!r}, now {b!r}" for k, a, b in diffs[:5])
-    more = f" (and {len(diffs) - 5} more)" if len(diffs) > 5 else ""
-    raise CompareInputError(
-        f"{path} holds {what} made with other settings: {listed}{more}. {why} Use a new output_dir, or set them back."
-    )
+    `why` says what resuming would do (`trl-nca train` uses it too). Library versions that differ are a warning."""
+    comparison = compare_settings(old, new)
+    if comparison.differences:
+        raise CompareInputError(
+            f"{path} holds {what} made with other settings: {comparison.describe()}. {why} Use a new output_dir, or "
+            "set them back."
+        )
+    if comparison.versions:
+        logger.warning(
+            "%s holds %s %s; versions are provenance, the settings match.", path, what, comparison.version_note()
+        )
 
 
 refuse_changed_settings = _refuse_mismatch  # the public name, for the other commands

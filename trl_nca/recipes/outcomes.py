@@ -10,15 +10,16 @@ the documented outcomes (per experiment of sections 9 and 10: its settings, each
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from ..core.checks import format_pct
 from ..core.schedule import schedule_reads
-from .ranges import canonical, json_default, matching_settings
+from .identity import SettingsComparison, canonical, compare_settings, jsonable
+from .ranges import matching_settings
 
 
 def _match(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -39,10 +40,6 @@ def method_settings(summary: Mapping[str, Any], method: str) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in reads or kind in reads[k]}
 
 
-def _fingerprint(settings: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=json_default).encode()).hexdigest()
-
-
 def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, Any]:
     """The documented per-organism outcomes of one experiment (its `statistics.organisms`)."""
     methods = {}
@@ -53,7 +50,7 @@ def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str
             "degraded": outcome["degraded"],
             "prevented": outcome["prevented"],
             "overrides": summary["methods"][method],
-            "settings_sha256": _fingerprint(method_settings(summary, method)),
+            "settings": jsonable(method_settings(summary, method)),
             "organisms": {
                 str(e["organism"]): {
                     "degraded": e["degraded"],
@@ -69,25 +66,121 @@ def outcomes_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str
         "section": section,
         "baseline": baseline,
         "baseline_overrides": summary["methods"][baseline],
-        "baseline_settings_sha256": _fingerprint(method_settings(summary, baseline)),
-        "match": _match(summary),
+        "baseline_settings": jsonable(method_settings(summary, baseline)),
+        "match": jsonable(_match(summary)),
+        "versions": summary.get("versions") or {},
         "methods": methods,
     }
 
 
-def _documented(summary: Mapping[str, Any], method: str, experiments: list[dict[str, Any]]):
+@dataclass
+class Documented:
+    """The documented experiment a comparison's method is read against: the experiment, the method's name there, and
+    how the two compare (their versions: provenance)."""
+
+    experiment: dict[str, Any]
+    name: str
+    comparison: SettingsComparison
+
+
+def _documented(summary: Mapping[str, Any], method: str, experiments: list[dict[str, Any]]) -> Documented | None:
     """The first documented experiment with the same shared settings, the same baseline and a method with the same
-    settings as `method` (under any name), and that method's name there; (None, None) without one."""
+    settings as `method` (under any name); None without one. Settings are compared by `identity.compare_settings`:
+    a library's new default field or another version is no difference."""
     baseline = summary["statistics"]["baseline"]
-    shared, baseline_print = _match(summary), _fingerprint(method_settings(summary, baseline))
-    method_print = _fingerprint(method_settings(summary, method))
+    shared = _match(summary)
+    baseline_settings, method_settings_ = method_settings(summary, baseline), method_settings(summary, method)
     for experiment in experiments:
-        if experiment["match"] != shared or experiment.get("baseline_settings_sha256") != baseline_print:
+        comparison = compare_settings(experiment["match"], shared)
+        if comparison.differences:
+            continue
+        if compare_settings(experiment["baseline_settings"], baseline_settings, kind="training").differences:
             continue
         for name, known in experiment["methods"].items():
-            if known.get("settings_sha256") == method_print:
-                return experiment, name
-    return None, None
+            if not compare_settings(known["settings"], method_settings_, kind="training").differences:
+                comparison.versions += compare_settings(
+                    {"versions": experiment.get("versions") or {}}, {"versions": summary.get("versions") or {}}
+                ).versions
+                comparison.versions = sorted(set(comparison.versions), key=lambda v: str(v[0]))
+                return Documented(experiment, name, comparison)
+    return None
+
+
+def _nearest(summary: Mapping[str, Any], experiments: list[dict[str, Any]]) -> str:
+    """The documented experiment of the same task whose settings differ least from `summary`'s, and how they
+    differ; empty when none is of the same task."""
+    shared = _match(summary)
+    task = shared["student"].get("task")
+    baseline = summary["statistics"]["baseline"]
+
+    def differences(experiment: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        found = compare_settings(experiment["match"], shared).differences
+        found += [
+            (f"{baseline}.{key}", a, b)
+            for key, a, b in compare_settings(
+                experiment["baseline_settings"], method_settings(summary, baseline), kind="training"
+            ).differences
+        ]
+        by_method = [
+            [
+                (f"{name}.{key}", a, b)
+                for key, a, b in compare_settings(
+                    known["settings"], method_settings(summary, m), kind="training"
+                ).differences
+            ]
+            for m in summary["methods"]
+            if m != baseline
+            for name, known in experiment["methods"].items()
+        ]
+        return found + (min(by_method, key=len) if by_method else [])
+
+    same_task = [e for e in experiments if e["match"]["student"].get("task") == task]
+    if not same_task:
+        return ""
+    closest = min(same_task, key=lambda e: len(differences(e)))
+    found = differences(closest)
+    listed = "; ".join(f"`{key}` {a!r} documented, {b!r} here" for key, a, b in found[:3])
+    more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+    return f" The nearest, {closest['name']}, differs in {listed}{more}."
+
+
+def planned_summary(plan) -> dict[str, Any]:
+    """What a comparison's summary holds before it runs (its settings, methods, baseline, number of evaluated items
+    and the installed library versions): enough to find the documented experiment it will be read against."""
+    from ..eval.provenance import library_versions
+
+    return {
+        "settings": {k: v for k, v in plan.settings.items() if k != "model_paths"},
+        "methods": {m.name: m.overrides for m in plan.methods},
+        "num_test": len(plan.test_rows),
+        "statistics": {"baseline": plan.baseline},
+        "versions": library_versions(),
+    }
+
+
+def documented_for(summary: Mapping[str, Any], experiments: list[dict[str, Any]] | None = None) -> str:
+    """One line per method of `summary` (a comparison's summary, or `planned_summary` of its plan) but the baseline:
+    the documented experiment it is read against (with any version that differs), or, without one, the nearest
+    documented experiment and how its settings differ."""
+    experiments = documented_outcomes() if experiments is None else experiments
+    baseline = summary["statistics"]["baseline"]
+    lines = []
+    for method in summary["methods"]:
+        if method == baseline:
+            continue
+        found = _documented(summary, method, experiments)
+        if found is None:
+            lines.append(f"{method}: no documented outcome for these settings.{_nearest(summary, experiments)}")
+            continue
+        note = found.comparison.version_note()
+        lines.append(
+            f"{method}: documented: {found.experiment['name']} ({found.experiment['section']}"
+            + ("" if found.name == method else f", there named {found.name!r}")
+            + ")"
+            + (f", {note}" if note else "")
+            + "."
+        )
+    return "\n".join(lines)
 
 
 def documented_outcomes() -> list[dict[str, Any]]:
@@ -132,10 +225,10 @@ def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, An
         return ""
     experiments = documented_outcomes() if experiments is None else experiments
     baseline = summary["statistics"]["baseline"]
-    lines, read = [], False
+    lines, read, notes = [], False, []
     for method, outcome in organisms.items():
-        documented, name = _documented(summary, method, experiments)
-        known = None if documented is None else documented["methods"][name]
+        documented = _documented(summary, method, experiments)
+        known = None if documented is None else documented.experiment["methods"][documented.name]
         read = read or known is not None
         for e in outcome["organisms"]:
             seeds = len(e["seeds"])
@@ -154,17 +247,25 @@ def read_per_organism(summary: Mapping[str, Any], experiments: list[dict[str, An
                 text += _anchor_timing(summary, method, e["organism"], e["seeds"])
             lines.append(text)
         if known is not None:
+            experiment, name = documented.experiment, documented.name
             named = "" if name == method else f", there named {name!r}"
             lines.append(
-                f"Documented in docs/results.md {documented['section']} ({documented['name']}, the same "
+                f"Documented in docs/results.md {experiment['section']} ({experiment['name']}, the same "
                 f"settings{named}): "
                 f"{baseline} degraded on {known['degraded']} of {known['n']} organisms, {method} prevented it on "
                 f"{known['prevented']} of those {known['degraded']}."
             )
+            note = documented.comparison.version_note()
+            if note and note not in notes:
+                notes.append(note)
     if not read:
         names = ", ".join(e["name"] for e in experiments) or "none yet"
         lines.append(
             "No per-organism outcome is documented for these settings (docs/results.md sections 9 and 10 document "
-            f"{names}), so the organisms are not read against one."
+            f"{names}), so the organisms are not read against one.{_nearest(summary, experiments)}"
+        )
+    for note in notes:  # versions are provenance: said, never a reason not to read against the documented outcome
+        lines.append(
+            f"The documented outcome was {note}; versions are provenance, the settings that shape the numbers match."
         )
     return "\n".join(lines)

@@ -10,13 +10,13 @@ same settings (the README's main job is one), whether each of its runs lies with
 
 from __future__ import annotations
 
-import ast
 import json
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
 from ..core.checks import format_pct
+from .identity import canonical, compare_settings
 from .statistics import COLUMN_NAMES
 
 
@@ -38,28 +38,6 @@ STUDENT_KEYS = (
 RANGE_KEYS = ("harm", "acc_x", "acc_xc")
 
 
-def json_default(value: Any) -> Any:
-    """The JSON form of what `json` cannot write: a set as a sorted list, anything else as its string."""
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=str)
-    return str(value)
-
-
-def canonical(value: Any) -> Any:
-    """`value` with every set that older summaries wrote as a string (e.g. LoRA's `target_modules`,
-    `"{'v_proj', 'q_proj'}"`, in the writing process's own hash order) read back as the sorted list written now."""
-    if isinstance(value, dict):
-        return {k: canonical(v) for k, v in value.items()}
-    if isinstance(value, str) and value.startswith("{'") and value.endswith("'}"):
-        try:
-            parsed = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            return value
-        if isinstance(parsed, set):
-            return sorted(parsed, key=str)
-    return value
-
-
 def matching_settings(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The part of a `comparison.json` summary that decides whether a documented range applies to it: everything
     that changes what its numbers mean. The methods; what shaped the students (task, training rows, model, LoRA) and
@@ -74,23 +52,18 @@ def matching_settings(summary: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        return {prefix: value}
-    out: dict[str, Any] = {}
-    for key, item in value.items():
-        out.update(_flat(item, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def setting_differences(documented: Mapping[str, Any], settings: Mapping[str, Any]) -> list[str]:
-    """`setting` (documented value, this run's) for every setting where the two differ."""
-    old, new = _flat(documented), _flat(settings)
+    """`setting` (documented value, this run's) for every setting that shapes the numbers and differs
+    (`identity.compare_settings`)."""
     return [
-        f"`{key}` {old.get(key, '<not set>')!r} documented, {new.get(key, '<not set>')!r} here"
-        for key in sorted(set(old) | set(new))
-        if old.get(key, "<not set>") != new.get(key, "<not set>")
+        f"`{key}` {old!r} documented, {new!r} here"
+        for key, old, new in compare_settings(documented, settings).differences
     ]
+
+
+def matches(documented: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
+    """Whether a documented experiment's `match` settings are this run's (versions apart: they are provenance)."""
+    return not compare_settings(documented, settings).differences
 
 
 def run_label(row: Mapping[str, Any]) -> str:
@@ -108,7 +81,13 @@ def ranges_of(name: str, summary: Mapping[str, Any], section: str) -> dict[str, 
             methods[method] = {"runs": stats["runs"]} | {
                 key: None if stats[key] is None else [stats[key]["min"], stats[key]["max"]] for key in RANGE_KEYS
             }
-    return {"name": name, "section": section, "match": matching_settings(summary), "methods": methods}
+    return {
+        "name": name,
+        "section": section,
+        "match": matching_settings(summary),
+        "versions": summary.get("versions") or {},
+        "methods": methods,
+    }
 
 
 def documented_ranges() -> list[dict[str, Any]]:
@@ -121,7 +100,7 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
     """One sentence: whether every run of `summary` lies within the range documented for its settings."""
     experiments = documented_ranges() if experiments is None else experiments
     settings = matching_settings(summary)
-    match = next((e for e in experiments if e["match"] == settings), None)
+    match = next((e for e in experiments if matches(e["match"], settings)), None)
     if match is None:
         names = ", ".join(e["name"] for e in experiments) or "none"
         same_task = [e for e in experiments if e["match"]["student"].get("task") == settings["student"].get("task")]
@@ -153,6 +132,12 @@ def read_against_ranges(summary: Mapping[str, Any], experiments: list[dict[str, 
                     )
     runs = ", ".join(f"{m} {e['runs']}" for m, e in match["methods"].items())
     where = f"the range documented in docs/results.md {match['section']} ({match['name']}: {runs} runs)"
+    note = compare_settings(
+        {"versions": match.get("versions") or {}, "match": match["match"]},
+        {"versions": summary.get("versions") or {}, "match": settings},
+    ).version_note()
+    if note:  # versions are provenance: said beside the reading, never a reason not to read against the range
+        where += f", {note}"
     if not checked:
         return f"Nothing in this run can be read against {where}."
     if not outside:

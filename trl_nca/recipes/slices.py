@@ -19,7 +19,9 @@ comparison (in the comparison's `output_dir`, so a cut slice resumes) and writes
 `trl-nca compare --from_slices --slices_dir DIR` builds the table, the statistics and the reading from the slice files
 alone: every unit of the plan must have its file, no file may be left over, and a slice whose header, run settings or
 identity (its unit against its file's name, its method, organism and seed against the plan's unit of that name)
-differs from the plan's is refused, naming the file and each difference. Every field is read through one typed
+differs from the plan's is refused, naming the file and each difference (settings compared as
+`trl_nca.recipes.identity` says: a library's new default field is no difference, and a slice made with other library
+versions is read with a warning naming them). Every field is read through one typed
 loader (`Slice.load`): a wrong type or range, a missing or unknown field, duplicate or foreign item ids are one line
 naming the file and the field. The numbers equal those of the whole comparison run in one go, because the metrics
 read only the outcomes a slice keeps (`eval.metrics.paired_arrays`).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -46,19 +49,23 @@ from typing import Any
 from ..inputs import sha256_text, write_text_atomic
 from .compare_args import CompareInputError
 from .compare_eval import Evaluated, apply_exclusion, diagnostic_rates
-from .compare_plan import Plan, Run, setting_differences
+from .compare_plan import Plan, Run
+from .identity import compare_settings
+
+
+logger = logging.getLogger(__name__)
 
 
 SLICE_FORMAT = 2
 HEADER_KEYS = ("format", "settings", "data_sha256", "weights_sha256", "versions")
-"""What every slice of one table must share; a slice that differs in any of them is refused."""
+"""What every slice of one table must share; a slice whose settings, data or weights differ is refused, one made with
+other library versions is read with a warning (`identity.compare_settings`: versions are provenance)."""
 RESULT_KEYS = ("scorer", "items", "diagnostics", "train_seconds", "curves", "tracking")
 """What a slice measured: `results_sha256` is the sha256 over them (`results_sha256`)."""
 
 
 class SliceError(CompareInputError):
-    """A slice that cannot join the table: missing, left over, or made with other settings, data, weights or
-    versions."""
+    """A slice that cannot join the table: missing, left over, or made with other settings, data or weights."""
 
 
 def base_unit(organism: int | None) -> str:
@@ -496,13 +503,15 @@ def check_slice(plan: Plan, piece: Slice, unit: str, header: Mapping[str, Any] |
     header = slice_header(plan) if header is None else header
     ours = {k: header[k] for k in HEADER_KEYS} | {"run_settings": _run_settings(plan, unit)}
     theirs = {k: getattr(piece, k) for k in HEADER_KEYS} | {"run_settings": piece.run_settings}
-    differences = setting_differences(theirs, ours)
-    if differences:
-        listed = "; ".join(f"`{key}` was {old!r}, now {new!r}" for key, old, new in differences[:5])
-        more = f" (and {len(differences) - 5} more)" if len(differences) > 5 else ""
+    comparison = compare_settings(theirs, ours)
+    if comparison.differences:
         raise SliceError(
-            f"The slice {path} was made with other settings, data, weights or versions than this table: {listed}"
-            f"{more}. Run that slice again with these, or build the table where it was made."
+            f"The slice {path} was made with other settings, data or weights than this table: "
+            f"{comparison.describe()}. Run that slice again with these, or build the table where it was made."
+        )
+    if comparison.versions:
+        logger.warning(
+            "The slice %s was %s; versions are provenance, its settings match.", path, comparison.version_note()
         )
     if len(piece.items) != len(plan.test_rows):
         raise SliceError(f"The slice {path} holds {len(piece.items)} items, the table {len(plan.test_rows)}.")
