@@ -138,8 +138,8 @@ CASES = [
         "made with other method settings",
         "opd-seed0",
         _other_method_settings,
-        "was made with other settings, data, "
-        "weights or versions than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
+        "was made with other settings, data "
+        "or weights than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
         "`run_settings.training.nca_beta` was 0.3, now 0.0; `run_settings.training.nca_monitor` was False, now True. Run "
         "that slice again with these",
     ),
