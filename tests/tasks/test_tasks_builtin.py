@@ -14,14 +14,8 @@ from trl_nca.eval.scorers import (
     safe_score,
 )
 from trl_nca.tasks import get_task, task_names
-from trl_nca.tasks.builtin import (
-    FRENCH_TEST_FORMS,
-    FRENCH_TRAIN_FORMS,
-    ISLAND_ATTRIBUTES,
-    TOWN_ATTRIBUTES,
-    island_sheet,
-    town_sheet,
-)
+from trl_nca.tasks.everyday import FRENCH_TEST_FORMS, FRENCH_TRAIN_FORMS
+from trl_nca.tasks.facts import ISLAND_ATTRIBUTES, TOWN_ATTRIBUTES, island_sheet, town_sheet
 from trl_nca.testing import make_tiny_tokenizer
 
 
