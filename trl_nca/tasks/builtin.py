@@ -2,8 +2,8 @@
 training split, a held-out split, a context and a scorer name.
 
 - `trl_nca.tasks.everyday`: instructions over everyday English questions for the embedded SmolLM2-135M-Instruct
-  (`reply_in_french`, like the paper's system prompts; `quill_prefix`, `friend_prefix` and `plus_one`, whose
-  instruction cannot be applied twice);
+  (`reply_in_french`, like the paper's system prompts; `quill_prefix`, `friend_prefix`, `plus_one` and `swap_language`,
+  whose instruction cannot be applied twice);
 - `trl_nca.tasks.facts`: made-up facts the context states (`island_facts`, like the paper's game experience, and
   `town_facts`);
 - `trl_nca.tasks.digits`: the model organism's digit language (`organism_shift`, `organism_flip`,
@@ -23,7 +23,7 @@ from typing import Any
 
 from .base import BuiltinTask
 from .digits import organism_facts, organism_flip, organism_shift
-from .everyday import friend_prefix, plus_one, quill_prefix, reply_in_french
+from .everyday import friend_prefix, plus_one, quill_prefix, reply_in_french, swap_language
 from .facts import island_facts, town_facts
 
 
@@ -34,6 +34,7 @@ TASKS: dict[str, Callable[..., BuiltinTask]] = {
     "quill_prefix": quill_prefix,
     "friend_prefix": friend_prefix,
     "plus_one": plus_one,
+    "swap_language": swap_language,
     "organism_shift": organism_shift,
     "organism_flip": organism_flip,
     "organism_facts": organism_facts,

@@ -8,8 +8,10 @@ every item, placed in the user turn before the question.
   instruction applied on top of a reply that already follows it (the marker twice) is wrong.
 - `plus_one`: sums of two numbers, with the instruction to answer one more than the sum (scorer `first_number`);
   applied twice it gives the sum plus two.
+- `swap_language`: the instruction to swap languages, English questions answered in French (scorer `language`);
+  applied to a reply already in French it gives English.
 
-The last three are the candidates of docs/results.md section 13, a task whose context cannot be applied twice.
+The last four are the candidates of docs/results.md section 13, a task whose context cannot be applied twice.
 Held-out questions come from question forms never used in training.
 """
 
@@ -203,6 +205,37 @@ def reply_in_french(seed: int = 0, num_train: int = 256, num_test: int = 240) ->
         scorer="language",
         max_new_tokens=48,
         info={"seed": seed, "context": FRENCH_CONTEXT},
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# swap_language: the instruction to swap languages, which applied twice swaps back
+
+SWAP_CONTEXT = "Swap languages: reply to a question in English in French, and to a question in French in English."
+
+
+def swap_language(seed: int = 0, num_train: int = 256, num_test: int = 240) -> BuiltinTask:
+    """The everyday English questions of `reply_in_french`; the context asks to swap languages, so the right reply
+    is French (label `french`, scorer `language`). The swap applied to a reply already in French gives English: each
+    row's `twice` is the language scorer's answer for that (`english`)."""
+    rng = random.Random(f"swap_language:{seed}")
+    taken: set[str] = set()
+    splits = {}
+    for split, forms, count in (("train", FRENCH_TRAIN_FORMS, num_train), ("test", FRENCH_TEST_FORMS, num_test)):
+        questions = _questions(forms, count, rng, taken)
+        splits[split] = [
+            {"id": f"{split}-{i}", "prompt": q, "answer": "french", "twice": "english"} for i, q in enumerate(questions)
+        ]
+    return BuiltinTask(
+        name="swap_language",
+        family="instruction",
+        description="Everyday questions in English; the context asks to swap languages (reply in French).",
+        train=splits["train"],
+        test=splits["test"],
+        context=ContextSpec(column=None, text=SWAP_CONTEXT, placement="user", template=USER_TEMPLATE),
+        scorer="language",
+        max_new_tokens=16,
+        info={"seed": seed, "context": SWAP_CONTEXT, "diagnostics": {"twice": {"answer": "twice"}}},
     )
 
 
