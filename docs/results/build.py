@@ -155,10 +155,11 @@ ANCHOR_REFERENCE = "constant"  # docs/results.md section 10: the schedules are r
 def anchors(summary: dict) -> str:
     """Section 10's readings between anchors: the stalled runs of each method (against the baseline, OPD), then per
     schedule the statistics over organisms of `constant` - schedule."""
+    from trl_nca.recipes import stalls
     from trl_nca.recipes import statistics as st
 
     per_seed, baseline = summary["per_seed"], summary["statistics"]["baseline"]
-    parts = [st.render_stalls(st.stalled_runs(per_seed, baseline), baseline)]
+    parts = [stalls.render_stalls(stalls.stalled_runs(per_seed, baseline), baseline)]
     for method in per_seed:
         if method not in ("base", baseline, ANCHOR_REFERENCE):
             outcome = st.organism_outcomes(per_seed[ANCHOR_REFERENCE], per_seed[method])
@@ -371,11 +372,12 @@ def read_organisms(summaries: dict[str, dict]) -> str:
 def read_anchor_rule(summaries: dict[str, dict]) -> str:
     """Section 10.1's rule: the stalled runs per anchor and task, and the default it picks."""
     from trl_nca.recipes import statistics as st
+    from trl_nca.recipes.stalls import stalled_runs
 
     schedules, anchored = ("adaptive", "gated"), ("constant", "adaptive", "gated")
     stalls = {}
     for name, s in summaries.items():
-        runs = st.stalled_runs(s["per_seed"], s["statistics"]["baseline"])
+        runs = stalled_runs(s["per_seed"], s["statistics"]["baseline"])
         stalls[name] = {method: len(v["stalled"]) for method, v in runs.items()}
     qualified = []
     for sch in schedules:

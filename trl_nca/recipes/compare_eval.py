@@ -139,7 +139,10 @@ def per_seed_rows(
     task: BuiltinTask, evaluated: Evaluated, diagnostics: dict[str, dict[str, float]] | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """Every evaluated model's metrics as one row, grouped by method (the base models under "base"). `diagnostics`:
-    each model's diagnostic rates when its records hold no text (a slice's, `recipes.slices`)."""
+    each model's diagnostic rates when its records hold no text (a slice's, `recipes.slices`). A row's `ci` holds the
+    run's own bootstrap interval over items of each metric whose column shows one per run (`Column.run_ci`)."""
+    from ..eval.columns import run_interval_keys
+    from ..eval.metrics import bootstrap_intervals, paired_arrays
     from ..eval.report import summarize_run
 
     per_seed: dict[str, list[dict[str, Any]]] = {}
@@ -148,6 +151,8 @@ def per_seed_rows(
         metrics = summarize_run(run, n_bootstrap=0)["metrics"]
         row = {k: metrics.get(k) for k in SUMMARY_KEYS}
         row.update(diagnostic_rates(task, run.records) if diagnostics is None else diagnostics[run.name])
+        intervals = bootstrap_intervals(paired_arrays(run.records)) if run.records else {}
+        row["ci"] = {k: None if intervals.get(k) is None else list(intervals[k]) for k in run_interval_keys()}
         row.update(regime=metrics.get("regime"), organism=organism, seed=seed)
         per_seed.setdefault(method, []).append(row)
     return per_seed
