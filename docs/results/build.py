@@ -30,7 +30,9 @@ FIGURES = HERE / "figures"
 README = HERE.parents[1] / "README.md"
 RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
 BLOCK = re.compile(
-    r"<!-- (table|figures|ranges|statistics|organisms|anchors|summary):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL
+    r"<!-- (table|figures|ranges|statistics|organisms|anchors|summary|gate|differences|walltime):([\w.-]+) -->\n.*?"
+    r"<!-- /\1 -->",
+    re.DOTALL,
 )
 RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
 OUTCOMES = HERE.parents[1] / "trl_nca" / "resources" / "documented_organisms.json"
@@ -167,6 +169,57 @@ def anchors(summary: dict) -> str:
     return "\n\n".join(parts)
 
 
+def gate(summary: dict, method: str) -> str:
+    """Per training seed of `method` (sections 12.2, 13): from the logged `nca_beta` of every optimizer step, the
+    steps with `nca_beta` > 0, the first such step and the largest value (`<!-- gate:NAME.METHOD -->`)."""
+    lines = [
+        "| seed | steps with `nca_beta` > 0 | first such step | largest `nca_beta` |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, curve in summary["curves"].items():
+        name, _, seed = key.partition("/seed")
+        if name != method:
+            continue
+        open_steps = [step for step, beta in zip(curve["step"], curve["nca_beta"]) if beta > 0]
+        first = str(open_steps[0]) if open_steps else "never"
+        lines.append(f"| {seed} | {len(open_steps)} | {first} | {max(curve['nca_beta']):.3f} |")
+    return "\n".join(lines)
+
+
+# `<!-- differences:NAME.METHOD -->`: METHOD minus each reference of the same training seed, in points (section 12.3)
+REFERENCES = {"opd": "OPD's", "nca": "constant's"}
+
+
+def differences(summary: dict, method: str) -> str:
+    """Per training seed, `method`'s Acc_x and harm minus those of each reference method (`REFERENCES`) of the same
+    seed, in points, from the stored (unrounded) per-seed values."""
+    present = [m for m in REFERENCES if m in summary["per_seed"] and m != method]
+    header = " | ".join(f"{what} - {REFERENCES[m]}" for m in present for what in ("Acc_x", "harm"))
+    lines = [f"| seed | {header} |", "|---|" + "---:|" * (2 * len(present))]
+    references = {m: {r["seed"]: r for r in _rows(summary, m)} for m in present}
+    for row in _rows(summary, method):
+        cells = [
+            f"{100 * (row[key] - references[m][row['seed']][key]):+.1f}" for m in present for key in ("acc_x", "harm")
+        ]
+        lines.append(f"| {row['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def walltime(kind: str) -> str:
+    """The training time of every committed student of one kind of model (`organisms`: the tasks `organism_*`), from
+    the summaries' `train_seconds` (`<!-- walltime:organisms -->`)."""
+    seconds = []
+    for path in sorted(DATA.glob("*.json")):
+        summary = json.loads(path.read_text())
+        if (kind == "organisms") == summary["task"].startswith("organism_"):
+            seconds += [s for s in (summary.get("train_seconds") or {}).values() if s]
+    return (
+        f"training one of the {len(seconds)} organism students of docs/results/data/ took {min(seconds):.0f} s to "
+        f"{max(seconds) / 60:.1f} minutes, whatever its budget (the summaries' `train_seconds`, measured while other "
+        "jobs shared the 2 cores)"
+    )
+
+
 # The summary at the top of results.md (`<!-- summary:studies -->`): one row per study. What each study's section fixed
 # before its runs (or, where nothing was fixed first, the question it asked) is declared here, once; every other cell
 # (task, model, units, methods, versions, the outcome) is read from the study's data by the reader it names. A study
@@ -177,7 +230,7 @@ class Study(NamedTuple):
     reader: str  # the name of its outcome reader in READERS
     reading: str  # the reading its section fixed
     fixed_in: str | None  # the section that wrote `reading` down before the study's first run; None: not pre-registered
-    machine: str  # where it ran
+    machine: str  # where it ran; for a study run as slices, the vector units that ran its units are read from them
 
 
 STUDIES_SUMMARY = (
@@ -265,7 +318,7 @@ STUDIES_SUMMARY = (
         "internalised: Acc_x at least the base's + 30 points; OPD degraded: regime A in 2 of 3 seeds; NCA prevented "
         "it: no NCA seed in A, and NCA's harm below OPD's where OPD is in A",
         "11.1",
-        "2-core AMD EPYC: AVX2 (base, seed 0), AVX-512 (seeds 1, 2)",
+        "2-core AMD EPYC",
     ),
     Study(
         "11.5",
@@ -282,7 +335,7 @@ STUDIES_SUMMARY = (
         "the default (gated) anchor costs Acc_x (harm) when it is at least 5 points below (above) OPD's in 2 of 3 "
         "seeds; internalised as in 11.1",
         "12.1",
-        "2-core AMD EPYC, AVX-512",
+        "2-core AMD EPYC",
     ),
 )
 
@@ -495,6 +548,23 @@ def _model(summary: dict) -> str:
     return {"embedded": "SmolLM2-135M-Instruct"}.get(model, model)
 
 
+VECTOR_UNITS = {"AVX512": "AVX-512", "AVX2": "AVX2", "DEFAULT": "no vector unit"}
+
+
+def machines(summaries: list[dict]) -> str:
+    """The vector units (and torch threads) that ran a study's units, read from its slices (`slices.machines` of its
+    summaries): one, or each with the units it ran; empty for a study not run as slices."""
+    units: dict[str, list[str]] = {}
+    for summary in summaries:
+        for unit, machine in ((summary.get("slices") or {}).get("machines") or {}).items():
+            threads = machine["torch_threads"]
+            name = VECTOR_UNITS.get(machine["cpu_capability"], machine["cpu_capability"])
+            units.setdefault(f"{name}, {threads} torch thread{'s' if threads != 1 else ''}", []).append(unit)
+    if len(units) <= 1:
+        return "".join(f", {name}" for name in units)
+    return ": " + "; ".join(f"{name} ({', '.join(names)})" for name, names in units.items())
+
+
 def summary_table(page: str) -> str:
     """The summary's table: one row per study of `STUDIES_SUMMARY`, then which sections were written first."""
     lines = [
@@ -515,7 +585,9 @@ def summary_table(page: str) -> str:
             units = ", ".join(dict.fromkeys(_units(s) for s in summaries))
             methods = ", ".join(dict.fromkeys(m for s in summaries for m in s["methods"]))
             outcome = READERS[study.reader](present)
-            versions = "; " + ", ".join(sorted({s["versions"]["transformers"] for s in summaries}))
+            versions = (
+                machines(summaries) + "; " + ", ".join(sorted({s["versions"]["transformers"] for s in summaries}))
+            )
         cells = [
             _heading(page, study.section),
             tasks,
@@ -561,9 +633,17 @@ def render(text: str) -> str:
             body = figure_links(name)
         elif kind == "summary":
             body = summary_table(text)
+        elif kind in ("gate", "differences"):
+            experiment, _, method = name.partition(".")
+            body = {"gate": gate, "differences": differences}[kind](load(experiment), method)
+        elif kind == "walltime":
+            body = walltime(name)
         else:
             body = {"table": table, "ranges": spread, "statistics": statistics, "anchors": anchors}[kind](load(name))
-        return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"
+        start = text.rfind("\n", 0, match.start()) + 1  # a block inside a list item keeps the item's indent
+        indent = text[start : match.start()] if not text[start : match.start()].strip() else ""
+        body = "\n".join(indent + line if line else line for line in body.split("\n"))
+        return f"<!-- {kind}:{name} -->\n{body}\n{indent}<!-- /{kind} -->"
 
     return BLOCK.sub(replace, text)
 

@@ -76,3 +76,34 @@ def test_the_summary_reads_each_study_from_its_data_and_shows_a_missing_one_as_p
     (data / "units-shift.json").write_text(json.dumps(units))
     row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [9]"))
     assert "`organism_shift`: OPD degraded on 4 of 8 organisms" in row and "finding 1 holds" in row
+
+
+def test_the_gate_the_per_seed_differences_and_the_machines_are_built_from_the_data(tmp_path, monkeypatch):
+    """Sections 12.2-12.3's tables and the summary's machine column are generated: a cell edited by hand is rewritten
+    from the data (so `--check` fails on it), the differences come from unrounded values, and a slice's vector unit
+    reaches the summary."""
+    build = _build_module()
+    page = (ROOT / "docs" / "results.md").read_text()
+    edits = [
+        ("| 2 | 17 | 14 | 0.073 |", "| 2 | 17 | 14 | 0.070 |"),  # 12.2: the gate of seed 2
+        ("| 0 | +2.1 | -4.0 | +2.3 | -2.6 |", "| 0 | +2.1 | -4.1 | +2.3 | -2.7 |"),  # 12.3: the rounded differences
+        ("2-core AMD EPYC, AVX-512, 1 torch thread; 5.25.0 |", "2-core AMD EPYC, AVX2, 1 torch thread; 5.25.0 |"),
+    ]
+    edited = page
+    for old, new in edits:
+        assert edited.count(old) == 1, old
+        edited = edited.replace(old, new)
+    assert build.render(edited) == page
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in (ROOT / "docs" / "results" / "data").glob("*.json"):
+        summary = json.loads(path.read_text())
+        if path.stem == "fr-30-default":
+            summary["slices"]["machines"]["gated-seed2"]["cpu_capability"] = "AVX2"
+        (data / path.name).write_text(json.dumps(summary))
+    monkeypatch.setattr(build, "DATA", data)
+    row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [12]"))
+    assert (
+        "2-core AMD EPYC: AVX-512, 1 torch thread (base, opd-seed0" in row
+        and "AVX2, 1 torch thread (gated-seed2)" in row
+    )

@@ -442,6 +442,8 @@ def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
 
 CONDITIONAL = {"harm": lambda acc_x: acc_x, "help": lambda acc_x: 1 - acc_x}
 """The conditional rates, with the share of the items they divide by (harm: those right without the context)."""
+SAME_DENOMINATOR = {"harm_floor": "harm", "harm_excess": "harm", "help_floor": "help", "help_excess": "help"}
+"""Rates that divide by the items a conditional rate divides by: marked `few` with it, without a count of their own."""
 
 
 def rate_denominators(row: Mapping[str, Any], n_items: int) -> dict[str, float]:
@@ -484,10 +486,11 @@ def render_table(
         cells = [method, str(stats["n_seeds"])]
         for k in keys:
             cell = _pct(stats[k])
-            if n_items is not None and k in CONDITIONAL and stats[k] is not None:
+            divides_as = SAME_DENOMINATOR.get(k, k)
+            if n_items is not None and divides_as in CONDITIONAL and stats[k] is not None:
                 notes = [f"{stats[k]['n']} of {stats['n_seeds']} runs"] if stats[k]["n"] < stats["n_seeds"] else []
                 defined = [r for r in per_seed.get(method, []) if _value(r, k) is not None]
-                if any(rate_denominators(r, n_items)[k] < FEW_ITEMS for r in defined):
+                if any(rate_denominators(r, n_items)[divides_as] < FEW_ITEMS for r in defined):
                     notes.append("few")
                 cell += f" ({', '.join(notes)})" if notes else ""
             cells.append(cell)
@@ -505,6 +508,8 @@ def render_table(
                 cell = "n/a" if value is None else _pct({"mean": value, "n": 1})
                 if value is not None and k in totals:
                     cell += f" ({count_of(value * totals[k], totals[k])})"
+                elif value is not None and totals.get(SAME_DENOMINATOR.get(k), FEW_ITEMS) < FEW_ITEMS:
+                    cell += " (few)"
                 interval = (row.get("ci") or {}).get(k)
                 if value is not None and interval is not None:
                     cell += f" [{format_pct(interval[0])}, {format_pct(interval[1])}]"
