@@ -97,3 +97,28 @@ def test_a_context_that_breaks_answers_has_the_excess_harm_it_was_given():
     assert expected_excess > 0.08
     assert m["harm_excess"] == pytest.approx(expected_excess, abs=4 * se)
     assert m["harm"] == pytest.approx(m["harm_floor"] + m["harm_excess"])
+
+
+def test_the_comparison_table_shows_the_excess_with_its_interval_and_no_floor_over_few_items():
+    from trl_nca.recipes.statistics import SUMMARY_KEYS, aggregate, render_table, table_legend
+
+    def row(acc_x, harm, floor, seed):
+        return {
+            "acc_x": acc_x,
+            "acc_xc": 0.8,
+            "harm": harm,
+            "harm_floor": floor,
+            "harm_excess": harm - floor,
+            "ci": {"harm_excess": [harm - floor - 0.02, harm - floor + 0.03]},
+            "regime": "C",
+            "seed": seed,
+        }
+
+    per_seed = {"base": [row(0.01, 0.0, 30.0, None)], "opd": [row(0.8, 0.2, 0.15, 0), row(0.7, 0.25, 0.2, 1)]}
+    keys = [k for k in SUMMARY_KEYS if k in ("acc_x", "acc_xc", "harm", "harm_floor", "harm_excess")]
+    table = render_table(aggregate(per_seed, keys), per_seed, keys, n_items=240)
+    assert "| Harm floor | Excess harm |" in table
+    assert "| opd | 0 | 80.0 | 80.0 | 20.0 (38.4/192) | 15.0 | 5.0 [3.0, 8.0] | C |" in table
+    assert "| base | - | 1.0 | 80.0 | 0.0 (0/2.4, few) | n/a (few) | n/a (few) | C |" in table
+    assert "| base | 1 | 1.0 | 80.0 | 0.0 (few) | n/a (few) | n/a (few) | C |" in table
+    assert "Excess harm per run carries its 95% bootstrap interval" in table_legend(keys)

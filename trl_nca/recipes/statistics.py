@@ -443,7 +443,9 @@ def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
 CONDITIONAL = {"harm": lambda acc_x: acc_x, "help": lambda acc_x: 1 - acc_x}
 """The conditional rates, with the share of the items they divide by (harm: those right without the context)."""
 SAME_DENOMINATOR = {"harm_floor": "harm", "harm_excess": "harm", "help_floor": "help", "help_excess": "help"}
-"""Rates that divide by the items a conditional rate divides by: marked `few` with it, without a count of their own."""
+"""Rates that divide by the items a conditional rate divides by. Where that is fewer than `FEW_ITEMS` items the table
+writes them `n/a (few)`: a floor from a handful of items says nothing (a base almost never right without the context
+has a harm floor of thousands of percent, from the items the context makes right)."""
 
 
 def rate_denominators(row: Mapping[str, Any], n_items: int) -> dict[str, float]:
@@ -492,6 +494,7 @@ def render_table(
                 defined = [r for r in per_seed.get(method, []) if _value(r, k) is not None]
                 if any(rate_denominators(r, n_items)[divides_as] < FEW_ITEMS for r in defined):
                     notes.append("few")
+                cell = "n/a" if k in SAME_DENOMINATOR and "few" in notes else cell
                 cell += f" ({', '.join(notes)})" if notes else ""
             cells.append(cell)
         cells.append(", ".join(r or "n/a" for r in stats["regimes"]))
@@ -508,8 +511,9 @@ def render_table(
                 cell = "n/a" if value is None else _pct({"mean": value, "n": 1})
                 if value is not None and k in totals:
                     cell += f" ({count_of(value * totals[k], totals[k])})"
-                elif value is not None and totals.get(SAME_DENOMINATOR.get(k), FEW_ITEMS) < FEW_ITEMS:
-                    cell += " (few)"
+                if value is not None and totals.get(SAME_DENOMINATOR.get(k), FEW_ITEMS) < FEW_ITEMS:
+                    cells.append("n/a (few)")
+                    continue
                 interval = (row.get("ci") or {}).get(k)
                 if value is not None and interval is not None:
                     cell += f" [{format_pct(interval[0])}, {format_pct(interval[1])}]"
@@ -542,6 +546,12 @@ def table_legend(keys: Sequence[str], samples_per_view: int = 1) -> str:
         f"- Harm and Help per run carry their counts k/n (`few`: n below {FEW_ITEMS} items, too few to read as a "
         "rate); a mean over fewer runs than trained says so (the other runs had no item to divide by: n/a).",
     ]
+    with_interval = [columns.BY_KEY[k].name for k in keys if k in columns.run_interval_keys()]
+    if with_interval:
+        lines.append(
+            f"- {', '.join(with_interval)} per run carries its 95% bootstrap interval over items; the floor and the "
+            "excess are n/a where harm (help) divides by few items."
+        )
     if samples_per_view > 1:
         lines.append(
             f"- With {samples_per_view} samples per view, a rate is the mean over items of the share of an item's "
