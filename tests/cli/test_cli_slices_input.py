@@ -237,6 +237,12 @@ CASES = [
     ),
     ("an unknown field", "base", _edit(_set(["note"], "x")), "`note` is not a field of a slice; run its slice again."),
     (
+        "an upgrade note that is no sentence",
+        "base",
+        _edit(_set(["upgraded"], True)),
+        "`upgraded` must be a sentence naming the script and config, or absent, not True; run its slice again.",
+    ),
+    (
         "a format-1 slice",
         "base",
         _edit(_set(["format"], 1)),

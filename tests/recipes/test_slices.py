@@ -228,7 +228,10 @@ def _upgrade_script():
 
 def test_the_upgrade_script_rebuilds_format_2_from_format_1_and_refuses_another_config(sliced, tmp_path, capsys):
     """scripts/upgrade_slices.py: a format-1 slice (format 2 without its run settings and checksum) becomes the very
-    file the run wrote; a second pass changes nothing; a config other than the slices' is refused, nothing written."""
+    file the run wrote, plus the field `upgraded` that says so (naming the script and the config); a second pass
+    changes nothing; a config other than the slices' is refused, nothing written."""
+    from trl_nca.recipes.slices import Slice
+
     root, config, _, _ = sliced
     script = _upgrade_script()
     slices = tmp_path / "slices"
@@ -247,5 +250,14 @@ def test_the_upgrade_script_rebuilds_format_2_from_format_1_and_refuses_another_
     assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == formats_1  # nothing written
     assert script.main([str(slices), "--config", str(config), "--check"]) == 1
     assert script.main([str(slices), "--config", str(config)]) == 0
-    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == originals
+    note = script.upgrade_note(str(config))
+    assert "scripts/upgrade_slices.py" in note and str(config) in note
+    for path in slices.glob("*.json"):
+        written = json.loads(path.read_text())
+        assert written.pop("upgraded") == note
+        assert json.dumps(written, indent=1) + "\n" == originals[path.name].decode()
+        assert Slice.load(path).upgraded == note
+    upgraded = {path.name: path.read_bytes() for path in slices.glob("*.json")}
     assert script.main([str(slices), "--config", str(config), "--check"]) == 0  # idempotent
+    assert script.main([str(slices), "--config", str(config)]) == 0
+    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == upgraded

@@ -170,7 +170,7 @@ def summarize(
 
     args, task = plan.args, plan.task
     per_seed = per_seed_rows(task, evaluated, diagnostics)
-    extra = ("regime", "organism", "seed")
+    extra = ("regime", "organism", "seed", "ci")
     keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
     aggregated = aggregate(per_seed, keys)
     statistics = {
