@@ -83,7 +83,7 @@ def _anchor(config) -> str:
     if not beta:
         return "none (`nca_beta=0`: plain on-policy context distillation, OPD)"
     schedule = getattr(config, "nca_beta_schedule", "constant")
-    gated = schedule == "adaptive" and getattr(config, "nca_adaptive_init", None) == 0
+    gated = schedule == "gated" or (schedule == "adaptive" and getattr(config, "nca_adaptive_init", None) == 0)
     kind = "gated (off until the two views drift apart)" if gated else schedule
     return f"NCA, weight up to `nca_beta={beta}`, schedule `{schedule}`: {kind} (docs/configuration.md)"
 
