@@ -41,7 +41,8 @@ def main() -> None:
     import torch
 
     from trl_nca.core.views import ContextSpec
-    from trl_nca.eval.harness import HarnessOptions, bundled_tasks_folder, evaluate_harness, hf_lm, task_manager
+    from trl_nca.eval.harness import HarnessOptions, evaluate_harness, hf_lm
+    from trl_nca.eval.harness_index import bundled_tasks_folder, task_manager
     from trl_nca.eval.loading import load_model, load_tokenizer
     from trl_nca.eval.report import write_report
     from trl_nca.tasks.harness_data import HARNESS_TASK

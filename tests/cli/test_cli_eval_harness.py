@@ -255,4 +255,4 @@ def test_without_lm_eval_tasks_name_the_extra(models, tasks, tmp_path):
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert "pip install trl-nca[harness]" in lines[0], lines[0]
+    assert 'pip install "trl-nca[harness]"' in lines[0], lines[0]

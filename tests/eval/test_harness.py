@@ -21,8 +21,8 @@ from trl_nca.eval.harness import (  # noqa: E402  (after the skip: the module ru
     evaluate_harness,
     harness_tasks,
     hf_lm,
-    task_manager,
 )
+from trl_nca.eval.harness_index import task_manager  # noqa: E402
 
 
 logging.getLogger("lm-eval").setLevel(logging.ERROR)
@@ -190,7 +190,7 @@ def test_sampled_generation_k_samples(tok, model, folder):
 def test_shipped_task_is_the_builtin_data():
     """The packaged island_facts_mc documents are the generator's output, and lm-eval loads the shipped task without
     --include-path."""
-    from trl_nca.eval.harness import bundled_tasks_folder
+    from trl_nca.eval.harness_index import bundled_tasks_folder
     from trl_nca.tasks.harness_data import island_facts_mc_docs
 
     shipped = (bundled_tasks_folder() / "island_facts_mc.jsonl").read_text().splitlines()
