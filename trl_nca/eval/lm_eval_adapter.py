@@ -69,7 +69,7 @@ def lm_eval_version() -> str | None:
 # ---------------------------------------------------------------------------------------------------- quiet output
 
 
-class _WithoutBars(io.TextIOBase):
+class WithoutBars(io.TextIOBase):
     """A text stream that passes whole lines to `target` except a progress bar's (tqdm redraws a bar with `\\r`)."""
 
     def __init__(self, target):
@@ -105,7 +105,7 @@ def quiet_lm_eval() -> Iterator[None]:
     logger = logging.getLogger("lm_eval")
     level = logger.level
     logger.setLevel(logging.ERROR)
-    stream = _WithoutBars(sys.stderr)
+    stream = WithoutBars(sys.stderr)
     try:
         with contextlib.redirect_stderr(stream):
             yield
@@ -162,7 +162,10 @@ def _read_task_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         if not target.is_file():
             raise ValueError(f"{path}: its include: {included} names no file ({target} does not exist)")
         if target.resolve() not in seen:
-            _read_task_yaml(target, (*seen, path.resolve()))
+            try:
+                _read_task_yaml(target, (*seen, path.resolve()))
+            except ValueError as error:
+                raise ValueError(f"{path}: its include: {included}: {error}") from error
     return config
 
 

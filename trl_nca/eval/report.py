@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..console import plural
 from ..core.checks import format_pct
 from ..inputs import write_text_atomic
 from .columns import COLUMNS, REPORT, Column, constant_columns, left_out_line, legend
@@ -318,7 +319,7 @@ def _provenance(models) -> list[str]:
             + (f", weights fingerprint `{ident['fingerprint']}`" if ident.get("fingerprint") else "")
             + f"; scorer `{prov.get('scorer')}`; context sha256 `{ctx.get('sha256')}` ({ctx.get('source')}, "
             f"{ctx.get('placement')})"
-            + (f", {skipped['count']} documents with an empty context left out" if skipped else "")
+            + (f", {plural(skipped['count'], 'document')} with an empty context left out" if skipped else "")
             + f"; {sampling}"
             + (f"; records `{model['records_path']}`" if model.get("records_path") else "")
         )
