@@ -224,4 +224,6 @@ def test_the_gated_schedule_is_the_adaptive_one_started_off():
     for step in range(1, 200):
         measured = {"opd_loss": rng.uniform(0.01, 1.0), "view_kl": rng.uniform(0.0, 1.5)}
         assert gated.update(measured, step) == adaptive.update(measured, step)
-    assert gated.value > 0 and gated.kind == "gated" and gated.state_dict()["current"] == adaptive.state_dict()["current"]
+    assert (
+        gated.value > 0 and gated.kind == "gated" and gated.state_dict()["current"] == adaptive.state_dict()["current"]
+    )

@@ -345,7 +345,9 @@ def test_the_whole_job_estimate_counts_the_workers(monkeypatch):
     monkeypatch.setattr(console.time, "perf_counter", clock)
     job = console.JobEstimate(6, workers=2)
     clock.now = 100.0
-    assert "about 4 min more for the 5 students left, 2 at a time" in job.finished("a", 100.0)  # 5 x 100 / 2 s, then 4 x 100 / 2 s
+    assert "about 4 min more for the 5 students left, 2 at a time" in job.finished(
+        "a", 100.0
+    )  # 5 x 100 / 2 s, then 4 x 100 / 2 s
     clock.now = 102.0
     assert "about 3 min more for the 4 students left, 2 at a time" in job.finished("b", 100.0)
     clock.now = 400.0
