@@ -47,15 +47,15 @@ def resolve_task_manager(names: Sequence[str], include_path):
     manager = task_manager(include_path)
     for name in names:
         if name not in known_names(manager):
-            raise EvalInputError(_unknown_task(name, manager, include_path))
+            raise _unknown_task(name, manager, include_path)
     return manager
 
 
-def _unknown_task(name: str, manager, include_path) -> str:
+def _unknown_task(name: str, manager, include_path) -> EvalInputError:
     problems = unreadable_task_files(task_folders(include_path)[1:]) if include_path else []
     declaring = defining_files(problems, name)
     if declaring:
-        return (
+        return EvalInputError(
             f"Harness task {name!r} is declared in a task file lm-eval could not read, so lm-eval does not know it: "
             f"{declaring[0]}. Mend the file."
         )
@@ -67,7 +67,7 @@ def _unknown_task(name: str, manager, include_path) -> str:
         if problems
         else ""
     )
-    return (
+    return EvalInputError(
         f"Unknown harness task {name!r}: lm-eval has no task, group or tag of that name{where}.{hint}{unread} "
         "List them with `lm-eval ls tasks`, or give --include-path DIR for a local task YAML."
     )
