@@ -87,11 +87,28 @@ def tasks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def earlier_run(models, tasks, tmp_path_factory):
-    """The output folder of a finished run of `c_mc` on the model `short` with the context "Answer yes."."""
-    out = tmp_path_factory.mktemp("earlier") / "out"
-    argv = ["eval", "--model", models["short"], "--tasks", "c_mc", "--include-path", tasks, "--output-dir", str(out)]
-    assert cli_main([*argv, "--context-text", "Answer yes.", "--no-progress", "--no-plots", "--bootstrap", "0"]) == 0
-    return out
+    """The output folders of finished runs of `c_mc` on the model `short`: with the context "Answer yes." (`EARLIER`),
+    and with each document's `hint` (`EARLIER_COLUMN`)."""
+    runs = {}
+    for marker, context in (
+        ("EARLIER", ["--context-text", "Answer yes."]),
+        ("EARLIER_COLUMN", ["--context-column", "hint"]),
+    ):
+        out = tmp_path_factory.mktemp("earlier") / "out"
+        argv = [
+            "eval",
+            "--model",
+            models["short"],
+            "--tasks",
+            "c_mc",
+            "--include-path",
+            tasks,
+            "--output-dir",
+            str(out),
+        ]
+        assert cli_main([*argv, *context, "--no-progress", "--no-plots", "--bootstrap", "0"]) == 0
+        runs[marker] = out
+    return runs
 
 
 # (case, the model, extra options, the expected line's text); every case gets --include-path and --output-dir
@@ -189,6 +206,12 @@ CASES = [
         "short/c_mc/records.jsonl holds the records of another run, made with other settings (context.sha256",
     ),
     (
+        "records of another --limit with a per-document context",
+        "short",
+        ["--tasks", "c_mc", "--context-column", "hint", "--limit", "2", "EARLIER_COLUMN"],
+        "made with other settings (context.sha256: ",
+    ),
+    (
         "records of another model",
         "other",
         ["--tasks", "c_mc", "--context-text", "Answer yes.", "EARLIER"],
@@ -218,13 +241,15 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 def test_bad_harness_input_is_one_line_before_any_model_loads(
     models, tasks, earlier_run, tmp_path, capsys, monkeypatch, no_model_loads, case, model, extra, expected
 ):
-    """`EARLIER`: the output folder starts as a copy of `earlier_run`'s, and must end as it began."""
+    """`EARLIER`, `EARLIER_COLUMN`: the output folder starts as a copy of that `earlier_run`'s, and must end as it
+    began."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "out"
     before = None
-    if "EARLIER" in extra:
-        shutil.copytree(earlier_run, out)
-        extra, before = [value for value in extra if value != "EARLIER"], _snapshot(out)
+    for marker in ("EARLIER", "EARLIER_COLUMN"):
+        if marker in extra:
+            shutil.copytree(earlier_run[marker], out)
+            extra, before = [value for value in extra if value != marker], _snapshot(out)
     extra = [str(tmp_path / "missing") if value == "MISSING" else value for value in extra]
     name = "short=" if model == "other" else ""  # the copy, under the name of the model of the earlier run
     argv = ["eval", "--model", name + models[model], "--no-progress", "--no-plots"]
@@ -240,6 +265,8 @@ def test_bad_harness_input_is_one_line_before_any_model_loads(
         assert "Closest lm-eval names: c_mc" in line
     if case == "no system role with --placement system":
         assert "Give --placement user" in line
+    if case == "records of another --limit with a per-document context":
+        assert "or another --limit" in line
     if case == "a local task file that does not parse":
         assert "c_broken.yaml" in line and "Mend the file" in line
     if before is not None:

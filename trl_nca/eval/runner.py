@@ -181,6 +181,10 @@ def check_records_before_loading(
         what = f"of another model ({meta.get('model')!r}, adapter {meta.get('adapter')!r})"
     elif differences:
         what = f"made with other settings ({'; '.join(differences[:3])})"
+        if any(d.startswith("context.sha256") for d in differences) and str(
+            (provenance.get("context") or {}).get("source")
+        ).startswith("column:"):
+            what += ", or another --limit (a per-document context's digest covers the documents evaluated)"
     else:
         what = "made with another task, context, metric, --limit, sampling or tokenizer"
     raise EvalInputError(
