@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import numpy as np
@@ -103,10 +104,16 @@ as `few` (one item more or less moves it by 10 points or more)."""
 
 def count_of(count: float, total: float) -> str:
     """The count behind a conditional rate, `count/total` (expected counts to one decimal with k samples per view),
-    followed by `, few` when `total` is below `FEW_ITEMS`."""
+    followed by `, few` when `total` is below `FEW_ITEMS`. A count computed back from a rate (`rate * total`, as the
+    comparison's tables do) carries the float error of that product: each amount is first rounded to 6 decimals
+    (expected counts are multiples of 1/k), then to one decimal half up, so 4.7499999999 and 4.75 are both written 4.8
+    and 0.25 is 0.3, in every table."""
 
     def amount(value: float) -> str:
-        return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:.1f}"
+        value = round(value, 6)
+        if abs(value - round(value)) < 1e-6:
+            return str(round(value))
+        return str(Decimal(repr(value)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
 
     return f"{amount(count)}/{amount(total)}" + (", few" if total < FEW_ITEMS else "")
 
