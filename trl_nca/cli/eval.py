@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..console import Stopwatch, closing_line, say
-from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
+from ..core.engines import vllm_available
+from ..core.sampling import GenerationSettings, VLLMBackend
 from ..core.views import check_text_sizes
 from ..envs import game_generation_settings
 from ..envs.registry import parse_game_options
