@@ -512,7 +512,9 @@ def token_divergences(
         raise ValueError(f"token_divergences needs the teacher's states (h_t) for {terms} with {spec}.")
     sparse = h_t if isinstance(h_t, TeacherTopK) else None
     if sparse is not None:
-        h_t, teacher = None, student  # the student's head stands in: the teacher's rows are the student's
+        h_t = None
+    if teacher is None:  # a teacher known by its top-k only: the student's head stands in (the rows are the student's)
+        teacher = student
     # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
     vocab = min(student.vocab_size, teacher.vocab_size)
     student = replace(student, rows=vocab)

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..core.engines import vllm_distribution_alias
 from ..core.sampling import GenerationSettings
 from ..core.views import ContextSpec, check_context
 from ..inputs import sha256_text
@@ -635,8 +636,10 @@ def hf_lm(model, tokenizer, options: HarnessOptions):
 
 
 def vllm_lm(path: str, *, adapter: str | None, dtype: str, options: HarnessOptions, tokenizer: str | None = None):
-    """lm-eval's vLLM model type (`lm_eval.models.vllm_causallms.VLLM`) for a model path and a LoRA adapter."""
+    """lm-eval's vLLM model type (`lm_eval.models.vllm_causallms.VLLM`) for a model path and a LoRA adapter. Its
+    module asks for the distribution `vllm` by name, which vLLM's CPU build is not (`vllm_distribution_alias`)."""
     import_lm_eval()
+    vllm_distribution_alias()
     from lm_eval.api.registry import get_model
 
     args: dict[str, Any] = {"pretrained": path, "dtype": dtype, "seed": options.seed}
