@@ -74,7 +74,7 @@ def test_colocated_vllm_samples_and_the_loss_is_the_transformers_paths(vllm_mode
     trainer.train()
     (batch,) = batches
     scored = [row[mask.bool()].tolist() for row, mask in zip(batch.completion_ids, batch.completion_mask)]
-    assert scored == [list(ids) for ids in sampled]
+    assert sorted(scored) == sorted(list(ids) for ids in sampled)  # TRL shuffles the rows of its generation batch
 
     completions = (batch.completion_ids, batch.completion_mask)
     lx = full_logprobs(initial, batch.prompts, batch.prompt_attention_mask, *completions)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_nca import NCADistillationConfig, NCADistillationTrainer
-from trl_nca.testing import FLOAT32, KL32, cloned_parameters, free_port, permuted_tokenizer, prompt_dataset, run_args
+from trl_nca.testing import KL32, Tolerance, cloned_parameters, free_port, permuted_tokenizer, prompt_dataset, run_args
 from trl_nca.trainers.checkpoints import checkpoint_problem
 from trl_nca.trainers.served_teacher import TeacherServerError, TeacherServerLost
 
@@ -60,13 +60,22 @@ def one_step(student_path, teacher, directory, **fields):
     return log, {n: p.detach() - before[n] for n, p in student.named_parameters()}
 
 
+# The server's float32 log-probabilities of the tiny teacher differ from Transformers' float32 ones by at most 4.8e-7
+# (measured on 39 positions x 6 tokens; Transformers' float32 and float64 differ by 5.5e-7 there): a few u32 * |log p|.
+TEACHER_LOG_PROB_ERROR = 1e-6
+
+
 @pytest.mark.numerics
 @pytest.mark.parametrize("case", ["separate", "self"])
 def test_served_teacher_equals_the_local_teacher_on_its_top_k(case, vllm_models, teacher_server, tmp_path):
     """The server serves the tiny teacher (float32). Separate teacher: the student is another model, the local teacher
     is the served checkpoint. Self-distillation: the student is the served checkpoint and the local teacher its frozen
-    initial copy. Both float32: every teacher log-probability differs between the server's kernels and Transformers'
-    by a float32 rounding of their sums, so the KL terms agree to KL32 and the update (the gradient) to FLOAT32."""
+    initial copy. Error model: every teacher log-probability differs between the server and Transformers by at most
+    TEACHER_LOG_PROB_ERROR; the KL terms are p-weighted sums of such differences, so they agree to KL32. The gradient is
+    linear in the teacher's log-probabilities with the student's probabilities as weights, and its size is that of
+    the log-probability differences between student and teacher, whose token mean is about |opd_loss|: the update's
+    error, relative to its largest entry, is at most a few TEACHER_LOG_PROB_ERROR / |opd_loss| (4e-4 to 2e-3 here; a
+    real error, a token misaligned or another support, moves it by O(1))."""
     student_path, teacher_path = vllm_models
     if case == "self":
         student_path, local_teacher = teacher_path, None
@@ -80,9 +89,14 @@ def test_served_teacher_equals_the_local_teacher_on_its_top_k(case, vllm_models,
         assert served_log[name] == KL32.approx(local_log[name]), name
     # a loss to compare: the student differs from its teacher on the teacher's top-k (a sum over the top-k of a KL's
     # terms, without renormalisation, may be negative)
-    assert abs(served_log["opd_loss"]) > 1e-3
+    assert abs(local_log["opd_loss"]) > 1e-3
+    bound = 4 * TEACHER_LOG_PROB_ERROR / abs(local_log["opd_loss"])
+    tolerance = Tolerance("SERVED32", rtol=0.0, atol=bound, why="the docstring's error model")
     for name, update in served_update.items():
-        FLOAT32.close(update, local_update[name], msg=name, scale=local_update[name].abs().max())
+        scale = local_update[name].abs().max()
+        difference = ((update - local_update[name]).abs().max() / scale).item()
+        print(f"{case} {name}: largest difference {difference:.2e} of the largest entry (bound {bound:.1e})")
+        tolerance.close(update, local_update[name], msg=f"{name}: {difference:.2e} > {bound:.1e}", scale=scale)
 
 
 class Proxy:
@@ -101,7 +115,10 @@ class Proxy:
                 self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
                 self.send_header("Content-Length", str(len(answer.content)))
                 self.end_headers()
-                self.wfile.write(answer.content)
+                try:
+                    self.wfile.write(answer.content)
+                except BrokenPipeError:  # the client gave up first (the timeout row)
+                    pass
 
             def do_GET(self):
                 self._forward("GET")
@@ -145,7 +162,7 @@ def test_server_down_at_the_start_is_one_line_before_any_work(vllm_models, tmp_p
     message = str(error.value)
     assert "\n" not in message and f"No teacher server answers at {url}" in message
     assert "vllm.entrypoints.openai.api_server" in message
-    assert not (tmp_path / "out").exists()
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_served_model_with_another_tokenizer_is_refused_before_the_first_step(vllm_models, teacher_server, tmp_path):
@@ -185,7 +202,7 @@ def test_a_server_lost_mid_run_stops_at_a_step_boundary_with_a_checkpoint(fault,
     with pytest.raises(TeacherServerLost) as error:
         trainer.train()
     message = str(error.value)
-    folder = tmp_path / "out" / "checkpoint-1"
+    folder = tmp_path / "checkpoint-1"
     assert "\n" not in message and f"Saved {folder}" in message and "resume_from_checkpoint" in message
     assert ("did not answer within 2 s" in message) == (fault == "timeout")
     assert checkpoint_problem(folder) is None

@@ -65,7 +65,8 @@ def _client(url: str, timeout: float, request_timeout: float, retries: int):
             f"`{SERVER_COMMAND}` (the teacher's checkpoint, or the student's for self-distillation), or correct "
             "`teacher_model_server_url`."
         ) from None
-    retry = Retry(total=retries, connect=retries, read=0, status=retries, backoff_factor=1, allowed_methods=None)
+    # read=False: a request that timed out is not retried, and its timeout is raised as one
+    retry = Retry(total=retries, connect=retries, read=False, status=retries, backoff_factor=1, allowed_methods=None)
     retry.status_forcelist = [500, 502, 503]
     client.session.mount("http://", HTTPAdapter(max_retries=retry))
     client.session.mount("https://", HTTPAdapter(max_retries=retry))
@@ -211,13 +212,21 @@ def _lost(url: str, error: Exception, timeout: float) -> str:
 
 
 def _probe_text(tokenizer) -> str:
-    """Text whose tokens cover the student's special tokens, its chat template and every 97th id of its vocabulary."""
+    """Text whose tokens cover the student's special tokens, its chat template and its whole vocabulary (each id
+    decoded on a line of its own: two tokenizers that map one token to different ids tokenise that line differently),
+    and every byte of UTF-8."""
     parts = list(getattr(tokenizer, "all_special_tokens", []))
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": "Context."}, {"role": "user", "content": "Question 12?"}]
         parts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-    parts.append(tokenizer.decode(list(range(0, len(tokenizer), 97)), skip_special_tokens=True))
-    return " ".join(parts)
+    parts += tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    # every byte of UTF-8 in some character (a byte-level vocabulary's tokens of single non-ASCII bytes decode to no
+    # text of their own): two-byte characters cover the continuation bytes and the two-byte leads, then samples of
+    # three- and four-byte characters
+    parts.append("".join(chr(c) for c in range(0xA0, 0x800)))
+    wide = [*range(0x800, 0xD800, 0x1000), *range(0xE000, 0x10000, 0x1000), *range(0x10000, 0x110000, 0x40000)]
+    parts.append("".join(map(chr, wide)))
+    return "\n".join(parts)
 
 
 def served_teacher(args, teacher_model):
