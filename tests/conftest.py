@@ -44,7 +44,9 @@ def pytest_collection_modifyitems(config, items):
 
     if vllm_available():
         return
-    skip = pytest.mark.skip(reason="vLLM is not installed: these tests run in the venv of scripts/vllm_venv.sh (.ci/run)")
+    skip = pytest.mark.skip(
+        reason="vLLM is not installed: these tests run in the venv of scripts/vllm_venv.sh (.ci/run)"
+    )
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(skip)

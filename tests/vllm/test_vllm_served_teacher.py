@@ -74,8 +74,10 @@ def test_served_teacher_equals_the_local_teacher_on_its_top_k(case, vllm_models,
     TEACHER_LOG_PROB_ERROR; the KL terms are p-weighted sums of such differences, so they agree to KL32. The gradient is
     linear in the teacher's log-probabilities with the student's probabilities as weights, and its size is that of
     the log-probability differences between student and teacher, whose token mean is about |opd_loss|: the update's
-    error, relative to its largest entry, is at most a few TEACHER_LOG_PROB_ERROR / |opd_loss| (4e-4 to 2e-3 here; a
-    real error, a token misaligned or another support, moves it by O(1))."""
+    error, relative to its largest entry, is some TEACHER_LOG_PROB_ERROR / |opd_loss|, more in the attention's query
+    and key weights, whose gradients cancel most (measured: at most 4.0e-4 there, 6e-5 elsewhere, against 1 /
+    |opd_loss| = 125 and 435 for the two cases); the bound takes 16 of them (2e-3 and 7e-3), while a real error, a
+    token misaligned or another support, moves the update by O(1)."""
     student_path, teacher_path = vllm_models
     if case == "self":
         student_path, local_teacher = teacher_path, None
@@ -90,7 +92,7 @@ def test_served_teacher_equals_the_local_teacher_on_its_top_k(case, vllm_models,
     # a loss to compare: the student differs from its teacher on the teacher's top-k (a sum over the top-k of a KL's
     # terms, without renormalisation, may be negative)
     assert abs(local_log["opd_loss"]) > 1e-3
-    bound = 4 * TEACHER_LOG_PROB_ERROR / abs(local_log["opd_loss"])
+    bound = 16 * TEACHER_LOG_PROB_ERROR / abs(local_log["opd_loss"])
     tolerance = Tolerance("SERVED32", rtol=0.0, atol=bound, why="the docstring's error model")
     for name, update in served_update.items():
         scale = local_update[name].abs().max()
