@@ -463,7 +463,10 @@ class VLLMBackend:
         results = []
         for out in outputs:
             completion = out.outputs[0]
-            results.append(Generated(list(completion.token_ids), completion.text, completion.finish_reason == "length"))
+            tokens = list(completion.token_ids)
+            # decoded as `HFBackend` decodes (vLLM's own text holds back a trailing incomplete UTF-8 character)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            results.append(Generated(tokens, text, completion.finish_reason == "length"))
         return results
 
     def _groups(self, prompt_lengths: list[int], new_tokens: int) -> list[list[int]]:
