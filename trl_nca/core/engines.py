@@ -8,7 +8,8 @@ model does, when its module is imported): it makes `importlib.metadata` answer t
 distribution, only where no distribution `vllm` is installed, through the standard extension point of
 `importlib.metadata` (a finder's `find_distributions` on `sys.meta_path`).
 
-`request_groups` splits a batch of seeded requests so that vLLM's CPU engine never splits a prompt: where chunked
+`engine_defaults` are the settings the engines trl-nca builds get unless the caller sets them (eager mode on the CPU
+build). `request_groups` splits a batch of seeded requests so that vLLM's CPU engine never splits a prompt: where chunked
 prefill schedules part of a seeded request's prompt, vLLM rewinds the request's generator (`Generator.set_offset`),
 which only CUDA generators have, and the CPU engine dies with "CPU Generator does not use offset"
 (`vllm/v1/worker/gpu_model_runner.py`, 0.31.0). A group whose prompts fit one step's token budget, with no more
@@ -73,6 +74,15 @@ def vllm_distribution_alias() -> None:
     except metadata.PackageNotFoundError:
         return
     sys.meta_path.append(_VLLMDistributionAlias())
+
+
+def engine_defaults() -> dict:
+    """Settings trl-nca gives the vLLM engines it builds, where the caller gives none: on the CPU build, eager mode
+    (`enforce_eager=True`). Its compiled model is compiled again at every load in 0.31.0 (the compile cache fails to
+    load: "'function' object has no attribute 'finalize_loading'"), which takes minutes on a 2-core machine."""
+    from vllm.platforms import current_platform
+
+    return {"enforce_eager": True} if current_platform.is_cpu() else {}
 
 
 def request_groups(

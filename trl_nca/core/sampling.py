@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from .checks import is_int
-from .engines import request_groups
+from .engines import engine_defaults, request_groups
 from .prefix import sharing_problem
 from .views import left_pad
 
@@ -428,7 +428,7 @@ class VLLMBackend:
             raise ImportError("The vLLM backend needs `pip install vllm`; use backend='hf' otherwise.") from error
         self._vllm = vllm
         if isinstance(llm, str):
-            llm = vllm.LLM(model=llm, enable_lora=adapter is not None, **llm_kwargs)
+            llm = vllm.LLM(model=llm, enable_lora=adapter is not None, **{**engine_defaults(), **llm_kwargs})
         self.llm = llm
         self.tokenizer = tokenizer
         self.lora = None

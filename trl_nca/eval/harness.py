@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..core.engines import vllm_distribution_alias
+from ..core.engines import engine_defaults, vllm_distribution_alias
 from ..core.sampling import GenerationSettings
 from ..core.views import ContextSpec, check_context
 from ..inputs import sha256_text
@@ -642,7 +642,7 @@ def vllm_lm(path: str, *, adapter: str | None, dtype: str, options: HarnessOptio
     vllm_distribution_alias()
     from lm_eval.api.registry import get_model
 
-    args: dict[str, Any] = {"pretrained": path, "dtype": dtype, "seed": options.seed}
+    args: dict[str, Any] = {"pretrained": path, "dtype": dtype, "seed": options.seed, **engine_defaults()}
     if adapter:
         args["lora_local_path"] = adapter
     if tokenizer:
