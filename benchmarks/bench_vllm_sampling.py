@@ -47,7 +47,7 @@ def plan_for(job: str, items: int, out: Path):
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig))
     argv = ["--config", str(JOBS[job]), "--output_dir", str(out), "--eval_items", str(items), "--seeds", "0"]
-    argv += ["--slices_dir", str(out / "slices")]
+    argv += ["--slices_dir", str(out / "slices"), "--track_every", "0"]
     args, config, model_args = parser.parse_args_and_config(args=argv)
     return plan_comparison(args, config, model_args), config
 
@@ -89,7 +89,7 @@ def measure(name: str, backend, evaluator, settings, train_prompts, tokenizer) -
     timed = Timed(backend)
     print(f"  {name:<14} load before {load()}", flush=True)
     if train_prompts:
-        train = dataclasses.replace(settings, greedy=False)
+        train = dataclasses.replace(settings, do_sample=True)
         timed.generate(train_prompts, [item_seed(0, str(i)) for i in range(len(train_prompts))], train)
     train_rate = timed.tokens / max(timed.seconds, 1e-9)
     timed_eval = Timed(backend)
@@ -119,12 +119,14 @@ def main():
     from vllm import LLM
 
     from trl_nca.core.sampling import HFBackend, VLLMBackend
+    from trl_nca.recipes.budgets import position_limit_of
 
     torch.set_num_threads(cli.threads)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         plans = {job: plan_for(job, cli.items, Path(tmp) / job) for job in cli.jobs}
         paths = {job: next(iter(plan.model_paths.values())) for job, (plan, _) in plans.items()}
+        limits = {job: min(1024, position_limit_of(path) or 1024) for job, path in paths.items()}
         for job, (plan, config) in plans.items():  # Transformers first (vLLM pins the threads)
             print(f"{job}: {paths[job]}", flush=True)
             tokenizer = AutoTokenizer.from_pretrained(paths[job])
@@ -139,7 +141,7 @@ def main():
             evaluator, settings, train_prompts = shapes(plan, config, tokenizer)
             for dtype in ("float32", "bfloat16"):
                 start = time.perf_counter()
-                llm = LLM(model=paths[job], dtype=dtype, max_model_len=1024, enforce_eager=True, seed=0)
+                llm = LLM(model=paths[job], dtype=dtype, max_model_len=limits[job], enforce_eager=True, seed=0)
                 print(f"{job}: vLLM {dtype} loaded in {time.perf_counter() - start:.0f} s", flush=True)
                 backend = VLLMBackend(llm, tokenizer)
                 results[job, dtype] = measure(f"vllm {dtype}", backend, evaluator, settings, train_prompts, tokenizer)
