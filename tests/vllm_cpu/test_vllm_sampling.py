@@ -145,3 +145,22 @@ def test_trls_weight_push_fails_where_the_cpu_build_packs_weights_and_the_reload
     after = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
     expected = new.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=8, do_sample=False)[0, 4:].tolist()
     assert list(after) == expected != list(before)
+
+
+def test_seeded_requests_over_one_steps_token_budget_do_not_stop_the_cpu_engine(vllm_models):
+    """200 seeded prompts of 31 tokens (6200 tokens, more than the engine's 4096 per step): sent at once, the engine
+    would prefill some prompts in parts and die ("CPU Generator does not use offset"); `VLLMBackend` sends them in
+    groups it prefills whole, and each sample is the one the same request gives alone in a small batch."""
+    from vllm import LLM
+
+    from trl_nca.core.sampling import GenerationSettings, VLLMBackend
+
+    student_path = vllm_models[0]
+    llm = LLM(model=student_path, dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
+    assert llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens < 200 * 31
+    backend = VLLMBackend(llm, AutoTokenizer.from_pretrained(student_path))
+    prompts = [[5 + (j * 7 + i) % 250 for j in range(31)] for i in range(200)]
+    settings = GenerationSettings(max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=0)
+    together = backend.generate(prompts, list(range(200)), settings)
+    alone = [g for i in range(0, 20, 5) for g in backend.generate(prompts[i : i + 5], list(range(i, i + 5)), settings)]
+    assert [g.token_ids for g in together[:20]] == [g.token_ids for g in alone]
