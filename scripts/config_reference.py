@@ -73,6 +73,13 @@ def field_reference() -> str:
         if a != b
     ]
     differing = [f"`{n}`" for n in field_docs.changed_defaults(NCADistillationConfig)]
+    distillation = {f.name: f for f in fields(NCADistillationConfig)}
+    own = header + [
+        f"| `{n}` | {_type(NCADistillationConfig, n)} | {_value(field_docs.default(distillation[n]))} | "
+        f"{_help(NCADistillationConfig, n)} |"
+        for n in field_docs.field_names(NCADistillationConfig)
+        if n not in nca_field_names(NCADistillationConfig)
+    ]
     return (
         "\n".join(rows)
         + "\n\nFields of `GKDConfig` whose default differs:\n\n"
@@ -84,7 +91,9 @@ def field_reference() -> str:
         + "\n".join(renamed)
         + "\n\nFields of `DistillationConfig` whose default differs: "
         + (", ".join(differing) if differing else "none")
-        + ".\n"
+        + ".\n\nFields only `NCADistillationConfig` has (a teacher behind a vLLM server: docs/vllm.md):\n\n"
+        + "\n".join(own)
+        + "\n"
     )
 
 

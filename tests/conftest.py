@@ -35,3 +35,18 @@ def tiny_teacher_dir(tmp_path_factory):
     from trl_nca.testing import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny") / "teacher", seed=1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `vllm` run only where vLLM is installed (the environment of scripts/vllm_venv.sh, which .ci/run
+    builds); elsewhere they are skipped, with that reason."""
+    from trl_nca.core.engines import vllm_available
+
+    if vllm_available():
+        return
+    skip = pytest.mark.skip(
+        reason="vLLM is not installed: these tests run in the venv of scripts/vllm_venv.sh (.ci/run)"
+    )
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)

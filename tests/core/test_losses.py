@@ -10,7 +10,14 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from trl.experimental.gkd import GKDTrainer
 
-from trl_nca.core.losses import NCA_DIVERGENCES, DivergenceSpec, LMHead, register_divergence, token_divergences
+from trl_nca.core.losses import (
+    NCA_DIVERGENCES,
+    DivergenceSpec,
+    LMHead,
+    TeacherTopK,
+    register_divergence,
+    token_divergences,
+)
 from trl_nca.testing import FLOAT64
 
 
@@ -38,13 +45,13 @@ def reference(h_x, h_c, h_t, w_s, w_t, spec: DivergenceSpec):
     T = spec.temperature
     lx, lc, lt = h_x @ w_s.T / T, h_c @ w_s.T / T, h_t @ w_t.T / T
     if spec.top_k:
-        support = lx.detach().topk(spec.top_k, dim=-1).indices
+        support = (lt if spec.top_k_of == "teacher" else lx).detach().topk(spec.top_k, dim=-1).indices
         if spec.renormalize:
             lpx, lpc, lpt = (F.log_softmax(z.gather(1, support), -1) for z in (lx, lc, lt))
         else:
             lpx, lpc, lpt = (F.log_softmax(z, -1).gather(1, support) for z in (lx, lc, lt))
-        assert spec.beta == 1.0
-        opd = (lpx.exp() * (lpx - lpt)).sum(-1)
+        assert spec.beta in (0.0, 1.0)
+        opd = (_kl(lpx, lpt) if spec.beta == 1.0 else _kl(lpt, lpx)).sum(-1)
     else:
         lpx, lpc, lpt = (F.log_softmax(z, -1) for z in (lx, lc, lt))
         opd = GKDTrainer.generalized_jsd_loss(lx, lt, beta=spec.beta, reduction="none").sum(-1)
@@ -66,6 +73,9 @@ SPECS = [
     DivergenceSpec(beta=0.5, temperature=0.7),
     DivergenceSpec(beta=1.0, top_k=5),
     DivergenceSpec(beta=1.0, top_k=5, renormalize=True),
+    # the teacher's top-k (a served teacher's support), reverse and forward KL
+    DivergenceSpec(beta=1.0, top_k=5, top_k_of="teacher"),
+    DivergenceSpec(beta=0.0, top_k=5, top_k_of="teacher", renormalize=True),
     DivergenceSpec(nca_target="teacher"),
     DivergenceSpec(nca_stop_gradient=False),
     # every registered divergence (the default forward_kl is above), also on the top-k support
@@ -352,3 +362,28 @@ def test_lm_head_matches_the_models_own_logits(family):
         torch.testing.assert_close(
             LMHead.from_model(model).logits(hidden), model(input_ids=ids).logits.float()
         )  # float32: one matmul, two shapes
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("beta", [1.0, 0.0])
+def test_teacher_known_by_its_top_k_equals_the_local_teachers_top_k(beta, renormalize):
+    """A teacher given only as its top-k ids and log-probabilities (what a vLLM server returns: `TeacherTopK`) gives
+    the terms and gradients of the same teacher's states on its own top-k support (`top_k_of="teacher"`)."""
+    h_x, h_c, h_t, w_s, w_t = _inputs()
+    w_t = w_t.detach()
+    spec = DivergenceSpec(beta=beta, top_k=5, top_k_of="teacher", renormalize=renormalize, temperature=0.8)
+    local = token_divergences(h_x, h_t, LMHead(w_s), LMHead(w_t), spec, h_c=h_c, vocab_chunk=8, token_chunk=3)
+    full = torch.log_softmax(h_t @ w_t.T / spec.temperature, -1)
+    top = full.topk(5, dim=-1)
+    served = token_divergences(
+        h_x, TeacherTopK(top.indices, top.values), LMHead(w_s), None, spec, h_c=h_c, vocab_chunk=8, token_chunk=3
+    )
+    for name in ("opd", "nca", "view_kl"):
+        FLOAT64.close(served[name], local[name])
+    for name in ("opd", "nca"):
+        grads = torch.autograd.grad(served[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        ref = torch.autograd.grad(local[name].sum(), (h_x, h_c, w_s), allow_unused=True, retain_graph=True)
+        for g, r in zip(grads, ref):
+            assert (g is None) == (r is None)
+            if r is not None:
+                FLOAT64.close(g, r)

@@ -362,6 +362,12 @@ def test_bad_input_gets_clear_errors(tok, tmp_path):
         make_args(tmp_path, log_grad_cosine_steps=2)
     with pytest.raises(ValueError, match="divergence_top_k must be an integer >= 1"):
         make_args(tmp_path, divergence_support="top_k", divergence_top_k=0)
+    # a served teacher (tests/vllm_cpu run it against a server): only on the teacher's top-k, and never beside a local one
+    with pytest.raises(ValueError, match="teacher_model_server_url is set with divergence_support='full'"):
+        make_args(tmp_path, teacher_model_server_url="http://127.0.0.1:1")
+    served = {"teacher_model_server_url": "http://127.0.0.1:1", "divergence_support": "teacher_top_k"}
+    with pytest.raises(ValueError, match="teacher_model_server_url is set and a teacher model is given too"):
+        build(args=make_args(tmp_path, **served))
     # A prompt rendered differently by DistillationTrainer (here: chat_template_kwargs) is refused at sampling.
     tok2 = make_tiny_tokenizer()
     tok2.chat_template = tok2.chat_template.replace("{% for", "{% if extra %}extra{% endif %}{% for", 1)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..console import say
-from ..core.sampling import vllm_available
+from ..core.engines import vllm_available
 from ..eval import loading
 from ..eval.errors import EvalInputError
 from ..eval.loading import ModelSpec

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -107,11 +107,14 @@ class DivergenceSpec:
     temperature: float = 1.0
     top_k: int | None = None
     renormalize: bool = False
+    top_k_of: Literal["student", "teacher"] = "student"
     nca_target: Literal["student", "teacher"] = "student"
     nca_divergence: str = "forward_kl"
     nca_stop_gradient: bool = True
 
     def __post_init__(self):
+        if self.top_k_of not in ("student", "teacher"):
+            raise ValueError(f"top_k_of must be 'student' or 'teacher', got {self.top_k_of!r}.")
         if self.nca_divergence not in NCA_DIVERGENCES:
             raise ValueError(f"nca_divergence must be one of {divergence_names()}, got {self.nca_divergence!r}.")
 
@@ -207,6 +210,34 @@ def _logit_multiplier(config) -> float:
     return 1.0
 
 
+class TeacherTopK(NamedTuple):
+    """A teacher known only by its k most likely tokens per completion token (a teacher behind a vLLM server): their
+    `ids` (tokens, k) and `log_probs` (tokens, k), normalised over the teacher's whole vocabulary at the loss's
+    temperature. The divergences then sum over these ids (`DivergenceSpec.top_k_of="teacher"`), as they do with the
+    top-k of a local teacher's own logits."""
+
+    ids: torch.Tensor
+    log_probs: torch.Tensor
+
+    @property
+    def k(self) -> int:
+        return self.ids.shape[1]
+
+    def tile(self, rows: slice, start: int, width: int, renormalize: bool) -> torch.Tensor:
+        """The log-probabilities of the vocabulary slice [start, start + width) of tokens `rows`: the known ones in
+        place (renormalised over the k ids with `renormalize`), 0 elsewhere (outside the support, which the caller
+        masks out)."""
+        ids, log_probs = self.ids[rows], self.log_probs[rows].to(_acc(self.log_probs))
+        if renormalize:
+            log_probs = log_probs - torch.logsumexp(log_probs, dim=-1, keepdim=True)
+        local = ids - start
+        inside = (local >= 0) & (local < width)
+        out = log_probs.new_zeros(ids.shape[0], width)
+        token = torch.arange(ids.shape[0], device=ids.device)[:, None].expand_as(ids)
+        out[token[inside], local[inside]] = log_probs[inside]
+        return out
+
+
 def _acc(t: torch.Tensor) -> torch.dtype:
     """Accumulation dtype: float32, or float64 when the inputs already are."""
     return torch.promote_types(t.dtype, torch.float32)
@@ -296,6 +327,7 @@ class _Tiling:
     terms: tuple[str, ...]
     vocab_chunk: int
     token_chunk: int
+    sparse: TeacherTopK | None = None  # a teacher known by its top-k only (then no teacher states)
 
     @property
     def inv_t(self) -> float:
@@ -312,14 +344,29 @@ class _Tiling:
         z = head._logits(hidden, start, start + self.vocab_chunk)
         return z, z * self.inv_t - lse[:, None]
 
-    def slice_gradients(self, start, views, h_t, lse_t, support, coefficients):
+    def teacher_log_probs(self, h_t, lse_t, rows: slice, start: int, width: int):
+        """The teacher's log-probabilities of the vocabulary slice at `start` (`width` wide) for tokens `rows`: from
+        its states (`h_t` of those rows), or from its top-k (`sparse`); None without a teacher."""
+        if self.sparse is not None:
+            return self.sparse.tile(rows, start, width, self.spec.renormalize)
+        return None if h_t is None else self.log_probs(self.teacher, h_t, lse_t, start)[1]
+
+    def support(self, hx, ht, rows: slice) -> torch.Tensor:
+        """The top-k support of tokens `rows`: the student's no-context top-k, or the teacher's (`top_k_of`)."""
+        if self.sparse is not None:
+            return self.sparse.ids[rows]
+        if self.spec.top_k_of == "teacher":
+            return _top_k_support(ht, self.teacher, self.spec.top_k, self.vocab_chunk)
+        return _top_k_support(hx, self.student, self.spec.top_k, self.vocab_chunk)
+
+    def slice_gradients(self, start, views, h_t, lse_t, support, coefficients, rows: slice):
         """Logits and log-probabilities of the student's `views` ((name, hidden, lse, _) each) in the vocabulary slice
         at `start`, and the gradient of sum_term coefficient * term with respect to each view's log-probabilities
         (None where a view gets none)."""
         logits, log_probs = {}, {}
         for view, hidden, lse, _ in views:
             logits[view], log_probs[view] = self.log_probs(self.student, hidden, lse, start)
-        lt = None if h_t is None else self.log_probs(self.teacher, h_t, lse_t, start)[1]
+        lt = self.teacher_log_probs(h_t, lse_t, rows, start, log_probs["x"].shape[1])
         mask = None if support is None else _support_mask(support, start, log_probs["x"].shape[1])
         with torch.enable_grad():
             leaves = {view: lp.requires_grad_() for view, lp in log_probs.items()}
@@ -348,23 +395,23 @@ class _TiledDivergences(torch.autograd.Function):
         sums = {name: h_x.new_zeros(h_x.shape[0], dtype=_acc(h_x)) for name in terms}
         lses = {view: h_x.new_empty(h_x.shape[0], dtype=_acc(h_x)) for view in ("x", "c", "t")}
         support = None
-        if spec.top_k:
-            support = torch.zeros(h_x.shape[0], min(spec.top_k, student.vocab_size), dtype=torch.long)
-            support = support.to(h_x.device)
+        if spec.top_k or tiling.sparse is not None:
+            width = tiling.sparse.k if tiling.sparse is not None else min(spec.top_k, student.vocab_size)
+            support = torch.zeros(h_x.shape[0], width, dtype=torch.long, device=h_x.device)
         for rows in tiling.slices(h_x.shape[0]):
             hx = h_x[rows]
             ht = None if h_t is None else h_t[rows]
             hc = None if h_c is None else h_c[rows]
             sup = None
             if support is not None:
-                sup = support[rows] = _top_k_support(hx, student, spec.top_k, vocab_chunk)
+                sup = support[rows] = tiling.support(hx, ht, rows)
             lse_support = sup if spec.renormalize else None
             for view, head, hidden in (("x", student, hx), ("c", student, hc), ("t", teacher, ht)):
                 if hidden is not None:
                     lses[view][rows] = _logsumexp(hidden, head, inv_t, lse_support, vocab_chunk)
             for start in tiling.starts():
                 _, ls = tiling.log_probs(student, hx, lses["x"][rows], start)
-                lt = None if ht is None else tiling.log_probs(teacher, ht, lses["t"][rows], start)[1]
+                lt = tiling.teacher_log_probs(ht, lses["t"][rows], rows, start, ls.shape[1])
                 lc = None if hc is None else tiling.log_probs(student, hc, lses["c"][rows], start)[1]
                 mask = None if sup is None else _support_mask(sup, start, ls.shape[1])
                 for name, part in zip(terms, _tile_terms(ls, lt, lc, mask, spec, terms)):
@@ -406,14 +453,14 @@ class _TiledDivergences(torch.autograd.Function):
                 # Walk 1: sum_v G per token and view (the gradient of the view's log-normaliser, negated).
                 totals = dict.fromkeys(view for view, *_ in views)
                 for start in tiling.starts():
-                    for view, grad in tiling.slice_gradients(start, views, ht, lt_norm, sup, coeff)[2].items():
+                    for view, grad in tiling.slice_gradients(start, views, ht, lt_norm, sup, coeff, rows)[2].items():
                         if grad is not None:
                             totals[view] = grad.sum(-1) if totals[view] is None else totals[view] + grad.sum(-1)
                 # Walk 2: d loss / d z per slice, through the head into the buffers.
                 if all(total is None for total in totals.values()):
                     continue
                 for start in tiling.starts():
-                    logits, log_probs, grads = tiling.slice_gradients(start, views, ht, lt_norm, sup, coeff)
+                    logits, log_probs, grads = tiling.slice_gradients(start, views, ht, lt_norm, sup, coeff, rows)
                     for view, hidden, _, grad_h in views:
                         if grads[view] is None or (grad_h is None and grad_w is None and grad_b is None):
                             continue
@@ -432,9 +479,9 @@ _ALL_TERMS = ("opd", "nca", "view_kl")  # the default `terms` of `token_divergen
 
 def token_divergences(
     h_x: torch.Tensor,
-    h_t: torch.Tensor,
+    h_t: torch.Tensor | TeacherTopK | None,
     student: LMHead,
-    teacher: LMHead,
+    teacher: LMHead | None,
     spec: DivergenceSpec,
     h_c: torch.Tensor | None = None,
     terms: tuple[str, ...] = _ALL_TERMS,
@@ -452,7 +499,8 @@ def token_divergences(
 
     `h_t` may be None when no requested term reads the teacher ("nca" with the student anchor, "view_kl", "entropy"):
     the context-view half of views run in sequence (`trl_nca.trainers.objective`). The teacher's head still sets the
-    common rows.
+    common rows. `h_t` is a `TeacherTopK` for a teacher known only by its top-k (a served teacher; `teacher` is then
+    None): every term sums over its ids, which must lie in the student's rows.
 
     Under DeepSpeed ZeRO-3 the heads are gathered once for the forward and once for the backward, whatever the number
     of tiles; the head's weight gradient is one buffer that every tile adds its rows to.
@@ -462,12 +510,17 @@ def token_divergences(
     terms = tuple(w for w in order if w in terms and (w in ("opd", "entropy") or h_c is not None))
     if h_t is None and ("opd" in terms or ("nca" in terms and spec.nca_target == "teacher")):
         raise ValueError(f"token_divergences needs the teacher's states (h_t) for {terms} with {spec}.")
+    sparse = h_t if isinstance(h_t, TeacherTopK) else None
+    if sparse is not None:
+        h_t = None
+    if teacher is None:  # a teacher known by its top-k only: the student's head stands in (the rows are the student's)
+        teacher = student
     # Output layers padded to different sizes: both distributions live on the first `vocab` rows (module docstring).
     vocab = min(student.vocab_size, teacher.vocab_size)
     student = replace(student, rows=vocab)
     # The teacher is a constant in every parameter, also when its head is the student's (live self-teacher).
     teacher = replace(teacher, constant=True, rows=vocab)
-    tiling = _Tiling(student, teacher, spec, terms, vocab_chunk, token_chunk)
+    tiling = _Tiling(student, teacher, spec, terms, vocab_chunk, token_chunk, sparse)
     weight, bias = (None, None) if student.constant else (student.weight, student.bias)
     # Under ZeRO-3 the heads stay gathered for the whole forward, so autograd records their full shapes.
     with student.gathered(teacher):

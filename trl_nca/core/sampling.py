@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import torch
 
 from .checks import is_int
+from .engines import engine_defaults, request_groups
 from .prefix import sharing_problem
 from .views import left_pad
 
@@ -413,7 +414,9 @@ def _cache_argument(model) -> str | None:
 class VLLMBackend:
     """Generation with vLLM (optional dependency); per-request seeds keep samples independent of batching.
 
-    `llm` is a `vllm.LLM` or a model path; an `adapter` path is served through vLLM's LoRA support.
+    `llm` is a `vllm.LLM` or a model path (then built with `llm_kwargs`); an `adapter` path is served through vLLM's
+    LoRA support. On vLLM's CPU build the requests go to the engine in groups that it prefills whole
+    (`trl_nca.core.engines.request_groups`): a seeded request whose prompt it split would stop it.
     """
 
     name = "vllm"
@@ -425,7 +428,7 @@ class VLLMBackend:
             raise ImportError("The vLLM backend needs `pip install vllm`; use backend='hf' otherwise.") from error
         self._vllm = vllm
         if isinstance(llm, str):
-            llm = vllm.LLM(model=llm, enable_lora=adapter is not None, **llm_kwargs)
+            llm = vllm.LLM(model=llm, enable_lora=adapter is not None, **{**engine_defaults(), **llm_kwargs})
         self.llm = llm
         self.tokenizer = tokenizer
         self.lora = None
@@ -449,19 +452,41 @@ class VLLMBackend:
             for seed in seeds
         ]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(requests, sampling_params=params, lora_request=self.lora, use_tqdm=False)
+        outputs = []
+        for group in self._groups([len(p) for p in prompts], settings.max_new_tokens):
+            outputs += self.llm.generate(
+                [requests[i] for i in group],
+                sampling_params=[params[i] for i in group],
+                lora_request=self.lora,
+                use_tqdm=False,
+            )
         results = []
         for out in outputs:
             completion = out.outputs[0]
-            results.append(Generated(list(completion.token_ids), completion.text, completion.finish_reason == "length"))
+            tokens = list(completion.token_ids)
+            # decoded as `HFBackend` decodes (vLLM's own text holds back a trailing incomplete UTF-8 character)
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            results.append(Generated(tokens, text, completion.finish_reason == "length"))
         return results
 
+    def _groups(self, prompt_lengths: list[int], new_tokens: int) -> list[list[int]]:
+        """All requests at once, or on the CPU build the groups its engine prefills whole."""
+        from vllm.platforms import current_platform
 
-def vllm_available() -> bool:
-    """Whether the optional vLLM backend can be imported."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
+        if not current_platform.is_cpu():
+            return [list(range(len(prompt_lengths)))]
+        config = self.llm.llm_engine.vllm_config
+        scheduler, cache = config.scheduler_config, config.cache_config
+        kv_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
+        return list(
+            request_groups(
+                prompt_lengths,
+                max_tokens=scheduler.max_num_batched_tokens,
+                max_requests=scheduler.max_num_seqs,
+                kv_tokens=kv_tokens or None,
+                new_tokens=new_tokens,
+            )
+        )
 
 
 def check_generated(generated: Any, expected: int) -> list[Generated]:

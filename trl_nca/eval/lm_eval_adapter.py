@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from ..console import verbose
+from ..core.engines import engine_defaults, vllm_distribution_alias
 from .errors import EvalInputError
 
 
@@ -440,9 +441,12 @@ def _hf_lm(spec: ModelToRun):
 
 
 def _vllm_lm(spec: ModelToRun):
+    """lm-eval's vLLM model type. Its module asks for the distribution `vllm` by name, which vLLM's CPU build is not
+    (`vllm_distribution_alias`); engines built on the CPU build run eager (`engine_defaults`)."""
+    vllm_distribution_alias()
     from lm_eval.api.registry import get_model
 
-    args: dict[str, Any] = {"pretrained": spec.path, "dtype": spec.dtype, "seed": spec.seed}
+    args: dict[str, Any] = {"pretrained": spec.path, "dtype": spec.dtype, "seed": spec.seed, **engine_defaults()}
     if spec.adapter:
         args["lora_local_path"] = spec.adapter
     if spec.tokenizer_path:

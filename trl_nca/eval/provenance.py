@@ -8,6 +8,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from ..core.engines import vllm_version
 from ..inputs import package_version, sha256_file, sha256_text
 
 
@@ -32,7 +33,7 @@ def library_versions() -> dict[str, str | None]:
         "peft": package_version("peft", "peft"),
         "datasets": package_version("datasets", "datasets"),
     }
-    vllm = package_version("vllm")
+    vllm = vllm_version()
     if vllm is not None:
         versions["vllm"] = vllm
     return versions

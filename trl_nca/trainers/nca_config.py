@@ -58,7 +58,7 @@ def support_size_field():
         default=256,
         metadata={
             "help": "Size of the top-k support: how many of the student's most likely no-context tokens the "
-            "divergences sum over when `divergence_support='top_k'`."
+            "divergences sum over when `divergence_support='top_k'` (of the teacher's tokens with 'teacher_top_k')."
         },
     )
 
@@ -204,12 +204,14 @@ class NCAFields:
             "view would exceed `max_context_length`, with a warning naming the example."
         },
     )
-    divergence_support: Literal["full", "top_k"] = field(
+    divergence_support: Literal["full", "top_k", "teacher_top_k"] = field(
         default="full",
         metadata={
             "help": "`'full'`: exact divergences over the whole vocabulary. `'top_k'`: sums restricted to the most "
             "likely tokens of the student's no-context distribution (chosen without gradient; how many: `top_k` in "
-            "`NCAConfig`, `divergence_top_k` in `NCADistillationConfig`), as in the OPCD reference code."
+            "`NCAConfig`, `divergence_top_k` in `NCADistillationConfig`), as in the OPCD reference code. "
+            "`'teacher_top_k'`: sums restricted to the teacher's most likely tokens, the support a served teacher "
+            "(`teacher_model_server_url`) gives."
         },
     )
     top_k_renormalize: bool = field(
@@ -386,7 +388,7 @@ class NCAFields:
             "nca_anchor": ("student", "teacher"),
             "nca_divergence": divergence_names(),  # the registries, read now: a name registered after import counts
             "context_placement": ("system", "user"),
-            "divergence_support": ("full", "top_k"),
+            "divergence_support": ("full", "top_k", "teacher_top_k"),
             "self_teacher": ("initial", "live"),
             "eval_completions": ("on_policy", "dataset"),
             "nca_beta_schedule": schedule_names(),
@@ -432,7 +434,8 @@ class NCAFields:
         return DivergenceSpec(
             beta=self.beta,
             temperature=self.temperature,
-            top_k=self.support_size if self.divergence_support == "top_k" else None,
+            top_k=self.support_size if self.divergence_support != "full" else None,
+            top_k_of="teacher" if self.divergence_support == "teacher_top_k" else "student",
             renormalize=self.top_k_renormalize,
             nca_target=self.nca_anchor,
             nca_divergence=self.nca_divergence,

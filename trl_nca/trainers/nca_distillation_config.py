@@ -6,7 +6,7 @@ text into the class docstring."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from trl import DistillationConfig
@@ -39,6 +39,30 @@ class NCADistillationConfig(NCAFields, DistillationConfig):
     """
 
     divergence_top_k: int = support_size_field()
+    teacher_model_server_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "Base URL of a vLLM server that scores the teacher's view (e.g. `http://localhost:8000`), as in "
+            "TRL's `ServerDistillationConfig`; no teacher model is then loaded. Needs "
+            "`divergence_support='teacher_top_k'` (the server returns the teacher's `divergence_top_k` most likely "
+            "tokens). The server: docs/vllm.md."
+        },
+    )
+    teacher_model_server_timeout: float = field(
+        default=240.0,
+        metadata={"help": "Seconds to wait at the start for the teacher server to answer."},
+    )
+    teacher_model_server_request_timeout: float = field(
+        default=600.0,
+        metadata={
+            "help": "Seconds one scoring request to the teacher server may take; a slower answer stops the run at "
+            "the last step boundary, with a checkpoint."
+        },
+    )
+    teacher_model_server_retries: int = field(
+        default=3,
+        metadata={"help": "Retries of a scoring request the teacher server failed before the run stops."},
+    )
 
     _support_size_name: ClassVar[str] = "divergence_top_k"
 
@@ -52,6 +76,12 @@ class NCADistillationConfig(NCAFields, DistillationConfig):
                 f"eval_completions={self.eval_completions!r} is not available with NCADistillationTrainer, which "
                 "always scores completions it samples (as DistillationTrainer does). Set eval_completions='on_policy', "
                 "or use NCATrainer to evaluate the dataset's reference completions."
+            )
+        if self.teacher_model_server_url is not None and self.divergence_support != "teacher_top_k":
+            raise ValueError(
+                f"teacher_model_server_url is set with divergence_support={self.divergence_support!r}: a served "
+                "teacher gives only its top-k tokens. Set divergence_support='teacher_top_k' (and divergence_top_k, "
+                "the tokens scored per position), or drop teacher_model_server_url for a local teacher."
             )
         if self.log_grad_cosine_steps:
             raise ValueError(

@@ -24,7 +24,9 @@ from .batch import NCABatch
 from .data import prepare_dataset
 from .mixin import NCATrainerMixin
 from .nca_distillation_config import NCADistillationConfig
+from .served_teacher import ServedTeacher, served_teacher, stop_with_checkpoint
 from .setup import NCA_PAPER, named_datasets, resolve_models
+from .vllm_sync import reload_colocated_weights, reloads_weights
 
 
 logger = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     ):
         args = self._checked_args(args)
         _refuse_tools(tools)
+        teacher_model = served_teacher(args, teacher_model)  # a teacher behind a vLLM server, reached before any work
         init_kwargs = dict(args.teacher_model_init_kwargs or {})
         if args.teacher_model_revision is not None:
             init_kwargs.setdefault("revision", args.teacher_model_revision)
@@ -97,6 +100,8 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
             text_only=True,
         )
         model, processing_class, teacher = models.student, models.tokenizer, models.teacher
+        if isinstance(teacher, ServedTeacher):
+            teacher.check_tokenizer(processing_class)
         _check_vllm_can_sample(models.common_rows, args.use_vllm)
         self.limits = models.limits
         self.context_spec = args.context_spec
@@ -123,7 +128,17 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling: TRL's, from the no-context prompt; then the context prompts of the same rows.
 
+    def train(self, *args, **kwargs):
+        with stop_with_checkpoint(self):  # a lost teacher server: a checkpoint at the last step boundary
+            return super().train(*args, **kwargs)
+
     def _generate_single_turn(self, *args, **kwargs):
+        # On vLLM's CPU build the colocated engine takes the weights through vLLM's reload (`vllm_sync`), before
+        # TRL's own push, which would fail there; TRL then finds the step already synced.
+        generation = getattr(self, "vllm_generation", None) if self.use_vllm else None
+        if self.state.global_step != getattr(self, "_last_loaded_step", None) and reloads_weights(generation):
+            reload_colocated_weights(generation)
+            self._last_loaded_step = self.state.global_step
         # DistillationTrainer samples in training mode, so with `disable_dropout=False` (its default) and LoRA's
         # `lora_dropout` the samples would come from a thinned student. The policy samples here; the training
         # forwards keep their dropout. (vLLM has no dropout: unchanged.)

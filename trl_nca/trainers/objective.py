@@ -28,7 +28,7 @@ from ..core.prefix import PrefixSharing
 from ..core.schedule import BetaSchedule, schedule_from_config, schedule_left_at_default
 from ..core.views import View, build_view, position_ids_from_mask
 from .batch import NCABatch
-from .teacher import Teacher
+from .teacher import Teacher, TopKTeacher
 
 
 logger = logging.getLogger(__name__)
@@ -414,6 +414,8 @@ class NCAObjective:
         teacher = self.teacher
         if teacher.live and h_c is not None:
             return h_c.detach(), student_head
+        if isinstance(teacher, TopKTeacher):  # a served teacher: its top-k of the view, no local states or head
+            return teacher.top_k_log_probs(view, completion_mask), None
         with teacher.active() as model:
             key = teacher.weights_key(model)
             states = teacher.call(self.states, model, view, completion_mask, "teacher", key)

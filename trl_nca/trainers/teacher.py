@@ -57,6 +57,15 @@ class Teacher(Protocol):
     def call(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
 
+@runtime_checkable
+class TopKTeacher(Protocol):
+    """A teacher known only by its top-k tokens (a teacher behind a server, `trl_nca.trainers.served_teacher`): the
+    objective asks it for `top_k_log_probs(view, completion_mask)`, a `trl_nca.core.losses.TeacherTopK` of the valid
+    completion tokens of the context view, instead of running its forward."""
+
+    def top_k_log_probs(self, view, completion_mask: torch.Tensor): ...
+
+
 class SelfTeacher(nn.Module):
     """The student used as its own teacher, with no parameters of its own (a `Teacher`).
 
@@ -347,8 +356,7 @@ def replacement_teacher(teacher: nn.Module, student: nn.Module) -> nn.Module | N
     """Phase 2, after the trainer's init has wrapped the student: a frozen merged copy of the student as it is now
     when the teacher is its initial weights but disabling its adapter would not give them (a trained adapter, a
     PiSSA-style init, random B); None when the teacher stays as it is."""
-    kind = as_teacher(teacher)
-    if not kind.owns_weights and not kind.live and not adapter_is_identity(student):
+    if isinstance(teacher, SelfTeacher) and not teacher.live and not adapter_is_identity(student):
         return frozen_copy(student)
     return None
 
