@@ -213,39 +213,3 @@ def test_bad_slice_options_are_one_line_before_any_work(sliced, tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
-
-
-def _upgrade_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "upgrade_slices.py"
-    spec = importlib.util.spec_from_file_location("upgrade_slices", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_upgrade_script_rebuilds_format_2_from_format_1_and_refuses_another_config(sliced, tmp_path, capsys):
-    """scripts/upgrade_slices.py: a format-1 slice (format 2 without its run settings and checksum) becomes the very
-    file the run wrote; a second pass changes nothing; a config other than the slices' is refused, nothing written."""
-    root, config, _, _ = sliced
-    script = _upgrade_script()
-    slices = tmp_path / "slices"
-    shutil.copytree(root / "slices", slices)
-    originals = {path.name: path.read_bytes() for path in slices.glob("*.json")}
-    for path in slices.glob("*.json"):
-        data = json.loads(path.read_text())
-        del data["run_settings"], data["results_sha256"]
-        path.write_text(json.dumps({**data, "format": 1}, indent=1) + "\n")
-    other = tmp_path / "other.yaml"
-    other.write_text(config.read_text().replace("learning_rate: 1.0e-3", "learning_rate: 2.0e-3"))
-    formats_1 = {path.name: path.read_bytes() for path in slices.glob("*.json")}
-    assert script.main([str(slices), "--config", str(other)]) == 1
-    err = capsys.readouterr().err
-    assert "was made with other settings" in err and "Nothing was written." in err, err
-    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == formats_1  # nothing written
-    assert script.main([str(slices), "--config", str(config), "--check"]) == 1
-    assert script.main([str(slices), "--config", str(config)]) == 0
-    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == originals
-    assert script.main([str(slices), "--config", str(config), "--check"]) == 0  # idempotent
