@@ -15,8 +15,8 @@ made with, and proves what it can before it writes:
   sealed as measured: it is refused);
 - every file can be written: a slice made immutable or read-only is refused before any is written.
 
-A format-1 slice's method overrides were never recorded: the upgraded slice says where its run settings came from
-(`run_settings_from`: this script, the config and its sha256, the commit that added the slice). Nothing is written
+A format-1 slice's method overrides were never recorded: each slice it upgrades says so in its field `upgraded` (this
+script and the config, from which `run_settings` and `results_sha256` were derived). Nothing is written
 unless every slice of the folder passes, and then all are written whole (each to a temporary file first, then renamed
 into place). Slices already of format 2 are checked and left as they are (the script is idempotent); the outcomes,
 curves and every other field are kept byte for byte, so the tables built from the slices do not change. Every refusal
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
@@ -159,6 +158,14 @@ def configs_naming(folder: Path, commit: str) -> list[Path]:
     return sorted(found)
 
 
+def upgrade_note(config: str) -> str:
+    """The `upgraded` field of a slice this script upgrades."""
+    return (
+        f"upgraded from format 1 by scripts/upgrade_slices.py with {config}: run_settings and results_sha256 were "
+        "derived then from that config's plan, not recorded by the unit's run"
+    )
+
+
 def read_slice_file(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -188,7 +195,7 @@ def upgraded(plan, path: Path, header: dict, config: str) -> dict | None:
             return None
         if data.get("format") != 1:
             raise UpgradeError(f"{path} is no format-1 slice (format {data.get('format')!r}); run its slice again.")
-        commit = check_unedited(path, data, config)
+        check_unedited(path, data, config)
         new = {}
         for key, value in data.items():
             new[key] = value
@@ -196,13 +203,7 @@ def upgraded(plan, path: Path, header: dict, config: str) -> dict | None:
                 new["run_settings"] = slices._run_settings(plan, unit)
         new["format"] = slices.SLICE_FORMAT
         new["results_sha256"] = slices.results_sha256(new)
-        if new["run_settings"] is not None:
-            new["run_settings_from"] = {
-                "upgrade": "scripts/upgrade_slices.py",
-                "config": config,
-                "config_sha256": hashlib.sha256(Path(config).read_bytes()).hexdigest(),
-                "slice_commit": commit,
-            }
+        new["upgraded"] = upgrade_note(config)
         slices.check_slice(plan, slices.Slice.from_dict(new, path), unit, header)  # the header is the plan's
     except slices.SliceError as error:
         raise UpgradeError(str(error)) from None

@@ -138,8 +138,8 @@ CASES = [
         "made with other method settings",
         "opd-seed0",
         _other_method_settings,
-        "was made with other settings, data or "
-        "weights than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
+        "was made with other settings, data "
+        "or weights than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
         "`run_settings.training.nca_beta` was 0.3, now 0.0; `run_settings.training.nca_monitor` was False, now True. Run "
         "that slice again with these",
     ),
@@ -237,16 +237,10 @@ CASES = [
     ),
     ("an unknown field", "base", _edit(_set(["note"], "x")), "`note` is not a field of a slice; run its slice again."),
     (
-        "an upgrade's note on a base",
+        "an upgrade note that is no sentence",
         "base",
-        _edit(_set(["run_settings_from"], {"config": "c.yaml"})),
-        "`run_settings_from` must be absent for a base (its header's settings are its own); run its slice again.",
-    ),
-    (
-        "an upgrade's note that is no object",
-        "opd-seed0",
-        _edit(_set(["run_settings_from"], "c.yaml")),
-        "`run_settings_from` must be an object of texts (the config and commit of an upgrade); run its slice again.",
+        _edit(_set(["upgraded"], True)),
+        "`upgraded` must be a sentence naming the script and config, or absent, not True; run its slice again.",
     ),
     (
         "a format-1 slice",
@@ -447,11 +441,9 @@ def test_upgrade_slices_proves_what_made_a_format_1_slice_or_writes_nothing(
     err = capsys.readouterr().err
     if expected is None:
         assert code == 0, err
-        for name, data in originals.items():  # the very file the run wrote, and where its run settings came from
+        for name, data in originals.items():  # the very file the run wrote, and a note that says what was derived
             upgraded = json.loads((slices / name).read_text())
-            source = upgraded.pop("run_settings_from", None)
-            assert upgraded == data and (source is None) == (data["method"] == "base"), name
-            assert source is None or (source["config"] == str(repo / config) and len(source["slice_commit"]) == 40)
+            assert upgraded.pop("upgraded") == script.upgrade_note(str(repo / config)) and upgraded == data, name
         assert script.main([str(slices), "--config", str(repo / config), "--check"]) == 0  # idempotent
         return
     assert code == 1 and len(err.strip().splitlines()) == 1 and err.startswith("upgrade_slices: "), err

@@ -95,14 +95,14 @@ def test_non_finite_adaptive_settings_are_refused():
 
 
 def test_the_registry_holds_the_shipped_schedules_and_what_each_reads():
-    assert schedule_names() == ("constant", "warmup", "adaptive")
+    assert schedule_names() == ("constant", "warmup", "adaptive", "gated")
     assert schedule_reads() == {
-        "nca_beta_schedule": ("constant", "warmup", "adaptive"),
+        "nca_beta_schedule": ("constant", "warmup", "adaptive", "gated"),
         "nca_warmup_steps": ("warmup",),
         "nca_adaptive_init": ("adaptive",),
-        "nca_adaptive_min": ("adaptive",),
-        "nca_adaptive_target": ("adaptive",),
-        "nca_adaptive_horizon": ("adaptive",),
+        "nca_adaptive_min": ("adaptive", "gated"),
+        "nca_adaptive_target": ("adaptive", "gated"),
+        "nca_adaptive_horizon": ("adaptive", "gated"),
     }
     with pytest.raises(ValueError, match="'warmup' is already registered"):
         register_schedule(WarmupSchedule)
@@ -200,7 +200,7 @@ def test_unread_schedule_fields_are_named_one_line_each():
     assert unread_settings(Fields(nca_beta_schedule="constant")) == []  # only fields set away from their defaults
     assert unread_settings(Fields(nca_beta_schedule="constant", nca_adaptive_target=2.0)) == [
         "nca_adaptive_target=2.0 is set but nca_beta_schedule='constant' does not read it. Remove it, or set "
-        "nca_beta_schedule='adaptive' to use it."
+        "nca_beta_schedule='adaptive' or nca_beta_schedule='gated' to use it."
     ]
     assert unread_settings(Fields(nca_warmup_steps=5)) == [
         "nca_warmup_steps=5 is set but nca_beta_schedule='adaptive' does not read it. Remove it, or set "
@@ -210,3 +210,20 @@ def test_unread_schedule_fields_are_named_one_line_each():
     assert "nca_beta=0 (plain OPD) schedules no anchor. Remove it, or set nca_beta > 0 and" in line
     # several methods: a field some method's schedule reads is not named
     assert unread_settings(Fields(nca_beta_schedule="constant", nca_adaptive_init=0.01), ("constant", "adaptive")) == []
+
+
+def test_the_gated_schedule_is_the_adaptive_one_started_off():
+    """`gated` (the default's name in the registry) weighs every step as `adaptive` with `nca_adaptive_init=0`, its
+    settings before it had a name: the default's numbers are those of docs/results.md section 10's `gated`."""
+    import random
+
+    from trl_nca.core.schedule import AdaptiveSchedule, GatedSchedule
+
+    rng = random.Random(0)
+    gated, adaptive = GatedSchedule(beta=0.5), AdaptiveSchedule(beta=0.5, adaptive_init=0.0)
+    for step in range(1, 200):
+        measured = {"opd_loss": rng.uniform(0.01, 1.0), "view_kl": rng.uniform(0.0, 1.5)}
+        assert gated.update(measured, step) == adaptive.update(measured, step)
+    assert (
+        gated.value > 0 and gated.kind == "gated" and gated.state_dict()["current"] == adaptive.state_dict()["current"]
+    )

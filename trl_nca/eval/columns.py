@@ -30,7 +30,8 @@ class Column:
     `key` is the metric's key in `compute_metrics` (and in a comparison's per-seed rows); `kind` says how a cell is
     written: `rate` (in %), `rate_ci` (in % with its bootstrap interval), `tokens` (a mean length), `p` (a p-value) or
     `label` (a word). `count` names the count a conditional rate divides (`harm_count` of the items right without the
-    context, `help_count` of those wrong without it). `game` is the key in a game's summary, where it differs."""
+    context, `help_count` of those wrong without it). `game` is the key in a game's summary, where it differs.
+    `run_ci`: the per-run rows of a comparison's table show the rate's interval too (each run's own, over items)."""
 
     key: str
     name: str
@@ -40,6 +41,7 @@ class Column:
     count: str | None = None
     game: str | None = None
     always: bool = False
+    run_ci: bool = False
 
     def legend(self) -> str:
         return f"{self.name}: {self.means}"
@@ -78,6 +80,21 @@ COLUMNS = (
         "harm_unconditional", "Harm (uncond.)", "the share of all items right without the context and wrong with it."
     ),
     Column(
+        "harm_floor",
+        "Harm floor",
+        "the harm a context with no effect gives, from each item's own success rate over its samples of both views "
+        "(docs/evaluation.md#the-harm-floor).",
+        tables=_ALL,
+    ),
+    Column(
+        "harm_excess",
+        "Excess harm",
+        "Harm - Harm floor, in percentage points: the harm beyond the sampling noise of the items' own success rates.",
+        "rate_ci",
+        _STATS,
+        run_ci=True,
+    ),
+    Column(
         "help",
         "Help",
         "P(right with the context | wrong without it): of the items wrong without the context, the "
@@ -87,6 +104,8 @@ COLUMNS = (
         count="help_count",
         always=True,
     ),
+    Column("help_floor", "Help floor", "the help a context with no effect gives (as Harm floor)."),
+    Column("help_excess", "Excess help", "Help - Help floor, in percentage points.", "rate_ci"),
     Column(
         "both_correct",
         "BothCorrect",
@@ -143,6 +162,11 @@ BY_KEY = {column.key: column for column in COLUMNS}
 def keys(table: str) -> tuple[str, ...]:
     """The metric keys a table shows, in order (`regime` and `n`, written apart, left out)."""
     return tuple(c.key for c in COLUMNS if table in c.tables and c.kind not in ("label", "count"))
+
+
+def run_interval_keys() -> tuple[str, ...]:
+    """The metric keys whose interval the per-run rows of a comparison's table show (`Column.run_ci`)."""
+    return tuple(c.key for c in COLUMNS if c.run_ci)
 
 
 def names() -> dict[str, str]:

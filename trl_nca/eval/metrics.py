@@ -20,6 +20,14 @@ for the conjunctions: harm = sum p_x (1 - p_xc) / sum p_x, the probability that 
 context goes wrong with it; the counts become expected counts. McNemar's test needs one binary outcome per view, so
 there `mcnemar_p` is None and the regime uses `permutation_p`, the paired permutation test over items
 (`sign_flip_test` on p_xc,i - p_x,i). With k = 1 every number is the one-sample one.
+
+Harm and help have a floor: a context with no effect still gives harm, from each item's own sampling noise. Item i's
+m = 2k samples hold s_i right answers; were its samples exchangeable between the views (the context has no effect),
+the expected harm term p_x,i (1 - p_xc,i) over the ways of splitting them k and k is
+u_i = s_i (m - s_i) / (m (m - 1)), an unbiased estimate of p_i (1 - p_i), and so is the help term's. `harm_floor` =
+sum u_i / sum p_x,i and `help_floor` = sum u_i / sum (1 - p_x,i), normalised as harm and help are; `harm_excess` =
+harm - harm_floor and `help_excess` = help - help_floor, each with its bootstrap interval over items
+(docs/evaluation.md derives it).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import numpy as np
@@ -42,6 +51,10 @@ RATE_KEYS = (
     "harm_unconditional",
     "help",
     "help_unconditional",
+    "harm_floor",
+    "harm_excess",
+    "help_floor",
+    "help_excess",
     "both_correct",
     "both_wrong",
     "format_failure_x",
@@ -54,8 +67,8 @@ RATE_KEYS = (
 
 @dataclass
 class PairedArrays:
-    """Per-item outcomes as arrays (one entry per record, in record order): with k samples per view, the fraction of
-    an item's k samples that are correct, format failures or truncated, and their mean length."""
+    """Per-item outcomes as arrays (one entry per record, in record order): with k samples per view (`samples`), the
+    fraction of an item's k samples that are correct, format failures or truncated, and their mean length."""
 
     correct_x: np.ndarray
     correct_xc: np.ndarray
@@ -65,6 +78,7 @@ class PairedArrays:
     truncated_xc: np.ndarray
     length_x: np.ndarray
     length_xc: np.ndarray
+    samples: int = 1
 
 
 def _view_score(view: ViewOutcome, scorer: str | None) -> tuple[bool, bool]:
@@ -90,10 +104,16 @@ as `few` (one item more or less moves it by 10 points or more)."""
 
 def count_of(count: float, total: float) -> str:
     """The count behind a conditional rate, `count/total` (expected counts to one decimal with k samples per view),
-    followed by `, few` when `total` is below `FEW_ITEMS`."""
+    followed by `, few` when `total` is below `FEW_ITEMS`. A count computed back from a rate (`rate * total`, as the
+    comparison's tables do) carries the float error of that product: each amount is first rounded to 6 decimals
+    (expected counts are multiples of 1/k), then to one decimal half up, so 4.7499999999 and 4.75 are both written 4.8
+    and 0.25 is 0.3, in every table."""
 
     def amount(value: float) -> str:
-        return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:.1f}"
+        value = round(value, 6)
+        if abs(value - round(value)) < 1e-6:
+            return str(round(value))
+        return str(Decimal(repr(value)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
 
     return f"{amount(count)}/{amount(total)}" + (", few" if total < FEW_ITEMS else "")
 
@@ -121,7 +141,7 @@ def paired_arrays(records: Sequence[PairedRecord], scorer: str | None = None) ->
         arrays[f"format_failure_{name}"] = np.array([_mean([f for _, f in s]) for s in scored], dtype=float)
         arrays[f"truncated_{name}"] = np.array([_mean([v.truncated for v in s]) for s in per_item], dtype=float)
         arrays[f"length_{name}"] = np.array([_mean([v.num_tokens for v in s]) for s in per_item], dtype=float)
-    return PairedArrays(**arrays)
+    return PairedArrays(**arrays, samples=samples_per_view(records))
 
 
 def mcnemar_exact(harm: int, help: int) -> float:
@@ -202,12 +222,21 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     return out
 
 
+def no_effect_terms(correct_x: np.ndarray, correct_xc: np.ndarray, samples: int) -> np.ndarray:
+    """Per item, the expected harm term p_x (1 - p_xc) (equally, help term) were the item's 2k samples exchangeable
+    between the views: s (m - s) / (m (m - 1)) for s right answers among m = 2k samples (the module docstring)."""
+    m = 2 * samples
+    right = (correct_x + correct_xc) * samples
+    return right * (m - right) / (m * (m - 1))
+
+
 def _rates(a: PairedArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
     """All rates for each row of an index matrix `idx` (shape (B, n)); the identity row gives the point estimate."""
     cx, cxc = a.correct_x[idx], a.correct_xc[idx]  # 0/1, or per-item success rates with k samples per view
     n = idx.shape[1]
     harm = (cx * (1 - cxc)).sum(1)
     help_ = ((1 - cx) * cxc).sum(1)
+    floor = no_effect_terms(cx, cxc, a.samples).sum(1)
     n_cx = cx.sum(1)
     len_x = a.length_x[idx].mean(1)
     len_xc = a.length_xc[idx].mean(1)
@@ -219,6 +248,10 @@ def _rates(a: PairedArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
         "harm_unconditional": harm / n,
         "help": _ratio(help_, n - n_cx),
         "help_unconditional": help_ / n,
+        "harm_floor": _ratio(floor, n_cx),
+        "harm_excess": _ratio(harm - floor, n_cx),
+        "help_floor": _ratio(floor, n - n_cx),
+        "help_excess": _ratio(help_ - floor, n - n_cx),
         "both_correct": (cx * cxc).mean(1),
         "both_wrong": ((1 - cx) * (1 - cxc)).mean(1),
         "format_failure_x": a.format_failure_x[idx].mean(1),

@@ -207,15 +207,16 @@ def StopAtStepBoundary():  # noqa: N802 (a class made on first use: transformers
 
 def _unit_in_worker(
     plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any], index: int | None = None
-) -> str | None:
+) -> tuple[str, float] | None:
     """One unit in a worker, with one CPU thread: ("base", organism) evaluates that base, ("student", index) trains
     and evaluates that student. Each writes its records (and a student its folder) as a sequential run would. Returns
-    the unit's name, or None when a Ctrl-C stopped it (or came before it started). `index`: the unit's place in the
-    pool's `running` array, where the worker's pid is recorded as it starts."""
+    the unit's name and its own seconds, or None when a Ctrl-C stopped it (or came before it started). `index`: the
+    unit's place in the pool's `running` array, where the worker's pid is recorded as it starts."""
     import torch
 
     torch.set_num_threads(1)
     kind, key = unit
+    start = time.perf_counter()
     try:
         _WORKER.in_unit = True
         if _WORKER.stopping:
@@ -224,10 +225,10 @@ def _unit_in_worker(
             _WORKER.running[index] = os.getpid()
         if kind == "base":
             evaluate_base(plan, key, tokenizers[key], Evaluated())
-            return plan.base_name(key)
+            return plan.base_name(key), time.perf_counter() - start
         run = plan.runs[key]
         evaluate_student(plan, run, tokenizers[run.organism], Evaluated())
-        return run.name
+        return run.name, time.perf_counter() - start
     except UnitStopped:
         return None
     finally:
@@ -263,14 +264,15 @@ def units_in_workers(
             futures = {pool.submit(work, unit, index): index for index, unit in enumerate(units)}
             for future in as_completed(futures):
                 if isinstance(future.exception(), BrokenProcessPool):
-                    finished = {index for f, index in futures.items() if f.done() and f.exception() is None}
-                    raise _killed_worker(pool, plan, units, running, finished) from future.exception()
-                name = future.result()
-                if name is None:  # stopped by a Ctrl-C, or not started after one
+                    done = {index for f, index in futures.items() if f.done() and f.exception() is None}
+                    raise _killed_worker(pool, plan, units, running, done) from future.exception()
+                finished = future.result()
+                if finished is None:  # stopped by a Ctrl-C, or not started after one
                     continue
+                name, seconds = finished
                 logger.info("%s finished in a worker.", name)
                 if job is not None and units[futures[future]][0] == "student":
-                    say(job.finished(name), level="units")
+                    say(job.finished(name, seconds), level="units")
     if interrupted:
         raise KeyboardInterrupt
 

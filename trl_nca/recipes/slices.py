@@ -15,10 +15,7 @@ comparison (in the comparison's `output_dir`, so a cut slice resumes) and writes
   and the thread count), recorded and shown, not checked: a seeded run repeats on one machine only, and the slices
   of one table may come from several;
 - `results_sha256`, the sha256 over what it measured (`RESULT_KEYS`), so an edited outcome is refused (what this
-  checksum guards, and what it does not: docs/design.md, "Identity and provenance");
-- only in a slice upgraded from format 1, `run_settings_from`: where its `run_settings` came from (the config
-  `scripts/upgrade_slices.py` derived them from, with its sha256, and the commit that added the slice), since its run
-  recorded none.
+  checksum guards, and what it does not: docs/design.md, "Identity and provenance").
 
 `trl-nca compare --from_slices --slices_dir DIR` builds the table, the statistics and the reading from the slice files
 alone: every unit of the plan must have its file, no file may be left over, and a slice whose header, run settings or
@@ -31,7 +28,8 @@ naming the file and the field. The numbers equal those of the whole comparison r
 read only the outcomes a slice keeps (`eval.metrics.paired_arrays`).
 
 Format 2 added `run_settings` and `results_sha256`; `scripts/upgrade_slices.py` upgraded the committed format-1
-slices in place from the configs they were made with, and each says so (`run_settings_from`).
+slices in place from the configs they were made with, and says so in each slice it upgraded (`upgraded`: the script
+and the config its `run_settings` were derived from; a slice written by its own run has no such field).
 """
 
 from __future__ import annotations
@@ -66,8 +64,6 @@ HEADER_KEYS = ("format", "settings", "data_sha256", "weights_sha256", "versions"
 other library versions is read with a warning (`identity.compare_settings`: versions are provenance)."""
 RESULT_KEYS = ("scorer", "items", "diagnostics", "train_seconds", "curves", "tracking")
 """What a slice measured: `results_sha256` is the sha256 over them (`results_sha256`)."""
-OPTIONAL_KEYS = ("run_settings_from",)
-"""Fields a slice holds only where they apply: `run_settings_from` in a student slice upgraded from format 1."""
 
 
 class SliceError(CompareInputError):
@@ -344,7 +340,7 @@ class Slice:
     machine: dict[str, Any]
     wall_seconds: float
     results_sha256: str
-    run_settings_from: dict[str, Any] | None = None
+    upgraded: str | None = None  # by scripts/upgrade_slices.py: `run_settings` derived then, not recorded by the run
 
     @classmethod
     def load(cls, path: str | Path) -> Slice:
@@ -366,7 +362,8 @@ class Slice:
                 f"The slice {path} holds {_json_kind(data)}, not a slice's object of fields; run its slice again."
             )
         names = [f.name for f in dataclasses.fields(cls) if f.name != "path"]
-        missing = [name for name in names if name not in data and name not in OPTIONAL_KEYS]
+        optional = {f.name for f in dataclasses.fields(cls) if f.default is None}
+        missing = [name for name in names if name not in data and name not in optional]
         if data.get("format") != SLICE_FORMAT and "format" not in missing and _is_int(data.get("format")):
             raise SliceFieldError(
                 f"The slice {path} is of format {data['format']}, this trl-nca reads format {SLICE_FORMAT}; upgrade "
@@ -399,6 +396,10 @@ class Slice:
         for key, value in data["diagnostics"].items():
             if not _is_number(value) or not 0 <= value <= 1:
                 raise bad(f"diagnostics.{key}", f"must be a rate from 0 to 1, not {value!r}")
+        if data.get("upgraded") is not None and not (isinstance(data["upgraded"], str) and data["upgraded"]):
+            raise bad(
+                "upgraded", f"must be a sentence naming the script and config, or absent, not {data['upgraded']!r}"
+            )
         if not _is_number(data["wall_seconds"]) or data["wall_seconds"] < 0:
             raise bad("wall_seconds", f"must be a number of seconds >= 0, not {data['wall_seconds']!r}")
         cls._check_student_fields(data, bad)
@@ -418,18 +419,11 @@ class Slice:
             if (data[field] is None) == student:
                 raise bad(field, "must be set for a student" if student else "must be null for a base")
         if not student:
-            if data.get("run_settings_from") is not None:
-                raise bad("run_settings_from", "must be absent for a base (its header's settings are its own)")
             return
         if not _is_number(data["train_seconds"]) or data["train_seconds"] < 0:
             raise bad("train_seconds", f"must be a number of seconds >= 0, not {data['train_seconds']!r}")
         if not isinstance(data["run_settings"], dict):
             raise bad("run_settings", f"must be an object, not {type(data['run_settings']).__name__}")
-        source = data.get("run_settings_from")
-        if source is not None and (
-            not isinstance(source, dict) or not all(isinstance(v, str) for v in source.values())
-        ):
-            raise bad("run_settings_from", "must be an object of texts (the config and commit of an upgrade)")
         curves = data["curves"]
         if not isinstance(curves, dict) or not isinstance(curves.get("step"), list):
             raise bad("curves", "must be an object of equal-length lists with a `step` list")
@@ -484,9 +478,8 @@ class Slice:
                         raise bad(where, f"holds {sample[3]} response tokens, outside 0 to max_new_tokens={limit}")
 
     def as_dict(self) -> dict[str, Any]:
-        """The file's fields (without `path`), as `run_slice` writes them (an optional one only where it is set)."""
-        fields = [f.name for f in dataclasses.fields(self) if f.name != "path"]
-        return {name: getattr(self, name) for name in fields if name not in OPTIONAL_KEYS or getattr(self, name)}
+        """The file's fields (without `path`), as `run_slice` writes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "path"}
 
 
 def _plan_identity(plan: Plan, unit: str) -> tuple[str, int | None, int | None]:
