@@ -96,13 +96,13 @@ UNREAD_CASES = [
     (
         "a shared warm-up no method's schedule reads",
         {"nca_warmup_steps": 5},
-        "nca_warmup_steps=5 is set but nca_beta_schedule='adaptive' does not read it. Remove it, or set "
+        "nca_warmup_steps=5 is set but nca_beta_schedule='gated' does not read it. Remove it, or set "
         "nca_beta_schedule='warmup' to use it.",
     ),
     (
         "a method's own warm-up its schedule does not read",
         {"methods": '["opd:nca_beta=0", "nca:nca_beta=0.5,nca_warmup_steps=3"]'},
-        "Method 'nca': nca_warmup_steps=3 is set but nca_beta_schedule='adaptive' does not read it. Remove it, or set "
+        "Method 'nca': nca_warmup_steps=3 is set but nca_beta_schedule='gated' does not read it. Remove it, or set "
         "nca_beta_schedule='warmup' to use it.",
     ),
 ]

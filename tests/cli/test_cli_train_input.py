@@ -394,20 +394,20 @@ NEVER_ACTING = [
         "adaptive fields under the constant anchor",
         ["--nca_beta_schedule", "constant", "--nca_adaptive_target", "2"],
         "nca_adaptive_target=2.0 is set but nca_beta_schedule='constant' does not read it. Remove it, or set "
-        "nca_beta_schedule='adaptive' to use it.",
+        "nca_beta_schedule='adaptive' or nca_beta_schedule='gated' to use it.",
     ),
     (
-        "warmup fields under the adaptive anchor",
+        "warmup fields under the default (gated) anchor",
         ["--nca_warmup_steps", "5"],
         "nca_warmup_steps=5 is set but "
-        "nca_beta_schedule='adaptive' does not read it. Remove it, or set nca_beta_schedule='warmup' to use it.",
+        "nca_beta_schedule='gated' does not read it. Remove it, or set nca_beta_schedule='warmup' to use it.",
     ),
     (
         "schedule fields under plain OPD",
         ["--nca_beta", "0", "--nca_adaptive_min", "0.1"],
         "nca_adaptive_min=0.1 is "
         "set but nca_beta=0 (plain OPD) schedules no anchor. Remove it, or set nca_beta > 0 and "
-        "nca_beta_schedule='adaptive' to use it.",
+        "nca_beta_schedule='adaptive' or nca_beta_schedule='gated' to use it.",
     ),
     (
         "a warmup longer than the run",
