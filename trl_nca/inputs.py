@@ -34,6 +34,11 @@ class OutputError(OSError):
     The commands print it as one line, like an `InputError`."""
 
 
+class RunStopped(Exception):
+    """A run that stopped before its end for a reason outside its input (a worker process killed): the message names
+    what was lost and how to resume. The commands print it as one line (exit status 1)."""
+
+
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 BUILTIN_DATASETS = {"quickstart": "quickstart_mcq.jsonl"}
 BUILTIN_CONTEXTS = {"medical": "medical_system_prompt.txt", "safety": "safety_system_prompt.txt"}
@@ -480,9 +485,28 @@ def close_inherited_locks() -> None:
     LOCK_DESCRIPTORS.clear()
 
 
+def _process_start(pid: int) -> str | None:
+    """When the process `pid` started (Linux: clock ticks since boot, `/proc/PID/stat` field 22), or None where that
+    cannot be read: with the pid, it names one process, never a later one the pid is reused for."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces and brackets
+    return fields[19] if len(fields) > 19 else None
+
+
+def _lock_record(command: str) -> str:
+    """What a lock file says of its holder: "pid N, COMMAND" and, where it can be read, "; started T"."""
+    start = _process_start(os.getpid())
+    return f"pid {os.getpid()}, {command}" + ("" if start is None else f"; started {start}")
+
+
 def _holder_is_gone(holder: str) -> bool:
-    """Whether the process a lock file names ("pid N, command") is no longer running on this machine."""
-    words = holder.replace(",", " ").split()
+    """Whether the process a lock file names ("pid N, command; started T") is no longer running on this machine: no
+    process has that pid, or the one that has it started at another time (the pid was reused)."""
+    record, _, started = holder.partition("; started ")
+    words = record.replace(",", " ").split()
     if len(words) < 2 or words[0] != "pid" or not words[1].isdigit():
         return False
     try:
@@ -490,8 +514,9 @@ def _holder_is_gone(holder: str) -> bool:
     except ProcessLookupError:
         return True
     except OSError:  # alive, owned by another user
-        return False
-    return False
+        pass
+    now = _process_start(int(words[1]))
+    return bool(started.strip()) and now is not None and now != started.strip()
 
 
 def _lock_holder(path: Path) -> str:
@@ -508,9 +533,11 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
 
     The lock is an OS lock (`fcntl.flock`) on `folder/.trl-nca.lock`, so it ends with its process, however it ends (a
     SIGKILLed run leaves no stale lock). A second process asking for it meanwhile gets `FolderInUseError` at once,
-    naming the folder and the holder's pid and command. On exit the lock file is removed, and so is `folder` when this
-    call created it and it is still empty (a run refused by a later check leaves nothing behind). `option` is how the
-    command names the folder in its messages (`--output-dir` for eval and analyze).
+    naming the folder and the holder's pid and command. The lock file records its holder's pid and start time: a
+    process that still holds the lock although the run named there is gone (its pid ended, or now belongs to a process
+    started later) holds a stale one, which is taken over with a line. On exit the lock file is removed, and so is
+    `folder` when this call created it and it is still empty (a run refused by a later check leaves nothing behind).
+    `option` is how the command names the folder in its messages (`--output-dir` for eval and analyze).
     """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -526,8 +553,8 @@ def output_folder_lock(folder: str | os.PathLike, command: str, option: str = "o
 
     def in_use(holder: str) -> FolderInUseError:
         return FolderInUseError(
-            f"{folder} is in use by another trl-nca run ({holder}); one run writes into a folder at a time. Wait for "
-            "it to end, or give another output_dir."
+            f"{folder} is in use by another trl-nca run ({holder.partition('; started ')[0]}); one run writes into a "
+            "folder at a time. Wait for it to end, or give another output_dir."
         )
 
     try:
@@ -549,8 +576,8 @@ def output_file_lock(path: str | os.PathLike, command: str, option: str) -> Iter
 
     def in_use(holder: str) -> FolderInUseError:
         return FolderInUseError(
-            f"{path} is being written by another trl-nca run ({holder}); one run writes a file at a time. Wait for "
-            f"it to end, or give another {option}."
+            f"{path} is being written by another trl-nca run ({holder.partition('; started ')[0]}); one run writes a "
+            f"file at a time. Wait for it to end, or give another {option}."
         )
 
     with _held_lock(path.with_name(f".{path.name}{LOCK_FILE}"), path.parent, command, in_use):
@@ -563,6 +590,11 @@ def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], F
     (the error `in_use(holder)`); the file is removed when the block ends."""
     import fcntl
 
+    if path.is_dir():
+        raise InputError(
+            f"{path} is a folder, but trl-nca keeps the lock of {folder} in a file of that name. Remove that folder "
+            "(trl-nca never makes one there) and run the same command again."
+        )
     while True:
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -582,7 +614,11 @@ def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], F
                 raise in_use(holder) from None
             # the lock's process is gone but a process it started still holds the lock (a worker of an older trl-nca
             # outliving its parent): the lock is stale, taken over on a fresh file
-            logger.warning("%s was held by %s, which is no longer running; taking the lock over.", path, holder)
+            logger.warning(
+                "%s was held by %s, which is no longer running; taking the lock over.",
+                path,
+                holder.partition("; started ")[0],
+            )
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             continue
@@ -596,7 +632,7 @@ def _held_lock(path: Path, folder: Path, command: str, in_use: Callable[[str], F
     try:
         with contextlib.suppress(OSError):  # the record of the holder: a full disk keeps the lock all the same
             os.ftruncate(descriptor, 0)
-            os.write(descriptor, f"pid {os.getpid()}, {command}\n".encode())
+            os.write(descriptor, f"{_lock_record(command)}\n".encode())
         LOCK_DESCRIPTORS.add(descriptor)
         yield path
     finally:

@@ -9,7 +9,9 @@ import pytest
 MODEL_LOADERS = (
     ("trl_nca.eval.loading", "load_model"),  # eval, experience, the harness tasks
     ("trl_nca.cli.analyze", "load_model"),  # analyze (imported by name there)
-    ("trl_nca.trainers.setup", "create_model_from_path"),  # train, compare's students
+    ("trl_nca.trainers.setup", "create_model_from_path"),  # train
+    ("trl_nca.recipes.compare_eval", "load_base"),  # compare's bases
+    ("trl_nca.recipes.compare_students", "load_base"),  # compare's students (imported by name there)
 )
 
 

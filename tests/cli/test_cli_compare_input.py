@@ -35,6 +35,12 @@ CASES = [
         "lora_r must be an integer >= 1 (the LoRA rank and its scale), got 0.",
     ),
     (
+        "a key set twice",
+        "{tmp}/twice.yaml",
+        b"task: reply_in_french\nseeds: [0]\nseeds: [0, 1]\n",
+        "The config '{tmp}/twice.yaml' sets `seeds` twice (lines 2 and 3); YAML would keep the last one without a word.",
+    ),
+    (
         "an unquoted no",
         "{tmp}/no.yaml",
         b"task: reply_in_french\nsave_strategy: no\n",
@@ -82,6 +88,37 @@ def test_an_unreachable_token_budget_is_refused_before_any_work(tiny_dir, tmp_pa
     line = one_line(["compare", "--config", str(config), "--output_dir", str(tmp_path / "out")], capsys)
     assert line.startswith("trl-nca compare: error: ") and expected.format(model=tiny_dir) in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.yaml"]  # no output folder made
+
+
+# (case, the config's changes, the warning it prints before any model loads): a schedule field that no run's schedule
+# reads, named as `trl-nca train` names it (issue 57)
+UNREAD_CASES = [
+    (
+        "a shared warm-up no method's schedule reads",
+        {"nca_warmup_steps": 5},
+        "nca_warmup_steps=5 is set but nca_beta_schedule='gated' does not read it. Remove it, or set "
+        "nca_beta_schedule='warmup' to use it.",
+    ),
+    (
+        "a method's own warm-up its schedule does not read",
+        {"methods": '["opd:nca_beta=0", "nca:nca_beta=0.5,nca_warmup_steps=3"]'},
+        "Method 'nca': nca_warmup_steps=3 is set but nca_beta_schedule='gated' does not read it. Remove it, or set "
+        "nca_beta_schedule='warmup' to use it.",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, changes, expected", UNREAD_CASES, ids=[c[0] for c in UNREAD_CASES])
+def test_schedule_fields_no_run_reads_are_named_before_any_model_loads(
+    tiny_dir, tmp_path, caplog, no_model_loads, case, changes, expected
+):
+    import logging
+
+    argv = compare_yaml(tmp_path, model_name_or_path=tiny_dir, **changes)
+    with caplog.at_level(logging.WARNING), pytest.raises(AssertionError, match="a model was loaded"):
+        cli_main(argv)  # no_model_loads stops the run at its first model: the line came before it
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [line for line in lines if expected in line] == [expected], lines
 
 
 def compare_yaml(tmp_path, **changes):

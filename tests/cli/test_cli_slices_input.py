@@ -297,3 +297,156 @@ def test_the_untouched_slices_build_their_table(made, tmp_path):
         ]
     )
     assert (tmp_path / "out" / "comparison.json").is_file() and set(summary["per_seed"]) == {"base", "opd", "nca"}
+
+
+# --- scripts/upgrade_slices.py: format-1 slices upgraded in place, or nothing written --------------------------------
+
+
+def _upgrade_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "upgrade_slices.py"
+    spec = importlib.util.spec_from_file_location("upgrade_slices", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _git(repo, *args):
+    import subprocess
+
+    command = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args]
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
+
+
+def _format_1(data):
+    """What a format-1 run wrote: no run settings, no checksum."""
+    data = {key: value for key, value in data.items() if key not in ("run_settings", "results_sha256")}
+    return {**data, "format": 1}
+
+
+def _methods_edited(repo):
+    config = repo / "compare.yaml"
+    config.write_text(config.read_text().replace('"opd:nca_beta=0"', '"opd:nca_beta=0.3,learning_rate=0.5"'))
+
+
+def _other_names_this_folder(repo):
+    (repo / "other.yaml").write_text((repo / "other.yaml").read_text() + "slices_dir: results/slices\n")
+
+
+def _flip_outcome(repo):
+    path = repo / "results" / "slices" / "opd-seed0.json"
+    data = json.loads(path.read_text())
+    data["items"][0]["x"][0][0] = 1 - data["items"][0]["x"][0][0]
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _flip_outcome_committed(repo):
+    _flip_outcome(repo)
+    _git(repo, "commit", "-qam", "an edit")
+
+
+def _half_written(repo):
+    path = repo / "results" / "slices" / "nca-seed0.json"
+    path.write_text(path.read_text()[:200])
+
+
+def _a_list(repo):
+    (repo / "results" / "slices" / "base.json").write_text("[]\n")
+
+
+# (case, what is done before the commit of the slices and configs, what is done after it, the config given, the one
+# line printed, or None where the slices are upgraded): a format-1 slice holds neither its run's settings nor a
+# checksum, so the script proves from the repository which config made it and that its outcomes are as committed
+UPGRADE_CASES = [
+    ("the config the slices were made with", None, None, "compare.yaml", None),
+    (
+        "another config (other method overrides) naming no slices folder",
+        None,
+        None,
+        "other.yaml",
+        "names no slices_dir, not '{slices}': it is not the config these slices were made with",
+    ),
+    (
+        "another config naming the same slices folder",
+        _other_names_this_folder,
+        None,
+        "other.yaml",
+        "the configs naming its folder as their slices_dir are {repo}/compare.yaml, {repo}/other.yaml: the slice's "
+        "config is not the one --config",
+    ),
+    (
+        "the config's methods edited after the slices were committed",
+        None,
+        _methods_edited,
+        "compare.yaml",
+        "is not, as it is now, in the commit that added {slices}/base.json",
+    ),
+    (
+        "an outcome edited by hand",
+        None,
+        _flip_outcome,
+        "compare.yaml",
+        "{slices}/opd-seed0.json: its outcomes, curves or diagnostics differ from those of the commit that added it",
+    ),
+    (
+        "an outcome edited by hand and committed",
+        None,
+        _flip_outcome_committed,
+        "compare.yaml",
+        "{slices}/opd-seed0.json: its outcomes, curves or diagnostics differ from those of the commit that added it",
+    ),
+    ("a half-written slice", None, _half_written, "compare.yaml", "{slices}/nca-seed0.json is cut or garbled"),
+    ("a list", None, _a_list, "compare.yaml", "{slices}/base.json holds a JSON list, not a slice"),
+    ("a missing config", None, None, "none.yaml", "--config '{repo}/none.yaml' is no file"),
+    ("no config given", None, None, None, "the following arguments are required: --config"),
+    ("a slice made immutable", None, "IMMUTABLE", "compare.yaml", "{slices}/opd-seed0.json cannot be written"),
+]
+
+
+@pytest.mark.slow  # starts git (and chattr)
+@pytest.mark.parametrize("case, before, after, config, expected", UPGRADE_CASES, ids=[c[0] for c in UPGRADE_CASES])
+def test_upgrade_slices_proves_what_made_a_format_1_slice_or_writes_nothing(
+    made, tiny_dir, tmp_path, capsys, case, before, after, config, expected
+):
+    import subprocess
+
+    root, made_with = made
+    repo, script = tmp_path / "repo", _upgrade_script()
+    slices = repo / "results" / "slices"
+    slices.mkdir(parents=True)
+    originals = {path.name: json.loads(path.read_text()) for path in (root / "slices").glob("*.json")}
+    for name, data in originals.items():
+        (slices / name).write_text(json.dumps(_format_1(data), indent=1) + "\n")
+    (repo / "compare.yaml").write_text(made_with.read_text() + "slices_dir: results/slices\n")
+    (repo / "other.yaml").write_text(CONFIG.format(model=tiny_dir, methods=OTHER_METHODS))
+    _git(repo, "init", "-q")
+    if before is not None:
+        before(repo)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "slices of format 1")
+    immutable = slices / "opd-seed0.json"
+    if after == "IMMUTABLE":
+        if subprocess.run(["chattr", "+i", str(immutable)], capture_output=True).returncode != 0:
+            pytest.skip("cannot make a file immutable here (chattr +i needs root and CAP_LINUX_IMMUTABLE)")
+    elif after is not None:
+        after(repo)
+    before_bytes = {path.name: path.read_bytes() for path in slices.iterdir()}
+    try:
+        capsys.readouterr()
+        code = script.main([str(slices), *(["--config", str(repo / config)] if config else [])])
+    finally:
+        subprocess.run(["chattr", "-i", str(immutable)], capture_output=True)
+    err = capsys.readouterr().err
+    if expected is None:
+        assert code == 0, err
+        for name, data in originals.items():  # the very file the run wrote, and a note that says what was derived
+            upgraded = json.loads((slices / name).read_text())
+            assert upgraded.pop("upgraded") == script.upgrade_note(str(repo / config)) and upgraded == data, name
+        assert script.main([str(slices), "--config", str(repo / config), "--check"]) == 0  # idempotent
+        return
+    assert code == 1 and len(err.strip().splitlines()) == 1 and err.startswith("upgrade_slices: "), err
+    assert expected.format(repo=repo, slices=slices) in err, err
+    assert err.strip().endswith("Nothing was written.")
+    assert {path.name: path.read_bytes() for path in slices.iterdir()} == before_bytes

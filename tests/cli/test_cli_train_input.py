@@ -123,6 +123,107 @@ def test_a_resume_with_changed_settings_is_refused_before_any_model_loads(
     assert sorted(p.name for p in out.iterdir()) == before
 
 
+def _unfinished(out: Path, comparison: Path) -> None:
+    """The run as an interrupted one leaves it: its checkpoints, no final model."""
+    for name in ("model.safetensors", "config.json"):
+        (out / name).unlink()
+
+
+def _compare_folder(out: Path, comparison: Path) -> None:
+    """A finished `trl-nca compare` run's folder in place of the run."""
+    shutil.rmtree(out)
+    shutil.copytree(comparison, out)
+
+
+COMPARE_CONFIG = """
+model_name_or_path: {model}
+task: reply_in_french
+seeds: [0]
+methods: ["opd:nca_beta=0"]
+num_train: 2
+eval_items: 2
+max_new_tokens: 3
+max_steps: 1
+use_peft: true
+lora_r: 2
+lora_target_modules: [q_proj, v_proj]
+report_to: none
+"""
+
+# (case, how the finished run's folder is changed first, the options changed, the expected line): what a run would
+# overwrite or mix, refused before any model loads; the folder is left as it was
+FOLDER_CASES = [
+    (
+        "an unfinished run trained again without --resume_from_checkpoint",
+        _unfinished,
+        [],
+        "holds the checkpoints of an unfinished run (1; its last complete one is checkpoint-2): a new run would train "
+        "from step 1 and overwrite them. Run the same command with --resume_from_checkpoint true to continue it",
+    ),
+    (
+        "a finished run trained anew with another learning rate",
+        None,
+        ["--learning_rate", "1e-2"],
+        "holds a trained model (model.safetensors): a new run would replace it without a trace. Give a new output_dir",
+    ),
+    (
+        "a finished comparison's folder",
+        _compare_folder,
+        [],
+        "holds a `trl-nca compare` run (settings.json, task.json): `trl-nca train` would write its model among the "
+        "comparison's files and replace its README.md. Give another output_dir.",
+    ),
+    (
+        "a resume from another run's checkpoint with another learning rate",
+        None,
+        ["--resume_from_checkpoint", "CHECKPOINT", "--output_dir", "NEW", "--learning_rate", "1e-2"],
+        "/run/out/train_settings.json holds a training run made with other settings: `training.learning_rate` was "
+        "0.001, now 0.01.",
+    ),
+    (
+        "max_steps below the checkpoint's step",
+        None,
+        ["--resume_from_checkpoint", "true", "--max_steps", "1"],
+        "max_steps=1 is below the step of the checkpoint to resume (checkpoint-2, step 2): the run would train nothing.",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def finished_comparison(tiny_dir, tmp_path_factory):
+    """The output folder of a finished `trl-nca compare` run (one student, one step)."""
+    from trl_nca.cli import compare
+
+    root = tmp_path_factory.mktemp("comparison")
+    (root / "compare.yaml").write_text(COMPARE_CONFIG.format(model=tiny_dir))
+    compare(["--config", str(root / "compare.yaml"), "--output_dir", str(root / "out")])
+    assert (root / "out" / "comparison.json").is_file()
+    return root / "out"
+
+
+@pytest.mark.parametrize("case, prepare, change, expected", FOLDER_CASES, ids=[c[0] for c in FOLDER_CASES])
+def test_what_a_run_would_overwrite_or_mix_is_refused_before_any_model_loads(
+    finished_run, finished_comparison, run_copy, tiny_dir, capsys, no_model_loads, case, prepare, change, expected
+):
+    _, out = run_copy
+    data = finished_run / "data.jsonl"  # the run's own data file: the copy's would be another dataset
+    if prepare is not None:
+        prepare(out, finished_comparison)
+    before = {p.relative_to(out.parent): p.stat().st_mtime_ns for p in out.parent.rglob("*") if p.is_file()}
+    places = {"CHECKPOINT": str(out / "checkpoint-2"), "NEW": str(out.parent / "new")}
+    argv = train_argv(tiny_dir, data, out)
+    for option, value in zip(change[::2], change[1::2]):
+        value = places.get(value, value)
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    capsys.readouterr()
+    line = one_line(argv, capsys)
+    assert line.startswith("trl-nca train: error: ") and expected in line, line
+    assert {p.relative_to(out.parent): p.stat().st_mtime_ns for p in out.parent.rglob("*") if p.is_file()} == before
+
+
 @pytest.mark.parametrize(
     "removed, expected",
     [
@@ -203,7 +304,36 @@ CASES = [
         "nca_adaptive_target=1e+300 can never be "
         "reached: the anchor grows only at a step whose view_kl exceeds nca_adaptive_target x opd_loss",
     ),
+    (
+        "a key set twice in the config",
+        ["--config", "TWICE"],
+        "The config '{tmp}/twice.yaml' sets `max_steps` twice (lines 1 and 2); YAML would keep the last one without a "
+        "word. Keep one of them.",
+    ),
+    (
+        "a word where the config takes a number",
+        ["--config", "WORD"],
+        "In the config '{tmp}/word.yaml', `max_steps: 'ten'` is refused: argument --max_steps/--max-steps: invalid "
+        "int value: 'ten'. Fix that line.",
+    ),
+    (
+        "one module name where the config takes a list",
+        ["--config", "ONE_MODULE"],
+        "In the config '{tmp}/module.yaml', `lora_target_modules: q_proj` is one value, but `lora_target_modules` "
+        "takes a list (PEFT reads a lone string as a pattern that must match a module's whole name",
+    ),
+    (
+        "the output folder's lock file is a folder",
+        ["--output_dir", "LOCK_FOLDER"],
+        "{tmp}/locked/.trl-nca.lock is a folder, but trl-nca keeps the lock of {tmp}/locked in a file of that name.",
+    ),
 ]
+CONFIGS = {  # the config files of CASES, by name: (file, text); the options they set are left off the command line
+    "BAD_YAML": ("bad.yaml", "max_steps: 1\nlora_target_modules: [q_proj, v_proj\n"),
+    "TWICE": ("twice.yaml", "max_steps: 4\nmax_steps: 2\n"),
+    "WORD": ("word.yaml", 'max_steps: "ten"\n'),
+    "ONE_MODULE": ("module.yaml", "use_peft: true\nlora_target_modules: q_proj\n"),
+}
 
 
 @pytest.mark.parametrize("case, extra, expected", CASES, ids=[c[0] for c in CASES])
@@ -214,26 +344,47 @@ def test_bad_train_input_is_one_line_before_any_model_loads(
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
     files = {
         "FOLDER": str(tmp_path),
-        "BAD_YAML": tmp_path / "bad.yaml",
         "NOT_UTF8": tmp_path / "latin1.yaml",
         "MIXED": tmp_path / "mixed.jsonl",
         "LONG": tmp_path / "long.jsonl",
         "HUGE": tmp_path / "huge.jsonl",
+        "LOCK_FOLDER": tmp_path / "locked",
     }
     for name, prompt in (("LONG", " ".join(["rule"] * 5000)), ("HUGE", "word " * 40_000)):  # 4096 positions
         files[name].write_text("".join(json.dumps(row) + "\n" for row in [{"prompt": prompt}, *ROWS]))
-    files["BAD_YAML"].write_text("max_steps: 1\nlora_target_modules: [q_proj, v_proj\n")
+    for name, (file, text) in CONFIGS.items():
+        files[name] = tmp_path / file
+        files[name].write_text(text)
     files["NOT_UTF8"].write_bytes("max_steps: 1\nrun_name: caf\u00e9\n".encode("latin-1"))
     files["MIXED"].write_text(
         json.dumps({"prompt": "q"}) + "\n" + json.dumps({"prompt": [{"role": "user", "content": "q"}]}) + "\n"
     )
+    (files["LOCK_FOLDER"] / ".trl-nca.lock").mkdir(parents=True)
+    # the options the row sets (itself, or in its config file) are left off the command line, where they would win
+    dropped = {option for option in ("--dataset_name", "--output_dir") if option in extra}
+    dropped |= {
+        f"--{line.split(':')[0]}" for name in extra if name in CONFIGS for line in CONFIGS[name][1].splitlines()
+    }
     extra = [str(files.get(value, value)).format(tmp=tmp_path) for value in extra]
     argv = train_argv(tiny_dir, data, tmp_path / "out")
-    if "--dataset_name" in extra:
-        argv = argv[: argv.index("--dataset_name")] + argv[argv.index("--dataset_name") + 2 :]
+    for option in dropped & set(argv):
+        argv = argv[: argv.index(option)] + argv[argv.index(option) + 2 :]
+    capsys.readouterr()
     line = one_line([*argv, *extra], capsys)
     assert line.startswith("trl-nca train: error: ") and expected.format(tmp=tmp_path) in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_config_value_of_the_wrong_type_is_one_line_without_the_usage(tiny_dir, tmp_path, capsys):
+    """argparse prints its usage (some 190 lines of options) before its error; the command prints the one line."""
+    data, config = tmp_path / "data.jsonl", tmp_path / "word.yaml"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    config.write_text('max_steps: "ten"\n')
+    argv = train_argv(tiny_dir, data, tmp_path / "out")
+    argv = argv[: argv.index("--max_steps")] + argv[argv.index("--max_steps") + 2 :]
+    assert cli_main([*argv, "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "invalid int value: 'ten'" in err, err
 
 
 # Settings that can never act but leave a valid run (issue 50 item 6): one warning line each, naming the field and the
@@ -243,26 +394,36 @@ NEVER_ACTING = [
         "adaptive fields under the constant anchor",
         ["--nca_beta_schedule", "constant", "--nca_adaptive_target", "2"],
         "nca_adaptive_target=2.0 is set but nca_beta_schedule='constant' does not read it. Remove it, or set "
-        "nca_beta_schedule='adaptive' to use it.",
+        "nca_beta_schedule='adaptive' or nca_beta_schedule='gated' to use it.",
     ),
     (
-        "warmup fields under the adaptive anchor",
+        "warmup fields under the default (gated) anchor",
         ["--nca_warmup_steps", "5"],
         "nca_warmup_steps=5 is set but "
-        "nca_beta_schedule='adaptive' does not read it. Remove it, or set nca_beta_schedule='warmup' to use it.",
+        "nca_beta_schedule='gated' does not read it. Remove it, or set nca_beta_schedule='warmup' to use it.",
     ),
     (
         "schedule fields under plain OPD",
         ["--nca_beta", "0", "--nca_adaptive_min", "0.1"],
         "nca_adaptive_min=0.1 is "
         "set but nca_beta=0 (plain OPD) schedules no anchor. Remove it, or set nca_beta > 0 and "
-        "nca_beta_schedule='adaptive' to use it.",
+        "nca_beta_schedule='adaptive' or nca_beta_schedule='gated' to use it.",
     ),
     (
         "a warmup longer than the run",
         ["--nca_beta_schedule", "warmup", "--nca_warmup_steps", "1000", "--max_steps", "1"],
         "nca_warmup_steps=1000 is not shorter than the run (max_steps=1): the anchor never reaches nca_beta=0.5, "
         "its last step weighs it at 0. Set nca_warmup_steps below max_steps, or nca_beta_schedule='constant'.",
+    ),
+    (
+        "a gate target out of reach in practice",
+        ["--nca_adaptive_target", "1e50"],
+        "nca_adaptive_target=1e+50 is out of reach in practice: the anchor grows only at a step whose view_kl exceeds "
+        "nca_adaptive_target x opd_loss, which even at the smallest positive float32 opd_loss (1.4e-45) is 1.4e+05 "
+        "nats per token, and a view_kl is at most the spread of the logits plus log(vocabulary size), some hundreds "
+        "for a trained model; so the gate most likely never opens (it can only at a step whose opd_loss is exactly "
+        "0). Set a target near 1 (default 1.1), or nca_beta=0 for plain OPD (with nca_monitor=True to still log "
+        "view_kl).",
     ),
 ]
 
@@ -285,91 +446,23 @@ def test_settings_that_can_never_act_are_named_before_any_model_loads(
     assert [line for line in lines if expected in line] == [expected], lines
 
 
-# (case, the disk's size, options, the one expected line, the names left in output_dir): a real small tmpfs. The tiny
-# model's weights are 115,008 parameters x 4 bytes (449.2 KiB): 200k cannot hold them, 464k holds them as the room
-# check counts them but not the files written with them (config, tokenizer), 900k the weights but not the optimizer.
-FULL_DISK_CASES = [
-    (
-        "no room for the final weights",
-        "200k",
-        ["--save_strategy", "no"],
-        "output_dir '{out}' has 196.0 KiB free, but "
-        "the final weights need about 449.2 KiB (115,008 parameters x 4 bytes): 253.2 KiB short.",
-        None,
-    ),
-    (
-        "the disk fills at the final save",
-        "464k",
-        ["--save_strategy", "no"],
-        "No space left to write the trained model "
-        "into {out} (safetensors: Error while serializing: I/O error: No space left on device (os error 28)); nothing of "
-        "it was kept as the model and no checkpoint was saved.",
-        ["train_settings.json"],
-    ),
-    (
-        "the disk fills at a checkpoint's weights",
-        "464k",
-        ["--save_steps", "1"],
-        "No space left to write a checkpoint "
-        "in {out} (safetensors: Error while serializing: I/O error: No space left on device (os error 28)). Free some "
-        "space (or choose an output folder on another disk) and run the same command again (no complete checkpoint was "
-        "written yet).",
-        ["README.md", "train_settings.json"],
-    ),
-    (
-        "the disk fills at a checkpoint's optimizer",
-        "900k",
-        ["--save_steps", "1"],
-        "No space left to write a checkpoint in {out} (torch: ",
-        ["README.md", "train_settings.json"],
-    ),
-]
-
-
-@pytest.mark.slow  # starts `mount` and `umount`
-@pytest.mark.parametrize("case, size, extra, expected, left", FULL_DISK_CASES, ids=[c[0] for c in FULL_DISK_CASES])
-def test_a_full_disk_is_one_line_and_no_half_written_model(
-    tiny_dir, tmp_path, capsys, case, size, extra, expected, left
-):
-    """A disk too small for the final weights is refused before training; one that fills at a save (safetensors'
-    SafetensorError, torch's writer error) is one line, and no cut model or checkpoint is left as if it were one."""
-    import subprocess
-
-    from tests.cli.test_safe_outputs import _mount_tmpfs
-
-    disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, size):
-        pytest.skip("cannot mount a small tmpfs here (needs root and CAP_SYS_ADMIN): the full-disk case is not run")
-    try:
-        data = tmp_path / "data.jsonl"
-        data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-        out = disk / "out"
-        line = one_line(train_argv(tiny_dir, data, out, *extra), capsys)
-        assert line.startswith(f"trl-nca train: error: {expected.format(out=out)}"), line
-        if left is None:  # refused before training: nothing written
-            assert not out.exists()
-        else:
-            assert sorted(p.name for p in out.iterdir()) == left
-    finally:
-        subprocess.run(["umount", str(disk)], capture_output=True, timeout=30)
-
-
 # (case, the options changed on resume, the line it prints, the step the resumed run ends at): the run's length may
-# change, as in Trainer; every other change is refused (RESUME_CASES)
+# change, as in Trainer; every other change is refused (RESUME_CASES). The run's 'linear' schedule ended at a rate of 0
+# at step 2: the resumed steps follow the schedule laid out over the new length, the first one included.
 LENGTH_CASES = [
     (
         "a longer max_steps",
         ["--max_steps", "4"],
-        "Resuming with a new length (max_steps 2 -> 4): the 'linear' "
-        "learning-rate schedule is laid out again over the new length; the first resumed step keeps the rate the "
-        "checkpoint's optimizer holds (where the old schedule ended), the steps after it follow the new schedule.",
+        "Resuming with a new length (max_steps 2 -> 4): the 'linear' learning-rate schedule is laid out again over the "
+        "new length, and the resumed steps follow it from the checkpoint's step on (the rate the checkpoint's "
+        "optimizer held, where the old schedule ended, is not used).",
         4,
     ),
     (
         "epochs instead of max_steps",
         ["--max_steps", "-1", "--num_train_epochs", "3"],
         "Resuming with a new length "
-        "(max_steps 2 -> -1): the 'linear' learning-rate schedule is laid out again over the new length;",
+        "(max_steps 2 -> -1): the 'linear' learning-rate schedule is laid out again over the new length,",
         6,
     ),
 ]
@@ -377,12 +470,54 @@ LENGTH_CASES = [
 
 @pytest.mark.parametrize("case, change, expected, end", LENGTH_CASES, ids=[c[0] for c in LENGTH_CASES])
 def test_a_resume_may_change_the_runs_length(finished_run, run_copy, tiny_dir, caplog, case, change, expected, end):
+    from safetensors.torch import load_file
+
     _, out = run_copy  # the run's own data file: the copy's would be another dataset
     argv = train_argv(tiny_dir, finished_run / "data.jsonl", out, "--resume_from_checkpoint", "true", *change)
+    argv[argv.index("--save_steps") + 1] = "1"
     assert cli_main(argv) == 0
     assert sum(expected in record.getMessage() for record in caplog.records) == 1, caplog.text
     state = json.loads((out / f"checkpoint-{end}" / "trainer_state.json").read_text())
     assert state["global_step"] == end and (out / "checkpoint-2" / "optimizer.pt").is_file()  # trained on from step 2
+    before, after = (load_file(out / f"checkpoint-{step}" / "model.safetensors") for step in (2, 3))
+    assert any(not before[name].equal(after[name]) for name in before)  # the first resumed step trained (lr > 0)
+
+
+# (case, options, the warning line the run prints, or None): settings that train as written, with the line only the
+# start of training can give (an epoch-set run's length is known then)
+TRAINS_AS_WRITTEN = [
+    (
+        "one target module (TRL makes a list of one its string, a pattern to PEFT)",
+        ["--use_peft", "true", "--lora_r", "2", "--lora_target_modules", "q_proj"],
+        None,
+    ),
+    (
+        "an anchor warm-up longer than an epoch-set run",
+        ["--max_steps", "-1", "--num_train_epochs", "1", "--nca_beta_schedule", "warmup", "--nca_warmup_steps", "100"],
+        "nca_warmup_steps=100 is not shorter than the run (2 optimizer steps: num_train_epochs=1): the anchor never "
+        "reaches nca_beta=0.5, its last step weighs it at 0.005. Set nca_warmup_steps below the run's 2 steps, or "
+        "nca_beta_schedule='constant'.",
+    ),
+]
+
+
+@pytest.mark.parametrize("case, extra, expected", TRAINS_AS_WRITTEN, ids=[c[0] for c in TRAINS_AS_WRITTEN])
+def test_settings_train_as_written_and_say_what_only_the_run_knows(tiny_dir, tmp_path, caplog, case, extra, expected):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    argv = train_argv(tiny_dir, data, tmp_path / "out", "--save_strategy", "no")
+    for option, value in zip(extra[::2], extra[1::2]):
+        if option in argv:
+            argv[argv.index(option) + 1] = value
+        else:
+            argv += [option, value]
+    with caplog.at_level(logging.WARNING):
+        assert cli_main(argv) == 0
+    assert (
+        tmp_path / "out" / ("adapter_model.safetensors" if "--use_peft" in extra else "model.safetensors")
+    ).is_file()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert expected is None or [line for line in lines if expected in line] == [expected], lines
 
 
 def test_train_cli_empty_dataset_file(tiny_dir, tmp_path, capsys):

@@ -534,38 +534,68 @@ os.makedirs(sys.argv[1], exist_ok=True)
 descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
 os.ftruncate(descriptor, 0)
-os.write(descriptor, f"pid {sys.argv[2]}, trl-nca compare\\n".encode())
+os.write(descriptor, f"{sys.argv[2]}\\n".encode())
 print("locked", flush=True)
 time.sleep(600)
 """
 
 
+def _start_of(pid: int) -> str:
+    """When the process `pid` started (`/proc/PID/stat` field 22), as a lock records it."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+
+
+def _this_run(processes) -> str:
+    return f"pid {os.getpid()}, trl-nca compare; started {_start_of(os.getpid())}"
+
+
+def _gone_run(processes) -> str:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return f"pid {int(gone.stdout)}, trl-nca compare; started 1"
+
+
+def _reused_pid(processes) -> str:
+    """The pid of a run that ended, now an unrelated process's: the pid runs, but it started after the lock's record."""
+    unrelated = subprocess.Popen(["sleep", "600"])
+    processes.append(unrelated)
+    return f"pid {unrelated.pid}, trl-nca compare; started {int(_start_of(unrelated.pid)) - 1}"
+
+
+# (case, the holder the lock file names while an orphan holds it, whether a rerun takes the lock over): a process of a
+# run that is gone (a worker of an older trl-nca re-parented to PID 1) still holds the lock; the lock names its run by
+# pid and start time, so only a run that still runs keeps it
+LOCK_HOLDERS = [
+    ("a live run", _this_run, False),
+    ("a run that is gone", _gone_run, True),
+    ("a run that is gone, its pid reused by an unrelated process", _reused_pid, True),
+]
+
+
 @pytest.mark.slow  # the orphan holding the lock is a process of its own
-def test_a_lock_whose_run_is_gone_is_taken_over_with_a_line(tmp_path, caplog):
-    """A process of a run that is gone (a worker of an older trl-nca re-parented to PID 1) still holds the lock: the
-    lock names a pid that no longer runs, so it is stale, and a rerun takes it over, saying so."""
+@pytest.mark.parametrize("case, holder, taken", LOCK_HOLDERS, ids=[c[0] for c in LOCK_HOLDERS])
+def test_a_lock_whose_run_is_gone_is_taken_over_with_a_line(tmp_path, caplog, case, holder, taken):
     from trl_nca.inputs import FolderInUseError, output_folder_lock
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = int(gone.stdout)
-    out = tmp_path / "out"
-    for recorded, taken in ((os.getpid(), False), (dead, True)):  # a live run's lock is refused, a gone run's taken
+    out, processes = tmp_path / "out", []
+    try:
+        record = holder(processes)
         orphan = subprocess.Popen(
-            [sys.executable, "-c", HOLD_AS_ORPHAN, str(out), str(recorded)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", HOLD_AS_ORPHAN, str(out), record], stdout=subprocess.PIPE, text=True
         )
-        try:
-            assert orphan.stdout.readline().strip() == "locked"
-            if not taken:
-                with pytest.raises(FolderInUseError, match="is in use by another trl-nca run"):
-                    with output_folder_lock(out, "test"):
-                        pass
-                continue
-            with output_folder_lock(out, "test") as lock:
-                assert lock.read_text() == f"pid {os.getpid()}, test\n"
-            line = (
-                f"{out / '.trl-nca.lock'} was held by pid {dead}, trl-nca compare, which is no longer running; taking"
-            )
-            assert sum(line in record.getMessage() for record in caplog.records) == 1, caplog.text
-        finally:
-            orphan.kill()
-            orphan.wait(timeout=60)
+        processes.append(orphan)
+        assert orphan.stdout.readline().strip() == "locked"
+        if not taken:
+            with pytest.raises(
+                FolderInUseError, match=r"is in use by another trl-nca run \(pid \d+, trl-nca compare\);"
+            ):
+                with output_folder_lock(out, "test"):
+                    pass
+            return
+        with output_folder_lock(out, "test") as lock:
+            assert lock.read_text() == f"pid {os.getpid()}, test; started {_start_of(os.getpid())}\n"
+        line = f"{out / '.trl-nca.lock'} was held by {record.partition(';')[0]}, which is no longer running; taking"
+        assert sum(line in r.getMessage() for r in caplog.records) == 1, caplog.text
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=60)

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(command: str, rest: list[str]) -> int:
     from ..console import install_log_handler, quiet_library_bars
     from ..core.launch import end_process_group
-    from ..inputs import FULL_DISK_ERRNOS, UNWRITABLE_ERRNOS, InputError, OutputError
+    from ..inputs import FULL_DISK_ERRNOS, UNWRITABLE_ERRNOS, InputError, OutputError, RunStopped
     from .config_files import CommandLineError
     from .train_command import TrainingInterrupted
 
@@ -138,14 +138,17 @@ def _run(command: str, rest: list[str]) -> int:
         return 130
     except (CommandLineError, InputError, OutputError) as error:  # reported in one line (exit status 2)
         return _user_error(command, error)
+    except RunStopped as error:  # a run stopped from outside (a worker killed): one line too, exit status 1
+        return _user_error(command, error, status=1)
     except OSError as error:  # a full disk or a folder made unwritable anywhere (a save, a figure) is one line too
         if error.errno not in FULL_DISK_ERRNOS + UNWRITABLE_ERRNOS:
             raise
         return _user_error(command, error)
 
 
-def _user_error(command: str, error: BaseException) -> int:
-    """The one error path of every command: one line on stderr, exit status 2 (`TRL_NCA_TRACEBACK=1` re-raises)."""
+def _user_error(command: str, error: BaseException, status: int = 2) -> int:
+    """The one error path of every command: one line on stderr, exit status `status` (`TRL_NCA_TRACEBACK=1`
+    re-raises)."""
     from ..inputs import FULL_DISK_ERRNOS, UNWRITABLE_ERRNOS, OutputError, full_disk_error
 
     if os.environ.get("TRL_NCA_TRACEBACK"):
@@ -161,4 +164,4 @@ def _user_error(command: str, error: BaseException) -> int:
             )
     message = " ".join(str(error).split())
     print(f"trl-nca {command}: error: {message} (set TRL_NCA_TRACEBACK=1 to see the traceback)", file=sys.stderr)
-    return 2
+    return status

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from ..console import closing_line, say, shows
 from ..inputs import output_folder_lock
 from . import explain
-from .config_files import CommandLineError, check_config_file, with_builtin_config
+from .config_files import CommandLineError, parse_command_line, with_builtin_config
 
 
 def compare(argv: list[str] | None = None) -> dict:
@@ -21,16 +22,14 @@ def compare(argv: list[str] | None = None) -> dict:
 
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
     argv = with_builtin_config(argv)
-    check_config_file(argv)
-    try:  # the config's own checks, and every check of the comparison (and of an existing output folder)
-        compare_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    except (ValueError, TypeError) as error:
-        raise CommandLineError(str(error)) from error
+    compare_args, training_args, model_args = parse_command_line(parser, argv)  # with the config's own checks
     with output_folder_lock(training_args.output_dir, "trl-nca compare"):  # one writer per output folder
         try:  # before any model loads
             plan = plan_comparison(compare_args, training_args, model_args)
         except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
             raise CommandLineError(str(error)) from error
+        for line in unread_schedule_settings(training_args, plan.runs):
+            logging.getLogger(__name__).warning(line)
         if compare_args.slice is not None or compare_args.from_slices:
             return _compare_slices(compare_args, plan)
         explain.opening(explain.compare_opening(plan))
@@ -55,6 +54,24 @@ def compare(argv: list[str] | None = None) -> dict:
         )
     )
     return summary
+
+
+def unread_schedule_settings(shared, runs) -> list[str]:
+    """One line per schedule field set away from its default that the run it shapes never reads, as `trl-nca train`
+    names them (`core.schedule.unread_settings`): a field of the shared config that no method's schedule reads, and a
+    method's own override that its schedule does not read (a method of another trainer, e.g. sdft, reads none)."""
+    from ..core.schedule import unread_settings
+
+    runs = [run for run in runs if hasattr(run.config, "nca_beta_schedule")]
+    kinds = {}
+    for run in runs:
+        if float(run.config.nca_beta) != 0:
+            kinds.setdefault(run.config.nca_beta_schedule)
+    lines = unread_settings(shared, kinds=list(kinds)) if runs and hasattr(shared, "nca_beta_schedule") else []
+    for method in {run.method.name: run for run in runs}.values():
+        own = [line for line in unread_settings(method.config) if line.split("=", 1)[0] in method.method.overrides]
+        lines += [f"Method {method.method.name!r}: {line}" for line in own]
+    return lines
 
 
 def _compare_slices(compare_args, plan) -> dict:

@@ -7,17 +7,23 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..console import Stopwatch, closing_line
 from ..core.schedule import unread_settings
-from ..inputs import FULL_DISK_ERRNOS, OutputError, load_dataset_any, read_context, write_text_atomic
-from ..trainers.checkpoints import checkpoints_of
+from ..inputs import load_dataset_any, read_context, write_text_atomic
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
 from . import explain
-from .config_files import CommandLineError, check_config_file, main_process_lock, with_builtin_config
+from .config_files import CommandLineError, main_process_lock, parse_command_line, with_builtin_config
+from .train_outputs import (
+    TRAIN_SETTINGS,
+    check_output_dir,
+    check_room_for_final_save,
+    checkpoint_write_failures,
+    save_model_whole,
+    write_model_card,
+)
 
 
 @dataclass
@@ -100,11 +106,7 @@ def train(argv: list[str] | None = None):
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     argv = with_builtin_config(argv)
-    check_config_file(argv)
-    try:
-        script_args, training_args, model_args = parser.parse_args_and_config(args=argv)
-    except (ValueError, TypeError) as error:
-        raise CommandLineError(str(error)) from error
+    script_args, training_args, model_args = parse_command_line(parser, argv)
     for line in unread_settings(training_args):  # schedule fields this run's schedule does not read: one line each
         logging.getLogger(__name__).warning(line)
     try:
@@ -113,115 +115,6 @@ def train(argv: list[str] | None = None):
         raise CommandLineError(str(error)) from error
     with lock:  # one writer per output folder
         return _train(script_args, training_args, model_args)
-
-
-def _write_failure(error: BaseException) -> str | None:
-    """What a failed write of weights says, when it is a full disk: torch's stream writer reports it as a
-    RuntimeError, safetensors as a `SafetensorError` (no `OSError`), Python as an `OSError` (ENOSPC, EDQUOT)."""
-    from safetensors import SafetensorError
-
-    text = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-    if isinstance(error, OSError):
-        return text if error.errno in FULL_DISK_ERRNOS else None
-    if isinstance(error, RuntimeError) and not isinstance(error, SafetensorError):
-        markers = ("PytorchStreamWriter failed writing", "file write failed", "inline_container")  # torch's writer
-        return f"torch: {text}" if any(marker in str(error) for marker in markers) else None
-    if isinstance(error, SafetensorError):
-        full = ("os error 28", "No space left", "StorageFull", "os error 122", "Disk quota")
-        return f"safetensors: {text}" if any(marker in str(error) for marker in full) else None
-    return None
-
-
-@contextlib.contextmanager
-def _checkpoint_write_failures(trainer, training_args):
-    """A checkpoint that cannot be written (a full disk; torch's, safetensors' and Python's errors alike) is the one
-    line of every other full disk; the cut checkpoint folder is removed (the last complete one stays the one to
-    resume)."""
-    from ..trainers.checkpoints import checkpoint_problem, last_complete_checkpoint
-
-    try:
-        yield
-    except Exception as error:
-        what = _write_failure(error)
-        if what is None:
-            raise
-        cut = Path(training_args.output_dir) / f"checkpoint-{trainer.state.global_step}"
-        if cut.is_dir() and checkpoint_problem(cut) is not None and trainer.accelerator.is_main_process:
-            shutil.rmtree(cut, ignore_errors=True)
-        last, _ = last_complete_checkpoint(training_args.output_dir)
-        then = (
-            f"run the same command with --resume_from_checkpoint true: the last complete checkpoint ({last.name}) is "
-            "kept"
-            if last is not None
-            else "run the same command again (no complete checkpoint was written yet)"
-        )
-        raise OutputError(
-            f"No space left to write a checkpoint in {training_args.output_dir} ({what}). Free some space (or choose "
-            f"an output folder on another disk) and {then}."
-        ) from error
-
-
-STAGING = ".saving-model"  # the final model is written here, then moved into output_dir whole
-
-
-def _save_model_whole(trainer, output_dir: str) -> None:
-    """`trainer.save_model(output_dir)`, written into a staging folder first and moved into `output_dir` only once
-    every file is written: a save cut by a full disk leaves the files of `output_dir` as they were (never a
-    half-written model presented as the model) and is one line."""
-    output = Path(output_dir)
-    staging = output / STAGING
-    main = trainer.accelerator.is_main_process
-    if main and staging.exists():
-        shutil.rmtree(staging, ignore_errors=True)
-    trainer.accelerator.wait_for_everyone()
-    try:
-        trainer.save_model(str(staging))
-    except Exception as error:
-        if main:
-            shutil.rmtree(staging, ignore_errors=True)
-        what = _write_failure(error)
-        if what is None:
-            raise
-        kept = "its last complete checkpoint is kept" if checkpoints_of(output) else "no checkpoint was saved"
-        raise OutputError(
-            f"No space left to write the trained model into {output} ({what}); nothing of it was kept as the model "
-            f"and {kept}. Free some space (or choose an output folder on another disk) before training again; "
-            "`trl-nca train` checks the room for the final weights before it trains."
-        ) from error
-    trainer.accelerator.wait_for_everyone()
-    if main:
-        for path in sorted(staging.iterdir()):
-            target = output / path.name
-            if target.is_dir() and not path.is_dir():
-                shutil.rmtree(target)
-            os.replace(path, target)
-        staging.rmdir()
-
-
-def _check_room_for_weights(trainer, output_dir: str) -> None:
-    """Before training: the output disk must have room for the final weights (what `save_model` writes: the adapter
-    with LoRA, else every parameter), estimated as parameter count x the size of their dtype."""
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    adapter = hasattr(model, "peft_config")
-    saved = [p for p in model.parameters() if p.requires_grad or not adapter]
-    count = sum(p.numel() for p in saved)
-    need = sum(p.numel() * p.element_size() for p in saved)
-    free = shutil.disk_usage(output_dir).free
-    if free >= need:
-        return
-    size = saved[0].element_size() if saved else 0
-    raise OutputError(
-        f"output_dir {output_dir!r} has {_size(free)} free, but the final weights need about {_size(need)} "
-        f"({count:,} {'adapter ' if adapter else ''}parameters x {size} bytes): {_size(need - free)} short. Free that "
-        "much space, or choose an output folder on another disk, before training."
-    )
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
 
 
 class TrainingInterrupted(Exception):
@@ -236,7 +129,8 @@ def _train(script_args, training_args, model_args):
         trainer, resume, settings, model_path, paired_dataset = _setup_training(script_args, training_args, model_args)
     except (ValueError, TypeError, OSError, EmbeddedModelUnavailableError) as error:
         raise CommandLineError(str(error)) from error
-    _check_room_for_weights(trainer, training_args.output_dir)
+    settings_text = json.dumps(settings, indent=2, sort_keys=True) + "\n"
+    check_room_for_final_save(trainer, training_args.output_dir, {TRAIN_SETTINGS: len(settings_text.encode())})
     paired_items = None if paired_dataset is None else len(paired_dataset)
     explain.opening(
         explain.train_opening(
@@ -244,13 +138,15 @@ def _train(script_args, training_args, model_args):
         )
     )
     if trainer.accelerator.is_main_process:
-        write_text_atomic(
-            Path(training_args.output_dir) / TRAIN_SETTINGS, json.dumps(settings, indent=2, sort_keys=True) + "\n"
-        )
+        write_text_atomic(Path(training_args.output_dir) / TRAIN_SETTINGS, settings_text)
     _run_training(trainer, resume, training_args)
-    _save_model_whole(trainer, training_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
+    save_model_whole(trainer, training_args.output_dir)
+    write_model_card(
+        trainer,
+        training_args.output_dir,
+        model_name=Path(training_args.output_dir).name,
+        dataset_name=script_args.dataset_name,
+    )
     if script_args.paired_eval:  # every process calls it; after a distributed run the main process evaluates alone
         _paired_eval_after_training(trainer, script_args, training_args, model_path, paired_dataset)
     output = Path(training_args.output_dir)
@@ -308,6 +204,7 @@ def _setup_training(script_args, training_args, model_args):
         training_args.context_text = read_context("medical")
 
     resume = resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    check_output_dir(training_args.output_dir, resume)
     train_dataset = load_dataset_any(
         script_args.dataset_name, script_args.dataset_train_split, script_args.dataset_config
     )
@@ -332,7 +229,9 @@ def _setup_training(script_args, training_args, model_args):
     peft_config = get_peft_config(model_args)
     settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
     if resume is not None:  # before any model loads
-        _check_resumed_settings(training_args.output_dir, settings)
+        from .train_resume import check_resumed_run
+
+        check_resumed_run(training_args.output_dir, resume, settings, training_args.max_steps)
     _check_prompt_sizes(training_args, model_args, model_path, {"train": train_dataset, "eval": eval_dataset})
     trainer = NCATrainer(
         model=model_path,
@@ -381,14 +280,16 @@ def _run_training(trainer, resume, training_args) -> None:
     """`trainer.train`, with Ctrl-C saving a checkpoint and stopping (single process) and a failed checkpoint write
     one line."""
     from ..trainers.checkpoints import StopOnInterrupt
+    from .train_resume import RunStart
 
     single_process = os.environ.get("WORLD_SIZE", "1") == "1"
     stop = StopOnInterrupt()
     if single_process:
         trainer.add_callback(stop)
+    trainer.add_callback(RunStart())
     with (
         stop.installed() if single_process else contextlib.nullcontext(),
-        _checkpoint_write_failures(trainer, training_args),
+        checkpoint_write_failures(trainer, training_args),
     ):
         trainer.train(resume_from_checkpoint=resume)
     if stop.interrupted:
@@ -397,9 +298,6 @@ def _run_training(trainer, resume, training_args) -> None:
             f"interrupted at step {step}; the run is saved in {Path(training_args.output_dir) / f'checkpoint-{step}'}. "
             "Run the same command with --resume_from_checkpoint true to continue."
         )
-
-
-TRAIN_SETTINGS = "train_settings.json"  # what shaped a `trl-nca train` run, checked when it is resumed
 
 
 def _run_settings(script_args, training_args, model_path: str, peft_config, train_dataset) -> dict:
@@ -430,56 +328,3 @@ def _run_settings(script_args, training_args, model_path: str, peft_config, trai
         "peft": peft_settings(peft_config) if peft_config is not None else None,
         "data": data,
     }
-
-
-def _check_resumed_settings(output_dir: str, settings: dict) -> None:
-    """A resumed run must be shaped by the settings it started with (`train_settings.json` of its output_dir): a
-    changed dataset, context, model, nca_beta, learning rate or schedule would silently train a mixture."""
-    import logging
-
-    from ..inputs import read_json_output
-    from ..recipes.compare import refuse_changed_settings
-
-    saved = Path(output_dir) / TRAIN_SETTINGS
-    if not saved.is_file():
-        logging.getLogger(__name__).warning(
-            "%s has no %s (an older trl-nca did not write one), so the resumed run's settings cannot be "
-            "checked against those it started with.",
-            output_dir,
-            TRAIN_SETTINGS,
-        )
-        return
-    old = read_json_output(saved, "Delete it to resume without the check, or use a new output_dir.")
-    new = json.loads(json.dumps(settings))
-    lengths = {}  # the run's length may change on resume, as in Trainer: not a setting that mixes two runs
-    if isinstance(old, dict) and isinstance(old.get("training"), dict):
-        for key in RESUMABLE_CHANGES:
-            if key in old["training"] and old["training"][key] != new["training"].get(key):
-                lengths[key] = (old["training"][key], new["training"].get(key))
-        old = {**old, "training": {**old["training"], **{k: new["training"].get(k) for k in lengths}}}
-    refuse_changed_settings(
-        "a training run",
-        saved,
-        old,
-        new,
-        why="Resuming would continue it as another run (new data, context or settings, the old optimizer state).",
-    )
-    if lengths:
-        changed = ", ".join(f"{key} {was} -> {now}" for key, (was, now) in lengths.items())
-        schedule = new["training"].get("lr_scheduler_type")
-        constant = schedule in ("constant", "constant_with_warmup")
-        logging.getLogger(__name__).warning(
-            "Resuming with a new length (%s): the %r learning-rate schedule is laid out again over the new length%s.",
-            changed,
-            schedule,
-            ""
-            if constant
-            else (
-                "; the first resumed step keeps the rate the checkpoint's optimizer holds (where the old schedule "
-                "ended), the steps after it follow the new schedule"
-            ),
-        )
-
-
-RESUMABLE_CHANGES = ("max_steps", "num_train_epochs")
-"""The settings a resume may change (the run's length, as Trainer allows); every other one is refused."""

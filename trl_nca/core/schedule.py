@@ -51,7 +51,13 @@ ADAPTIVE_STEP_LIMIT = 0.2  # the largest relative change of one update (before d
 # The step means the adaptive anchor reads are float32 (float64 only for a float64 student): a view_kl is at most
 # 3.4e38 and a positive opd_loss at least 1.4e-45, so above their ratio no step can have view_kl > target x opd_loss
 # (but one whose opd_loss is exactly 0, where the student already equals the teacher on every token).
-ADAPTIVE_TARGET_MAX = 3.4028234663852886e38 / 1.401298464324817e-45
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32
+ADAPTIVE_TARGET_MAX = 3.4028234663852886e38 / FLOAT32_TINY
+# A view_kl, a KL between two softmax distributions, is at most the spread of the context view's logits plus the log of
+# the vocabulary size: some hundreds of nats per token for a trained model. Above this target even the smallest positive
+# opd_loss asks a step for a view_kl over VIEW_KL_PLAUSIBLE, so the gate opens at no plausible step (a warning).
+VIEW_KL_PLAUSIBLE = 1e4
+ADAPTIVE_TARGET_PLAUSIBLE = VIEW_KL_PLAUSIBLE / FLOAT32_TINY
 STATE_FILE = "nca_schedule.json"
 
 
@@ -123,9 +129,10 @@ class BetaSchedule:
         self.current = self.next_value(measured)
         return self.value
 
-    def cannot_act(self, max_steps: int) -> list[str]:
-        """One line per setting that cannot act within a run of `max_steps` optimizer steps (none when the length is
-        not known: `max_steps <= 0`), each naming the field and the fix. Warnings: the run is still valid."""
+    def cannot_act(self, max_steps: int, length: str | None = None) -> list[str]:
+        """One line per setting that cannot act within a run of `max_steps` optimizer steps (`length` says how the
+        run's length was set, by default `max_steps=N`), each naming the field and the fix; a line that depends on the
+        length only when it is known (`max_steps > 0`). Warnings: the run is still valid."""
         return []
 
     def never_on(self, views_equal_teacher: bool) -> str | None:
@@ -210,14 +217,15 @@ class WarmupSchedule(BetaSchedule):
     def next_value(self, measured=None) -> float:
         return self.beta * min(1.0, self.steps_done / self.warmup_steps)
 
-    def cannot_act(self, max_steps: int) -> list[str]:
+    def cannot_act(self, max_steps: int, length: str | None = None) -> list[str]:
         if max_steps <= 0 or self.warmup_steps < max_steps:
             return []
         last = self.beta * (max_steps - 1) / self.warmup_steps
+        below = "max_steps" if length is None else f"the run's {max_steps} steps"
         return [
-            f"nca_warmup_steps={self.warmup_steps} is not shorter than the run (max_steps={max_steps}): the anchor never "
-            f"reaches nca_beta={self.beta:g}, its last step weighs it at {last:g}. Set nca_warmup_steps below max_steps, "
-            "or nca_beta_schedule='constant'."
+            f"nca_warmup_steps={self.warmup_steps} is not shorter than the run ({length or f'max_steps={max_steps}'}): "
+            f"the anchor never reaches nca_beta={self.beta:g}, its last step weighs it at {last:g}. Set "
+            f"nca_warmup_steps below {below}, or nca_beta_schedule='constant'."
         ]
 
     def describe(self) -> str:
@@ -287,6 +295,19 @@ class AdaptiveSchedule(BetaSchedule):
                 f"{ADAPTIVE_TARGET_MAX:.2g} times another positive one, so {effect}. Set a target near 1 (default "
                 f"{ADAPTIVE_TARGET}), or nca_beta=0 for plain OPD (with nca_monitor=True to still log view_kl)."
             )
+
+    def cannot_act(self, max_steps: int, length: str | None = None) -> list[str]:
+        if self.adaptive_target <= ADAPTIVE_TARGET_PLAUSIBLE:
+            return []
+        effect = "the gate most likely never opens" if self.adaptive_init == 0 else "the anchor most likely only falls"
+        return [
+            f"nca_adaptive_target={self.adaptive_target:g} is out of reach in practice: the anchor grows only at a step "
+            "whose view_kl exceeds nca_adaptive_target x opd_loss, which even at the smallest positive float32 "
+            f"opd_loss ({FLOAT32_TINY:.2g}) is {self.adaptive_target * FLOAT32_TINY:.2g} nats per token, and a view_kl "
+            "is at most the spread of the logits plus log(vocabulary size), some hundreds for a trained model; so "
+            f"{effect} (it can only at a step whose opd_loss is exactly 0). Set a target near 1 (default "
+            f"{ADAPTIVE_TARGET}), or nca_beta=0 for plain OPD (with nca_monitor=True to still log view_kl)."
+        ]
 
     def initial(self) -> float:
         return float(self.adaptive_init)

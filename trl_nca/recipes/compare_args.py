@@ -416,7 +416,12 @@ def check_arguments(args: CompareArguments, task: BuiltinTask) -> None:
 
 def check_lora_sizes(model_args, error=ValueError) -> None:
     """`lora_r` and `lora_alpha` of a `trl.ModelConfig` with `use_peft`: positive integers (peft accepts r=0 in its
-    config and fails only when the adapter is built, after the base model was loaded and evaluated)."""
+    config and fails only when the adapter is built, after the base model was loaded and evaluated). One module name
+    in `lora_target_modules` stays a list of one: TRL's `ModelConfig` turns a list of one into its string (for
+    `all-linear`), which PEFT reads as a pattern that must match a module's whole name, so it would match none."""
+    targets = getattr(model_args, "lora_target_modules", None)
+    if isinstance(targets, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", targets):
+        model_args.lora_target_modules = [targets]
     for name in ("lora_r", "lora_alpha"):
         value = getattr(model_args, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

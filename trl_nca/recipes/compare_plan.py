@@ -222,12 +222,12 @@ def checked_peft_config(args: CompareArguments, model_args, model_name: str):
             f"`organism_seeds` pretrains one organism per seed, so it needs model_name_or_path: organism (or "
             f"organism-quick), not {model_name!r}. Drop organism_seeds, or use the organism."
         )
+    check_lora_sizes(model_args, CompareInputError)
     peft_config = get_peft_config(model_args)
     if peft_config is None:
         raise CompareInputError(
             "The comparison trains LoRA students (self-distillation from the adapter-off model): set use_peft: true."
         )
-    check_lora_sizes(model_args, CompareInputError)
     return peft_config
 
 

@@ -4,9 +4,11 @@ and evaluated, one after another or in forked worker processes (`workers`).
 The workers end with their run. Each dies with its parent (a parent-death signal on Linux, and a watch on its parent
 everywhere) and holds no copy of the output folder's lock, so a parent killed by any signal leaves no worker behind
 and no lock held. Ctrl-C stops the run: the parent passes it on to every worker, a worker in training stops at its
-next step boundary, one in evaluation stops at once (its records so far are kept), queued units are not started, and
-the command says how to resume; a second Ctrl-C ends the workers at once. A student stopped before its end leaves no
-`done.json`, so a rerun trains it again from its base weights with the same seed: the same result.
+next step boundary, one in evaluation stops at once (its records so far are kept; a stop that lands in a finaliser,
+such as a dataset's `__del__`, is raised again just after it), queued units are not started, and the command says how
+to resume; a second Ctrl-C ends the workers at once. A worker killed on its own (the out-of-memory killer's SIGKILL)
+ends the run in one line naming the signal, its student and the resume (`WorkerKilled`). A student stopped before its
+end leaves no `done.json`, so a rerun trains it again from its base weights with the same seed: the same result.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..console import JobEstimate, in_detail, say, speaking_for
-from ..inputs import close_inherited_locks, read_json_output, write_text_atomic
+from ..inputs import RunStopped, close_inherited_locks, read_json_output, write_text_atomic
 from ..tasks import BuiltinTask
 from .compare_eval import Evaluated, evaluate_base, load_base
 from .compare_plan import Plan, Run, done_fix
@@ -102,8 +104,14 @@ class UnitStopped(Exception):
     """A worker's unit stopped by Ctrl-C (its training at a step boundary, its evaluation at once)."""
 
 
+class WorkerKilled(RunStopped):
+    """A worker process ended by a signal it did not ask for (the out-of-memory killer's SIGKILL): the message names the
+    signal, the unit it ran, those stopped with it, and the resume."""
+
+
 class _WorkerState:
     parent: int | None = None  # the parent's pid, in a worker
+    running: Any = None  # in a worker: the pool's shared array of each unit's worker pid (0: not started)
     in_unit = False  # running a unit (not waiting for the next one in the pool's loop)
     training = False
     stopping = False
@@ -144,13 +152,35 @@ def _worker_sigint(signum, frame) -> None:
         raise UnitStopped
 
 
-def _worker_init(parent: int) -> None:
+def _stop_again(signum, frame) -> None:
+    """The stop of `_worker_sigint`, raised again once a finaliser it landed in has returned (`_stop_in_finaliser`)."""
+    if _WORKER.in_unit and not _WORKER.training:
+        raise UnitStopped
+
+
+def _stop_in_finaliser(default):
+    """`sys.unraisablehook` of a worker: a `UnitStopped` raised inside a finaliser (a `__del__` run by the garbage
+    collector, whose exceptions Python prints as "Exception ignored" and drops) is raised again 10 ms later, outside
+    it; anything else goes to `default`."""
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, UnitStopped):
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            return
+        default(unraisable)
+
+    return hook
+
+
+def _worker_init(parent: int, running=None) -> None:
     """Each worker, once, as it starts: it ends with its parent, leaves the output folder's lock to the parent alone,
-    and takes Ctrl-C as a request to stop (`_worker_sigint`)."""
-    _WORKER.parent = parent
+    takes Ctrl-C as a request to stop (`_worker_sigint`), and records in `running` the units it starts."""
+    _WORKER.parent, _WORKER.running = parent, running
     _die_with_parent(parent)
     close_inherited_locks()
     signal.signal(signal.SIGINT, _worker_sigint)
+    signal.signal(signal.SIGALRM, _stop_again)
+    sys.unraisablehook = _stop_in_finaliser(sys.unraisablehook)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -175,10 +205,13 @@ def StopAtStepBoundary():  # noqa: N802 (a class made on first use: transformers
     return StopAtStepBoundary()
 
 
-def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any]) -> tuple[str, float] | None:
+def _unit_in_worker(
+    plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any], index: int | None = None
+) -> tuple[str, float] | None:
     """One unit in a worker, with one CPU thread: ("base", organism) evaluates that base, ("student", index) trains
     and evaluates that student. Each writes its records (and a student its folder) as a sequential run would. Returns
-    the unit's name and its own seconds, or None when a Ctrl-C stopped it (or came before it started)."""
+    the unit's name and its own seconds, or None when a Ctrl-C stopped it (or came before it started). `index`: the
+    unit's place in the pool's `running` array, where the worker's pid is recorded as it starts."""
     import torch
 
     torch.set_num_threads(1)
@@ -188,6 +221,8 @@ def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[s
         _WORKER.in_unit = True
         if _WORKER.stopping:
             return None
+        if _WORKER.running is not None and index is not None:
+            _WORKER.running[index] = os.getpid()
         if kind == "base":
             evaluate_base(plan, key, tokenizers[key], Evaluated())
             return plan.base_name(key), time.perf_counter() - start
@@ -206,31 +241,67 @@ def units_in_workers(
     """Evaluate the bases in `bases` and train and evaluate the unfinished students in `workers` forked processes,
     the bases first; the caller then loads each unit back from the files it wrote. The plan and the tokenizers go to
     each worker with its unit. As each student finishes, `job` prints the whole job's estimate. Ctrl-C stops the units
-    (see the module's docstring) and raises KeyboardInterrupt once the workers have stopped."""
+    (see the module's docstring) and raises KeyboardInterrupt once the workers have stopped; a worker killed on its
+    own raises `WorkerKilled`."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     units = [("base", organism) for organism in bases]
     units += [("student", i) for i, run in enumerate(plan.runs) if not (run.folder / "done.json").exists()]
     if not units:
         return
     context = multiprocessing.get_context("fork")
+    running = context.Array("i", len(units), lock=False)  # each unit's worker pid, set by the worker as it starts
     with ProcessPoolExecutor(
-        min(plan.args.workers, len(units)), mp_context=context, initializer=_worker_init, initargs=(os.getpid(),)
+        min(plan.args.workers, len(units)),
+        mp_context=context,
+        initializer=_worker_init,
+        initargs=(os.getpid(), running),
     ) as pool:
         with _interrupts_passed_on(pool) as interrupted:
             work = functools.partial(_unit_in_worker, plan, tokenizers)
-            futures = {pool.submit(work, unit): unit for unit in units}
+            futures = {pool.submit(work, unit, index): index for index, unit in enumerate(units)}
             for future in as_completed(futures):
+                if isinstance(future.exception(), BrokenProcessPool):
+                    done = {index for f, index in futures.items() if f.done() and f.exception() is None}
+                    raise _killed_worker(pool, plan, units, running, done) from future.exception()
                 finished = future.result()
                 if finished is None:  # stopped by a Ctrl-C, or not started after one
                     continue
                 name, seconds = finished
                 logger.info("%s finished in a worker.", name)
-                if job is not None and futures[future][0] == "student":
+                if job is not None and units[futures[future]][0] == "student":
                     say(job.finished(name, seconds), level="units")
     if interrupted:
         raise KeyboardInterrupt
+
+
+def _unit_name(plan: Plan, unit: tuple[str, Any]) -> str:
+    kind, key = unit
+    return plan.base_name(key) if kind == "base" else plan.runs[key].name
+
+
+def _killed_worker(pool, plan: Plan, units, running, finished: set[int]) -> WorkerKilled:
+    """What a pool broken by a worker's death says: the signal that ended it and its unit (from the pool's processes
+    and the `running` array), the units stopped with it (the pool ends every other worker), and the resume."""
+    codes = {pid: process.exitcode for pid, process in dict(getattr(pool, "_processes", None) or {}).items()}
+    started = {i: pid for i, pid in enumerate(running) if pid and i not in finished}
+    ended = {i: codes.get(pid) for i, pid in started.items()}
+    killed = [i for i, code in ended.items() if code is not None and code != -signal.SIGTERM] or list(started)
+    others = [_unit_name(plan, units[i]) for i in started if i not in killed]
+    code = ended.get(killed[0]) if killed else None
+    how = "ended abruptly"
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
+        how = f"was killed by signal {-code} ({name}{', as the out-of-memory killer and kill -9 do' if code == -9 else ''})"
+    what = " or ".join(_unit_name(plan, units[i]) for i in killed) or "between units"
+    with_it = f"; {', '.join(others)}, in progress in another worker, stopped with it" if others else ""
+    return WorkerKilled(
+        f"A worker process {how} while it ran {what}{with_it}. The students and bases finished before are kept: run "
+        "the same command again to resume (each worker holds a model of its own: where memory is short, set "
+        "workers: 1)."
+    )
 
 
 class _Interrupted:

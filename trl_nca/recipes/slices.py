@@ -14,7 +14,8 @@ comparison (in the comparison's `output_dir`, so a cut slice resumes) and writes
 - for a student, its training time and compact training curves; for any unit the machine it ran on (the vector unit
   and the thread count), recorded and shown, not checked: a seeded run repeats on one machine only, and the slices
   of one table may come from several;
-- `results_sha256`, the sha256 over what it measured (`RESULT_KEYS`), so an edited outcome is refused.
+- `results_sha256`, the sha256 over what it measured (`RESULT_KEYS`), so an edited outcome is refused (what this
+  checksum guards, and what it does not: docs/design.md, "Identity and provenance").
 
 `trl-nca compare --from_slices --slices_dir DIR` builds the table, the statistics and the reading from the slice files
 alone: every unit of the plan must have its file, no file may be left over, and a slice whose header, run settings or
