@@ -37,7 +37,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 
 # The default anchor: the gated one (`adaptive` off until the views drift apart), chosen in docs/results.md section 10.
@@ -338,11 +338,6 @@ class AdaptiveSchedule(BetaSchedule):
             f"[{self.adaptive_min:g}, {self.beta:g}] (`nca_beta_schedule='adaptive'`; docs/results.md section 10 of "
             "trl-nca). The paper's anchor is constant (`nca_beta_schedule='constant'`)."
         )
-
-
-# The schedules this package ships, as the config's type (a kind registered later is accepted by the config's check,
-# which reads `SCHEDULES`; docs/extending.md).
-ScheduleName = Literal[schedule_names()]
 
 
 def schedule_from_config(args, kind: str | None = None) -> BetaSchedule:
