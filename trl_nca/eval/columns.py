@@ -1,10 +1,14 @@
-"""The columns of every table of paired results, declared once beside the metric keys of `trl_nca.eval.metrics`.
+"""The paired metrics, declared once: how each is computed, defined, headed and shown.
 
-One `Column` per metric says its header, what it means (the legend under each table and at the top of `report.md`
-are written from it), how a cell is written, which tables show it, and its name in a game's summary (a win rate is an
-accuracy). `trl_nca.eval.report` (the paired report), `trl_nca.recipes.statistics` (the comparison's tables and
-statistics) and `trl_nca.eval.games` (the games' summary) read this list, so a new metric shows up everywhere from one
-line here.
+One `Column` per metric says how `trl_nca.eval.metrics.compute_metrics` computes it from the items' paired outcomes
+(`rate`; its bootstrap interval comes with it), its definition in docs/evaluation.md's metric table (`definition`:
+`metric_table` writes that table, `scripts/metric_table.py` puts it on the page and `tests/eval/test_columns.py` checks
+it), its header, what it means (the legend under each table and at the top of `report.md` are written from it), how a
+cell is written, which tables show it, and its name in a game's summary (a win rate is an accuracy).
+`trl_nca.eval.metrics`, `trl_nca.eval.report` (the paired report), `trl_nca.recipes.statistics` (the comparison's
+tables and statistics) and `trl_nca.eval.games` (the games' summary) read this list, so a new paired metric is one
+entry here (docs/extending.md). The order of the entries is the order of the tables' columns, and the rates keep it in
+`compute_metrics`' output.
 
 A column whose cells are the same for every model (and run) is left out of a table, with one line saying so
 (`constant_columns`), unless it is one of the quantities every reading uses (`always`).
@@ -12,8 +16,11 @@ A column whose cells are the same for every model (and run) is left out of a tab
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 
 REPORT = "report"  # report.md's main table (`trl_nca.eval.report`)
@@ -23,14 +30,27 @@ ORGANISMS = "organisms"  # its differences over organisms
 GAME = "game"  # a game's summary (`trl_nca.eval.games.game_summary`)
 
 
+def ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, NaN where den == 0 (an undefined rate: None in `compute_metrics`, never 0)."""
+    num = np.asarray(num, dtype=float)
+    den = np.asarray(den, dtype=float)
+    out = np.full(np.broadcast(num, den).shape, np.nan)
+    np.divide(num, den, out=out, where=den != 0)
+    return out
+
+
 @dataclass(frozen=True)
 class Column:
-    """One metric as a table column.
+    """One paired metric, as `compute_metrics` computes it and as a table column.
 
     `key` is the metric's key in `compute_metrics` (and in a comparison's per-seed rows); `kind` says how a cell is
-    written: `rate` (in %), `rate_ci` (in % with its bootstrap interval), `tokens` (a mean length), `p` (a p-value) or
-    `label` (a word). `count` names the count a conditional rate divides (`harm_count` of the items right without the
-    context, `help_count` of those wrong without it). `game` is the key in a game's summary, where it differs."""
+    written: `rate` (in %), `rate_ci` (in % with its bootstrap interval), `tokens` (a mean length), `p` (a p-value),
+    `count` or `label` (a word). `count` names the count a conditional rate divides (`harm_count` of the items right
+    without the context, `help_count` of those wrong without it). `game` is the key in a game's summary, where it
+    differs. `rate` computes the metric from a `trl_nca.eval.metrics.PairedArrays` whose arrays hold one row per
+    sample of the items (the items themselves, then each bootstrap resample: `correct_x` of shape (rows, n), ...),
+    one value per row; None for a metric `compute_metrics` writes itself (`n`, `length_x`, `mcnemar_p`, `regime`).
+    `definition` is its line in docs/evaluation.md's metric table (None: not in that table)."""
 
     key: str
     name: str
@@ -40,9 +60,21 @@ class Column:
     count: str | None = None
     game: str | None = None
     always: bool = False
+    rate: Callable[[Any], np.ndarray] | None = None
+    definition: str | None = None
 
     def legend(self) -> str:
         return f"{self.name}: {self.means}"
+
+
+def harm_items(a) -> np.ndarray:
+    """The items right without the context and wrong with it, per row (expected counts with k samples per view)."""
+    return (a.correct_x * (1 - a.correct_xc)).sum(1)
+
+
+def help_items(a) -> np.ndarray:
+    """The items wrong without the context and right with it, per row."""
+    return ((1 - a.correct_x) * a.correct_xc).sum(1)
 
 
 _ALL = frozenset({REPORT, COMPARISON})
@@ -59,11 +91,30 @@ COLUMNS = (
         _STATS | {ORGANISMS, GAME},
         game="win_rate_x",
         always=True,
+        rate=lambda a: a.correct_x.mean(1),
+        definition="mean of `x_i`",
     ),
     Column(
-        "acc_xc", "Acc_xc", "accuracy with the context.", "rate_ci", _STATS | {GAME}, game="win_rate_xc", always=True
+        "acc_xc",
+        "Acc_xc",
+        "accuracy with the context.",
+        "rate_ci",
+        _STATS | {GAME},
+        game="win_rate_xc",
+        always=True,
+        rate=lambda a: a.correct_xc.mean(1),
+        definition="mean of `xc_i`",
     ),
-    Column("delta", "Delta", "Acc_xc - Acc_x, in percentage points.", "rate_ci", _ALL | {GAME}, always=True),
+    Column(
+        "delta",
+        "Delta",
+        "Acc_xc - Acc_x, in percentage points.",
+        "rate_ci",
+        _ALL | {GAME},
+        always=True,
+        rate=lambda a: a.correct_xc.mean(1) - a.correct_x.mean(1),
+        definition="`acc_xc - acc_x` (= `(help_count - harm_count) / n`)",
+    ),
     Column(
         "harm",
         "Harm",
@@ -73,9 +124,16 @@ COLUMNS = (
         _STATS | {ORGANISMS, GAME},
         count="harm_count",
         always=True,
+        rate=lambda a: ratio(harm_items(a), a.correct_x.sum(1)),
+        definition="P(wrong with c \\| correct without c) = `harm_count / #{x_i = 1}`; undefined (None) when nothing is "
+        "correct without c",
     ),
     Column(
-        "harm_unconditional", "Harm (uncond.)", "the share of all items right without the context and wrong with it."
+        "harm_unconditional",
+        "Harm (uncond.)",
+        "the share of all items right without the context and wrong with it.",
+        rate=lambda a: harm_items(a) / a.correct_x.shape[1],
+        definition="`harm_count / n`, where `harm_count = #{x_i = 1, xc_i = 0}`",
     ),
     Column(
         "help",
@@ -86,6 +144,17 @@ COLUMNS = (
         _ALL | {GAME},
         count="help_count",
         always=True,
+        rate=lambda a: ratio(help_items(a), a.correct_x.shape[1] - a.correct_x.sum(1)),
+        definition="P(correct with c \\| wrong without c) = `help_count / #{x_i = 0}`; undefined when nothing is wrong "
+        "without c",
+    ),
+    Column(
+        "help_unconditional",
+        "Help (uncond.)",
+        "the share of all items wrong without the context and right with it.",
+        tables=frozenset(),
+        rate=lambda a: help_items(a) / a.correct_x.shape[1],
+        definition="`help_count / n`, where `help_count = #{x_i = 0, xc_i = 1}`",
     ),
     Column(
         "both_correct",
@@ -93,6 +162,8 @@ COLUMNS = (
         "the share of items right in both views.",
         tables=_STATS | {ORGANISMS, GAME},
         game="both_won",
+        rate=lambda a: (a.correct_x * a.correct_xc).mean(1),
+        definition="fraction of items right in both views (BothWon for games)",
     ),
     Column(
         "both_wrong",
@@ -100,23 +171,59 @@ COLUMNS = (
         "the share of items wrong in both views.",
         tables=frozenset({REPORT, GAME}),
         game="both_lost",
+        rate=lambda a: ((1 - a.correct_x) * (1 - a.correct_xc)).mean(1),
+        definition="fraction of items wrong in both views (BothLost for games)",
     ),
     Column(
         "format_failure_x",
         "FF_x",
         "format failures without the context: the share of answers the scorer could not parse (they count as wrong).",
+        rate=lambda a: a.format_failure_x.mean(1),
+        definition="fraction of responses without c the scorer could not parse",
     ),
-    Column("format_failure_xc", "FF_xc", "format failures with the context."),
-    Column("length_x", "Len_x", "the mean reply length without the context, in tokens.", "tokens"),
-    Column("length_xc", "Len_xc", "the mean reply length with the context, in tokens.", "tokens"),
+    Column(
+        "format_failure_xc",
+        "FF_xc",
+        "format failures with the context.",
+        rate=lambda a: a.format_failure_xc.mean(1),
+        definition="fraction of responses with c the scorer could not parse",
+    ),
+    Column(
+        "length_x",
+        "Len_x",
+        "the mean reply length without the context, in tokens.",
+        "tokens",
+        definition="mean, median and p90 of response tokens without c",
+    ),
+    Column(
+        "length_xc",
+        "Len_xc",
+        "the mean reply length with the context, in tokens.",
+        "tokens",
+        definition="mean, median and p90 of response tokens with c",
+    ),
+    Column(
+        "truncated_x",
+        "Trunc_x",
+        "the share of replies without the context cut at the token budget.",
+        rate=lambda a: a.truncated_x.mean(1),
+        definition="fraction of responses without c cut at `max_new_tokens`",
+    ),
+    Column(
+        "truncated_xc",
+        "Trunc_xc",
+        "the share of replies with the context cut at the token budget.",
+        rate=lambda a: a.truncated_xc.mean(1),
+        definition="fraction of responses with c cut at `max_new_tokens`",
+    ),
     Column(
         "length_change",
         "Length change",
         "Len_xc / Len_x - 1: how much longer the replies are with the context, in %.",
         tables=_ALL,
+        rate=lambda a: ratio(a.length_xc.mean(1) - a.length_x.mean(1), a.length_x.mean(1)),
+        definition="`(mean len_xc - mean len_x) / mean len_x`",
     ),
-    Column("truncated_x", "Trunc_x", "the share of replies without the context cut at the token budget."),
-    Column("truncated_xc", "Trunc_xc", "the share of replies with the context cut at the token budget."),
     Column(
         "mcnemar_p",
         "McNemar p",
@@ -124,6 +231,7 @@ COLUMNS = (
         "paired permutation test over items, marked perm).",
         "p",
         frozenset({REPORT, GAME}),
+        definition="exact two-sided McNemar p-value on (`harm_count`, `help_count`)",
     ),
     Column(
         "regime",
@@ -187,3 +295,15 @@ def left_out_line(constant: Mapping[str, str], label: Mapping[str, str] | None =
     label = dict(label or names())
     listed = ", ".join(f"{label.get(key, key)} {value}" for key, value in constant.items())
     return f"Left out, the same for every model: {listed}."
+
+
+def rated() -> tuple[Column, ...]:
+    """The metrics `compute_metrics` computes from the paired outcomes (`Column.rate`), in the spec's order."""
+    return tuple(c for c in COLUMNS if c.rate is not None)
+
+
+def metric_table() -> str:
+    """docs/evaluation.md's metric table: one row per metric with a `definition`, in the spec's order."""
+    rows = ["| metric | definition |", "|---|---|"]
+    rows += [f"| `{c.key}` | {c.definition} |" for c in COLUMNS if c.definition is not None]
+    return "\n".join(rows) + "\n"
