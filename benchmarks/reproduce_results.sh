@@ -20,7 +20,8 @@ else
     names=(fr-budget isl-budget org-main org-100 org-sweep org-sweep-100 org-adaptive org-adaptive-100 org-gated fr-main
            flip-budget facts-budget org10-shift org10-flip org10-facts org10-shift-schedules units-shift units-flip
            units-shift-40 units-shift-late units-facts anchor-shift anchor-facts pilot-town town-budget fr-30
-           fr-30-fast fr-30-default main-quick)
+           fr-30-fast fr-30-default main-quick pilot-quill pilot-plusone pilot-friend pilot-swap twice)
+    # pilot-quill07 (docs/results.md 13.3, candidate 5) was written down but not run: candidate 4 qualified first
 fi
 for name in "${names[@]}"; do
     config="examples/configs/results/${name}.yaml"
@@ -28,7 +29,7 @@ for name in "${names[@]}"; do
     echo "=== ${name} ($(date -u +%H:%M:%S) UTC)"
     SECONDS=0
     case "$name" in
-        pilot-*)  # a pilot of docs/results.md section 11.1: the base only, one slice, no table
+        pilot-*)  # a pilot of docs/results.md section 11.1 or 13: the base only, one slice, no table
             trl-nca compare --config "$config" --slice base
             echo "=== ${name}: ${SECONDS} s"
             continue ;;
@@ -46,6 +47,13 @@ for name in "${names[@]}"; do
             trl-nca compare --config "$config"
             for unit in base opd-seed0 nca-seed0 opd-seed1 nca-seed1 opd-seed2 nca-seed2; do
                 trl-nca compare --config "$config" --slice "$unit"
+            done
+            trl-nca compare --config "$config" --from_slices true ;;
+        twice)  # section 13: its 19 units as slices (each in an output folder of its own), the table from them
+            for unit in base opd-10-seed0 nca-10-seed0 gated-10-seed0 opd-40-seed0 nca-40-seed0 gated-40-seed0 \
+                        opd-10-seed1 nca-10-seed1 gated-10-seed1 opd-40-seed1 nca-40-seed1 gated-40-seed1 \
+                        opd-10-seed2 nca-10-seed2 gated-10-seed2 opd-40-seed2 nca-40-seed2 gated-40-seed2; do
+                trl-nca compare --config "$config" --slice "$unit" --output_dir "outputs/results/${name}/${unit}"
             done
             trl-nca compare --config "$config" --from_slices true ;;
         main-quick)  # the quick job itself (section 10.6: its config is examples/configs/main_quick.yaml)

@@ -6,7 +6,8 @@ measured. A format-1 slice recorded neither, so this script derives `run_setting
 made with, after checking that each slice's header (settings, data, weights, versions), unit, method, organism and
 seed equal that config's plan: a slice of another config is refused, and nothing is written unless every slice of the
 folder passes. Slices already of format 2 are checked and left as they are (the script is idempotent); the outcomes,
-curves and every other field are kept byte for byte, so the tables built from the slices do not change.
+curves and every other field are kept byte for byte, so the tables built from the slices do not change. Each slice it
+upgrades says so in its field `upgraded` (this script and the config, from which `run_settings` were derived).
 
     python scripts/upgrade_slices.py docs/results/slices/fr-30 --config examples/configs/results/fr-30.yaml
     python scripts/upgrade_slices.py DIR --config CONFIG --check    # exit 1 if a slice of DIR is not of format 2
@@ -39,7 +40,15 @@ def plan_of(config: str, output_dir: str):
     return plan_comparison(args, training_args, model_args)
 
 
-def upgraded(plan, path: Path, header: dict, slices) -> dict | None:
+def upgrade_note(config: str) -> str:
+    """The `upgraded` field of a slice this script upgrades."""
+    return (
+        f"upgraded from format 1 by scripts/upgrade_slices.py with {config}: run_settings and results_sha256 were "
+        "derived then from that config's plan, not recorded by the unit's run"
+    )
+
+
+def upgraded(plan, path: Path, header: dict, slices, config: str) -> dict | None:
     """The format-2 content of the format-1 slice `path` (None when it is of format 2 already and checks), or a
     `SliceError` naming what differs from the plan."""
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -58,6 +67,7 @@ def upgraded(plan, path: Path, header: dict, slices) -> dict | None:
             new["run_settings"] = slices._run_settings(plan, unit)
     new["format"] = slices.SLICE_FORMAT
     new["results_sha256"] = slices.results_sha256(new)
+    new["upgraded"] = upgrade_note(config)
     slices.check_slice(plan, slices.Slice.from_dict(new, path), unit, header)  # the config is the one it was made with
     return new
 
@@ -81,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_of(cli.config, output_dir)
         header = slices.slice_header(plan)
         try:
-            contents = {path: upgraded(plan, path, header, slices) for path in paths}
+            contents = {path: upgraded(plan, path, header, slices, cli.config) for path in paths}
         except slices.SliceError as error:
             print(f"upgrade_slices: {error} Nothing was written.", file=sys.stderr)
             return 1

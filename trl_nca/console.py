@@ -263,22 +263,31 @@ def format_number(value: Any) -> str:
 
 class JobEstimate:
     """The estimate of a whole job of `total` units (the students of a comparison), printed as each one finishes: the
-    wall time since the job began, divided by the units finished, times the units left. It measures the job's own
-    pace on this machine, workers included; not a bound."""
+    mean time of a unit so far (each unit's own time, from its start to its end), times the units left, divided by the
+    `workers` that run them at once (by as many as are left, when fewer). It measures the job's own pace on this
+    machine; not a bound. A unit still running counts as a whole unit left, so the estimate errs long by at most one
+    unit's time."""
 
-    def __init__(self, total: int, what: str = "student"):
-        self.total, self.what, self.done, self.start = total, what, 0, time.perf_counter()
+    def __init__(self, total: int, what: str = "student", workers: int = 1):
+        self.total, self.what, self.workers = total, what, max(1, int(workers))
+        self.done, self.start, self.seconds = 0, time.perf_counter(), []
 
-    def finished(self, name: str) -> str:
-        """The line for unit `name` having finished (counted once per call)."""
+    def finished(self, name: str, seconds: float | None = None) -> str:
+        """The line for unit `name` having finished after `seconds` of its own (counted once per call; without
+        `seconds`, the time since the job began divided by the units finished, as one worker's pace)."""
         self.done += 1
         elapsed = time.perf_counter() - self.start
+        if seconds is not None:
+            self.seconds.append(float(seconds))
+        pace = sum(self.seconds) / len(self.seconds) if len(self.seconds) == self.done else elapsed / self.done
         left = self.total - self.done
         head = f"{name} finished ({self.done} of {plural(self.total, self.what)}, {duration(elapsed)} since the start)"
         if left <= 0:
             return f"{head}; every {self.what} is done."
-        more = elapsed / self.done * left
+        at_once = min(self.workers, left)
+        more = pace * left / at_once
+        workers = f", {at_once} at a time" if at_once > 1 else ""
         return (
-            f"{head}; the whole job: about {duration(more)} more for the {plural(left, self.what)} left (this job's "
-            "pace so far, measured in this run; not a bound)."
+            f"{head}; the whole job: about {duration(more)} more for the {plural(left, self.what)} left{workers} (this "
+            "job's pace so far, measured in this run; not a bound)."
         )

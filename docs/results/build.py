@@ -16,6 +16,7 @@ runs) and `trl_nca/resources/documented_ranges.json`, which `trl-nca compare` re
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import sys
@@ -24,13 +25,27 @@ from typing import NamedTuple
 
 
 HERE = Path(__file__).resolve().parent
+
+
+def _beside(name: str):
+    """The module `name`.py beside this script (this folder is no package)."""
+    spec = importlib.util.spec_from_file_location(f"results_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+readers = _beside("readers")  # the summary's study readers
+
 PAGE = HERE.parent / "results.md"
 DATA = HERE / "data"
 FIGURES = HERE / "figures"
 README = HERE.parents[1] / "README.md"
 RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
 BLOCK = re.compile(
-    r"<!-- (table|figures|ranges|statistics|organisms|anchors|summary):([\w.-]+) -->\n.*?<!-- /\1 -->", re.DOTALL
+    r"<!-- (table|figures|ranges|statistics|organisms|anchors|summary|gate|differences|walltime):([\w.-]+) -->\n.*?"
+    r"<!-- /\1 -->",
+    re.DOTALL,
 )
 RANGED = ("org10-shift", "org10-flip", "org10-facts")  # docs/results.md section 8: the documented ranges
 OUTCOMES = HERE.parents[1] / "trl_nca" / "resources" / "documented_organisms.json"
@@ -155,15 +170,67 @@ ANCHOR_REFERENCE = "constant"  # docs/results.md section 10: the schedules are r
 def anchors(summary: dict) -> str:
     """Section 10's readings between anchors: the stalled runs of each method (against the baseline, OPD), then per
     schedule the statistics over organisms of `constant` - schedule."""
+    from trl_nca.recipes import stalls
     from trl_nca.recipes import statistics as st
 
     per_seed, baseline = summary["per_seed"], summary["statistics"]["baseline"]
-    parts = [st.render_stalls(st.stalled_runs(per_seed, baseline), baseline)]
+    parts = [stalls.render_stalls(stalls.stalled_runs(per_seed, baseline), baseline)]
     for method in per_seed:
         if method not in ("base", baseline, ANCHOR_REFERENCE):
             outcome = st.organism_outcomes(per_seed[ANCHOR_REFERENCE], per_seed[method])
             parts.append(st.render_over_organisms(outcome, ANCHOR_REFERENCE, method, st.COLUMN_NAMES))
     return "\n\n".join(parts)
+
+
+def gate(summary: dict, method: str) -> str:
+    """Per training seed of `method` (sections 12.2, 13): from the logged `nca_beta` of every optimizer step, the
+    steps with `nca_beta` > 0, the first such step and the largest value (`<!-- gate:NAME.METHOD -->`)."""
+    lines = [
+        "| seed | steps with `nca_beta` > 0 | first such step | largest `nca_beta` |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, curve in summary["curves"].items():
+        name, _, seed = key.partition("/seed")
+        if name != method:
+            continue
+        open_steps = [step for step, beta in zip(curve["step"], curve["nca_beta"]) if beta > 0]
+        first = str(open_steps[0]) if open_steps else "never"
+        lines.append(f"| {seed} | {len(open_steps)} | {first} | {max(curve['nca_beta']):.3f} |")
+    return "\n".join(lines)
+
+
+# `<!-- differences:NAME.METHOD -->`: METHOD minus each reference of the same training seed, in points (section 12.3)
+REFERENCES = {"opd": "OPD's", "nca": "constant's"}
+
+
+def differences(summary: dict, method: str) -> str:
+    """Per training seed, `method`'s Acc_x and harm minus those of each reference method (`REFERENCES`) of the same
+    seed, in points, from the stored (unrounded) per-seed values."""
+    present = [m for m in REFERENCES if m in summary["per_seed"] and m != method]
+    header = " | ".join(f"{what} - {REFERENCES[m]}" for m in present for what in ("Acc_x", "harm"))
+    lines = [f"| seed | {header} |", "|---|" + "---:|" * (2 * len(present))]
+    references = {m: {r["seed"]: r for r in readers.rows_of(summary, m)} for m in present}
+    for row in readers.rows_of(summary, method):
+        cells = [
+            f"{100 * (row[key] - references[m][row['seed']][key]):+.1f}" for m in present for key in ("acc_x", "harm")
+        ]
+        lines.append(f"| {row['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def walltime(kind: str) -> str:
+    """The training time of every committed student of one kind of model (`organisms`: the tasks `organism_*`), from
+    the summaries' `train_seconds` (`<!-- walltime:organisms -->`)."""
+    seconds = []
+    for path in sorted(DATA.glob("*.json")):
+        summary = json.loads(path.read_text())
+        if (kind == "organisms") == summary["task"].startswith("organism_"):
+            seconds += [s for s in (summary.get("train_seconds") or {}).values() if s]
+    return (
+        f"training one of the {len(seconds)} organism students of docs/results/data/ took {min(seconds):.0f} s to "
+        f"{max(seconds) / 60:.1f} minutes, whatever its budget (the summaries' `train_seconds`, measured while other "
+        "jobs shared the 2 cores)"
+    )
 
 
 # The summary at the top of results.md (`<!-- summary:studies -->`): one row per study. What each study's section fixed
@@ -176,7 +243,7 @@ class Study(NamedTuple):
     reader: str  # the name of its outcome reader in READERS
     reading: str  # the reading its section fixed
     fixed_in: str | None  # the section that wrote `reading` down before the study's first run; None: not pre-registered
-    machine: str  # where it ran
+    machine: str  # where it ran; for a study run as slices, the vector units that ran its units are read from them
 
 
 STUDIES_SUMMARY = (
@@ -264,7 +331,7 @@ STUDIES_SUMMARY = (
         "internalised: Acc_x at least the base's + 30 points; OPD degraded: regime A in 2 of 3 seeds; NCA prevented "
         "it: no NCA seed in A, and NCA's harm below OPD's where OPD is in A",
         "11.1",
-        "2-core AMD EPYC: AVX2 (base, seed 0), AVX-512 (seeds 1, 2)",
+        "2-core AMD EPYC",
     ),
     Study(
         "11.5",
@@ -281,191 +348,19 @@ STUDIES_SUMMARY = (
         "the default (gated) anchor costs Acc_x (harm) when it is at least 5 points below (above) OPD's in 2 of 3 "
         "seeds; internalised as in 11.1",
         "12.1",
-        "2-core AMD EPYC, AVX-512",
+        "2-core AMD EPYC",
+    ),
+    Study(
+        "13",
+        ("twice",),
+        "twice",
+        "on a task chosen on the base whose context cannot be applied twice, 10 and 40 steps: a student degraded when "
+        "in regime A or its excess harm over the floor is at least 5 points with its interval above 0; OPD degraded "
+        "when 2 of 3 seeds did; an anchor prevented it when none of its seeds degraded and its excess is below OPD's",
+        "13.1, 13.3",
+        "2-core AMD EPYC",
     ),
 )
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
-
-
-def _rows(summary: dict, method: str) -> list[dict]:
-    return list(summary["per_seed"].get(method) or [])
-
-
-def _base_acc_x(summary: dict) -> float:
-    return _rows(summary, "base")[0]["acc_x"]
-
-
-def read_budget(summaries: dict[str, dict]) -> str:
-    """The budget rule (sections 2, 8.1, 11.1): t* is the first tracked step of the OPD run with Acc_x at least the
-    base's + 30 points."""
-    parts = []
-    for summary in summaries.values():
-        (track,) = [v for k, v in summary["tracking"].items() if k.startswith("opd/")]
-        need = _base_acc_x(summary) + 0.30
-        hit = next((p["step"] for p in track if p["acc_x"] >= need), None)
-        best = max(p["acc_x"] for p in track)
-        parts.append(
-            f"`{summary['task']}`: "
-            + (
-                f"t* = step {hit}"
-                if hit is not None
-                else f"no t* within {track[-1]['step']} steps (tracked Acc_x at most {_pct(best)}, needed "
-                f"{_pct(need)}), so no NCA run"
-            )
-        )
-    return "; ".join(parts)
-
-
-def read_seeds(summaries: dict[str, dict]) -> str:
-    """Per experiment and method: the runs in regime A and the mean harm (one model, training seeds the units)."""
-    parts = []
-    for name, summary in summaries.items():
-        cells = []
-        for method, rows in summary["per_seed"].items():
-            if method == "base":
-                continue
-            harms = [r["harm"] for r in rows if r.get("harm") is not None]
-            mean = sum(harms) / len(harms) if harms else None
-            cells.append(f"{method} A in {sum(r.get('regime') == 'A' for r in rows)} of {len(rows)}, harm {_pct(mean)}")
-        parts.append(f"`{name}`: " + ", ".join(cells))
-    return "; ".join(parts)
-
-
-def read_distributions(summaries: dict[str, dict]) -> str:
-    """Section 8.1's findings per task, from the distributions and the paired OPD - NCA harm."""
-    parts = []
-    for summary in summaries.values():
-        stats = summary["statistics"]
-        opd, paired = _rows(summary, "opd"), stats["paired"]["nca"]["harm"]
-        one = stats["distributions"]["opd"]["harm"]["median"] > 0.02 and 4 * sum(
-            r.get("regime") == "A" for r in opd
-        ) >= len(opd)
-        two = paired["ci"][0] > 0 and paired["sign_test_p"] < 0.05
-        parts.append(
-            f"`{summary['task']}`: finding 1 {'holds' if one else 'does not hold'}, finding 2 "
-            f"{'holds' if two else 'does not hold'}"
-        )
-    return "; ".join(parts)
-
-
-def read_organisms(summaries: dict[str, dict]) -> str:
-    """Section 9.1's readings per task, from the per-organism outcomes of the NCA method against OPD."""
-    parts = []
-    for summary in summaries.values():
-        outcome = summary["statistics"]["organisms"]["nca"]
-        n, degraded, prevented = outcome["n"], outcome["degraded"], outcome["prevented"]
-        ci = outcome["over_organisms"]["harm"]["ci"]
-        one = 2 * degraded >= n
-        two = ci is not None and ci[0] > 0 and 4 * prevented >= 3 * degraded > 0
-        parts.append(
-            f"`{summary['task']}`: OPD degraded on {degraded} of {n} organisms, NCA prevented it on "
-            f"{prevented} of those; finding 1 {'holds' if one else 'falsified'}, finding 2 "
-            f"{'holds' if two else 'falsified'}"
-        )
-    return "; ".join(parts)
-
-
-def read_anchor_rule(summaries: dict[str, dict]) -> str:
-    """Section 10.1's rule: the stalled runs per anchor and task, and the default it picks."""
-    from trl_nca.recipes import statistics as st
-
-    schedules, anchored = ("adaptive", "gated"), ("constant", "adaptive", "gated")
-    stalls = {}
-    for name, s in summaries.items():
-        runs = st.stalled_runs(s["per_seed"], s["statistics"]["baseline"])
-        stalls[name] = {method: len(v["stalled"]) for method, v in runs.items()}
-    qualified = []
-    for sch in schedules:
-        fewest = all(stalls[name][sch] <= min(stalls[name][m] for m in anchored) for name in summaries)
-        fewer = sum(stalls[n][sch] for n in summaries) < sum(stalls[n]["constant"] for n in summaries)
-        outcomes = [st.organism_outcomes(s["per_seed"]["constant"], s["per_seed"][sch]) for s in summaries.values()]
-        harm = [o["over_organisms"]["harm"] for o in outcomes]  # constant - schedule, over organisms
-        own = [sum(e["method"]["harm"] for e in o["organisms"]) / o["n"] for o in outcomes]  # the schedule's harm
-        if fewest and fewer and all(h["ci"] is not None and h["ci"][1] >= 0 for h in harm):
-            # the lower mean harm over organisms wins; equal at the reported 0.1 point: adaptive (fewer settings)
-            qualified.append((round(100 * sum(own) / len(own), 1), sch != "adaptive", sch))
-    counts = ", ".join(f"{m} {' and '.join(str(stalls[n][m]) for n in summaries)}" for m in anchored)
-    default = min(qualified)[2] if qualified else "constant"
-    return f"stalled runs ({' and '.join(summaries)}): {counts}; the default: **{default}**"
-
-
-def read_organisms_gate(summaries: dict[str, dict]) -> str:
-    """The quick job (10.6): each organism's reading and the first logged step with the anchor's weight above 0."""
-    parts = []
-    for summary in summaries.values():
-        for e in summary["statistics"]["organisms"]["nca"]["organisms"]:
-            verdict = (
-                "opd did not degrade"
-                if not e["degraded"]
-                else f"opd degraded, nca {'prevented it' if e['prevented'] else 'did not prevent it'}"
-            )
-            steps = [
-                (s, b)
-                for key, curve in summary["curves"].items()
-                if key.startswith("nca/")
-                for s, b in zip(curve["step"], curve["nca_beta"])
-            ]
-            first = next((s for s, b in steps if b > 0), None)
-            gate = "the gate never opened" if first is None else f"the gate open from step {first}"
-            parts.append(f"organism {e['organism']}: {verdict}; {gate} of {steps[-1][0]}")
-    return "; ".join(parts)
-
-
-def read_real_model(summaries: dict[str, dict]) -> str:
-    """Section 11.1's readings: internalised, OPD degraded (2 of 3 seeds in A), NCA prevented it."""
-    parts = []
-    for summary in summaries.values():
-        need = _base_acc_x(summary) + 0.30
-        students = [r for m, rows in summary["per_seed"].items() if m != "base" for r in rows]
-        opd, nca = _rows(summary, "opd"), _rows(summary, "nca")
-        degraded = 3 * sum(r.get("regime") == "A" for r in opd) >= 2 * len(opd)
-        text = (
-            f"internalised: {sum(r['acc_x'] >= need for r in students)} of {len(students)} students; OPD in "
-            f"regime A in {sum(r.get('regime') == 'A' for r in opd)} of {len(opd)} seeds, so "
-        )
-        if not degraded:
-            text += "OPD did not degrade and there was nothing for NCA to prevent"
-        else:
-            by_seed = {r["seed"]: r for r in nca}
-            prevented = not any(r.get("regime") == "A" for r in nca) and all(
-                by_seed[r["seed"]]["harm"] < r["harm"] for r in opd if r.get("regime") == "A"
-            )
-            text += f"OPD degraded, NCA {'prevented it' if prevented else 'did not prevent it'}"
-        parts.append(text)
-    return "; ".join(parts)
-
-
-def read_default_cost(summaries: dict[str, dict]) -> str:
-    """Section 12.1's readings: the default (gated) anchor against OPD of the same seed."""
-    parts = []
-    for summary in summaries.values():
-        need = _base_acc_x(summary) + 0.30
-        opd = {r["seed"]: r for r in _rows(summary, "opd")}
-        gated = _rows(summary, "gated")
-        lower = sum(r["acc_x"] <= opd[r["seed"]]["acc_x"] - 0.05 for r in gated)
-        higher = sum(r["harm"] >= opd[r["seed"]]["harm"] + 0.05 for r in gated)
-        costs = [what for what, k in (("Acc_x", lower), ("harm", higher)) if 3 * k >= 2 * len(gated)]
-        parts.append(
-            f"gated internalised in {sum(r['acc_x'] >= need for r in gated)} of {len(gated)} seeds; Acc_x 5 "
-            f"points below OPD's in {lower}, harm 5 points above in {higher}: "
-            + (f"the default costs {' and '.join(costs)}" if costs else "no cost detected")
-        )
-    return "; ".join(parts)
-
-
-READERS = {
-    "budget": read_budget,
-    "seeds": read_seeds,
-    "distributions": read_distributions,
-    "organisms": read_organisms,
-    "anchor_rule": read_anchor_rule,
-    "organisms_gate": read_organisms_gate,
-    "real_model": read_real_model,
-    "default_cost": read_default_cost,
-}
 
 
 def _heading(page: str, section: str) -> str:
@@ -493,6 +388,23 @@ def _model(summary: dict) -> str:
     return {"embedded": "SmolLM2-135M-Instruct"}.get(model, model)
 
 
+VECTOR_UNITS = {"AVX512": "AVX-512", "AVX2": "AVX2", "DEFAULT": "no vector unit"}
+
+
+def machines(summaries: list[dict]) -> str:
+    """The vector units (and torch threads) that ran a study's units, read from its slices (`slices.machines` of its
+    summaries): one, or each with the units it ran; empty for a study not run as slices."""
+    units: dict[str, list[str]] = {}
+    for summary in summaries:
+        for unit, machine in ((summary.get("slices") or {}).get("machines") or {}).items():
+            threads = machine["torch_threads"]
+            name = VECTOR_UNITS.get(machine["cpu_capability"], machine["cpu_capability"])
+            units.setdefault(f"{name}, {threads} torch thread{'s' if threads != 1 else ''}", []).append(unit)
+    if len(units) <= 1:
+        return "".join(f", {name}" for name in units)
+    return ": " + "; ".join(f"{name} ({', '.join(names)})" for name, names in units.items())
+
+
 def summary_table(page: str) -> str:
     """The summary's table: one row per study of `STUDIES_SUMMARY`, then which sections were written first."""
     lines = [
@@ -512,8 +424,10 @@ def summary_table(page: str) -> str:
             models = ", ".join(dict.fromkeys(_model(s) for s in summaries))
             units = ", ".join(dict.fromkeys(_units(s) for s in summaries))
             methods = ", ".join(dict.fromkeys(m for s in summaries for m in s["methods"]))
-            outcome = READERS[study.reader](present)
-            versions = "; " + ", ".join(sorted({s["versions"]["transformers"] for s in summaries}))
+            outcome = readers.READERS[study.reader](present)
+            versions = (
+                machines(summaries) + "; " + ", ".join(sorted({s["versions"]["transformers"] for s in summaries}))
+            )
         cells = [
             _heading(page, study.section),
             tasks,
@@ -559,9 +473,17 @@ def render(text: str) -> str:
             body = figure_links(name)
         elif kind == "summary":
             body = summary_table(text)
+        elif kind in ("gate", "differences"):
+            experiment, _, method = name.partition(".")
+            body = {"gate": gate, "differences": differences}[kind](load(experiment), method)
+        elif kind == "walltime":
+            body = walltime(name)
         else:
             body = {"table": table, "ranges": spread, "statistics": statistics, "anchors": anchors}[kind](load(name))
-        return f"<!-- {kind}:{name} -->\n{body}\n<!-- /{kind} -->"
+        start = text.rfind("\n", 0, match.start()) + 1  # a block inside a list item keeps the item's indent
+        indent = text[start : match.start()] if not text[start : match.start()].strip() else ""
+        body = "\n".join(indent + line if line else line for line in body.split("\n"))
+        return f"<!-- {kind}:{name} -->\n{body}\n{indent}<!-- /{kind} -->"
 
     return BLOCK.sub(replace, text)
 

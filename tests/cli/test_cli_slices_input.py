@@ -138,8 +138,8 @@ CASES = [
         "made with other method settings",
         "opd-seed0",
         _other_method_settings,
-        "was made with other settings, data, "
-        "weights or versions than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
+        "was made with other settings, data "
+        "or weights than this table: `run_settings.training.learning_rate` was 0.5, now 0.001; "
         "`run_settings.training.nca_beta` was 0.3, now 0.0; `run_settings.training.nca_monitor` was False, now True. Run "
         "that slice again with these",
     ),
@@ -236,6 +236,12 @@ CASES = [
         "`seed` must be a whole number >= 0 or null, not '0'; run its slice again.",
     ),
     ("an unknown field", "base", _edit(_set(["note"], "x")), "`note` is not a field of a slice; run its slice again."),
+    (
+        "an upgrade note that is no sentence",
+        "base",
+        _edit(_set(["upgraded"], True)),
+        "`upgraded` must be a sentence naming the script and config, or absent, not True; run its slice again.",
+    ),
     (
         "a format-1 slice",
         "base",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_nca.cli.help import COMMANDS, read_spec, render
+from trl_nca.cli.help import COMMANDS, FULL_HELP, read_spec, render, spec_keys
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,9 +23,13 @@ CPU_BOUND_S = 1.0
 
 
 @pytest.mark.slow  # fresh interpreters
+@pytest.mark.parametrize("flag", ["--help", "--help-all"])
 @pytest.mark.parametrize("command", [None, *COMMANDS])
-def test_help_imports_no_heavy_library_and_answers_in_a_second(command):
-    argv = ["--help"] if command is None else [command, "--help"]
+def test_help_imports_no_heavy_library_and_answers_in_a_second(command, flag):
+    """`--help-all` too: before the spec held it, it built the real parser (measured 10-16 s on the shared machine)."""
+    if command is None and flag == "--help-all":
+        pytest.skip("`trl-nca --help-all` is not a command's help")
+    argv = ["--help"] if command is None else [command, flag]
     code = (
         "import json, sys, time\n"
         "start = time.process_time()\n"
@@ -47,9 +51,10 @@ def test_help_imports_no_heavy_library_and_answers_in_a_second(command):
 def test_the_help_spec_is_what_the_parsers_render():
     """After a change of an option, `python -m trl_nca.cli.help` rewrites the spec."""
     spec = read_spec()
-    assert sorted(spec) == sorted(COMMANDS)
-    for command in COMMANDS:
-        assert spec[command] == render(command), f"{command}: run `python -m trl_nca.cli.help` to rewrite the spec"
+    assert sorted(spec) == sorted(spec_keys())
+    for key in spec_keys():
+        command, full = key.split()[0], key.endswith("--help-all")
+        assert spec[key] == render(command, full=full), f"{key}: run `python -m trl_nca.cli.help` to rewrite the spec"
 
 
 def _options(text: str) -> list[str]:
@@ -77,3 +82,24 @@ def test_a_no_flag_does_not_repeat_its_paragraph():
     repeated = {body for body in bodies if len(body) > 40 and bodies.count(body) > 1}
     assert not repeated, sorted(repeated)[:3]
     assert "Turn `--share_prefix` off." in full
+
+
+def test_every_command_lists_the_log_options_and_its_defaults():
+    """The top-level help promises `--quiet` for any command; each command's help lists it, and every option with a
+    default shows it (`nca_beta_schedule` among them)."""
+    spec = read_spec()
+    for command in COMMANDS:
+        assert "--quiet" in spec[command] and "--verbose" in spec[command], command
+    assert "(default: 3)" in spec["experience"]  # --rounds, whose help did not say it
+    assert "(default: 0.05)" in spec["eval"]  # --alpha
+    schedule = spec["train"][spec["train"].index("--nca_beta_schedule") :].split("\n  --", 1)[0]
+    assert "(default: gated)" in schedule, schedule
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c not in FULL_HELP])
+def test_help_all_of_a_command_without_hidden_options_says_so(command, capsys):
+    from trl_nca.cli import main
+
+    assert main([command, "--help-all"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(read_spec()[command]) and "every option of" in out

@@ -15,6 +15,7 @@ from trl_nca.core.schedule import (
     SCHEDULES,
     AdaptiveSchedule,
     ConstantSchedule,
+    GatedSchedule,
     WarmupSchedule,
     register_schedule,
     schedule_from_config,
@@ -98,7 +99,7 @@ def test_non_finite_adaptive_settings_are_refused():
 def test_the_registry_names_its_schedules_and_what_each_reads():
     """What the config reads comes from the registry, whatever it holds: every registered schedule is a choice of
     `nca_beta_schedule`, and each field a schedule declares is read by exactly the schedules declaring it."""
-    assert schedule_names() == tuple(SCHEDULES) and {"constant", "warmup", "adaptive"} <= set(SCHEDULES)
+    assert schedule_names() == tuple(SCHEDULES) and {"constant", "warmup", "adaptive", "gated"} <= set(SCHEDULES)
     reads = schedule_reads()
     assert reads["nca_beta_schedule"] == schedule_names()
     declared = {name for cls in SCHEDULES.values() for name in cls.reads}
@@ -107,6 +108,7 @@ def test_the_registry_names_its_schedules_and_what_each_reads():
         assert reads[name] == tuple(kind for kind, cls in SCHEDULES.items() if name in cls.reads)
     assert WarmupSchedule.reads == ("nca_warmup_steps",)  # the fields of the shipped schedules' formulas
     assert set(AdaptiveSchedule.reads) == {f"nca_adaptive_{p}" for p in ("init", "min", "target", "horizon")}
+    assert set(GatedSchedule.reads) == set(AdaptiveSchedule.reads) - {"nca_adaptive_init"}  # it starts at 0
     with pytest.raises(ValueError, match="'warmup' is already registered"):
         register_schedule(WarmupSchedule)
     with pytest.raises(ValueError, match="declares no field"):
@@ -216,3 +218,20 @@ def test_unread_schedule_fields_are_named_one_line_each():
     assert "nca_beta=0 (plain OPD) schedules no anchor. Remove it, or set nca_beta > 0 and" in line
     # several methods: a field some method's schedule reads is not named
     assert unread_settings(Fields(nca_beta_schedule="constant", nca_adaptive_init=0.01), ("constant", "adaptive")) == []
+
+
+def test_the_gated_schedule_is_the_adaptive_one_started_off():
+    """`gated` (the default's name in the registry) weighs every step as `adaptive` with `nca_adaptive_init=0`, its
+    settings before it had a name: the default's numbers are those of docs/results.md section 10's `gated`."""
+    import random
+
+    from trl_nca.core.schedule import AdaptiveSchedule, GatedSchedule
+
+    rng = random.Random(0)
+    gated, adaptive = GatedSchedule(beta=0.5), AdaptiveSchedule(beta=0.5, adaptive_init=0.0)
+    for step in range(1, 200):
+        measured = {"opd_loss": rng.uniform(0.01, 1.0), "view_kl": rng.uniform(0.0, 1.5)}
+        assert gated.update(measured, step) == adaptive.update(measured, step)
+    assert (
+        gated.value > 0 and gated.kind == "gated" and gated.state_dict()["current"] == adaptive.state_dict()["current"]
+    )

@@ -194,3 +194,7 @@ def test_count_of_a_conditional_rate():
     assert count_of(6, 35) == "6/35" and count_of(1, 1) == "1/1, few" and count_of(0, 0) == "0/0, few"
     assert count_of(0.9875 * 240 * 0.1, 0.9875 * 240) == "23.7/237" and count_of(2.5, 9.75) == "2.5/9.8, few"
     assert count_of(3, 10) == "3/10"
+    # one rounding in every table (issue 57: "0.8/4.7" in comparison.md, "0.8/4.8" in report.md): a count computed
+    # back from its rate (30.75 of 240 items answered right, as k=4 samples give) is written as the count itself
+    acc_x = 123 / 4 / 240
+    assert acc_x * 240 == 30.749999999999996 and count_of(0.8, acc_x * 240) == count_of(0.8, 30.75) == "0.8/30.8"

@@ -21,8 +21,8 @@ from trl_nca.eval.harness import (  # noqa: E402  (after the skip: the module ru
     evaluate_harness,
     harness_tasks,
     hf_lm,
-    task_manager,
 )
+from trl_nca.eval.harness_index import task_manager  # noqa: E402
 
 
 logging.getLogger("lm-eval").setLevel(logging.ERROR)
@@ -190,7 +190,7 @@ def test_sampled_generation_k_samples(tok, model, folder):
 def test_shipped_task_is_the_builtin_data():
     """The packaged island_facts_mc documents are the generator's output, and lm-eval loads the shipped task without
     --include-path."""
-    from trl_nca.eval.harness import bundled_tasks_folder
+    from trl_nca.eval.harness_index import bundled_tasks_folder
     from trl_nca.tasks.harness_data import island_facts_mc_docs
 
     shipped = (bundled_tasks_folder() / "island_facts_mc.jsonl").read_text().splitlines()
@@ -260,3 +260,28 @@ def test_callback_logs_harness_tasks_every_n_steps(tok, folder, tmp_path):
     summary = json.loads((tmp_path / "paired" / "summary.json").read_text())
     assert [m["name"] for m in summary["models"]] == ["student/h_mc", "student/h_gen"]
     assert all(m["metrics"]["n"] == 3 and m["provenance"]["step"] == 2 for m in summary["models"])
+
+
+def test_the_per_document_path_builds_no_generation_backend(tok, model, folder, monkeypatch):
+    """lm-eval's model answers a harness task: the runner builds no generation backend of its own for it (issue 60:
+    it built an `HFBackend` that the harness task never called)."""
+    import trl_nca.eval.runner as runner
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a generation backend was built for a harness task")
+
+    monkeypatch.setattr(runner, "HFBackend", refused)
+    (run,) = evaluate_harness(model, tok, ["h_mc"], context=ContextSpec(column="hint"), include_path=str(folder))
+    assert len(run.records) == len(QUESTIONS)
+
+
+def test_each_view_is_a_task_of_its_own_and_the_task_is_left_as_loaded(tok, folder):
+    """The with-context view is a task built once from the task's config (not the task's config rewritten per
+    document and put back): the task as lm-eval loaded it keeps its own config."""
+    (task,) = harness_tasks(["h_mc"], ContextSpec(column="hint", placement="user"), include_path=str(folder))
+    before = task.task.dump_config()
+    task.prompts(task.docs[0], tok)
+    assert task.views["xc"].task is not task.task and task.task.dump_config() == before
+    assert task.views["xc"].task.config.doc_to_text is not task.task.config.doc_to_text
+    (fixed,) = harness_tasks(["h_mc"], ContextSpec(column=None, text=FIXED), include_path=str(folder))
+    assert fixed.views["xc"].task is fixed.task and fixed.views["xc"].system_instruction == FIXED

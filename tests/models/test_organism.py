@@ -138,7 +138,7 @@ def test_flip_task_shows_the_rule_applied_twice_as_the_query():
 
 
 def test_facts_task_gives_each_query_the_one_fact_that_changes_it():
-    from trl_nca.tasks.builtin import knowledge_base
+    from trl_nca.tasks.digits import knowledge_base
 
     task = get_task("organism_facts", seed=3)
     facts = knowledge_base(3)

@@ -101,3 +101,16 @@ def test_build_shipped_writes_a_file_and_manifest_entry_that_load_back(tmp_path,
     assert shipped.weights_digest(shipped.load_reference(entry, tmp_path)) == entry["weights_digest"]
     with pytest.raises(ValueError, match="Only the default spec of each dialect ships"):
         organism.build_shipped(dataclasses.replace(tiny, steps=3, seed=1), out_dir=tmp_path)
+
+
+def test_a_shipped_organism_is_a_model_name_every_command_takes():
+    """`organism-rules-s2` (its weights file's name) names the organism a comparison with `organism_seeds: [2]` trains
+    from: the students' model cards name their base so, in a command that runs (issue 57)."""
+    from trl_nca.models.names import resolve_model_name_or_path
+    from trl_nca.models.organism import organism_model_path, shipped_name, shipped_spec, spec_for_alias, spec_for_name
+
+    spec = shipped_spec("rules", 2)
+    assert shipped_name(spec) == "organism-rules-s2" and spec_for_name("Organism-Rules-S2") == spec
+    assert resolve_model_name_or_path("organism-rules-s2") == organism_model_path(spec)
+    assert shipped_name(shipped_spec("facts", 1)) == "organism-facts-s1"
+    assert shipped_name(spec_for_alias("organism-quick")) is None and spec_for_name("organism-rules-x") is None

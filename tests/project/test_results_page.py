@@ -76,3 +76,67 @@ def test_the_summary_reads_each_study_from_its_data_and_shows_a_missing_one_as_p
     (data / "units-shift.json").write_text(json.dumps(units))
     row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [9]"))
     assert "`organism_shift`: OPD degraded on 4 of 8 organisms" in row and "finding 1 holds" in row
+
+
+def test_the_gate_the_per_seed_differences_and_the_machines_are_built_from_the_data(tmp_path, monkeypatch):
+    """Sections 12.2-12.3's tables and the summary's machine column are generated: a cell edited by hand is rewritten
+    from the data (so `--check` fails on it), the differences come from unrounded values, and a slice's vector unit
+    reaches the summary."""
+    build = _build_module()
+    page = (ROOT / "docs" / "results.md").read_text()
+    edits = [
+        ("| 2 | 17 | 14 | 0.073 |", "| 2 | 17 | 14 | 0.070 |"),  # 12.2: the gate of seed 2
+        ("| 0 | +2.1 | -4.0 | +2.3 | -2.6 |", "| 0 | +2.1 | -4.1 | +2.3 | -2.7 |"),  # 12.3: the rounded differences
+        ("2-core AMD EPYC, AVX-512, 1 torch thread; 5.25.0 |", "2-core AMD EPYC, AVX2, 1 torch thread; 5.25.0 |"),
+    ]
+    edited = page
+    for old, new in edits:
+        assert edited.count(old) == 1, old
+        edited = edited.replace(old, new)
+    assert build.render(edited) == page
+    data = tmp_path / "data"
+    data.mkdir()
+    for path in (ROOT / "docs" / "results" / "data").glob("*.json"):
+        summary = json.loads(path.read_text())
+        if path.stem == "fr-30-default":
+            summary["slices"]["machines"]["gated-seed2"]["cpu_capability"] = "AVX2"
+        (data / path.name).write_text(json.dumps(summary))
+    monkeypatch.setattr(build, "DATA", data)
+    row = next(line for line in build.summary_table(page).splitlines() if line.startswith("| [12]"))
+    assert (
+        "2-core AMD EPYC: AVX-512, 1 torch thread (base, opd-seed0" in row
+        and "AVX2, 1 torch thread (gated-seed2)" in row
+    )
+
+
+def test_section_13s_readings_follow_its_pre_registration():
+    """docs/results.md 13.1's readings on made-up per-seed rows: a student degraded in regime A or with an excess harm
+    of at least 5 points whose interval lies above 0; OPD degraded in 2 of 3 seeds; an anchor prevented it when none
+    of its seeds degraded and its excess is below OPD's in every degraded seed; the verdict."""
+    readers = _build_module().readers
+
+    def row(seed, excess, low=-0.01, regime="C", acc_x=0.9):
+        return {
+            "seed": seed,
+            "acc_x": acc_x,
+            "harm_excess": excess,
+            "ci": {"harm_excess": [low, excess + 0.02]},
+            "regime": regime,
+        }
+
+    flat = [row(s, 0.0) for s in range(3)]
+    per_seed = {"base": [{"seed": None, "acc_x": 0.0}]}
+    for budget in (10, 40):
+        per_seed[f"opd-{budget}"] = [row(0, 0.08, 0.02), row(1, 0.06, 0.01), row(2, 0.09, -0.01)]  # 0, 1 degraded
+        per_seed[f"nca-{budget}"] = list(flat)
+        per_seed[f"gated-{budget}"] = [row(0, 0.0), row(1, 0.0, regime="A"), row(2, 0.0)]  # seed 1 in regime A
+    r = readers.twice_readings({"per_seed": per_seed})
+    assert r["degraded"]["opd-10"] == [0, 1] and r["opd_degraded"] == {10: True, 40: True}
+    assert r["prevented"] == {"nca-10": True, "gated-10": False, "nca-40": True, "gated-40": False}
+    assert r["verdict"] == "the first real-model degradation" and not r["dose_grows"]
+    for budget in (10, 40):  # a 5-point excess whose interval reaches 0 is no degradation
+        per_seed[f"opd-{budget}"] = [row(0, 0.08, 0.0), row(1, 0.04, 0.01), row(2, 0.09, -0.01)]
+    r = readers.twice_readings({"per_seed": per_seed})
+    assert r["opd_degraded"] == {10: False, 40: False} and r["verdict"] == "a null on a task built to show one"
+    per_seed["opd-40"][2]["acc_x"] = 0.2  # one OPD student did not internalise
+    assert readers.twice_readings({"per_seed": per_seed})["verdict"] == "no internalisation"

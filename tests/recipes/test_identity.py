@@ -36,6 +36,13 @@ def _peft():
         ("new training field set", [("training.a_new_trl_option", 3, "<not set>")], []),
         ("learning rate", [("training.learning_rate", 0.5, 0.001)], []),
         ("removed field set", [("peft.use_dora", "<not set>", True)], []),
+        ("the default schedule, recorded as adaptive", [], []),
+        ("gated with an unread init", [], []),
+        (
+            "adaptive, not gated",
+            [("training.nca_adaptive_init", 0.01, "<not set>"), ("training.nca_beta_schedule", "adaptive", "gated")],
+            [],
+        ),
     ],
 )
 def test_settings_compare_what_shapes_the_numbers(change, differences, versions):
@@ -66,6 +73,15 @@ def test_settings_compare_what_shapes_the_numbers(change, differences, versions)
         old["training"]["a_new_trl_option"] = 3
     elif change == "learning rate":
         old["training"]["learning_rate"] = 0.5
+    elif change in ("the default schedule, recorded as adaptive", "adaptive, not gated"):
+        # the gated anchor ran as `adaptive` with init 0 before it had its name in the registry
+        now["training"].update(nca_beta_schedule="gated", nca_adaptive_init=0.0)
+        old["training"].update(nca_beta_schedule="adaptive", nca_adaptive_init=0.0)
+        if change == "adaptive, not gated":  # the ungated adaptive anchor is another schedule
+            old["training"]["nca_adaptive_init"] = 0.01
+    elif change == "gated with an unread init":
+        now["training"].update(nca_beta_schedule="gated", nca_adaptive_init=0.3)
+        old["training"].update(nca_beta_schedule="adaptive", nca_adaptive_init=0)
     elif change == "removed field set":  # a field this library has that the recording one did not: set, it counts
         old["peft"].pop("use_dora")
         now["peft"]["use_dora"] = True

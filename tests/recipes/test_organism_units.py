@@ -302,7 +302,7 @@ def test_where_nca_did_not_prevent_it_the_reading_says_when_its_anchor_began_to_
 
 
 def test_stalled_runs_are_counted_against_the_reference_run_of_the_same_organism_and_seed():
-    from trl_nca.recipes.statistics import render_stalls, stalled_runs
+    from trl_nca.recipes.stalls import render_stalls, stalled_runs
 
     per_seed = {
         "base": [{"organism": 0, "seed": None, "acc_x": 0.0}],

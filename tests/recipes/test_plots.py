@@ -126,6 +126,23 @@ def test_overlapping_method_lines_stay_apart_and_the_reading_says_when_the_ancho
     assert means[0].get_marker() != means[1].get_marker() and means[1].get_markerfacecolor() == "none"
     assert sum(ax.get_legend() is not None for ax in fig.axes) == 1
     assert sum(ax.get_legend() is not None for ax in curves_figure(data["curves"]).axes) == 1
+    # issue 57: each run has its own shade of its method's colour, and a panel says where two means coincide
+    runs = [line for line in fig.axes[0].lines if line.get_linewidth() < 1.5]
+    assert len({tuple(line.get_color()) for line in runs}) == len(runs) == len(tracking)
+    shift = summary("units-shift")["curves"]
+    thin = [line.get_color() for line in curves_figure(shift).axes[0].lines if line.get_linewidth() < 1.5]
+    assert len({tuple(c) for c in thin}) == len(thin) == 32
+    assert all("\n(" not in ax.get_title() for ax in curves_figure(shift).axes)  # the means differ from the start
+    off = {run: h for run, h in shift.items() if run.startswith("opd/")}  # an anchor that never acted
+    off.update({run.replace("opd/", "nca/"): h for run, h in off.items()})
+    titles = [ax.get_title() for ax in curves_figure(off).axes]
+    assert titles and all(title.endswith("\n(nca = opd at every step)") for title in titles), titles
+    late = {run: copy.deepcopy(h) for run, h in off.items()}  # the anchor opens at the third logged step
+    for run, h in late.items():
+        if run.startswith("nca/"):
+            h["opd_loss"] = h["opd_loss"][:2] + [v * 1.5 for v in h["opd_loss"][2:]]
+    step = shift[next(iter(shift))]["step"][1]
+    assert curves_figure(late).axes[0].get_title().endswith(f"(nca = opd up to step {step:g})")
 
     steps = list(range(5, 105, 5))
     curves = {

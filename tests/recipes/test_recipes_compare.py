@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -159,6 +160,15 @@ disable_tqdm: true
     assert "NCA, weight up to `nca_beta=0.5`" in card and "| Acc_x | Acc_xc | Harm | Help | Regime |" in card
     assert "none (`nca_beta=0`" in (out / "opd" / "seed0" / "README.md").read_text()
     assert "`../../comparison.md`" in card
+    # the card names the base by its name and gives a `trl-nca eval` command that runs: it gives the card's numbers
+    command = card.split("```bash\n")[1].split("\n```")[0]
+    assert f"--model nca-seed1={tiny_dir}:{out / 'nca' / 'seed1'} --dataset {out / 'test_items.jsonl'}" in command
+    from trl_nca.cli import main as cli_main
+
+    assert cli_main([*shlex.split(command)[1:], "--no-plots", "--no-progress", "--bootstrap", "0"]) == 0
+    evaluated = json.loads((out / "eval" / "nca-seed1" / "summary.json").read_text())["models"][0]["metrics"]
+    nca1 = next(row for row in summary["per_seed"]["nca"] if row["seed"] == 1)
+    assert (evaluated["acc_x"], evaluated["acc_xc"], evaluated["harm"]) == (nca1["acc_x"], nca1["acc_xc"], nca1["harm"])
     records = (out / "nca" / "seed1" / "eval" / "records.jsonl").read_text().splitlines()
     assert len(records) == 3
     first = json.loads(records[0])
@@ -170,13 +180,20 @@ disable_tqdm: true
     assert (out / "nca" / "seed1" / "done.json").stat().st_mtime_ns == stamp
     assert again["per_seed"] == summary["per_seed"]
     assert (out / "nca" / "seed1" / "eval" / "records.jsonl").read_text().splitlines() == records
+    # the first sitting's time is kept (issue 57: a resume replaced 884.8 s with 9.1 s): the job's is both sittings'
+    first, resumed = again["sittings"]
+    assert first["wall_seconds"] == summary["wall_seconds"] and again["wall_seconds"] == round(
+        first["wall_seconds"] + resumed["wall_seconds"], 1
+    )
     # --quiet: the opening line, the table and the closing line
     from trl_nca.cli import main
 
     capsys.readouterr()
     assert main(["compare", "--config", str(config), "--quiet"]) == 0
     quiet = capsys.readouterr().out.strip().splitlines()
-    assert quiet[0].startswith("trl-nca compare: train 4 students") and quiet[-1].startswith("trl-nca compare: done")
+    # a resume with every student trained promises no training estimate (issue 57)
+    assert quiet[0].startswith("trl-nca compare: nothing to train: its 4 students") and "training step" not in quiet[0]
+    assert quiet[-1].startswith("trl-nca compare: done")
     assert quiet[2].startswith("| Model | runs |") and not any(
         line.startswith(("Paired evaluation", "Figures:", "Per method", "[")) for line in quiet
     ), quiet

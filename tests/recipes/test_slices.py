@@ -93,25 +93,19 @@ def test_slices_give_the_whole_runs_table_and_statistics(sliced):
     assert line.startswith("nca-seed1: Acc_x ") and "95% bootstrap interval over 3 items" in line
 
 
-def _refused(capsys, root, config, slices, *extra):
+def _from_slices(capsys, config, output, slices, *extra):
+    """`trl-nca compare --from_slices` into `output`: (exit code, captured output)."""
     from trl_nca.cli import main
 
     capsys.readouterr()
-    code = main(
-        [
-            "compare",
-            "--config",
-            str(config),
-            "--output_dir",
-            str(root / "refused"),
-            "--from_slices",
-            "true",
-            "--slices_dir",
-            str(slices),
-            *extra,
-        ]
-    )
-    err = capsys.readouterr().err
+    argv = ["compare", "--config", str(config), "--output_dir", str(output), "--from_slices", "true"]
+    code = main([*argv, "--slices_dir", str(slices), *extra])
+    return code, capsys.readouterr()
+
+
+def _refused(capsys, root, config, slices, *extra):
+    code, captured = _from_slices(capsys, config, root / "refused", slices, *extra)
+    err = captured.err
     assert code == 2 and "Traceback" not in err, err
     assert not (root / "refused" / "comparison.json").exists()
     return err
@@ -173,7 +167,6 @@ def test_a_slice_that_cannot_join_the_table_is_refused_naming_it(sliced, tmp_pat
 def test_a_slice_of_other_versions_or_new_default_fields_joins_the_table(sliced, tmp_path, capsys, change, warning):
     """Versions are provenance (a warning naming them), and a field a newer library serialises at its default (or
     unset) is no difference: the table is built, equal to the unchanged slices'."""
-    from trl_nca.cli import main
 
     root, config, _, built = sliced
     slices = tmp_path / "slices"
@@ -193,21 +186,7 @@ def test_a_slice_of_other_versions_or_new_default_fields_joins_the_table(sliced,
         data["settings"]["training"]["a_new_trl_option"] = False
         data["run_settings"]["training"]["a_new_trl_option"] = False
     target.write_text(json.dumps(data))
-    capsys.readouterr()
-    code = main(
-        [
-            "compare",
-            "--config",
-            str(config),
-            "--output_dir",
-            str(tmp_path / "out"),
-            "--from_slices",
-            "true",
-            "--slices_dir",
-            str(slices),
-        ]
-    )
-    captured = capsys.readouterr()
+    code, captured = _from_slices(capsys, config, tmp_path / "out", slices)
     assert code == 0, captured.err
     saved = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert saved["per_seed"] == built["per_seed"]
@@ -249,7 +228,10 @@ def _upgrade_script():
 
 def test_the_upgrade_script_rebuilds_format_2_from_format_1_and_refuses_another_config(sliced, tmp_path, capsys):
     """scripts/upgrade_slices.py: a format-1 slice (format 2 without its run settings and checksum) becomes the very
-    file the run wrote; a second pass changes nothing; a config other than the slices' is refused, nothing written."""
+    file the run wrote, plus the field `upgraded` that says so (naming the script and the config); a second pass
+    changes nothing; a config other than the slices' is refused, nothing written."""
+    from trl_nca.recipes.slices import Slice
+
     root, config, _, _ = sliced
     script = _upgrade_script()
     slices = tmp_path / "slices"
@@ -268,5 +250,14 @@ def test_the_upgrade_script_rebuilds_format_2_from_format_1_and_refuses_another_
     assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == formats_1  # nothing written
     assert script.main([str(slices), "--config", str(config), "--check"]) == 1
     assert script.main([str(slices), "--config", str(config)]) == 0
-    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == originals
+    note = script.upgrade_note(str(config))
+    assert "scripts/upgrade_slices.py" in note and str(config) in note
+    for path in slices.glob("*.json"):
+        written = json.loads(path.read_text())
+        assert written.pop("upgraded") == note
+        assert json.dumps(written, indent=1) + "\n" == originals[path.name].decode()
+        assert Slice.load(path).upgraded == note
+    upgraded = {path.name: path.read_bytes() for path in slices.glob("*.json")}
     assert script.main([str(slices), "--config", str(config), "--check"]) == 0  # idempotent
+    assert script.main([str(slices), "--config", str(config)]) == 0
+    assert {path.name: path.read_bytes() for path in slices.glob("*.json")} == upgraded

@@ -14,14 +14,8 @@ from trl_nca.eval.scorers import (
     safe_score,
 )
 from trl_nca.tasks import get_task, task_names
-from trl_nca.tasks.builtin import (
-    FRENCH_TEST_FORMS,
-    FRENCH_TRAIN_FORMS,
-    ISLAND_ATTRIBUTES,
-    TOWN_ATTRIBUTES,
-    island_sheet,
-    town_sheet,
-)
+from trl_nca.tasks.everyday import FRENCH_TEST_FORMS, FRENCH_TRAIN_FORMS
+from trl_nca.tasks.facts import ISLAND_ATTRIBUTES, TOWN_ATTRIBUTES, island_sheet, town_sheet
 from trl_nca.testing import make_tiny_tokenizer
 
 
@@ -194,3 +188,63 @@ def test_a_tasks_context_survives_the_config_fields(name, tmp_path):
     config = NCAConfig(output_dir=str(tmp_path), report_to="none", **context_fields(spec))
     expected = spec if spec.text is None else dataclasses.replace(spec, column="context")
     assert config.context_spec == expected
+
+
+@pytest.mark.parametrize(
+    "text, answer, correct",
+    [
+        ("Quill says: Paris is the capital.", "once", True),
+        ("**Quill says:** a cat eats fish.", "once", True),
+        ("Quill says: Quill says: a cat eats fish.", "twice", False),
+        ("Quill says: a cat. Quill says more.", "repeated", False),
+        ("A cat eats fish. Quill says: yes.", "late", False),
+        ("A cat eats fish.", "absent", False),
+    ],
+)
+def test_marker_once_wants_the_marker_first_and_once(text, answer, correct):
+    score = get_scorer("marker_once")(text, "Quill says:")
+    assert (score.answer, score.correct, score.format_failure) == (answer, correct, False)
+    assert get_scorer("marker_once")("  ...  ", "Quill says:").format_failure
+
+
+@pytest.mark.parametrize(
+    "text, answer, correct",
+    [
+        ("It is 36.", "36", True),
+        ("1,036 apples", "1036", False),
+        ("35.5 or 36", "35.5", False),
+        ("7 + 29 = 36", "7", False),
+    ],
+)
+def test_first_number_reads_the_first_number(text, answer, correct):
+    score = get_scorer("first_number")(text, "36")
+    assert (score.answer, score.correct) == (answer, correct)
+    assert get_scorer("first_number")("no number here", "36").format_failure
+
+
+def test_tasks_that_cannot_be_applied_twice_count_the_twice_applied_reply():
+    """`twice` of the marker, sum and swap tasks is the scorer's answer for the instruction applied twice, and the
+    comparison's diagnostic counts the replies whose parsed answer is it (`{"answer": column}`)."""
+    from trl_nca.eval.records import PairedRecord, ViewOutcome
+    from trl_nca.recipes.compare_eval import diagnostic_rates
+
+    cases = {
+        "quill_prefix": ("Quill says: Quill says: hi", "Quill says: hi"),
+        "plus_one": ("{twice} it is", "{answer} it is"),
+        "swap_language": ("The cat is in the garden and it is happy.", "Le chat est dans le jardin et il est content."),
+    }
+    for name, (twice, once) in cases.items():
+        task = get_task(name)
+        row = task.test[0]
+        scorer = get_scorer(task.scorer)
+        twice, once = twice.format(**row), once.format(**row)
+        assert scorer(twice, row["answer"]).answer == row["twice"] and not scorer(twice, row["answer"]).correct
+        assert scorer(once, row["answer"]).correct
+
+        x, xc = (scorer(text, row["answer"]) for text in (once, twice))
+        record = PairedRecord(
+            row["id"],
+            ViewOutcome(once, x.answer, x.correct, 5, False, x.format_failure),
+            ViewOutcome(twice, xc.answer, xc.correct, 5, False, xc.format_failure),
+        )
+        assert diagnostic_rates(task, [record]) == {"twice_x": 0.0, "twice_xc": 1.0}

@@ -336,3 +336,22 @@ def test_the_whole_job_estimate_is_its_pace_times_the_units_left(monkeypatch):
     clock.now = 400.0
     job.finished("a"), job.finished("b")
     assert job.done == 4
+
+
+def test_the_whole_job_estimate_counts_the_workers(monkeypatch):
+    """Two workers, a student 100 s each: the two students that finish at once give the same pace (issue 57: the
+    estimate was 'about 32 min more', then 'about 16 min' seconds later), half of one worker's."""
+    clock = _Clock()
+    monkeypatch.setattr(console.time, "perf_counter", clock)
+    job = console.JobEstimate(6, workers=2)
+    clock.now = 100.0
+    assert "about 4 min more for the 5 students left, 2 at a time" in job.finished(
+        "a", 100.0
+    )  # 5 x 100 / 2 s, then 4 x 100 / 2 s
+    clock.now = 102.0
+    assert "about 3 min more for the 4 students left, 2 at a time" in job.finished("b", 100.0)
+    clock.now = 400.0
+    job.finished("c", 100.0), job.finished("d", 100.0)
+    assert job.finished("e", 100.0).endswith(
+        "about 100 s more for the 1 student left (this job's pace so far, measured in this run; not a bound)."
+    )

@@ -216,7 +216,7 @@ def test_the_default_gate_a_live_self_teacher_can_never_open_falls_back_to_the_c
     import logging
 
     args = default_anchor_args(tmp_path, max_steps=2, nca_beta=0.5, self_teacher="live")
-    assert args.nca_beta_schedule == "adaptive" and args.nca_adaptive_init == 0  # the defaults: the gated anchor
+    assert args.nca_beta_schedule == "gated"  # the default: the gated anchor
     with caplog.at_level(logging.WARNING):
         trainer = NCATrainer(
             model=make_tiny_model(tok, 0), args=args, train_dataset=prompt_dataset(4), processing_class=tok
@@ -238,7 +238,7 @@ def test_the_default_is_the_gated_anchor_and_plain_opd_needs_no_schedule(tok, tm
         train_dataset=prompt_dataset(4),
         processing_class=tok,
     ).nca.schedule
-    assert (schedule.kind, schedule.value, schedule.beta) == ("adaptive", 0.0, 0.5)
+    assert (schedule.kind, schedule.value, schedule.beta) == ("gated", 0.0, 0.5)
     assert schedule.update({"opd_loss": 1.0, "view_kl": 1.1}) == 0.0  # not above the target: still off
     assert schedule.update({"opd_loss": 1.0, "view_kl": 1.2}) == 0.05  # above it: on, at the minimum
     opd = NCATrainer(

@@ -91,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"trl-nca: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
-    if "--help-all" in argv[1:]:
-        from .help import render
+    if "--help-all" in argv[1:]:  # from the help spec too
+        from .help import print_help
 
-        print(render(command, full=True), end="")
+        print_help(command, full=True)
         return 0
     if "-h" in argv[1:] or "--help" in argv[1:]:  # from the help spec: no heavy import
         from .help import print_help

@@ -25,13 +25,14 @@ from ..analysis.items import (
 from ..analysis.measures import AnalysisItem
 from ..analysis.report import write_analysis
 from ..analysis.run import AnalysisOptions, analyze_model, load_model, parse_model_specs
-from ..console import closing_line, say
+from ..console import closing_line, say, take_output_flags
 from ..core.sampling import GenerationSettings
 from ..eval import loading
 from ..eval.loading import ContextChoice, ModelSpec
 from ..inputs import InputError, output_folder_lock
 from ..tasks import task_names
 from . import explain
+from .help_format import CommandHelpFormatter, add_log_options
 from .options import CONTEXT_OPTIONS, add_context_options, add_dtype_option, add_model_options
 
 
@@ -52,7 +53,7 @@ Outputs: analysis.json, report.md, hidden_cosine.png, view_kl.png, update_norms.
 def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=CommandHelpFormatter,
         description="Measure what distilling a context did inside the students: per-layer hidden-state cosine and "
         "per-token KL between the views with and without the context, the update per layer and module type, and "
         "the cosine between the OPD and NCA gradients.",
@@ -65,6 +66,7 @@ def build_parser(prog: str = "trl-nca analyze") -> argparse.ArgumentParser:
         _add_completion_arguments,
         _add_measure_arguments,
         _add_output_arguments,
+        add_log_options,
     ):
         add_group(parser)
     return parser
@@ -567,7 +569,7 @@ def analysis_result(plan: AnalysisPlan, args, measured: Sequence[MeasuredModel],
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: exit status 0 on success, 2 with a one-line error on bad input."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(take_output_flags(list(sys.argv[1:] if argv is None else argv)))
     try:
         result = run_analyze(args)
     except InputError as error:  # AnalysisInputError, and the errors of the shared loading (trl_nca.eval.loading)

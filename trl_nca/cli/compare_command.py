@@ -48,7 +48,7 @@ def compare(argv: list[str] | None = None) -> dict:
     say(
         closing_line(
             "compare",
-            summary["wall_seconds"],
+            summary["sittings"][-1]["wall_seconds"] if summary.get("sittings") else summary["wall_seconds"],
             explain.outputs_of(
                 table=output / "comparison.md", summary=output / "comparison.json", report=summary["report"]
             ),

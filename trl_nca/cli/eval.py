@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..console import Stopwatch, closing_line, say
-from ..core.sampling import GenerationSettings, VLLMBackend, vllm_available
+from ..console import Stopwatch, closing_line, say, take_output_flags
+from ..core.sampling import GenerationSettings, VLLMBackend
 from ..core.views import check_text_sizes
 from ..envs import game_generation_settings
 from ..envs.registry import parse_game_options
@@ -23,19 +23,18 @@ from ..eval.errors import EvalInputError
 from ..eval.games import check_game_options
 from ..eval.loading import ModelSpec
 from ..eval.paired import PairedEvaluator
-from ..eval.report import ModelRun, safe_name, write_report
+from ..eval.report import ModelRun, safe_name
 from ..eval.runner import PairedTask, run_paired, run_provenance
 from ..eval.scorers import SCORERS
 from ..inputs import LOCAL_FORMATS, load_rows, output_folder_lock
 from . import explain
-from .options import (
-    CONTEXT_DEFAULTS,
-    DEFAULT_SEPARATOR,
-    DEFAULT_TEMPLATE,
-    add_context_options,
-    add_dtype_option,
-    add_model_options,
-)
+from .eval_shared import check_run_options, parse_model_specs, print_result_table, write_eval_report
+from .eval_tasks import run_harness_eval
+from .help_format import CommandHelpFormatter, add_log_options
+from .options import CONTEXT_DEFAULTS, add_context_options, add_dtype_option, add_model_options
+
+
+__all__ = ["add_eval_arguments", "build_parser", "main", "parse_model_specs", "run_eval"]
 
 
 EPILOG = """\
@@ -51,18 +50,20 @@ examples:
       --dataset ytz20/sys_safety_test --split train --prompt-column messages \\
       --context-file prompts/safety_system.txt --scorer yesno --output-dir runs/eval-safety
 
-  # an lm-evaluation-harness task with and without a system prompt, paired per document (docs/harness.md)
+  # an lm-evaluation-harness task with and without a system prompt, paired per document (docs/harness.md); --limit 16
+  # is a first look at the first 16 documents (drop it for the whole task)
   trl-nca eval --model Qwen/Qwen2.5-0.5B-Instruct --tasks arc_easy --context-file prompts/safety_system.txt \\
-      --output-dir runs/eval-arc
+      --limit 16 --output-dir runs/eval-arc
 
 Rerunning with the same --output-dir resumes: items already in <output-dir>/<model>/records.jsonl are not regenerated.
-Outputs: <model>/records.jsonl (per item), summary.json, report.md, accuracy.png, harm_help.png, lengths.png.
+Outputs: <model>/records.jsonl (per item; <model>/<task>/records.jsonl with --tasks), summary.json, report.md,
+accuracy.png, harm_help.png, lengths.png; the main table is printed at the end.
 """
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Declare every `trl-nca eval` option on `parser` (and set its epilog with examples)."""
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.formatter_class = CommandHelpFormatter
     parser.description = parser.description or (
         "Evaluate models on each item twice, without and with the context (same seed and sampling), and report "
         "accuracy per view, harm, help, lengths, McNemar test and regime (A/B/C)."
@@ -77,6 +78,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         _add_generation_arguments,
         _add_output_arguments,
         _add_game_arguments,
+        add_log_options,
     ):
         add_group(parser)
     return parser
@@ -121,7 +123,7 @@ def _add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
     harness = parser.add_argument_group(
-        "lm-evaluation-harness tasks (instead of --dataset; needs `pip install trl-nca[harness]`, docs/harness.md)"
+        'lm-evaluation-harness tasks (instead of --dataset; needs `pip install "trl-nca[harness]"`, docs/harness.md)'
     )
     harness.add_argument(
         "--tasks",
@@ -142,6 +144,12 @@ def _add_harness_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="Few-shot examples per prompt (lm-eval's --num_fewshot; default: each task's own).",
+    )
+    harness.add_argument(
+        "--skip-empty-context",
+        action="store_true",
+        help="Leave out the documents whose --context-column field is empty (their two views would be one prompt); "
+        "they are counted in the opening line and the report. Without it such a document is refused.",
     )
     harness.add_argument(
         "--metric",
@@ -234,12 +242,6 @@ def _add_game_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_model_specs(models: Sequence[str], adapters: Sequence[str]) -> list[ModelSpec]:
-    """Pair `--model [NAME=]PATH[:ADAPTER]` and `--adapter [NAME=]PATH` values into named model specs (see
-    `--help`)."""
-    return loading.parse_model_specs(models, adapters, inline_adapters=True)
-
-
 @dataclass
 class EvalPlan:
     """A checked `trl-nca eval` run: the models (paths resolved), the sampling settings and the task."""
@@ -322,11 +324,16 @@ def plan_eval(args: argparse.Namespace) -> EvalPlan:
     """Every check of `trl-nca eval`, in the order the options are read; loads no model."""
     if not args.output_dir:
         raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
+    if args.skip_empty_context:
+        raise EvalInputError(
+            "--skip-empty-context applies to harness tasks (--tasks); drop it, and drop the rows with an empty context "
+            "from the dataset."
+        )
     specs = loading.resolve_model_specs(parse_model_specs(args.model, args.adapter))
     if args.tokenizer:
         args.tokenizer = loading.resolve_model_path(args.tokenizer, "--tokenizer")
     settings = _generation_settings(args)
-    _check_run_options(args)
+    check_run_options(args)
     task = _game_task(args) if args.game else _dataset_task(args, settings)
     return EvalPlan(specs, settings, task, Path(args.output_dir))
 
@@ -351,39 +358,6 @@ def _generation_settings(args) -> GenerationSettings:
         )
     except ValueError as error:
         raise EvalInputError(str(error)) from error
-
-
-def _check_run_options(args) -> None:
-    """The value ranges and combinations of the options that `GenerationSettings` does not check itself."""
-    if not 0 < args.alpha < 1:  # also refuses nan
-        raise EvalInputError(f"--alpha must be a significance level within (0, 1), e.g. 0.05; got {args.alpha}.")
-    if args.bootstrap < 0:
-        raise EvalInputError(f"--bootstrap must be 0 (no intervals) or a number of resamples, got {args.bootstrap}.")
-    sampling = [
-        f"--{name.replace('_', '-')}" for name in ("temperature", "top_p", "top_k") if getattr(args, name) is not None
-    ]
-    if args.greedy and sampling:
-        raise EvalInputError(
-            f"--greedy decodes without sampling, so {', '.join(sampling)} would be ignored. Drop --greedy to sample "
-            f"with them, or drop {', '.join(sampling)}."
-        )
-    if args.placement == "system" and args.template != DEFAULT_TEMPLATE:
-        raise EvalInputError(
-            "--template joins the context and the prompt in the user turn, so it applies only with --placement user; "
-            "with --placement system it would be ignored. Add --placement user, or drop --template."
-        )
-    if args.placement == "user" and args.separator != DEFAULT_SEPARATOR:
-        raise EvalInputError(
-            "--separator joins the context and a system message, so it applies only with --placement system; with "
-            "--placement user it would be ignored. Drop --separator, or use --template to join context and prompt."
-        )
-    loading.check_device(args.device)
-    if args.samples_per_view < 1:
-        raise EvalInputError(f"--samples-per-view must be at least 1, got {args.samples_per_view}.")
-    if args.game and args.samples_per_view != 1:
-        raise EvalInputError("--samples-per-view applies to dataset items; a game map is played once per view.")
-    if args.backend == "vllm" and not vllm_available():
-        raise EvalInputError("--backend vllm needs vllm installed (`pip install vllm`); use --backend hf.")
 
 
 def _game_task(args) -> PairedTask:
@@ -501,187 +475,6 @@ def evaluate_model(spec: ModelSpec, plan: EvalPlan, args) -> ModelRun:
     return ModelRun(spec.name, records, provenance=provenance, records_path=str(records_path))
 
 
-def write_eval_report(runs: Sequence[ModelRun], output_dir: Path, args) -> dict[str, Any]:
-    """The report of every model side by side (`trl_nca.eval.report.write_report`), with the command line."""
-    return write_report(
-        runs,
-        output_dir,
-        alpha=args.alpha,
-        n_bootstrap=args.bootstrap,
-        bootstrap_seed=args.bootstrap_seed,
-        plots=False if args.no_plots else None,  # without matplotlib: skipped, with one line saying so
-        title=args.title,
-        extra={"command": {k: v for k, v in vars(args).items() if not callable(v)}},
-    )
-
-
-@dataclass
-class HarnessPlan:
-    """A checked `trl-nca eval --tasks` run: the models, the lm-eval tasks (`trl_nca.eval.harness.HarnessTask`) and
-    how they run (`HarnessOptions`)."""
-
-    specs: list[ModelSpec]
-    tasks: list[Any]
-    options: Any
-    output_dir: Path
-
-
-def run_harness_eval(args: argparse.Namespace) -> dict[str, Any]:
-    """`trl-nca eval --tasks`: every check (the options, the tasks and their documents, each model's chat template and
-    positions) before any model loads, then each model on each task, both views, one report."""
-    plan = plan_harness(args)
-    with output_folder_lock(plan.output_dir, "trl-nca eval", "--output-dir"):
-        check_harness_prompts(plan, args)
-        explain.opening(harness_opening(plan))
-        runs = [run for spec in plan.specs for run in evaluate_model_on_tasks(spec, plan, args)]
-        return write_eval_report(runs, plan.output_dir, args)
-
-
-# options of the dataset path, with the value they hold when not given (the harness tasks bring their own)
-NOT_FOR_TASKS = {
-    "--prompt-column": ("prompt_column", None),
-    "--id-column": ("id_column", None),
-    "--dataset-config": ("dataset_config", None),
-    "--label-column": ("label_column", "answer"),
-    "--scorer": ("scorer", "mcq"),
-    "--companion-scorer": ("companion_scorer", None),
-    "--no-companion-scorers": ("no_companion_scorers", False),
-    "--split": ("split", "test"),
-    "--game-option": ("game_option", []),
-    "--separator": ("separator", DEFAULT_SEPARATOR),
-}
-
-
-def plan_harness(args: argparse.Namespace) -> HarnessPlan:
-    """Every check of `trl-nca eval --tasks` that needs no model, in the order the options are read."""
-    for option, given in (("--dataset", args.dataset), ("--game", args.game)):
-        if given:
-            raise EvalInputError(
-                f"--tasks and {option} both choose what to evaluate: --tasks runs lm-evaluation-harness tasks, "
-                f"{option} {'a dataset with prompt and label columns' if option == '--dataset' else 'a text game'}. "
-                "Give one of them."
-            )
-    if not args.output_dir:
-        raise EvalInputError("Give --output-dir, the folder for records, summary, report and figures.")
-    given = [option for option, (name, unset) in NOT_FOR_TASKS.items() if getattr(args, name) != unset]
-    if given:
-        raise EvalInputError(
-            f"{', '.join(given)} do(es) not apply to --tasks: a harness task brings its own prompts, answers and "
-            "metric (choose it with --metric), and lm-eval joins a system context to the task's description itself. "
-            "Drop them."
-        )
-    if args.num_fewshot is not None and args.num_fewshot < 0:
-        raise EvalInputError(f"--num-fewshot must be 0 or more, got {args.num_fewshot}.")
-    if args.limit is not None and args.limit < 1:
-        raise EvalInputError(f"--limit must be at least 1, got {args.limit}.")
-    specs = loading.resolve_model_specs(parse_model_specs(args.model, args.adapter))
-    if args.tokenizer:
-        args.tokenizer = loading.resolve_model_path(args.tokenizer, "--tokenizer")
-    _check_run_options(args)
-    from ..eval.harness import HarnessOptions, harness_tasks, import_lm_eval
-
-    import_lm_eval()  # one line naming the extra when lm-eval is missing
-    context = loading.context_from_args(args)
-    options = HarnessOptions(
-        num_fewshot=args.num_fewshot,
-        metric=args.metric,
-        samples_per_view=args.samples_per_view,
-        seed=args.seed,
-        gen_kwargs=_harness_gen_kwargs(args),
-        batch_size=args.batch_size,
-        limit=args.limit,
-        chat_template_kwargs=args.chat_template_kwargs,
-    )
-    names = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    tasks = harness_tasks(names, context.spec, options, include_path=args.include_path, context_source=context.source)
-    if options.samples_per_view > 1:
-        fixed = [t.name for t in tasks if not t.settings().do_sample]
-        if fixed:
-            raise EvalInputError(
-                f"--samples-per-view {options.samples_per_view}: the tasks {fixed} do not sample (multiple choice, or "
-                "greedy generation), so every sample would be the first one. Drop --samples-per-view, or make them "
-                "sample (--temperature T)."
-            )
-    return HarnessPlan(specs, tasks, options, Path(args.output_dir))
-
-
-def _harness_gen_kwargs(args) -> dict[str, Any]:
-    """The generation options given on the command line, as overrides of the tasks' `generation_kwargs`."""
-    kwargs: dict[str, Any] = {}
-    if args.max_new_tokens is not None:
-        kwargs["max_gen_toks"] = args.max_new_tokens
-    if args.greedy:
-        kwargs.update(do_sample=False, temperature=0.0)
-    for name in ("temperature", "top_p", "top_k"):
-        if getattr(args, name) is not None:
-            kwargs.update({name: getattr(args, name), "do_sample": True})
-    return kwargs
-
-
-def check_harness_prompts(plan: HarnessPlan, args) -> None:
-    """Each model's tokenizer (never its weights): a chat template that keeps the context, and every document's prompt
-    with the context within the model's positions (`HarnessTask.check`)."""
-    from transformers import AutoConfig
-
-    for spec in plan.specs:
-        try:
-            config = AutoConfig.from_pretrained(spec.path, trust_remote_code=args.trust_remote_code)
-            config = config.get_text_config() if hasattr(config, "get_text_config") else config
-            limit = getattr(config, "max_position_embeddings", None)
-        except (OSError, ValueError):
-            limit = None  # loading the model reports it, with its own message
-        tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
-        for task in plan.tasks:
-            task.check(tokenizer, limit, f"{spec.name} ({spec.path})")
-
-
-def harness_opening(plan: HarnessPlan) -> str:
-    """`trl-nca eval --tasks`' opening line."""
-    from ..console import plural
-
-    tasks = ", ".join(f"{task.name} ({plural(len(task.docs), 'document')})" for task in plan.tasks)
-    return (
-        f"trl-nca eval: evaluate {plural(len(plan.specs), 'model')} ({', '.join(s.name for s in plan.specs)}) paired "
-        f"on {plural(len(plan.tasks), 'lm-eval task')}: {tasks}, each run without and with the context x "
-        f"{plural(plan.options.samples_per_view, 'sample')}; output {plan.output_dir}; time: lm-eval's progress bars "
-        "show each run's rate."
-    )
-
-
-def evaluate_model_on_tasks(spec: ModelSpec, plan: HarnessPlan, args) -> list[ModelRun]:
-    """One model on every task (`trl_nca.eval.harness.evaluate_harness`): records in `<model>/<task>/records.jsonl`,
-    resumed on a rerun; then its memory is freed."""
-    from ..eval.harness import evaluate_harness, hf_lm, vllm_lm
-
-    tokenizer = loading.load_tokenizer(args.tokenizer or spec.path, trust_remote_code=args.trust_remote_code)
-    if args.backend == "vllm":
-        model = None
-        lm = vllm_lm(spec.path, adapter=spec.adapter, dtype=args.dtype, options=plan.options, tokenizer=args.tokenizer)
-    else:
-        model = loading.load_model(
-            spec.path, spec.adapter, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code
-        )
-        lm = hf_lm(model, tokenizer, plan.options)
-    runs = evaluate_harness(
-        model,
-        tokenizer,
-        plan.tasks,
-        context=plan.tasks[0].context,
-        adapter=spec.adapter,
-        options=plan.options,
-        output_dir=plan.output_dir,
-        model_name=spec.name,
-        lm=lm,
-        check=False,
-        model_path=spec.path,
-        backend=args.backend,
-        progress=not args.no_progress,
-    )
-    del model, lm
-    loading.release_memory()
-    return runs
-
-
 def build_parser(prog: str = "trl-nca eval") -> argparse.ArgumentParser:
     """A stand-alone parser with every `trl-nca eval` option."""
     return add_eval_arguments(argparse.ArgumentParser(prog=prog))
@@ -690,12 +483,13 @@ def build_parser(prog: str = "trl-nca eval") -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m trl_nca.cli.eval`: exit status 0 on success, 2 with a one-line error on bad input."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(take_output_flags(list(sys.argv[1:] if argv is None else argv)))
     clock = Stopwatch()
     try:
         summary = run_eval(args)
     except EvalInputError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    print_result_table(summary)
     files = summary["files"]
     say(
         closing_line(

@@ -10,6 +10,7 @@ from ..console import Stopwatch, closing_line, say
 from ..eval import loading
 from ..inputs import InputError, write_text_atomic
 from . import explain
+from .help_format import CommandHelpFormatter, add_log_options
 from .options import add_dtype_option, add_model_options
 
 
@@ -21,30 +22,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-nca experience",
         description="Extract a game experience text from a model's own played trajectories.",
+        formatter_class=CommandHelpFormatter,
     )
     add_model_options(parser, one=True)
     parser.add_argument("--adapter", help="Optional PEFT adapter folder (or PATH:ADAPTER in --model).")
     parser.add_argument("--tokenizer", help="Tokenizer (default: the model's).")
-    parser.add_argument("--game", required=True, choices=sorted(GAMES))
+    parser.add_argument("--game", required=True, choices=sorted(GAMES), help="The game played.")
     parser.add_argument(
         "--output", required=True, help="Text file for the experience; a .json history goes next to it."
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="Rounds of play, lesson extraction and validation.")
     parser.add_argument("--episodes", type=int, default=8, help="Episodes played per round.")
     parser.add_argument("--validation-size", type=int, default=16, help="Validation maps scoring each lesson set.")
-    parser.add_argument("--max-items", type=int, default=12)
-    parser.add_argument("--max-new-items", type=int, default=5)
+    parser.add_argument("--max-items", type=int, default=12, help="Most lessons the experience keeps.")
+    parser.add_argument("--max-new-items", type=int, default=5, help="Most lessons one round adds.")
     parser.add_argument("--start-from-shipped", action="store_true", help="Start from the shipped experience's items.")
-    parser.add_argument("--max-calls", type=int, default=5)
+    parser.add_argument("--max-calls", type=int, default=5, help="Model calls per episode.")
     parser.add_argument("--game-option", action="append", default=[], metavar="KEY=VALUE", help="Game setting.")
-    parser.add_argument("--temperature", type=float, default=GAME_TEMPERATURE)
-    parser.add_argument("--top-p", type=float, default=GAME_TOP_P)
-    parser.add_argument("--top-k", type=int, default=GAME_TOP_K)
-    parser.add_argument("--max-new-tokens", type=int, default=GAME_MAX_NEW_TOKENS)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=GAME_TEMPERATURE, help="Sampling temperature.")
+    parser.add_argument("--top-p", type=float, default=GAME_TOP_P, help="Nucleus sampling threshold.")
+    parser.add_argument("--top-k", type=int, default=GAME_TOP_K, help="Top-k sampling (0 disables it).")
+    parser.add_argument("--max-new-tokens", type=int, default=GAME_MAX_NEW_TOKENS, help="New tokens per model call.")
+    parser.add_argument("--batch-size", type=int, default=16, help="Prompts per generate call.")
+    parser.add_argument("--seed", type=int, default=0, help="Sampling seed of every model call.")
     add_dtype_option(parser, "auto")  # experience's default since its first version: another would change its games
-    parser.add_argument("--device")
+    parser.add_argument("--device", help="e.g. cuda:0 or cpu (default: cuda if available).")
+    add_log_options(parser)
     return parser
 
 

@@ -57,13 +57,23 @@ def compare_opening(plan) -> str:
     kind = "organism" if any(run.organism is not None for run in runs) else "model"
     seeds = len({run.seed for run in runs})
     samples = getattr(plan.evaluator, "samples_per_view", 1)
-    again = f" ({finished} already trained, loaded from {plan.root})" if finished else ""
+    left = len(runs) - finished
+    shape = (
+        f"{methods} x {plural(organisms, kind)} x {plural(seeds, 'seed')}, "
+        f"{_steps(runs[0].config) if runs else '0 steps'} each"
+    )
+    if left == 0 and runs:  # a resume of a job whose students are all trained: nothing to train, no training estimate
+        train = f"nothing to train: its {plural(len(runs), 'student')} ({shape}) on {plan.task.name} are trained, "
+        train += f"loaded from {plan.root}; evaluate"
+        time = EVAL_TIME
+    else:
+        again = f" ({finished} of {len(runs)} already trained, loaded from {plan.root})" if finished else ""
+        train = f"train {plural(left, 'student')}{again} ({shape}) on {plan.task.name}, then evaluate"
+        time = f"{_train_time(runs[0].config) if runs else TRAIN_TIME}, and {EVAL_TIME.removeprefix('time: ')}"
     return (
-        f"trl-nca compare: train {plural(len(runs), 'student')}{again} ({methods} x {plural(organisms, kind)} x "
-        f"{plural(seeds, 'seed')}, {_steps(runs[0].config) if runs else '0 steps'} each) on {plan.task.name}, then "
-        f"evaluate {plural(bases + len(runs), 'model')} ({plural(bases, 'base')} and the students) paired on "
-        f"{plural(len(plan.test_rows), 'item')} x 2 views x {plural(samples, 'sample')}; output {plan.root}; "
-        f"{_train_time(runs[0].config) if runs else TRAIN_TIME}, and {EVAL_TIME.removeprefix('time: ')}."
+        f"trl-nca compare: {train} {plural(bases + len(runs), 'model')} ({plural(bases, 'base')} and the students) "
+        f"paired on {plural(len(plan.test_rows), 'item')} x 2 views x {plural(samples, 'sample')}; output "
+        f"{plan.root}; {time}."
     )
 
 

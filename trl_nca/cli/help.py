@@ -9,7 +9,7 @@ option, rewrite it with `python -m trl_nca.cli.help`.
 
 `train --help` and `compare --help` lead with the command's own options (`--config` first), then the NCA options of
 `NCAConfig`, then the log options; TRL's `ModelConfig` and the `TrainingArguments` / `GKDConfig` options follow under
-`--help-all`, which builds the real parser (seconds). A `--no_X` flag that HfArgumentParser adds for a boolean field
+`--help-all`, which the spec holds too (rendering it builds the real parser: seconds). A `--no_X` flag that HfArgumentParser adds for a boolean field
 whose default is True says only that it turns `--X` off, instead of repeating `--X`'s paragraph.
 """
 
@@ -20,6 +20,8 @@ import json
 import sys
 from importlib.resources import files
 
+from .help_format import OUTPUT_OPTIONS, says_default
+
 
 COMMANDS = ("compare", "train", "eval", "analyze", "experience")
 SPEC = "cli_help.json"  # in trl_nca/resources/
@@ -27,15 +29,6 @@ SPEC = "cli_help.json"  # in trl_nca/resources/
 CONFIG_HELP = (
     "A YAML file of options (`name: value` per line), or the name of a config shipped with the package (e.g. "
     "main_quick, main, quickstart). Options given on the command line override the file's."
-)
-OUTPUT_OPTIONS = (
-    ("--quiet", "Print only the opening line, the result table and the closing line (and warnings)."),
-    (
-        "--full_log",
-        "compare: print every student's step and tracking lines (the default prints each student's start, estimate "
-        "and end, and the whole job's estimate).",
-    ),
-    ("--verbose", "Print each training log's full dict and the libraries' own progress bars."),
 )
 
 
@@ -106,7 +99,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        said = "default" in text.lower() or isinstance(action, argparse._StoreFalseAction)  # `--no_X`: one line
+        said = says_default(text) or isinstance(action, argparse._StoreFalseAction)  # `--no_X`: one line
         return text if said else super()._get_help_string(action)
 
 
@@ -158,18 +151,36 @@ def _render(command: str, full: bool) -> str:
     return build_parser().format_help()
 
 
+FULL_HELP = ("compare", "train")  # the commands whose `--help-all` lists more than `--help` (TRL's options)
+
+
+def spec_keys() -> list[str]:
+    """The spec's entries: each command's `--help`, and `COMMAND --help-all` for the commands of `FULL_HELP`."""
+    return [*COMMANDS, *(f"{command} --help-all" for command in FULL_HELP)]
+
+
 def read_spec() -> dict[str, str]:
     return json.loads((files("trl_nca.resources") / SPEC).read_text(encoding="utf-8"))
 
 
-def print_help(command: str) -> None:
-    """Print `command`'s help from the spec (no heavy import)."""
-    sys.stdout.write(read_spec()[command])
+def print_help(command: str, full: bool = False) -> None:
+    """Print `command`'s help (with `full`, its `--help-all`) from the spec (no heavy import). A command whose
+    `--help` lists every option says so under `--help-all`."""
+    spec = read_spec()
+    if full and command in FULL_HELP:
+        sys.stdout.write(spec[f"{command} --help-all"])
+        return
+    sys.stdout.write(spec[command])
+    if full:
+        sys.stdout.write(
+            f"\n`--help-all`: every option of `trl-nca {command}` is listed above (it adds TRL's model and training "
+            f"options to {' and '.join(FULL_HELP)}).\n"
+        )
 
 
 def write_spec(path=None) -> dict[str, str]:
-    """Render every command's help from its parser and write the spec."""
-    spec = {command: render(command) for command in COMMANDS}
+    """Render every command's help from its parser (and the full help of `FULL_HELP`) and write the spec."""
+    spec = {key: render(key.split()[0], full=key.endswith("--help-all")) for key in spec_keys()}
     target = path or str(files("trl_nca.resources") / SPEC)
     with open(target, "w", encoding="utf-8") as handle:
         json.dump(spec, handle, indent=1, ensure_ascii=False)

@@ -18,7 +18,8 @@ from ..eval.loading import DTYPES
 
 MODEL_SPEC = "[NAME=]PATH[:ADAPTER]"  # the one model-spec syntax (`trl_nca.eval.loading.parse_model_specs`)
 MODEL_SPEC_HELP = (
-    "A model folder, Hub id or alias ('embedded': the built-in SmolLM2-135M-Instruct; 'organism'), optionally with a "
+    "A model folder, Hub id or alias ('embedded': the built-in SmolLM2-135M-Instruct; 'organism', or a shipped "
+    "organism by its name, e.g. 'organism-rules-s2'), optionally with a "
     "PEFT adapter folder after a colon (a PATH that exists as given is never split). NAME= sets its name in the "
     "report (default: the last path component of its adapter, else of PATH; names must be unique); NAME=:ADAPTER "
     "puts an adapter on the first model's weights."

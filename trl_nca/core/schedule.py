@@ -3,6 +3,7 @@
 - `constant`: the paper's method, `nca_beta` from the first step to the last.
 - `warmup`: `nca_beta * min(1, s / nca_warmup_steps)` during optimizer step s + 1 (s steps done), so the anchor is
   off at the first step and full after the warm-up.
+- `gated` (beyond the paper; the default): `adaptive` below, off until the views drift apart (`nca_adaptive_init=0`).
 - `adaptive` (beyond the paper): a bounded multiplicative controller in the manner of the adaptive KL controller of
   RLHF (Ziegler et al., 2019). After each step it compares the measured gap between the student's two views with the
   gap between the no-context view and the teacher:
@@ -17,10 +18,11 @@
   no-context view has moved towards the teacher): the anchor relaxes. Once the no-context view has caught up with the
   teacher and the context view has drifted away from it (ratio > 1: the context view is farther from the no-context
   view than the teacher is), the anchor grows, up to `nca_beta`. So the anchor follows internalisation instead of
-  fighting it. `target` > 1 tolerates more drift; `horizon` > 1 makes the updates smaller. With
-  `nca_adaptive_init=0` the anchor starts off and stays off until the first step with ratio > target, then starts
-  at `nca_adaptive_min`: the forward-KL anchor's gradient does not vanish when the two views disagree confidently
-  (the reverse-KL OPD gradient does), so even a small weight can move the context view early in training.
+  fighting it. `target` > 1 tolerates more drift; `horizon` > 1 makes the updates smaller. Gated (`gated`, or
+  `adaptive` with `nca_adaptive_init=0`: the same schedule, `recipes.identity` reads both as `gated`), the anchor
+  starts off and stays off until the first step with ratio > target, then starts at `nca_adaptive_min`: the
+  forward-KL anchor's gradient does not vanish when the two views disagree confidently (the reverse-KL OPD gradient
+  does), so even a small weight can move the context view early in training.
 
 Every schedule keeps its state in `state_dict()` (saved in each checkpoint as `nca_schedule.json`) so a resumed run
 continues with exactly the weights the uninterrupted run would have used.
@@ -40,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
-# The default anchor: the gated one (`adaptive` off until the views drift apart), chosen in docs/results.md section 10.
-DEFAULT_SCHEDULE = "adaptive"
+# The default anchor: the gated one (off until the views drift apart), chosen in docs/results.md section 10.
+DEFAULT_SCHEDULE = "gated"
 ADAPTIVE_INIT = 0.0
 ADAPTIVE_MIN = 0.05
 ADAPTIVE_TARGET = 1.1
@@ -250,10 +252,9 @@ class AdaptiveSchedule(BetaSchedule):
         "nca_adaptive_horizon",
     )
     summary: ClassVar[str] = (
-        "`'adaptive'` with `nca_adaptive_init=0` (the gated anchor) keeps the anchor off until the first step whose "
-        "`view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts it at `nca_adaptive_min` and multiplies it "
-        "after each step by `1 + clip(view_kl / (nca_adaptive_target * opd_loss) - 1, -0.2, 0.2) / "
-        "nca_adaptive_horizon`, within `[nca_adaptive_min, nca_beta]` (see `trl_nca.core.schedule`)."
+        "`'adaptive'` starts at `nca_adaptive_init` and multiplies the weight after each step by `1 + clip(view_kl / "
+        "(nca_adaptive_target * opd_loss) - 1, -0.2, 0.2) / nca_adaptive_horizon`, within `[nca_adaptive_min, "
+        "nca_beta]` (see `trl_nca.core.schedule`); with `nca_adaptive_init=0` it is `'gated'`."
     )
     needs_measurements: ClassVar[bool] = True
 
@@ -309,18 +310,20 @@ class AdaptiveSchedule(BetaSchedule):
     def never_on(self, views_equal_teacher: bool) -> str | None:
         if self.gated and views_equal_teacher and self.adaptive_target >= 1:
             return (
-                f"nca_beta_schedule='adaptive' with nca_adaptive_init=0 can never turn the anchor on here: with "
+                f"nca_beta_schedule='{self.kind}'"
+                + (" with nca_adaptive_init=0" if self.kind == "adaptive" else "")
+                + " can never turn the anchor on here: with "
                 "self_teacher='live' and reverse-KL OPD the teacher is the student's own context view, so view_kl equals "
                 f"opd_loss at every step and the gate (view_kl > nca_adaptive_target x opd_loss, target "
-                f"{self.adaptive_target}) never opens. Set nca_adaptive_init > 0, nca_adaptive_target < 1 or "
-                "self_teacher='initial'."
+                f"{self.adaptive_target}) never opens. Set nca_beta_schedule='adaptive' with nca_adaptive_init > 0, "
+                "nca_adaptive_target < 1 or self_teacher='initial'."
             )
         return None
 
     def describe(self) -> str:
         if self.gated and self.steps_done > 0 and self.current == 0.0:  # once open, the weight stays >= the minimum
             return (
-                f"The anchor was trl-nca's default gated anchor (beyond the paper; `nca_beta_schedule='adaptive'`, "
+                f"The anchor was trl-nca's default gated anchor (beyond the paper; `nca_beta_schedule='{self.kind}'`, "
                 f"docs/results.md section 10 of trl-nca), off until the student's two views drifted apart (`view_kl` "
                 f"above {self.adaptive_target:g} x `opd_loss`): they never did in the {self.steps_done} optimizer "
                 f"step{'s' if self.steps_done > 1 else ''} run, so the anchor never acted and the run was plain "
@@ -335,9 +338,23 @@ class AdaptiveSchedule(BetaSchedule):
         name = "trl-nca's default gated anchor" if self.adaptive_init == 0 else "an adaptive anchor"
         return (
             f"The anchor was {name} (beyond the paper): it {start} and followed the views' gap, within "
-            f"[{self.adaptive_min:g}, {self.beta:g}] (`nca_beta_schedule='adaptive'`; docs/results.md section 10 of "
+            f"[{self.adaptive_min:g}, {self.beta:g}] (`nca_beta_schedule='{self.kind}'`; docs/results.md section 10 of "
             "trl-nca). The paper's anchor is constant (`nca_beta_schedule='constant'`)."
         )
+
+
+@register_schedule
+@dataclass
+class GatedSchedule(AdaptiveSchedule):
+    """The default anchor: the adaptive controller, off until the student's two views drift apart (its weight starts
+    at 0, `adaptive_init` is not read)."""
+
+    kind: ClassVar[str] = "gated"
+    reads: ClassVar[tuple[str, ...]] = ("nca_adaptive_min", "nca_adaptive_target", "nca_adaptive_horizon")
+    summary: ClassVar[str] = (
+        "`'gated'` (the default) keeps the anchor off until the first step whose `view_kl` exceeds "
+        "`nca_adaptive_target * opd_loss`, then starts it at `nca_adaptive_min` and follows `'adaptive'` from there."
+    )
 
 
 def schedule_from_config(args, kind: str | None = None) -> BetaSchedule:

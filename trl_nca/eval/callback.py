@@ -77,7 +77,7 @@ class PairedEvalCallback(TrainerCallback):
         final_report: evaluate and write the report at the end of training.
         eval_on_start: also evaluate before the first step (step 0).
         tasks: lm-evaluation-harness task names to evaluate instead of `eval_dataset` (`trl_nca.eval.harness`; needs
-            `pip install trl-nca[harness]`): each task's metrics are logged under `prefix + TASK + "/"`, and the final
+            `pip install "trl-nca[harness]"`): each task's metrics are logged under `prefix + TASK + "/"`, and the final
             report has one row per task. `num_items` then keeps each task's first documents.
         include_path: a folder of local task YAMLs (with `tasks`).
         harness_options: how the tasks run (`HarnessOptions`; with `tasks`).

@@ -47,10 +47,11 @@ class Column:
     written: `rate` (in %), `rate_ci` (in % with its bootstrap interval), `tokens` (a mean length), `p` (a p-value),
     `count` or `label` (a word). `count` names the count a conditional rate divides (`harm_count` of the items right
     without the context, `help_count` of those wrong without it). `game` is the key in a game's summary, where it
-    differs. `rate` computes the metric from a `trl_nca.eval.metrics.PairedArrays` whose arrays hold one row per
-    sample of the items (the items themselves, then each bootstrap resample: `correct_x` of shape (rows, n), ...),
-    one value per row; None for a metric `compute_metrics` writes itself (`n`, `length_x`, `mcnemar_p`, `regime`).
-    `definition` is its line in docs/evaluation.md's metric table (None: not in that table)."""
+    differs. `run_ci`: the per-run rows of a comparison's table show the rate's interval too (each run's own, over
+    items). `rate` computes the metric from a `trl_nca.eval.metrics.PairedArrays` whose arrays hold one row per sample
+    of the items (the items themselves, then each bootstrap resample: `correct_x` of shape (rows, n), ...; `samples`
+    is k), one value per row; None for a metric `compute_metrics` writes itself (`n`, `length_x`, `mcnemar_p`,
+    `regime`). `definition` is its line in docs/evaluation.md's metric table (None: not in that table)."""
 
     key: str
     name: str
@@ -60,6 +61,7 @@ class Column:
     count: str | None = None
     game: str | None = None
     always: bool = False
+    run_ci: bool = False
     rate: Callable[[Any], np.ndarray] | None = None
     definition: str | None = None
 
@@ -75,6 +77,20 @@ def harm_items(a) -> np.ndarray:
 def help_items(a) -> np.ndarray:
     """The items wrong without the context and right with it, per row."""
     return ((1 - a.correct_x) * a.correct_xc).sum(1)
+
+
+def no_effect_terms(correct_x: np.ndarray, correct_xc: np.ndarray, samples: int) -> np.ndarray:
+    """Per item, the expected harm term p_x (1 - p_xc) (equally, help term) were the item's 2k samples exchangeable
+    between the views: s (m - s) / (m (m - 1)) for s right answers among m = 2k samples (docs/evaluation.md, the harm
+    floor)."""
+    m = 2 * samples
+    right = (correct_x + correct_xc) * samples
+    return right * (m - right) / (m * (m - 1))
+
+
+def no_effect_items(a) -> np.ndarray:
+    """The harm (equally, help) items a context with no effect gives, per row (`no_effect_terms` summed)."""
+    return no_effect_terms(a.correct_x, a.correct_xc, a.samples).sum(1)
 
 
 _ALL = frozenset({REPORT, COMPARISON})
@@ -155,6 +171,41 @@ COLUMNS = (
         tables=frozenset(),
         rate=lambda a: help_items(a) / a.correct_x.shape[1],
         definition="`help_count / n`, where `help_count = #{x_i = 0, xc_i = 1}`",
+    ),
+    Column(
+        "harm_floor",
+        "Harm floor",
+        "the harm a context with no effect gives, from each item's own success rate over its samples of both views "
+        "(docs/evaluation.md#the-harm-floor).",
+        tables=_ALL,
+        rate=lambda a: ratio(no_effect_items(a), a.correct_x.sum(1)),
+        definition="`sum_i u_i / sum_i x_i`, with `u_i = s_i (m - s_i) / (m (m - 1))` for the `s_i` right answers among "
+        "the item's `m = 2k` samples: the harm of a context with no effect ([the harm floor](#the-harm-floor))",
+    ),
+    Column(
+        "harm_excess",
+        "Excess harm",
+        "Harm - Harm floor, in percentage points: the harm beyond the sampling noise of the items' own success rates.",
+        "rate_ci",
+        _STATS,
+        run_ci=True,
+        rate=lambda a: ratio(harm_items(a) - no_effect_items(a), a.correct_x.sum(1)),
+        definition="`harm - harm_floor`",
+    ),
+    Column(
+        "help_floor",
+        "Help floor",
+        "the help a context with no effect gives (as Harm floor).",
+        rate=lambda a: ratio(no_effect_items(a), a.correct_x.shape[1] - a.correct_x.sum(1)),
+        definition="`sum_i u_i / sum_i (1 - x_i)`: the help of a context with no effect",
+    ),
+    Column(
+        "help_excess",
+        "Excess help",
+        "Help - Help floor, in percentage points.",
+        "rate_ci",
+        rate=lambda a: ratio(help_items(a) - no_effect_items(a), a.correct_x.shape[1] - a.correct_x.sum(1)),
+        definition="`help - help_floor`",
     ),
     Column(
         "both_correct",
@@ -251,6 +302,11 @@ BY_KEY = {column.key: column for column in COLUMNS}
 def keys(table: str) -> tuple[str, ...]:
     """The metric keys a table shows, in order (`regime` and `n`, written apart, left out)."""
     return tuple(c.key for c in COLUMNS if table in c.tables and c.kind not in ("label", "count"))
+
+
+def run_interval_keys() -> tuple[str, ...]:
+    """The metric keys whose interval the per-run rows of a comparison's table show (`Column.run_ci`)."""
+    return tuple(c.key for c in COLUMNS if c.run_ci)
 
 
 def names() -> dict[str, str]:

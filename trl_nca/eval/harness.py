@@ -1,62 +1,69 @@
 """Paired evaluation over lm-evaluation-harness tasks: each task run without and with the context, paired by `doc_id`.
 
-lm-eval (`pip install trl-nca[harness]`, imported only when a harness task is asked for) builds every request, runs
-the model and scores each document with the task's own metric; this module only chooses what the with-context view
-adds to the prompt, runs `lm_eval.simple_evaluate` once per view (and sample), and joins the two runs' logged samples
-by `doc_id` into the library's `PairedRecord`s, so the metrics, regimes, reports and resume of the paired evaluation
-apply unchanged (`trl_nca.eval.runner.run_paired`).
+lm-eval (`pip install "trl-nca[harness]"`, imported only when a harness task is asked for) builds every request, runs
+the model and scores each document with the task's own metric; this module chooses what the with-context view adds to
+the prompt, runs each view through lm-eval (`trl_nca.eval.lm_eval_adapter`, the one module that calls it) once per
+sample, and joins the two runs' logged samples by `doc_id` into the library's `PairedRecord`s, so the metrics,
+regimes, reports and resume of the paired evaluation apply unchanged (`trl_nca.eval.runner.run_paired`).
 
-Where the context goes, in lm-eval's own terms (`lm_eval.api.task.ConfigurableTask.fewshot_context`):
+Each view is a task of its own, built once (lm-eval's `fewshot_context` puts the context where it goes):
 
-- a fixed context with placement `system`: `system_instruction`, which lm-eval puts first in the system message (the
-  task's `description`, if any, follows it);
-- a per-document context (a field of the task's documents) with placement `system`: the task's `description` becomes
-  that field (lm-eval resolves it per document), followed by the task's own description, if any;
-- placement `user`: the evaluated document's question (`doc_to_text`) is rewritten through the context template; few-
-  shot examples keep their own text.
+- a fixed context with placement `system`: the task as it is, run with the context as lm-eval's `system_instruction`,
+  which lm-eval puts first in the system message (the task's `description`, if any, follows it);
+- a per-document context (a field of the task's documents) with placement `system`: the task built again with its
+  `description` set to that field (lm-eval resolves it per document), followed by the task's own description, if any;
+- placement `user`: the task built again with a `doc_to_text` that puts the evaluated document's question through the
+  context template; few-shot examples keep their own text.
 
 Prompts always go through the model's chat template (`apply_chat_template=True`): the context is a chat role's text.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
-import logging
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..console import plural, say
 from ..core.sampling import GenerationSettings
 from ..core.views import ContextSpec, check_context
 from ..inputs import sha256_text
 from .errors import EvalInputError
+from .harness_index import load_tasks, resolve_task_manager
+from .lm_eval_adapter import (
+    HARNESS_INSTALL,
+    ModelToRun,
+    RunSettings,
+    averaged,
+    build_lm,
+    computed_metrics,
+    filter_names,
+    listed_metrics,
+    lm_eval_version,
+    multiple_inputs,
+    render_prompt,
+    run_task,
+    task_variant,
+)
 from .records import PairedRecord, ViewOutcome
 from .report import ModelRun, safe_name
-from .runner import TaskItem, run_paired, run_provenance
+from .runner import TaskItem, early_meta, run_paired, run_provenance
 
 
-logger = logging.getLogger(__name__)
+__all__ = [
+    "HARNESS_INSTALL",
+    "HarnessOptions",
+    "HarnessTask",
+    "evaluate_harness",
+    "harness_tasks",
+    "hf_lm",
+]
 
-HARNESS_INSTALL = "pip install trl-nca[harness]"
-LOCAL_DATASET_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")  # `dataset_path`s that read local files
 SYSTEM_PROBE = "trl-nca system role probe 7f3a"  # a text no chat template adds by itself
-
-
-def import_lm_eval():
-    """The `lm_eval` module, or one line naming the extra that installs it."""
-    try:
-        import lm_eval
-        import lm_eval.tasks  # noqa: F401  (the task manager; fails too when a dependency of lm-eval is missing)
-    except ImportError as error:
-        raise EvalInputError(
-            f"Harness tasks (--tasks) run lm-evaluation-harness, which is not installed ({error}). Install it with "
-            f"`{HARNESS_INSTALL}`."
-        ) from error
-    return lm_eval
+VIEWS = {"x": "without", "xc": "with"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,8 @@ class HarnessOptions:
         batch_size: lm-eval's batch size.
         limit: the first N documents of each task only.
         chat_template_kwargs: extra chat template variables (lm-eval's `chat_template_args`).
+        skip_empty_context: leave out the documents whose context field is empty (their two views would be one
+            prompt), counted in the provenance and the report; without it such a document is refused.
     """
 
     num_fewshot: int | None = None
@@ -87,6 +96,7 @@ class HarnessOptions:
     limit: int | None = None
     fewshot_as_multiturn: bool = True
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    skip_empty_context: bool = False
 
     def __post_init__(self):
         for name in ("num_fewshot", "limit"):
@@ -96,87 +106,15 @@ class HarnessOptions:
         if self.samples_per_view < 1:
             raise EvalInputError(f"samples_per_view must be at least 1, got {self.samples_per_view}.")
 
-
-_MANAGERS: dict[tuple[tuple[str, ...], bool], Any] = {}
-
-
-def bundled_tasks_folder() -> Path:
-    """The folder of the harness tasks shipped with trl-nca (`island_facts_mc`), always searched."""
-    from .. import resources
-
-    return Path(resources.__file__).parent / "harness"
-
-
-def task_manager(include_path: Sequence[str] | str | None, include_defaults: bool = True):
-    """lm-eval's `TaskManager` for the local task folders `include_path` and the shipped tasks (one per process and
-    arguments: building the index of lm-eval's own tasks takes seconds)."""
-    import_lm_eval()
-    from lm_eval.tasks import TaskManager
-
-    paths = [include_path] if isinstance(include_path, (str, os.PathLike)) else list(include_path or [])
-    for path in paths:
-        if not Path(path).is_dir():
-            raise EvalInputError(f"--include-path {path} is not a folder of task YAML files. Give the folder.")
-    paths = [bundled_tasks_folder(), *paths]  # the user's folders come last: their tasks win over ours
-    key = (tuple(str(Path(p).resolve()) for p in paths), include_defaults)
-    if key not in _MANAGERS:
-        _MANAGERS[key] = TaskManager(include_path=[str(p) for p in paths] or None, include_defaults=include_defaults)
-    return _MANAGERS[key]
-
-
-def resolve_task_manager(names: Sequence[str], include_path):
-    """The manager that knows every name: the local folders alone when they hold all of them (fast), else lm-eval's
-    own tasks too. An unknown name is one line with lm-eval's closest names."""
-    local = task_manager(include_path, include_defaults=False)
-    if all(name in local.all_tasks for name in names):
-        return local
-    manager = task_manager(include_path)
-    for name in names:
-        if name not in manager.all_tasks:
-            close = difflib.get_close_matches(name, manager.all_tasks, n=5, cutoff=0.5)
-            hint = f" Closest lm-eval names: {', '.join(close)}." if close else ""
-            where = f" or under --include-path {include_path}" if include_path else ""
-            raise EvalInputError(
-                f"Unknown harness task {name!r}: lm-eval has no task, group or tag of that name{where}.{hint} "
-                "List them with `lm-eval ls tasks`, or give --include-path DIR for a local task YAML."
-            )
-    return manager
-
-
-def _is_hub_failure(error: BaseException) -> bool:
-    """Whether loading a task's dataset failed because the Hub could not be reached (offline mode or the network)."""
-    names = {cls.__name__ for cls in type(error).__mro__}
-    hub_errors = {
-        "ConnectionError",
-        "OfflineModeIsEnabled",
-        "DatasetNotFoundError",
-        "LocalEntryNotFoundError",
-        "HfHubHTTPError",
-        "Timeout",
-    }
-    text = str(error)
-    return bool(names & hub_errors) or "offline" in text.lower() or "Couldn't reach" in text
-
-
-def load_tasks(names: Sequence[str], include_path=None) -> dict[str, Any]:
-    """lm-eval's task objects for `names` (groups and tags expand to their tasks), keyed by task name; their documents
-    are loaded now, so a task whose data must come from an unreachable Hub is one line naming it."""
-    manager = resolve_task_manager(names, include_path)
-    tasks: dict[str, Any] = {}
-    for name in names:
-        try:
-            loaded = manager.load([name])
-        except Exception as error:  # lm-eval raises what `datasets` raises, of many types
-            if _is_hub_failure(error):
-                raise EvalInputError(
-                    f"Harness task {name!r} reads its documents from the Hugging Face Hub, which cannot be reached "
-                    f"here ({type(error).__name__}), and they are not in the datasets cache: its data must be local "
-                    "or cached. Run it once where the Hub is reachable, or point the task's dataset_path at local files "
-                    "(dataset_path: json, dataset_kwargs: {data_files: ...})."
-                ) from error
-            raise EvalInputError(f"Harness task {name!r} could not be loaded by lm-eval: {error}") from error
-        tasks.update(loaded["tasks"])
-    return tasks
+    def run_settings(self, sample: int) -> RunSettings:
+        """lm-eval's settings of sample `sample` of a view."""
+        return RunSettings(
+            num_fewshot=self.num_fewshot,
+            fewshot_as_multiturn=self.fewshot_as_multiturn,
+            gen_kwargs=self.gen_kwargs,
+            seed=self.seed + sample,
+            fewshot_seed=self.fewshot_seed,
+        )
 
 
 @dataclass(frozen=True)
@@ -191,13 +129,25 @@ class DocSample:
     doc_hash: str
 
 
+@dataclass(frozen=True)
+class TaskView:
+    """One view of a task: the lm-eval task that runs it and the system instruction it runs with."""
+
+    task: Any
+    system_instruction: str | None = None
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
 class HarnessTask:
     """One lm-eval task evaluated without and with a context: a `PairedTask` of the runner (`run_paired`).
 
     The checks (`check`) need no model: the metric, the context field, the system role of the chat template and the
     prompts' lengths against the model's positions. `run(model, tokenizer)` evaluates a loaded model (an lm-eval
     `LM`, e.g. `HFLM` or lm-eval's vLLM model, can be passed as `lm`); records are `PairedRecord`s whose views hold
-    lm-eval's per-document metric value, answer and prompt.
+    lm-eval's per-document metric value, answer and prompt. `docs` maps each evaluated document's `doc_id` to it.
     """
 
     def __init__(
@@ -213,20 +163,29 @@ class HarnessTask:
         self.metric, self.filter = self._metric_and_filter(options.metric)
         docs = list(task.eval_docs)
         count = len(docs) if options.limit is None else min(options.limit, len(docs))
-        self.docs = docs[:count]
-        if not self.docs:
+        if not count:
             raise EvalInputError(f"Harness task {self.name!r} has no documents to evaluate.")
-        self._check_context_field()
+        self.docs: dict[int, Mapping[str, Any]] = dict(enumerate(docs[:count]))
+        self.skipped = self._check_context_field()
+        for doc_id in self.skipped:
+            del self.docs[doc_id]
+        if not self.docs:
+            raise EvalInputError(
+                f"Harness task {self.name!r}: every document's context field {self.context.column!r} is empty, so "
+                "nothing is left to evaluate. Give another field (--context-column) or a fixed context."
+            )
+        self.num_fewshot = self._num_fewshot()
+        self.config_sha256 = sha256_text(json.dumps(task.dump_config(), sort_keys=True, default=str))
+        self.version = (task.dump_config().get("metadata") or {}).get("version")
+        self.gen_kwargs = {**dict(task.get_config("generation_kwargs") or {}), **dict(options.gen_kwargs or {})}
+        self.views = {"x": TaskView(task), "xc": self._context_view()}
 
     # ------------------------------------------------------------------------------------------------ checks (no model)
 
     def _metric_and_filter(self, wanted: str | None) -> tuple[str, str]:
-        from lm_eval.api.metrics import mean
-
-        computed = list(getattr(self.task, "_metric_fn_list", {}))
-        listed = [m["metric"] for m in (self.task.config.metric_list or []) if isinstance(m.get("metric"), str)]
-        filters = [f.name for f in getattr(self.task, "_filters", [])] or ["none"]
-        name, _, filter_name = (wanted or (listed or computed or [""])[0]).partition(",")
+        computed = computed_metrics(self.task)
+        filters = filter_names(self.task)
+        name, _, filter_name = (wanted or (listed_metrics(self.task) or computed or [""])[0]).partition(",")
         if name not in computed:
             raise EvalInputError(
                 f"Harness task {self.name!r} does not compute the metric {name!r}; it computes {computed}. Give one of "
@@ -237,21 +196,21 @@ class HarnessTask:
                 f"Harness task {self.name!r} has no filter {filter_name!r} (--metric {wanted}); its filters are "
                 f"{filters}. Give --metric {name},FILTER with one of them, or --metric {name} for the first."
             )
-        aggregation = self.task.aggregation().get(name)
-        if aggregation is not mean:
+        is_mean, aggregation = averaged(self.task, name)
+        if not is_mean:
             raise EvalInputError(
-                f"The metric {name!r} of harness task {self.name!r} is aggregated by "
-                f"{getattr(aggregation, '__name__', aggregation)}, not averaged over documents, so it is not a 0/1 "
-                "verdict per document and no answer can be called right or wrong. Choose a 0/1 metric with --metric "
-                "(e.g. acc or exact_match)."
+                f"The metric {name!r} of harness task {self.name!r} is aggregated by {aggregation}, not averaged over "
+                "documents, so it is not a 0/1 verdict per document and no answer can be called right or wrong. "
+                "Choose a 0/1 metric with --metric (e.g. acc or exact_match)."
             )
         return name, filter_name or filters[0]
 
-    def _check_context_field(self) -> None:
+    def _check_context_field(self) -> list[int]:
+        """The doc_ids whose context field is empty (left out with `skip_empty_context`, else refused)."""
         column = self.context.column if self.context.text is None else None
         if column is None:
-            return
-        lacking = [i for i, doc in enumerate(self.docs) if column not in doc]
+            return []
+        lacking = [i for i, doc in self.docs.items() if column not in doc]
         if lacking:
             fields = sorted(self.docs[lacking[0]])
             raise EvalInputError(
@@ -259,11 +218,46 @@ class HarnessTask:
                 f"(doc_id {lacking[0]} has {fields}). Give one of those fields, or a fixed context with --context-text "
                 "or --context-file."
             )
-        for i, doc in enumerate(self.docs):
-            try:
-                check_context(doc[column], where=f"doc_id {i} of harness task {self.name!r} (field {column!r})")
-            except (TypeError, ValueError) as error:
-                raise EvalInputError(str(error)) from error
+        empty = [i for i, doc in self.docs.items() if _empty(doc[column])]
+        if empty and not self.options.skip_empty_context:
+            raise EvalInputError(
+                f"Harness task {self.name!r}: the context field {column!r} of {plural(len(empty), 'document')} is "
+                f"empty (doc_ids {empty[:5]}{' ...' if len(empty) > 5 else ''}), so its prompts with and without the "
+                "context would be the same and it could show neither harm nor help. Give --skip-empty-context to leave "
+                "such documents out (counted in the report), or fill the field."
+            )
+        for i, doc in self.docs.items():
+            if i not in empty:
+                try:
+                    check_context(doc[column], where=f"doc_id {i} of harness task {self.name!r} (field {column!r})")
+                except (TypeError, ValueError) as error:
+                    raise EvalInputError(str(error)) from error
+        return empty
+
+    def _context_view(self) -> TaskView:
+        """The with-context view: the same task with a system instruction, or a task built with the context."""
+        if self.context.placement == "system" and self.context.text is not None:
+            return TaskView(self.task, self.context.text)
+        config = self.task.config
+        if self.context.placement == "system":
+            column, own = self.context.column, config.description
+            if not own:
+                description = column  # lm-eval reads a field named like the description straight from the document
+            else:
+                own = "{{" + own + "}}" if own in next(iter(self.docs.values())) else own
+                description = "{{" + column + "}}" + config.fewshot_delimiter + own
+            return TaskView(task_variant(self.task, description=description))
+        if multiple_inputs(self.task, next(iter(self.docs.values()))):
+            raise EvalInputError(
+                f"Harness task {self.name!r} has several inputs per document, so the context cannot be put in its "
+                "question; use --placement system."
+            )
+        question, template, context_of = self.task.doc_to_text, self.context.template, self.context_of
+        return TaskView(
+            task_variant(
+                self.task, doc_to_text=lambda doc: template.format(context=context_of(doc), prompt=question(doc))
+            )
+        )
 
     def context_of(self, doc: Mapping[str, Any]) -> str:
         return self.context.text if self.context.text is not None else str(doc[self.context.column])
@@ -285,10 +279,9 @@ class HarnessTask:
                 "context then goes into the user turn)."
             )
         budget = self._answer_budget(tokenizer)
-        for doc_id, doc in enumerate(self.docs):
+        for doc_id, doc in self.docs.items():
             prompt_x, prompt_xc = self.prompts(doc, tokenizer)
-            context = self.context_of(doc)
-            if prompt_xc == prompt_x or context not in prompt_xc:
+            if prompt_xc == prompt_x or self.context_of(doc) not in prompt_xc:
                 raise EvalInputError(
                     f"Harness task {self.name!r}, doc_id {doc_id}: the prompt with the context is not the prompt without "
                     "it plus the context (the chat template drops it). Try --placement "
@@ -306,7 +299,7 @@ class HarnessTask:
 
     def _answer_budget(self, tokenizer) -> Callable[[Mapping[str, Any]], int]:
         if self.output_type == "generate_until":
-            max_gen = int(self.generation_kwargs().get("max_gen_toks", 256))  # HFLM's default
+            max_gen = int(self.gen_kwargs.get("max_gen_toks", 256))  # HFLM's default
             return lambda doc: max_gen
         if self.output_type == "multiple_choice":
 
@@ -318,9 +311,8 @@ class HarnessTask:
         return lambda doc: 0
 
     def generation_kwargs(self) -> dict[str, Any]:
-        kwargs = dict(self.task.get_config("generation_kwargs") or {})
-        kwargs.update(self.options.gen_kwargs or {})
-        return kwargs
+        """The task's `generation_kwargs` with the run's overrides."""
+        return dict(self.gen_kwargs)
 
     def prompts(self, doc: Mapping[str, Any], tokenizer) -> tuple[str, str]:
         """The prompt of `doc` without and with the context, rendered by lm-eval with `tokenizer`'s chat template."""
@@ -334,21 +326,19 @@ class HarnessTask:
                 **dict(self.options.chat_template_kwargs),
             )
 
-        rendered = []
-        for view in ("x", "xc"):
-            with self.view(view) as system_instruction:
-                self.task.set_fewshot_seed(seed=self.options.fewshot_seed)
-                prompt = self.task.fewshot_context(
-                    doc,
-                    self._num_fewshot(),
-                    system_instruction=system_instruction,
-                    apply_chat_template=True,
-                    fewshot_as_multiturn=self.options.fewshot_as_multiturn,
-                    chat_template=chat,
-                    gen_prefix=self.task.resolve_field(doc, self.task.config.gen_prefix),
-                )
-            rendered.append(prompt if isinstance(prompt, str) else "\n".join(prompt))
-        return rendered[0], rendered[1]
+        x, xc = (
+            render_prompt(
+                view.task,
+                doc,
+                num_fewshot=self.num_fewshot,
+                system_instruction=view.system_instruction,
+                fewshot_seed=self.options.fewshot_seed,
+                fewshot_as_multiturn=self.options.fewshot_as_multiturn,
+                chat=chat,
+            )
+            for view in (self.views["x"], self.views["xc"])
+        )
+        return x, xc
 
     def _num_fewshot(self) -> int:
         if self.options.num_fewshot is not None and self.task.get_config("num_fewshot") != 0:
@@ -357,74 +347,19 @@ class HarnessTask:
 
     # ------------------------------------------------------------------------------------------------ the two views
 
-    @contextmanager
-    def view(self, view: str) -> Iterator[str | None]:
-        """The task configured for `view` ('x': as defined; 'xc': with the context), yielding the system instruction
-        to pass to lm-eval; the task's configuration is put back afterwards."""
-        if view == "x":
-            yield None
-            return
-        config = self.task.config
-        if self.context.placement == "system" and self.context.text is not None:
-            yield self.context.text
-            return
-        if self.context.placement == "system":
-            key, original = "description", config.description
-            column = self.context.column
-            if not original:
-                replacement: Any = column  # lm-eval reads a field named like the description straight from the doc
-            else:
-                own = "{{" + original + "}}" if original in self.docs[0] else original
-                replacement = "{{" + column + "}}" + config.fewshot_delimiter + own
-        else:
-            key, original = "doc_to_text", config.doc_to_text
-            task, template = self.task, self.context.template
-
-            def replacement(doc):
-                question = task.doc_to_text(doc, original)
-                if not isinstance(question, str):
-                    raise EvalInputError(
-                        f"Harness task {self.name!r} has several inputs per document, so the context cannot be put in "
-                        "its question; use --placement system."
-                    )
-                return template.format(context=self.context_of(doc), prompt=question)
-
-        self.task.set_config(key, replacement)
-        try:
-            yield None
-        finally:
-            self.task.set_config(key, original)
-
-    def _run_view(self, lm, view: str, doc_ids: Sequence[int], sample: int) -> dict[int, DocSample]:
-        """One lm-eval run of `view` on `doc_ids`: its logged samples under the chosen filter, by doc_id."""
-        lm_eval = import_lm_eval()
-        full = list(range(len(self.docs)))
-        subset: dict[str, Any] = {}
-        if list(doc_ids) != full[: len(doc_ids)]:
-            subset["samples"] = {self.name: list(doc_ids)}
-        elif len(doc_ids) < len(self.task.eval_docs):
-            subset["limit"] = len(doc_ids)
-        seed = self.options.seed + sample
-        with self.view(view) as system_instruction:
-            results = lm_eval.simple_evaluate(
-                model=lm,
-                tasks=[self.task],
-                task_manager=self.manager,
-                num_fewshot=self.options.num_fewshot,
-                system_instruction=system_instruction,
-                apply_chat_template=True,
-                fewshot_as_multiturn=self.options.fewshot_as_multiturn,
-                gen_kwargs=dict(self.options.gen_kwargs or {}) or None,
-                log_samples=True,
-                bootstrap_iters=0,
-                random_seed=seed,
-                numpy_random_seed=seed,
-                torch_random_seed=seed,
-                fewshot_random_seed=self.options.fewshot_seed,
-                **subset,
-            )
-        logged = [s for s in results["samples"][self.name] if s["filter"] == self.filter]
-        return {int(s["doc_id"]): self._doc_sample(s) for s in logged}
+    def run_view(self, lm, view: str, doc_ids: Sequence[int], sample: int) -> dict[int, DocSample]:
+        """One lm-eval run of `view` ('x' or 'xc') on `doc_ids`: its logged samples under the chosen filter, by
+        doc_id."""
+        chosen = self.views[view]
+        logged = run_task(
+            lm,
+            chosen.task,
+            self.manager,
+            doc_ids=doc_ids,
+            system_instruction=chosen.system_instruction,
+            settings=self.options.run_settings(sample),
+        )
+        return {int(s["doc_id"]): self._doc_sample(s) for s in logged if s["filter"] == self.filter}
 
     def _doc_sample(self, logged: Mapping[str, Any]) -> DocSample:
         value = float(logged[self.metric])
@@ -446,16 +381,21 @@ class HarnessTask:
             completion, answer = str(raw), str(answer)
         return DocSample(int(logged["doc_id"]), value, str(prompt), answer, completion, str(logged["doc_hash"]))
 
-    def _outcome(self, sample: DocSample, tokenizer) -> ViewOutcome:
-        generated = self.output_type == "generate_until"
-        tokens = len(tokenizer(sample.completion, add_special_tokens=False)["input_ids"]) if generated else 0
-        max_gen = int(self.generation_kwargs().get("max_gen_toks", 256)) if generated else None
+    @property
+    def generates(self) -> bool:
+        """Whether the task's answers are generated (`generate_until`), not scored by log-likelihood."""
+        return self.output_type == "generate_until"
+
+    def outcome(self, sample: DocSample, tokenizer) -> ViewOutcome:
+        """The runner's outcome of one document in one view: correct by the metric, with the answer and prompt."""
+        tokens = len(tokenizer(sample.completion, add_special_tokens=False)["input_ids"]) if self.generates else 0
+        max_gen = int(self.gen_kwargs.get("max_gen_toks", 256)) if self.generates else None
         return ViewOutcome(
             completion=sample.completion,
             answer=sample.answer,
             correct=sample.value == 1.0,
             num_tokens=tokens,
-            truncated=bool(generated and tokens >= max_gen),
+            truncated=bool(self.generates and tokens >= max_gen),
             format_failure=False,
             extra={"doc_id": sample.doc_id, "metric": self.metric, "value": sample.value, "prompt": sample.prompt},
         )
@@ -464,23 +404,23 @@ class HarnessTask:
 
     def describe(self) -> dict[str, Any]:
         """The task's part of the provenance record: the lm-eval task (name, version, config hash), the metric, the
-        context and the options that shape the requests."""
-        config = self.task.dump_config() if hasattr(self.task, "dump_config") else {}
+        context and the options that shape the requests. A log-likelihood task says it generates nothing."""
         return {
             "context": self.context_info(),
             "scorer": f"lm-eval:{self.metric},{self.filter}",
+            "generates": self.generates,
             "harness": {
                 "task": self.name,
                 "output_type": self.output_type,
-                "version": (config.get("metadata") or {}).get("version"),
-                "config_sha256": sha256_text(json.dumps(config, sort_keys=True, default=str)),
-                "num_fewshot": self._num_fewshot(),
+                "version": self.version,
+                "config_sha256": self.config_sha256,
+                "num_fewshot": self.num_fewshot,
                 "fewshot_seed": self.options.fewshot_seed,
                 "fewshot_as_multiturn": self.options.fewshot_as_multiturn,
-                "generation_kwargs": self.generation_kwargs() if self.output_type == "generate_until" else None,
+                "generation_kwargs": self.generation_kwargs() if self.generates else None,
                 "samples_per_view": self.options.samples_per_view,
                 "chat_template_kwargs": dict(self.options.chat_template_kwargs),
-                "lm_eval": _lm_eval_version(),
+                "lm_eval": lm_eval_version(),
             },
         }
 
@@ -488,18 +428,21 @@ class HarnessTask:
         if self.context.text is not None:
             digest = sha256_text(self.context.text)
         else:
-            digest = sha256_text("\n".join(f"{i}\t{sha256_text(self.context_of(d))}" for i, d in enumerate(self.docs)))
-        return {
+            digest = sha256_text("\n".join(f"{i}\t{sha256_text(self.context_of(d))}" for i, d in self.docs.items()))
+        info = {
             "sha256": digest,
             "source": self.context_source
             or ("text" if self.context.text is not None else f"column:{self.context.column}"),
             "placement": self.context.placement,
             "template": self.context.template if self.context.placement == "user" else None,
         }
+        if self.skipped:
+            info["skipped_empty"] = {"count": len(self.skipped), "doc_ids": self.skipped}
+        return info
 
     def settings(self) -> GenerationSettings:
         """The sampling settings the records carry: the task's generation kwargs (greedy for multiple choice)."""
-        kwargs = self.generation_kwargs() if self.output_type == "generate_until" else {}
+        kwargs = self.generation_kwargs() if self.generates else {}
         sampled = bool(kwargs.get("do_sample", False))
         return GenerationSettings(
             max_new_tokens=int(kwargs.get("max_gen_toks", 256)) if kwargs else 1,
@@ -514,11 +457,13 @@ class HarnessTask:
     def prepare(self, tokenizer) -> list[TaskItem]:
         return [
             TaskItem(str(i), sha256_text(json.dumps(doc, sort_keys=True, default=str) + self.context_of(doc)))
-            for i, doc in enumerate(self.docs)
+            for i, doc in self.docs.items()
         ]
 
-    def bound(self, lm) -> _BoundHarnessTask:
-        return _BoundHarnessTask(self, lm)
+    def bound(self, lm, desc: str | None = None, provenance: Mapping[str, Any] | None = None) -> _BoundHarnessTask:
+        """The runner's task: this task played by lm-eval's model `lm`; its records carry the `early_meta` of
+        `provenance` (the run's, as `run_paired` gets it)."""
+        return _BoundHarnessTask(self, lm, desc or self.name, early_meta(provenance or {}))
 
     def run(
         self,
@@ -542,7 +487,7 @@ class HarnessTask:
                 self, model, tokenizer, generation=settings, model_path=model_path, adapter=adapter
             )
         return run_paired(
-            self.bound(lm),
+            self.bound(lm, desc, provenance),
             model,
             tokenizer,
             generation=settings,
@@ -555,11 +500,14 @@ class HarnessTask:
 
 @dataclass
 class _BoundHarnessTask:
-    """A `HarnessTask` with the lm-eval model that plays it: the runner's task (its generate function is not used,
-    lm-eval's model generates)."""
+    """A `HarnessTask` with the lm-eval model that plays it: the runner's task. lm-eval's model answers, so the
+    runner's generate function is never called (and so never built: `trl_nca.eval.runner.run_paired`). A task's
+    records are passed on once both views of every document left to do have run."""
 
     task: HarnessTask
     lm: Any
+    desc: str
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         return self.task.describe()
@@ -568,44 +516,38 @@ class _BoundHarnessTask:
         return self.task.prepare(tokenizer)
 
     def play(self, items, generate, tokenizer, settings, on_records) -> None:
-        task = self.task
+        task, k = self.task, self.task.options.samples_per_view
         doc_ids = [int(item.item_id) for item in items]
-        k = task.options.samples_per_view
-        runs = {view: [task._run_view(self.lm, view, doc_ids, j) for j in range(k)] for view in ("x", "xc")}
-        for view, samples in runs.items():
-            for j, by_doc in enumerate(samples):
+        runs: dict[str, list[dict[int, DocSample]]] = {view: [] for view in VIEWS}
+        for view, label in VIEWS.items():
+            for j in range(k):
+                by_doc = task.run_view(self.lm, view, doc_ids, j)
                 missing = sorted(set(doc_ids) - set(by_doc))
                 if missing:
                     raise RuntimeError(
                         f"lm-eval returned no sample for doc_ids {missing[:5]} of task {task.name!r} (view {view}, "
                         f"sample {j}); the two views cannot be paired."
                     )
-        records = []
-        for doc_id in doc_ids:
-            views = {}
-            for view in ("x", "xc"):
-                outcomes = [task._outcome(runs[view][j][doc_id], tokenizer) for j in range(k)]
-                first = outcomes[0]
-                if k > 1:  # samples 2..k as `view_samples` reads them (their prompts are the first one's)
-                    first.extra["samples"] = [
-                        asdict(replace(o, extra={key: v for key, v in o.extra.items() if key != "prompt"}))
-                        for o in outcomes[1:]
-                    ]
-                views[view] = first
-            doc_hash = runs["x"][0][doc_id].doc_hash
-            records.append(
-                PairedRecord(str(doc_id), views["x"], views["xc"], meta={"task": task.name, "doc_hash": doc_hash})
-            )
-        on_records(records)
+                runs[view].append(by_doc)
+                sample = f", sample {j + 1} of {k}" if k > 1 else ""
+                say(f"{self.desc}: {plural(len(doc_ids), 'document')} done {label} the context{sample}", level="units")
+        on_records([self._record(doc_id, runs, tokenizer) for doc_id in doc_ids])
 
-
-def _lm_eval_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("lm_eval")
-    except PackageNotFoundError:
-        return None
+    def _record(self, doc_id: int, runs, tokenizer) -> PairedRecord:
+        task, k = self.task, self.task.options.samples_per_view
+        views = {}
+        for view in VIEWS:
+            outcomes = [task.outcome(runs[view][j][doc_id], tokenizer) for j in range(k)]
+            first = outcomes[0]
+            if k > 1:  # samples 2..k as `view_samples` reads them (their prompts are the first one's)
+                first.extra["samples"] = [
+                    asdict(replace(o, extra={key: v for key, v in o.extra.items() if key != "prompt"}))
+                    for o in outcomes[1:]
+                ]
+            views[view] = first
+        doc_hash = runs["x"][0][doc_id].doc_hash
+        meta = {"task": task.name, "doc_hash": doc_hash, **self.meta}
+        return PairedRecord(str(doc_id), views["x"], views["xc"], meta=meta)
 
 
 def system_role_kept(tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None) -> bool:
@@ -623,30 +565,10 @@ def system_role_kept(tokenizer, chat_template_kwargs: Mapping[str, Any] | None =
 
 def hf_lm(model, tokenizer, options: HarnessOptions):
     """lm-eval's `HFLM` around a loaded model (a PEFT model too) and its tokenizer."""
-    import_lm_eval()
-    from lm_eval.models.huggingface import HFLM
-
-    return HFLM(
-        pretrained=model,
-        tokenizer=tokenizer,
-        batch_size=options.batch_size,
-        chat_template_args=dict(options.chat_template_kwargs) or None,
+    spec = ModelToRun(
+        model, tokenizer, batch_size=options.batch_size, chat_template_kwargs=options.chat_template_kwargs
     )
-
-
-def vllm_lm(path: str, *, adapter: str | None, dtype: str, options: HarnessOptions, tokenizer: str | None = None):
-    """lm-eval's vLLM model type (`lm_eval.models.vllm_causallms.VLLM`) for a model path and a LoRA adapter."""
-    import_lm_eval()
-    from lm_eval.api.registry import get_model
-
-    args: dict[str, Any] = {"pretrained": path, "dtype": dtype, "seed": options.seed}
-    if adapter:
-        args["lora_local_path"] = adapter
-    if tokenizer:
-        args["tokenizer"] = tokenizer
-    if options.chat_template_kwargs:
-        args["chat_template_args"] = dict(options.chat_template_kwargs)
-    return get_model("vllm").create_from_arg_obj(args, {"batch_size": options.batch_size})
+    return build_lm("hf", spec)
 
 
 def harness_tasks(
@@ -666,6 +588,11 @@ def harness_tasks(
     return [
         HarnessTask(task, context, options, manager=manager, context_source=context_source) for task in loaded.values()
     ]
+
+
+def harness_run_folder(output_dir: str | os.PathLike, model_name: str, task_name: str) -> Path:
+    """Where the records of a model on a task go: `<output_dir>/<model>/<task>/`."""
+    return Path(output_dir) / safe_name(model_name) / safe_name(task_name)
 
 
 def evaluate_harness(
@@ -704,8 +631,9 @@ def evaluate_harness(
     runs = []
     for task in tasks:
         name = f"{model_name}/{task.name}"
-        path = None if output_dir is None else Path(output_dir) / safe_name(model_name) / safe_name(task.name)
-        records_path = None if path is None else path / "records.jsonl"
+        records_path = (
+            None if output_dir is None else harness_run_folder(output_dir, model_name, task.name) / "records.jsonl"
+        )
         provenance = run_provenance(
             task, model, tokenizer, generation=task.settings(), model_path=model_path, adapter=adapter
         )

@@ -20,6 +20,14 @@ for the conjunctions: harm = sum p_x (1 - p_xc) / sum p_x, the probability that 
 context goes wrong with it; the counts become expected counts. McNemar's test needs one binary outcome per view, so
 there `mcnemar_p` is None and the regime uses `permutation_p`, the paired permutation test over items
 (`sign_flip_test` on p_xc,i - p_x,i). With k = 1 every number is the one-sample one.
+
+Harm and help have a floor: a context with no effect still gives harm, from each item's own sampling noise. Item i's
+m = 2k samples hold s_i right answers; were its samples exchangeable between the views (the context has no effect),
+the expected harm term p_x,i (1 - p_xc,i) over the ways of splitting them k and k is
+u_i = s_i (m - s_i) / (m (m - 1)), an unbiased estimate of p_i (1 - p_i), and so is the help term's. `harm_floor` =
+sum u_i / sum p_x,i and `help_floor` = sum u_i / sum (1 - p_x,i), normalised as harm and help are; `harm_excess` =
+harm - harm_floor and `help_excess` = help - help_floor, each with its bootstrap interval over items
+(docs/evaluation.md derives it).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import numpy as np
@@ -41,8 +50,8 @@ RATE_KEYS = tuple(column.key for column in rated())
 
 @dataclass
 class PairedArrays:
-    """Per-item outcomes as arrays (one entry per record, in record order): with k samples per view, the fraction of
-    an item's k samples that are correct, format failures or truncated, and their mean length."""
+    """Per-item outcomes as arrays (one entry per record, in record order): with k samples per view (`samples`), the
+    fraction of an item's k samples that are correct, format failures or truncated, and their mean length."""
 
     correct_x: np.ndarray
     correct_xc: np.ndarray
@@ -52,6 +61,7 @@ class PairedArrays:
     truncated_xc: np.ndarray
     length_x: np.ndarray
     length_xc: np.ndarray
+    samples: int = 1
 
 
 def _view_score(view: ViewOutcome, scorer: str | None) -> tuple[bool, bool]:
@@ -77,10 +87,16 @@ as `few` (one item more or less moves it by 10 points or more)."""
 
 def count_of(count: float, total: float) -> str:
     """The count behind a conditional rate, `count/total` (expected counts to one decimal with k samples per view),
-    followed by `, few` when `total` is below `FEW_ITEMS`."""
+    followed by `, few` when `total` is below `FEW_ITEMS`. A count computed back from a rate (`rate * total`, as the
+    comparison's tables do) carries the float error of that product: each amount is first rounded to 6 decimals
+    (expected counts are multiples of 1/k), then to one decimal half up, so 4.7499999999 and 4.75 are both written 4.8
+    and 0.25 is 0.3, in every table."""
 
     def amount(value: float) -> str:
-        return str(round(value)) if abs(value - round(value)) < 1e-6 else f"{value:.1f}"
+        value = round(value, 6)
+        if abs(value - round(value)) < 1e-6:
+            return str(round(value))
+        return str(Decimal(repr(value)).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
 
     return f"{amount(count)}/{amount(total)}" + (", few" if total < FEW_ITEMS else "")
 
@@ -108,7 +124,7 @@ def paired_arrays(records: Sequence[PairedRecord], scorer: str | None = None) ->
         arrays[f"format_failure_{name}"] = np.array([_mean([f for _, f in s]) for s in scored], dtype=float)
         arrays[f"truncated_{name}"] = np.array([_mean([v.truncated for v in s]) for s in per_item], dtype=float)
         arrays[f"length_{name}"] = np.array([_mean([v.num_tokens for v in s]) for s in per_item], dtype=float)
-    return PairedArrays(**arrays)
+    return PairedArrays(**arrays, samples=samples_per_view(records))
 
 
 def mcnemar_exact(harm: int, help: int) -> float:
@@ -183,7 +199,9 @@ def classify_direction(difference: float, p: float, n: int, alpha: float = 0.05)
 def _rates(a: PairedArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
     """Every rate (`trl_nca.eval.columns.Column.rate`) for each row of an index matrix `idx` (shape (B, n)); the
     identity row gives the point estimate."""
-    rows = PairedArrays(**{f.name: getattr(a, f.name)[idx] for f in fields(a)})
+    rows = PairedArrays(
+        **{f.name: getattr(a, f.name)[idx] for f in fields(a) if f.name != "samples"}, samples=a.samples
+    )
     return {column.key: column.rate(rows) for column in rated()}
 
 

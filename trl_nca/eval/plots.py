@@ -15,7 +15,7 @@ from .metrics import FEW_ITEMS, count_of
 
 logger = logging.getLogger(__name__)
 
-MISSING_MATPLOTLIB = "matplotlib is not installed (`pip install matplotlib`, or `pip install trl-nca[plots]`)"
+MISSING_MATPLOTLIB = 'matplotlib is not installed (`pip install matplotlib`, or `pip install "trl-nca[plots]"`)'
 
 
 def matplotlib_available() -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..console import plural
 from ..core.checks import format_pct
 from ..inputs import write_text_atomic
 from .columns import COLUMNS, REPORT, Column, constant_columns, left_out_line, legend
@@ -160,14 +161,31 @@ def _cell(column: Column, m: Mapping[str, Any]) -> str:
     return text
 
 
-def _main_table(summary: Mapping[str, Any], models) -> list[str]:
-    """The title, what the rates mean, every column's definition (`trl_nca.eval.columns`), one row per model (a
-    column the same for every model left out, with a line saying so) and the format-failure notes."""
-    conf = int(round(100 * summary.get("confidence", 0.95)))
+def _table(models) -> tuple[list[Column], list[str], list[str]]:
+    """The main table's shown columns, its lines (header and one row per model) and the columns left out because
+    they are the same for every model."""
     columns = [c for c in COLUMNS if REPORT in c.tables]
     rows = [{c.key: _cell(c, model["metrics"]) for c in columns} for model in models]
     constant = constant_columns([c.key for c in columns], rows)
     shown = [c for c in columns if c.key not in constant]
+    lines = ["| Model | " + " | ".join(c.name for c in shown) + " |", "|" + "---|" * (len(shown) + 1)]
+    for model, row in zip(models, rows, strict=True):
+        lines.append("| " + " | ".join([model["name"], *(row[c.key] for c in shown)]) + " |")
+    return shown, lines, constant
+
+
+def console_table(summary: Mapping[str, Any]) -> str:
+    """The report's main table, as `trl-nca eval` prints it at its end (the definitions are in report.md)."""
+    shown, lines, constant = _table(summary["models"])
+    notes = [left_out_line(constant)] if constant else []
+    return "\n".join([*lines, *notes, f"Columns defined in {summary.get('files', {}).get('markdown', 'report.md')}."])
+
+
+def _main_table(summary: Mapping[str, Any], models) -> list[str]:
+    """The title, what the rates mean, every column's definition (`trl_nca.eval.columns`), one row per model (a
+    column the same for every model left out, with a line saying so) and the format-failure notes."""
+    conf = int(round(100 * summary.get("confidence", 0.95)))
+    shown, table, constant = _table(models)
     lines = [
         f"# {summary.get('title') or 'Paired with/without-context evaluation'}",
         "",
@@ -178,8 +196,7 @@ def _main_table(summary: Mapping[str, Any], models) -> list[str]:
         "",
         *(f"- {line}" for line in legend(c.key for c in shown)),
         "",
-        "| Model | " + " | ".join(c.name for c in shown) + " |",
-        "|" + "---|" * (len(shown) + 1),
+        *table,
     ]
     sampled = sorted({m["metrics"].get("samples_per_view") for m in models} - {None})
     if sampled:
@@ -190,8 +207,6 @@ def _main_table(summary: Mapping[str, Any], models) -> list[str]:
             "the paired permutation test over items (docs/evaluation.md).",
             "",
         ]
-    for model, row in zip(models, rows, strict=True):
-        lines.append("| " + " | ".join([model["name"], *(row[c.key] for c in shown)]) + " |")
     if constant:
         lines += ["", left_out_line(constant)]
     notes = format_failure_notes(models)
@@ -242,15 +257,39 @@ def _scorer_errors(models) -> list[str]:
     return lines
 
 
+def generates(model: Mapping[str, Any]) -> bool:
+    """Whether a report entry's answers were generated (lengths, truncation and sampling apply), not chosen by
+    log-likelihood (an lm-eval multiple-choice or log-likelihood task)."""
+    return (model.get("provenance") or {}).get("generates", True) is not False
+
+
+SCORED_NOTE = (
+    "chosen by log-likelihood (lm-eval's multiple-choice or log-likelihood tasks), not generated, so reply lengths, "
+    "truncation and sampling settings do not apply to them"
+)
+
+
+def generated_only(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """`summary` with only the entries whose answers were generated (for the lengths' table and figure)."""
+    return {**summary, "models": [m for m in summary["models"] if generates(m)]}
+
+
 def _lengths(summary: Mapping[str, Any]) -> list[str]:
-    """The reply lengths of each model and view; when every model's are the same, one line instead of the figure."""
+    """The reply lengths of each model and view; when every model's are the same, one line instead of the figure;
+    entries whose answers were not generated are left out, with a line saying so."""
     from .plots import constant_lengths
 
-    models = summary["models"]
-    note = constant_lengths(summary)
-    lines = ["", "## Length (response tokens)", "", *([note, ""] if note else [])]
-    lines += ["| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
-    for model in models:
+    scored = [m["name"] for m in summary["models"] if not generates(m)]
+    generated = generated_only(summary)
+    lines = ["", "## Length (response tokens)", ""]
+    if scored:
+        who = "Every answer here was" if not generated["models"] else f"The answers of {', '.join(scored)} were"
+        lines += [f"{who} {SCORED_NOTE}: no length table for them.", ""]
+    if not generated["models"]:
+        return lines
+    note = constant_lengths(generated)
+    lines += [*([note, ""] if note else []), "| Model | View | Mean | Median | p90 |", "|---|---|---|---|---|"]
+    for model in generated["models"]:
         m = model["metrics"]
         for view in ("x", "xc"):
             stats = m[f"length_{view}"]
@@ -266,15 +305,22 @@ def _provenance(models) -> list[str]:
     for model in models:
         prov = model.get("provenance") or {}
         ident = prov.get("model") or {}
-        gen = prov.get("generation") or {}
         ctx = prov.get("context") or {}
+        skipped = ctx.get("skipped_empty") or {}
+        sampling = (
+            f"sampling {json.dumps(prov.get('generation') or {}, sort_keys=True)}"
+            if generates(model)
+            else "answers chosen by log-likelihood (no sampling)"
+        )
         lines.append(
             f"- **{model['name']}**: model `{ident.get('name_or_path')}`"
             + (f" (commit {ident['commit']})" if ident.get("commit") else "")
             + (f", adapter `{ident['adapter']}`" if ident.get("adapter") else "")
             + (f", weights fingerprint `{ident['fingerprint']}`" if ident.get("fingerprint") else "")
             + f"; scorer `{prov.get('scorer')}`; context sha256 `{ctx.get('sha256')}` ({ctx.get('source')}, "
-            f"{ctx.get('placement')}); sampling {json.dumps(gen, sort_keys=True)}"
+            f"{ctx.get('placement')})"
+            + (f", {plural(skipped['count'], 'document')} with an empty context left out" if skipped else "")
+            + f"; {sampling}"
             + (f"; records `{model['records_path']}`" if model.get("records_path") else "")
         )
     return lines
@@ -305,13 +351,7 @@ def write_report(
         raise ValueError(f"Model names in one report must be unique, got {names}.")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    for run in runs:
-        if run.records_path is None:
-            path = output_dir / safe_name(run.name) / "records.jsonl"
-            if path.exists():
-                path.unlink()
-            append_records(path, run.records)
-            run.records_path = str(path)
+    _write_missing_records(runs, output_dir)
     summary: dict[str, Any] = {
         "title": title,
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -327,18 +367,40 @@ def write_report(
         **(dict(extra) if extra else {}),
     }
     files = {"summary": str(output_dir / "summary.json"), "markdown": str(output_dir / "report.md")}
-    from .plots import figures_wanted
-
-    if figures_wanted(plots, output_dir):
-        from .plots import constant_lengths, plot_accuracy, plot_harm_help, plot_lengths
-
-        files["accuracy_png"] = plot_accuracy(summary, output_dir / "accuracy.png")
-        files["harm_help_png"] = plot_harm_help(summary, output_dir / "harm_help.png")
-        if constant_lengths(summary) is None:  # else a line in the report stands for it
-            files["lengths_png"] = plot_lengths(summary, output_dir / "lengths.png")
-        elif (output_dir / "lengths.png").exists():  # from an earlier report of other lengths
-            (output_dir / "lengths.png").unlink()
+    files.update(_write_figures(summary, output_dir, plots))
     summary["files"] = files
     write_text_atomic(files["summary"], json.dumps(summary, indent=2, default=str) + "\n")
     write_text_atomic(files["markdown"], render_markdown(summary))
     return summary
+
+
+def _write_missing_records(runs: Sequence[ModelRun], output_dir: Path) -> None:
+    """The per-item JSONL of each run that has none yet, at `<output_dir>/<model name>/records.jsonl`."""
+    for run in runs:
+        if run.records_path is None:
+            path = output_dir / safe_name(run.name) / "records.jsonl"
+            if path.exists():
+                path.unlink()
+            append_records(path, run.records)
+            run.records_path = str(path)
+
+
+def _write_figures(summary: Mapping[str, Any], output_dir: Path, plots: bool | None) -> dict[str, str]:
+    """The figures, when wanted: accuracy and harm/help of every entry, and the lengths of the entries whose answers
+    were generated, unless they are all the same (a line of the report then stands for it)."""
+    from .plots import figures_wanted
+
+    if not figures_wanted(plots, output_dir):
+        return {}
+    from .plots import constant_lengths, plot_accuracy, plot_harm_help, plot_lengths
+
+    files = {
+        "accuracy_png": plot_accuracy(summary, output_dir / "accuracy.png"),
+        "harm_help_png": plot_harm_help(summary, output_dir / "harm_help.png"),
+    }
+    generated = generated_only(summary)
+    if generated["models"] and constant_lengths(generated) is None:
+        files["lengths_png"] = plot_lengths(generated, output_dir / "lengths.png")
+    elif (output_dir / "lengths.png").exists():  # from an earlier report of other lengths
+        (output_dir / "lengths.png").unlink()
+    return files

@@ -12,7 +12,7 @@ played once without and once with the experience). The runner does the rest, the
   loads them, refuses a file of another run (other key) or of changed items (other item fingerprint), and plays only
   the items not yet there, so an interrupted run ends with the records of an uninterrupted one;
 - one generate-function type (`trl_nca.core.sampling.GenerateFn`), built from the backend with the run's sampling
-settings.
+  settings on its first call (a task that never calls it, such as an lm-eval task, builds no backend).
 """
 
 from __future__ import annotations
@@ -99,6 +99,98 @@ def run_key(provenance: Mapping[str, Any]) -> str:
     keyed = {k: v for k, v in provenance.items() if k != "versions"}
     keyed["generation"] = {k: v for k, v in dict(keyed.get("generation") or {}).items() if k != "batch_size"}
     return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
+
+
+def plan_key(provenance: Mapping[str, Any]) -> str:
+    """The part of `run_key` known before the model loads: the provenance without the model's identity (the task,
+    its context, scorer and sampling, the tokenizer). A harness task's records carry it (`early_meta`), so a rerun
+    with another context or task is refused before any model loads (`check_records_before_loading`)."""
+    keyed = {k: v for k, v in provenance.items() if k not in ("versions", "model")}
+    keyed["generation"] = {k: v for k, v in dict(keyed.get("generation") or {}).items() if k != "batch_size"}
+    return sha256_text(json.dumps(keyed, sort_keys=True, default=str))[:16]
+
+
+def early_meta(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """What a record carries for `check_records_before_loading`: the `plan_key` and the model's and adapter's
+    resolved paths."""
+    identity = provenance.get("model") or {}
+    return {
+        "plan_key": plan_key(provenance),
+        "model_paths": [identity.get("resolved_path"), identity.get("adapter_resolved_path")],
+    }
+
+
+def _first_meta(path: str | os.PathLike) -> Mapping[str, Any] | None:
+    """The meta of the first complete record of a records file (None when there is none; the runner's own load
+    reports a damaged file)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                if line.strip() and line.endswith("\n"):
+                    meta = json.loads(line).get("meta")
+                    return meta if isinstance(meta, dict) else None
+    except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        return None
+    return None
+
+
+def _differences(recorded: Mapping[str, Any], now: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """`a.b: X, now Y` for each setting that differs between two provenance records (versions and the model's
+    identity left out)."""
+    found = []
+    for key in sorted(set(recorded) | set(now), key=str):
+        if key in ("versions", "model", "batch_size") or key.endswith("_version"):
+            continue
+        a, b = recorded.get(key), now.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            found += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            found.append(f"{prefix}{key}: {a!r}, now {b!r}")
+    return found
+
+
+def _other_model(recorded: Sequence[Any], now: Sequence[Any]) -> bool:
+    """Whether the records' model or adapter is another one than this run's, by their resolved paths: two paths that
+    differ and were both recorded, the recorded one still on disk (a folder since moved is left to the check after
+    loading, which compares the weights) or neither of them on disk (two Hub ids)."""
+    for old, new in zip(recorded, now, strict=False):
+        if old is None or new is None or old == new:
+            continue
+        if os.path.exists(old) or not os.path.exists(new):
+            return True
+    return False
+
+
+def check_records_before_loading(
+    path: str | os.PathLike, provenance: Mapping[str, Any], recorded: Mapping[str, Any] | None = None
+) -> None:
+    """Refuse, before any model loads, a records file of another run: records with another `plan_key` (another task,
+    context, metric or sampling, or another tokenizer) or of another model (`_other_model`). `provenance` is this
+    run's, built without the model (`run_provenance(task, None, tokenizer, ...)`); `recorded`, the provenance the
+    report of the earlier run holds (its `summary.json`), names what differs. The same check runs again once the
+    model has loaded, on the whole run key (`run_paired`)."""
+    meta = _first_meta(path)
+    if meta is None or "plan_key" not in meta:
+        return
+    identity = provenance.get("model") or {}
+    now_paths = (identity.get("resolved_path"), identity.get("adapter_resolved_path"))
+    if meta["plan_key"] == plan_key(provenance) and not _other_model(meta.get("model_paths") or (), now_paths):
+        return
+    differences = _differences(recorded or {}, provenance) if recorded else []
+    if meta["plan_key"] == plan_key(provenance):
+        what = f"of another model ({meta.get('model')!r}, adapter {meta.get('adapter')!r})"
+    elif differences:
+        what = f"made with other settings ({'; '.join(differences[:3])})"
+        if any(d.startswith("context.sha256") for d in differences) and str(
+            (provenance.get("context") or {}).get("source")
+        ).startswith("column:"):
+            what += ", or another --limit (a per-document context's digest covers the documents evaluated)"
+    else:
+        what = "made with another task, context, metric, --limit, sampling or tokenizer"
+    raise EvalInputError(
+        f"{path} holds the records of another run, {what}; they cannot be resumed or mixed with this run's. Use "
+        "another --output-dir, or delete the file to evaluate from scratch."
+    )
 
 
 def _spellings(path: str | None, resolved: str | None) -> set[str | None]:
@@ -199,8 +291,9 @@ def run_paired(
     todo = [item for item in items if item.item_id not in done]
     fingerprints = {item.item_id: item.fingerprint for item in items}
     common_meta = _run_meta(prov, generation, key)
-    if backend is None:
-        backend = HFBackend(model, tokenizer)
+    generate = _BuiltOnFirstCall(
+        lambda: generate_fn(backend if backend is not None else HFBackend(model, tokenizer), generation)
+    )
     # the policy samples (no dropout); every module gets its own mode back (a vLLM engine has none)
     with policy_mode(model) if isinstance(model, torch.nn.Module) else nullcontext():
         with _progress(len(todo), progress, desc=f"{desc} ({len(done)} done)") as bar:
@@ -215,8 +308,25 @@ def run_paired(
                 bar.update(len(records))
 
             if todo:
-                task.play(todo, generate_fn(backend, generation), tokenizer, generation, on_records)
+                task.play(todo, generate, tokenizer, generation, on_records)
     return [done[item.item_id] for item in items]
+
+
+class _BuiltOnFirstCall:
+    """The run's generate function, built (with its backend) on its first call: a task whose answers come from
+    elsewhere (an lm-eval task runs lm-eval's model) builds none."""
+
+    def __init__(self, build: Callable[[], GenerateFn]):
+        self._build, self._generate = build, None
+
+    @property
+    def built(self) -> bool:
+        return self._generate is not None
+
+    def __call__(self, prompts, seeds):
+        if self._generate is None:
+            self._generate = self._build()
+        return self._generate(prompts, seeds)
 
 
 def _run_meta(prov: Mapping[str, Any], generation: GenerationSettings, key: str) -> dict[str, Any]:

@@ -312,6 +312,77 @@ class LanguageScorer:
         return Score(language or "undetermined", language == str(label).strip().lower(), False)
 
 
+def _word_runs(words: list[str], marker: list[str]) -> list[int]:
+    """The positions in `words` where the word sequence `marker` starts (non-overlapping, left to right)."""
+    starts, i = [], 0
+    while i + len(marker) <= len(words):
+        if words[i : i + len(marker)] == marker:
+            starts.append(i)
+            i += len(marker)
+        else:
+            i += 1
+    return starts
+
+
+def _plain_words(text: str) -> list[str]:
+    """The words of `text`, lower-cased, without punctuation (articles kept, unlike `normalize_text`)."""
+    return text.lower().translate(_PUNCTUATION).split()
+
+
+class MarkerOnceScorer:
+    """Correct when the reply begins with the label (a marker such as `Quill says:`) and holds it exactly once, both
+    compared as words without case or punctuation (`**quill says**` is the marker).
+
+    The answer says what the reply did: `once` (right), `twice` (the marker twice in a row at the start: an
+    instruction to add it, applied on top of a reply that already has it), `repeated` (at the start and again later),
+    `late` (not at the start) or `absent`. A reply without any word is a format failure.
+    """
+
+    name = "marker_once"
+
+    def check_label(self, label: Any) -> None:
+        if not isinstance(label, str) or not _plain_words(label):
+            raise ValueError(f"the 'marker_once' scorer needs a non-empty marker as label, got {label!r}")
+
+    def __call__(self, text: str, label: Any) -> Score:
+        words = _plain_words(text)
+        if not words:
+            return Score(None, False, True)
+        marker = _plain_words(str(label))
+        starts = _word_runs(words, marker)
+        if not starts:
+            return Score("absent", False, False)
+        if starts[0] != 0:
+            return Score("late", False, False)
+        if len(starts) == 1:
+            return Score("once", True, False)
+        return Score("twice" if starts[1] == len(marker) else "repeated", False, False)
+
+
+_NUMBER = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?")
+
+
+class FirstNumberScorer:
+    """Correct when the first number written in digits in the reply is a whole number equal to the label (an integer
+    as text); thousands separators are ignored, and a first number with decimals is wrong.
+
+    The answer is that number as written; a reply without a number in digits is a format failure.
+    """
+
+    name = "first_number"
+
+    def check_label(self, label: Any) -> None:
+        if not isinstance(label, str) or not re.fullmatch(r"-?\d+", label.strip()):
+            raise ValueError(f"the 'first_number' scorer needs a whole number as label, got {label!r}")
+
+    def __call__(self, text: str, label: Any) -> Score:
+        match = _NUMBER.search(re.sub(r"(?<=\d),(?=\d{3})", "", text))
+        if match is None:
+            return Score(None, False, True)
+        answer = match.group(0)
+        return Score(answer, "." not in answer and int(answer) == int(str(label).strip()), False)
+
+
 class CallableScorer:
     """Wraps a user function `fn(text, label)` into a scorer.
 
@@ -366,6 +437,8 @@ SCORERS: dict[str, Callable[[], Scorer]] = {
     "mcq_lenient": lambda: MultipleChoiceScorer(lenient=True),
     "contains": ContainsScorer,
     "language": LanguageScorer,
+    "marker_once": MarkerOnceScorer,
+    "first_number": FirstNumberScorer,
     "yesno": YesNoScorer,
     "exact": lambda: StringMatchScorer(normalize=False),
     "normalized": lambda: StringMatchScorer(normalize=True),

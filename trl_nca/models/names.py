@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..inputs import CACHE_ENV_VAR, default_cache_dir, package_version, sha256_file
-from .organism import ORGANISM_ALIASES, organism_model_path, spec_for_alias, use_one_cpu_thread
+from .organism import organism_model_path, spec_for_name, use_one_cpu_thread
 
 
 logger = logging.getLogger(__name__)
@@ -321,8 +321,9 @@ def _check_hub_id(name: str, what: str, path: Path) -> None:
 def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
     """The one resolver of model names for every command (`trl-nca train`, `trl-nca eval`, `NCATrainer`, evaluation).
 
-    "embedded" / "smollm2-embedded" (any case) map to `embedded_model_path()`, "organism" and "organism-quick" to the
-    pretrained model organism (`trl_nca.models.organism.organism_model_path()`). An existing local folder must hold a
+    "embedded" / "smollm2-embedded" (any case) map to `embedded_model_path()`, "organism", "organism-quick",
+    "organism-facts" and a shipped organism's name ("organism-rules-s2") to the pretrained model organism
+    (`trl_nca.models.organism.organism_model_path()`). An existing local folder must hold a
     model (`config.json`, or `adapter_config.json` for a PEFT adapter folder). A name that can only be a local path
     (`./x`, `/x`, `~/x`, `a/b/c`) and does not exist, or a Hub id that is not in the local cache while the Hub is
     offline (`HF_HUB_OFFLINE=1`), raises `ModelNotFoundError` with the fix. Other Hub ids and model instances pass
@@ -340,9 +341,10 @@ def resolve_model_name_or_path(name: _T, what: str = "Model") -> _T | str:
         raise ModelNotFoundError(f"{what} name is empty; give a local model folder, a Hub id or 'embedded'.")
     if name.strip().lower() in EMBEDDED_MODEL_ALIASES:
         return embedded_model_path()
-    if name.strip().lower() in ORGANISM_ALIASES:
+    organism = spec_for_name(name)
+    if organism is not None:
         use_one_cpu_thread()
-        return organism_model_path(spec_for_alias(name))
+        return organism_model_path(organism)
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():

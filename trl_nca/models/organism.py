@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -261,6 +262,28 @@ def shipped_spec(dialect: str, seed: int) -> OrganismSpec:
     from dataclasses import replace
 
     return replace(spec_for_alias("organism" if dialect == "rules" else "organism-facts"), seed=seed)
+
+
+SHIPPED_NAME = re.compile(r"organism-(rules|facts)-s(\d+)")
+
+
+def shipped_name(spec: OrganismSpec) -> str | None:
+    """The name of a shipped organism's spec (`organism-rules-s2`, the name of its weights file and a model name every
+    command takes), or None for another spec."""
+    for dialect in DIALECTS:
+        if spec == shipped_spec(dialect, spec.seed):
+            return f"organism-{dialect}-s{spec.seed}"
+    return None
+
+
+def spec_for_name(name: str) -> OrganismSpec | None:
+    """The organism a model name names: an alias (`spec_for_alias`) or a shipped organism's name (`shipped_name`);
+    None for any other name."""
+    name = name.strip().lower()
+    if name in ORGANISM_ALIASES:
+        return spec_for_alias(name)
+    matched = SHIPPED_NAME.fullmatch(name)
+    return shipped_spec(matched.group(1), int(matched.group(2))) if matched else None
 
 
 def build_shipped(spec: OrganismSpec, out_dir: str | os.PathLike | None = None) -> dict:

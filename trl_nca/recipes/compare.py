@@ -272,7 +272,7 @@ class CompareRecipe:
         start = time.perf_counter()
         write_plan(plan)
         evaluated = Evaluated()
-        job = JobEstimate(sum(not (run.folder / "done.json").exists() for run in plan.runs))
+        job = JobEstimate(sum(not (run.folder / "done.json").exists() for run in plan.runs), workers=plan.args.workers)
         if plan.args.workers > 1 and not bases_decide_runs(plan):
             # no base result chooses the students: the bases' evaluations run in the workers beside the students
             units_in_workers(plan, load_tokenizers(plan), bases=list(plan.model_paths), job=job)
@@ -281,10 +281,10 @@ class CompareRecipe:
         if plan.args.workers > 1:
             units_in_workers(plan, tokenizers, job=job)
         for run in plan.runs:  # after the workers, each student is loaded back with its records
-            trains = not (run.folder / "done.json").exists()
+            trains, began = not (run.folder / "done.json").exists(), time.perf_counter()
             evaluate_student(plan, run, tokenizers[run.organism], evaluated)
             if trains:  # trained here (one worker): the whole job's estimate, from the students finished so far
-                say(job.finished(run.name), level="units")
+                say(job.finished(run.name, time.perf_counter() - began), level="units")
         return write_comparison_report(plan, evaluated, start)
 
 

@@ -24,9 +24,10 @@ def load_base(model_path: str, model_init_kwargs: dict[str, Any]):
 
 
 def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
-    """For each diagnostic of the task (a name and a row column, e.g. the organism's twice-applied answer), the
-    fraction of responses per view that equal that column after normalisation: `{name}_x` and `{name}_xc` (over all
-    k samples of each view with k samples per view)."""
+    """For each diagnostic of the task, the fraction of responses per view that match it: `{name}_x` and `{name}_xc`
+    (over all k samples of each view with k samples per view). A diagnostic is a name and either a row column (the
+    response, after normalisation, equals that column: the organism's twice-applied answer) or `{"answer": column}`
+    (the scorer's parsed answer equals that column: `twice` for a reply that begins with its marker twice)."""
     from ..eval.metrics import view_samples
     from ..eval.scorers import normalize_text
 
@@ -35,10 +36,14 @@ def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
         return {}
     rows = {row["id"]: row for row in task.test}
     rates = {}
-    for name, column in diagnostics.items():
+    for name, spec in diagnostics.items():
+        by_answer = isinstance(spec, dict)
+        column = spec["answer"] if by_answer else spec
         for view in ("x", "xc"):
             hits = [
-                normalize_text(sample.completion) == normalize_text(str(rows[r.item_id][column]))
+                (sample.answer or "") == str(rows[r.item_id][column])
+                if by_answer
+                else normalize_text(sample.completion) == normalize_text(str(rows[r.item_id][column]))
                 for r in records
                 for sample in view_samples(getattr(r, view))
             ]
@@ -134,7 +139,10 @@ def per_seed_rows(
     task: BuiltinTask, evaluated: Evaluated, diagnostics: dict[str, dict[str, float]] | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """Every evaluated model's metrics as one row, grouped by method (the base models under "base"). `diagnostics`:
-    each model's diagnostic rates when its records hold no text (a slice's, `recipes.slices`)."""
+    each model's diagnostic rates when its records hold no text (a slice's, `recipes.slices`). A row's `ci` holds the
+    run's own bootstrap interval over items of each metric whose column shows one per run (`Column.run_ci`)."""
+    from ..eval.columns import run_interval_keys
+    from ..eval.metrics import bootstrap_intervals, paired_arrays
     from ..eval.report import summarize_run
 
     per_seed: dict[str, list[dict[str, Any]]] = {}
@@ -143,6 +151,8 @@ def per_seed_rows(
         metrics = summarize_run(run, n_bootstrap=0)["metrics"]
         row = {k: metrics.get(k) for k in SUMMARY_KEYS}
         row.update(diagnostic_rates(task, run.records) if diagnostics is None else diagnostics[run.name])
+        intervals = bootstrap_intervals(paired_arrays(run.records)) if run.records else {}
+        row["ci"] = {k: None if intervals.get(k) is None else list(intervals[k]) for k in run_interval_keys()}
         row.update(regime=metrics.get("regime"), organism=organism, seed=seed)
         per_seed.setdefault(method, []).append(row)
     return per_seed

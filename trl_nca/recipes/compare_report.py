@@ -4,8 +4,10 @@ the paired report, the table, the statistics over runs, the figures and the read
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,8 +35,12 @@ from .statistics import (
 )
 
 
+TEST_ITEMS = "test_items.jsonl"
+
+
 def write_plan(plan: Plan) -> None:
-    """The comparison's settings and task, written before anything runs."""
+    """The comparison's settings and task, and the held-out items it evaluates on (`test_items.jsonl`, what
+    `trl-nca eval --dataset` reads), written before anything runs."""
     task = plan.task
     plan.root.mkdir(parents=True, exist_ok=True)
     write_text_atomic(plan.root / "settings.json", json.dumps(plan.settings, indent=2, sort_keys=True) + "\n")
@@ -54,6 +60,8 @@ def write_plan(plan: Plan) -> None:
         )
         + "\n",
     )
+    rows = "".join(json.dumps(row, sort_keys=True, default=str) + "\n" for row in plan.test_rows)
+    write_text_atomic(plan.root / TEST_ITEMS, rows)  # what the students' model cards evaluate them on
 
 
 def write_comparison_report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
@@ -63,16 +71,34 @@ def write_comparison_report(plan: Plan, evaluated: Evaluated, start: float) -> d
 
     root = plan.root
     report = write_report(evaluated.runs, root / "paired_eval", title=f"{plan.task.name}: base vs students, paired")
-    wall_seconds = round(time.perf_counter() - start, 1)  # this invocation (a resumed one skips finished work)
+    sittings = [*earlier_sittings(root), {"wall_seconds": round(time.perf_counter() - start, 1)}]
     summary = summarize(
         plan,
         evaluated,
         versions=report["versions"],
-        wall_seconds=wall_seconds,
+        wall_seconds=round(sum(s["wall_seconds"] for s in sittings), 1),
         report_path=str(root / "paired_eval" / "report.md"),
     )
+    summary["sittings"] = sittings
     write_model_cards(plan, summary["per_seed"], summary["num_test"])
     return write_summary(plan, summary)
+
+
+def earlier_sittings(root: Path) -> list[dict[str, float]]:
+    """The sittings of the job recorded in the `comparison.json` an earlier sitting wrote in `root` (each with the
+    wall seconds it ran; a summary written before sittings were recorded was one sitting of its `wall_seconds`). A
+    resume keeps them: `wall_seconds` is their sum, the time the whole job took."""
+    try:
+        earlier = json.loads((root / "comparison.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(earlier, dict):
+        return []
+    listed = earlier.get("sittings")
+    if isinstance(listed, list):
+        return [s for s in listed if isinstance(s, dict) and isinstance(s.get("wall_seconds"), (int, float))]
+    seconds = earlier.get("wall_seconds")
+    return [{"wall_seconds": seconds}] if isinstance(seconds, (int, float)) and seconds >= 0 else []
 
 
 def _anchor(config) -> str:
@@ -83,7 +109,7 @@ def _anchor(config) -> str:
     if not beta:
         return "none (`nca_beta=0`: plain on-policy context distillation, OPD)"
     schedule = getattr(config, "nca_beta_schedule", "constant")
-    gated = schedule == "adaptive" and getattr(config, "nca_adaptive_init", None) == 0
+    gated = schedule == "gated" or (schedule == "adaptive" and getattr(config, "nca_adaptive_init", None) == 0)
     kind = "gated (off until the two views drift apart)" if gated else schedule
     return f"NCA, weight up to `nca_beta={beta}`, schedule `{schedule}`: {kind} (docs/configuration.md)"
 
@@ -109,8 +135,13 @@ def model_card(plan: Plan, run, row: Mapping[str, Any], n_items: int) -> str:
             f"# {run.name}: a student of `trl-nca compare`",
             "",
             f"A LoRA adapter trained by trl-nca (on-policy context distillation) on the task `{plan.task.name}`, from "
-            f"{organism} (`{plan.model_paths[run.organism]}`). Load it with PEFT on those weights, or evaluate it with "
-            "`trl-nca eval --model BASE:THIS_FOLDER`.",
+            f"{organism} (`{base_model_name(plan, run.organism)}`). Load it with PEFT on those weights, or evaluate it "
+            "paired on the comparison's held-out items, with its settings (run from the folder `trl-nca compare` ran "
+            "in):",
+            "",
+            "```bash",
+            eval_command(plan, run),
+            "```",
             "",
             f"- method: `{run.method.name}` (overrides: {overrides})",
             f"- anchor: {_anchor(run.config)}",
@@ -127,6 +158,48 @@ def model_card(plan: Plan, run, row: Mapping[str, Any], n_items: int) -> str:
             "",
         ]
     )
+
+
+def base_model_name(plan: Plan, organism: int | None) -> str:
+    """A student's base as a model name every command takes: a shipped organism's name (`organism-rules-s2`), else
+    the model the comparison was given (an alias, a Hub id or a path); the resolved folder only for an organism that
+    does not ship (`organism-quick`)."""
+    name = str(plan.settings["student"]["model"])
+    if organism is None:
+        return name
+    from ..models.organism import shipped_name, spec_for_alias
+
+    return shipped_name(dataclasses.replace(spec_for_alias(name), seed=organism)) or plan.model_paths[organism]
+
+
+def eval_command(plan: Plan, run) -> str:
+    """The `trl-nca eval` command that evaluates the student of `run` as the comparison did: its base and adapter,
+    the held-out items (`test_items.jsonl`), the task's context, scorer and the evaluation's sampling settings."""
+    from ..core.views import ContextSpec
+
+    context, generation, default = plan.task.context, plan.evaluator.generation, ContextSpec()
+    name = run.name.replace("/", "-")  # a model's name in `trl-nca eval` holds no slash
+    argv = ["trl-nca", "eval", "--model", f"{name}={base_model_name(plan, run.organism)}:{run.folder.as_posix()}"]
+    argv += ["--dataset", (plan.root / TEST_ITEMS).as_posix(), "--id-column", "id", "--scorer", plan.task.scorer]
+    if context.text is not None:
+        argv += ["--context-text", context.text]
+    else:
+        argv += ["--context-column", str(context.column)]
+    argv += ["--placement", context.placement]
+    if context.placement == "user" and context.template != default.template:
+        argv += ["--template", context.template]
+    if context.placement == "system" and context.separator != default.separator:
+        argv += ["--separator", context.separator]
+    argv += ["--max-new-tokens", str(generation.max_new_tokens), "--temperature", str(generation.temperature)]
+    argv += ["--top-p", str(generation.top_p), "--top-k", str(generation.top_k), "--seed", str(generation.seed)]
+    samples = getattr(plan.evaluator, "samples_per_view", 1)
+    if samples > 1:
+        argv += ["--samples-per-view", str(samples)]
+    dtype = plan.model_init_kwargs.get("dtype") or plan.model_init_kwargs.get("torch_dtype")
+    if isinstance(dtype, str) and dtype != "auto":
+        argv += ["--dtype", dtype]
+    argv += ["--output-dir", (plan.root / "eval" / name).as_posix()]
+    return shlex.join(argv)
 
 
 def write_model_cards(plan: Plan, per_seed: Mapping[str, Sequence[Mapping[str, Any]]], n_items: int) -> None:
@@ -147,6 +220,7 @@ readings, and the statistics over runs. Then:
 - `paired_eval/report.md`: the full paired report (every metric with its interval, the lengths, where each model
   came from), and its figures;
 - `comparison.json`: every number above, for scripts; `settings.json` and `task.json`: what was run;
+  `test_items.jsonl`: the held-out items every model was evaluated on (what `trl-nca eval --dataset` reads);
 - `{student}/` and the folders beside it: each student (a LoRA adapter; its `README.md` says what it is and its
   result), with its per-item records in `eval/records.jsonl`; `{base}`: the base model's.
 
@@ -170,7 +244,7 @@ def summarize(
 
     args, task = plan.args, plan.task
     per_seed = per_seed_rows(task, evaluated, diagnostics)
-    extra = ("regime", "organism", "seed")
+    extra = ("regime", "organism", "seed", "ci")
     keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
     aggregated = aggregate(per_seed, keys)
     statistics = {
@@ -196,7 +270,7 @@ def summarize(
         "statistics": statistics,
         "conclusion": conclusion(task.name, aggregated),
         "versions": versions,
-        "wall_seconds": wall_seconds,
+        "wall_seconds": wall_seconds,  # every sitting of the job (`sittings`), a resume's included
         "train_seconds": evaluated.train_seconds,  # each run's training time, measured when it ran
         "curves": evaluated.histories,
         "tracking": evaluated.tracking,

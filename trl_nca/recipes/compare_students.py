@@ -175,24 +175,25 @@ def StopAtStepBoundary():  # noqa: N802 (a class made on first use: transformers
     return StopAtStepBoundary()
 
 
-def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any]) -> str | None:
+def _unit_in_worker(plan: Plan, tokenizers: dict[int | None, Any], unit: tuple[str, Any]) -> tuple[str, float] | None:
     """One unit in a worker, with one CPU thread: ("base", organism) evaluates that base, ("student", index) trains
     and evaluates that student. Each writes its records (and a student its folder) as a sequential run would. Returns
-    the unit's name, or None when a Ctrl-C stopped it (or came before it started)."""
+    the unit's name and its own seconds, or None when a Ctrl-C stopped it (or came before it started)."""
     import torch
 
     torch.set_num_threads(1)
     kind, key = unit
+    start = time.perf_counter()
     try:
         _WORKER.in_unit = True
         if _WORKER.stopping:
             return None
         if kind == "base":
             evaluate_base(plan, key, tokenizers[key], Evaluated())
-            return plan.base_name(key)
+            return plan.base_name(key), time.perf_counter() - start
         run = plan.runs[key]
         evaluate_student(plan, run, tokenizers[run.organism], Evaluated())
-        return run.name
+        return run.name, time.perf_counter() - start
     except UnitStopped:
         return None
     finally:
@@ -221,12 +222,13 @@ def units_in_workers(
             work = functools.partial(_unit_in_worker, plan, tokenizers)
             futures = {pool.submit(work, unit): unit for unit in units}
             for future in as_completed(futures):
-                name = future.result()
-                if name is None:  # stopped by a Ctrl-C, or not started after one
+                finished = future.result()
+                if finished is None:  # stopped by a Ctrl-C, or not started after one
                     continue
+                name, seconds = finished
                 logger.info("%s finished in a worker.", name)
                 if job is not None and futures[future][0] == "student":
-                    say(job.finished(name), level="units")
+                    say(job.finished(name, seconds), level="units")
     if interrupted:
         raise KeyboardInterrupt
 

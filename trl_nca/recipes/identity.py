@@ -9,6 +9,9 @@ field the installed library does not know, when it is unset (null, an empty coll
 the feature it names is off. Any other value of such a field, and any field the two sides hold with different values,
 is a difference, and still refuses a resume or keeps a documented outcome from matching.
 
+A schedule is compared under one spelling: `adaptive` with `nca_adaptive_init=0` is `gated`, the default anchor's
+name (`canonical_schedule`), so runs recorded before the default had its name still match.
+
 Library versions are provenance: the `versions` a summary or slice records, and the version a library writes into its
 own config (PEFT's `peft_version`; any key named `version` or ending in `_version`, so a renamed one too). They are
 printed and compared as a warning where they differ ("made with peft 0.21.2, running 0.22.0"), never a refusal and
@@ -133,12 +136,28 @@ class SettingsComparison:
         return f"{made} {was}, running {now}"
 
 
+def canonical_schedule(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A training config's anchor schedule under one spelling: `adaptive` with `nca_adaptive_init=0` is the gated
+    anchor, `gated` (the schedule the default was named in the registry after it ran as `adaptive`), which reads no
+    `nca_adaptive_init` (so the field is left out)."""
+    settings = dict(settings)
+    init = settings.get("nca_adaptive_init", training_defaults().get("nca_adaptive_init"))
+    if settings.get("nca_beta_schedule") == "adaptive" and isinstance(init, (int, float)) and init == 0:
+        settings["nca_beta_schedule"] = "gated"
+    if settings.get("nca_beta_schedule") == "gated":
+        settings.pop("nca_adaptive_init", None)
+    return settings
+
+
 def compare_settings(old: Mapping[str, Any], new: Mapping[str, Any], kind: str = "") -> SettingsComparison:
     """Recorded settings `old` against this run's `new`, nested objects flattened as `a.b` (see the module's
     docstring for what counts as a difference and what as provenance). `kind` names what the two are when that is
-    not a key above them: `training` for a training config's fields."""
+    not a key above them: `training` for a training config's fields (whose schedule is compared under one spelling,
+    `canonical_schedule`)."""
     result = SettingsComparison()
     old, new = canonical(dict(old)), canonical(dict(new))
+    if kind == "training":
+        old, new = canonical_schedule(old), canonical_schedule(new)
     _compare(old, new, "", _defaults_of(kind, old, new), result)
     result.versions = sorted(set(result.versions), key=lambda v: str(v[0]))
     return result
@@ -157,6 +176,8 @@ def _compare(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str, defaul
                 result.versions.append((library or str(key), None if a == MISSING else a, None if b == MISSING else b))
             continue
         if isinstance(a, Mapping) and isinstance(b, Mapping):
+            if key == "training":
+                a, b = canonical_schedule(a), canonical_schedule(b)
             _compare(a, b, f"{prefix}{key}.", _defaults_of(str(key), a, b), result)
         elif a == MISSING or b == MISSING:
             value = b if a == MISSING else a

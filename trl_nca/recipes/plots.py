@@ -90,28 +90,43 @@ def _series(history: Mapping[str, Sequence[Any]], key: str) -> tuple[np.ndarray,
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 
+RUN_SHADES = ("Blues", "Oranges", "Greens", "Purples")  # each method's runs: shades of its own colour
+
+
+def _run_colors(k: int, count: int) -> list:
+    """`count` distinguishable shades of method `k`'s colour, one per run (light to dark)."""
+    from matplotlib import colormaps
+
+    shades = colormaps[RUN_SHADES[k % len(RUN_SHADES)]]
+    return [shades(0.35 + 0.5 * i / max(count - 1, 1)) for i in range(count)]
+
+
 def _mean_lines(
     ax, runs: Mapping[str, Mapping[str, Sequence[Any]]], key: str, labels: Mapping[str, str] | None = None
-) -> None:
+) -> str:
+    """Each run of `key` as a thin line (each run its own shade of its method's colour), and each method's mean as a
+    thick one; returns a note naming where two methods' means coincide (an anchor still off trains as plain OPD), or
+    an empty string."""
     by_method: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
     for run, history in runs.items():
         steps, values = _series(history, key)
         if steps.size:
             by_method[_method(run)].append((steps, values))
+    means: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for k, (method, series) in enumerate(by_method.items()):
-        for steps, values in series:
-            ax.plot(steps, values, color=f"C{k}", alpha=0.25, linewidth=0.8)
+        for (steps, values), color in zip(series, _run_colors(k, len(series)), strict=True):
+            ax.plot(steps, values, color=color, alpha=0.6, linewidth=0.8)
         common = min(len(s) for s, _ in series)
-        mean = np.mean([v[:common] for _, v in series], axis=0)
+        means[method] = (series[0][0][:common], np.mean([v[:common] for _, v in series], axis=0))
         label = f"{method} (mean of {len(series)}{(labels or {}).get(method, '')})"
-        # where two methods' means coincide (an anchor still off trains as plain OPD), the later line's dashes and
-        # markers, placed between the earlier one's, keep both visible
+        # where two methods' means coincide, the first is a wide pale band and the later ones dashed, with hollow
+        # markers placed between the first's, so both stay visible (and the panel's title says where they coincide)
         every = max(1, common // 8)
         ax.plot(
-            series[0][0][:common],
-            mean,
+            *means[method],
             color=f"C{k}",
-            linewidth=1.8,
+            linewidth=3.5 if k == 0 else 1.6,
+            alpha=0.55 if k == 0 else 1.0,
             label=label,
             linestyle=LINE_STYLES[k % len(LINE_STYLES)],
             marker=MARKERS[k % len(MARKERS)],
@@ -119,6 +134,24 @@ def _mean_lines(
             markerfacecolor=f"C{k}" if k == 0 else "none",  # the later methods' markers hollow, around the first's
             markevery=(k * every // len(MARKERS) % every, every),
         )
+    return _coinciding(means)
+
+
+def _coinciding(means: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> str:
+    """`nca = opd up to step 20` for each later method whose mean equals the first's from the first step on."""
+    if len(means) < 2:
+        return ""
+    (first, (steps, values)), *others = means.items()
+    notes = []
+    for method, (_, other) in others:
+        n = min(len(values), len(other))
+        same = np.isclose(values[:n], other[:n], rtol=1e-6, atol=1e-12)
+        upto = n if same.all() else int(np.argmin(same))
+        if upto == n and n > 1:
+            notes.append(f"{method} = {first} at every step")
+        elif upto > 1:  # past the first logged step
+            notes.append(f"{method} = {first} up to step {steps[upto - 1]:g}")
+    return "; ".join(notes)
 
 
 LINE_STYLES = ("-", (0, (5, 3)), (0, (1, 2)), "-.")  # solid, dashed, dotted, dash-dot: one per method
@@ -157,8 +190,9 @@ def curve_panels(histories: Mapping[str, Mapping[str, Sequence[Any]]]) -> tuple[
 
 
 def curves_figure(histories: Mapping[str, Mapping[str, Sequence[Any]]]):
-    """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per seed, thick the mean; the
-    panels that repeat another or show a constant are left out (`curve_panels`)."""
+    """`opd_loss`, `nca_loss`, `view_kl` and `nca_beta` per optimizer step: thin lines per run (each its own shade of
+    its method's colour), thick the mean, each panel's title saying where two methods' means coincide; the panels that
+    repeat another or show a constant are left out (`curve_panels`)."""
     keys, notes = curve_panels(histories)
     if not keys:  # e.g. every job ran fewer optimizer steps than logging_steps
         fig = new_figure(5, 2.4)
@@ -176,8 +210,8 @@ def curves_figure(histories: Mapping[str, Mapping[str, Sequence[Any]]]):
     fig = new_figure(3.6 * len(keys), 3.2)
     for i, key in enumerate(keys):
         ax = fig.add_subplot(1, len(keys), i + 1)
-        _mean_lines(ax, histories, key, labels={m: n for m, n in notes.items() if m not in CURVE_LABELS})
-        ax.set_title(key + notes.get(key, ""), fontsize=10)
+        same = _mean_lines(ax, histories, key, labels={m: n for m, n in notes.items() if m not in CURVE_LABELS})
+        ax.set_title(key + notes.get(key, "") + (f"\n({same})" if same else ""), fontsize=10)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel(CURVE_LABELS[key])
         ax.grid(alpha=0.3)
@@ -308,7 +342,7 @@ def tracking_figure(tracking: Mapping[str, Sequence[Mapping[str, Any]]]):
             run: {"step": [row["step"] for row in rows], key: [100 * row[key] for row in rows]}
             for run, rows in tracking.items()
         }
-        _mean_lines(ax, scaled, key)
+        _mean_lines(ax, scaled, key)  # accuracies on a few items agree by chance: no note where the means coincide
         ax.set_title(label)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("held-out accuracy (%)")

@@ -27,7 +27,8 @@ naming the file and the field. The numbers equal those of the whole comparison r
 read only the outcomes a slice keeps (`eval.metrics.paired_arrays`).
 
 Format 2 added `run_settings` and `results_sha256`; `scripts/upgrade_slices.py` upgraded the committed format-1
-slices in place from the configs they were made with.
+slices in place from the configs they were made with, and says so in each slice it upgraded (`upgraded`: the script
+and the config its `run_settings` were derived from; a slice written by its own run has no such field).
 """
 
 from __future__ import annotations
@@ -338,6 +339,7 @@ class Slice:
     machine: dict[str, Any]
     wall_seconds: float
     results_sha256: str
+    upgraded: str | None = None  # by scripts/upgrade_slices.py: `run_settings` derived then, not recorded by the run
 
     @classmethod
     def load(cls, path: str | Path) -> Slice:
@@ -359,7 +361,8 @@ class Slice:
                 f"The slice {path} holds {_json_kind(data)}, not a slice's object of fields; run its slice again."
             )
         names = [f.name for f in dataclasses.fields(cls) if f.name != "path"]
-        missing = [name for name in names if name not in data]
+        optional = {f.name for f in dataclasses.fields(cls) if f.default is None}
+        missing = [name for name in names if name not in data and name not in optional]
         if data.get("format") != SLICE_FORMAT and "format" not in missing and _is_int(data.get("format")):
             raise SliceFieldError(
                 f"The slice {path} is of format {data['format']}, this trl-nca reads format {SLICE_FORMAT}; upgrade "
@@ -392,6 +395,10 @@ class Slice:
         for key, value in data["diagnostics"].items():
             if not _is_number(value) or not 0 <= value <= 1:
                 raise bad(f"diagnostics.{key}", f"must be a rate from 0 to 1, not {value!r}")
+        if data.get("upgraded") is not None and not (isinstance(data["upgraded"], str) and data["upgraded"]):
+            raise bad(
+                "upgraded", f"must be a sentence naming the script and config, or absent, not {data['upgraded']!r}"
+            )
         if not _is_number(data["wall_seconds"]) or data["wall_seconds"] < 0:
             raise bad("wall_seconds", f"must be a number of seconds >= 0, not {data['wall_seconds']!r}")
         cls._check_student_fields(data, bad)
@@ -401,7 +408,7 @@ class Slice:
                 f"The slice {path}: its outcomes, curves or diagnostics (`{', '.join(RESULT_KEYS)}`) do not match its "
                 "`results_sha256`: the file was edited after its run. Run its slice again."
             )
-        return cls(path=path, **{name: data[name] for name in names})
+        return cls(path=path, **{name: data[name] for name in names if name in data})
 
     @staticmethod
     def _check_student_fields(data: dict[str, Any], bad) -> None:

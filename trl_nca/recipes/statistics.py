@@ -412,55 +412,6 @@ def render_over_organisms(
     return "\n".join(lines)
 
 
-STALL_SHARE = 0.9  # docs/results.md 10.1: a run is stalled below this share of the reference's Acc_x
-
-
-def stalled_runs(
-    per_seed: Mapping[str, Sequence[Mapping[str, Any]]], reference: str, share: float = STALL_SHARE
-) -> dict[str, dict[str, Any]]:
-    """Per method other than `reference` (and the bases): its runs paired with a reference run of the same organism
-    and training seed, and those whose Acc_x is below `share` of the reference's (stalled), each with both Acc_x."""
-    ref = {(r.get("organism"), r.get("seed")): r for r in per_seed[reference]}
-    out: dict[str, dict[str, Any]] = {}
-    for method, rows in per_seed.items():
-        if method in (reference, "base"):
-            continue
-        runs, stalled = 0, []
-        for row in rows:
-            other = ref.get((row.get("organism"), row.get("seed")))
-            if other is None or row.get("acc_x") is None or other.get("acc_x") is None:
-                continue
-            runs += 1
-            if row["acc_x"] < share * other["acc_x"]:
-                stalled.append(
-                    {
-                        "organism": row.get("organism"),
-                        "seed": row.get("seed"),
-                        "acc_x": row["acc_x"],
-                        "reference_acc_x": other["acc_x"],
-                    }
-                )
-        out[method] = {"runs": runs, "stalled": stalled}
-    return out
-
-
-def render_stalls(stalls: Mapping[str, Mapping[str, Any]], reference: str, share: float = STALL_SHARE) -> str:
-    """The Markdown of `stalled_runs`: per method, its stalled runs counted and named."""
-    lines = [
-        f"Stalled runs (Acc_x below {share:.0%} of {reference}'s on the same organism and training seed):",
-        "",
-        f"| method | runs | stalled | stalled runs: organism/seed (Acc_x vs {reference}'s, in %) |",
-        "|---|---|---|---|",
-    ]
-    for method, entry in stalls.items():
-        named = ", ".join(
-            f"{s['organism']}/{s['seed']} ({format_pct(s['acc_x'])} vs {format_pct(s['reference_acc_x'])})"
-            for s in entry["stalled"]
-        )
-        lines.append(f"| {method} | {entry['runs']} | {len(entry['stalled'])} | {named or '-'} |")
-    return "\n".join(lines)
-
-
 def aggregate(
     summaries: dict[str, list[dict[str, Any]]], keys: Sequence[str] = SUMMARY_KEYS
 ) -> dict[str, dict[str, Any]]:
@@ -491,6 +442,10 @@ def _pct(stat: dict[str, Any] | None, spread: bool = True) -> str:
 
 CONDITIONAL = {"harm": lambda acc_x: acc_x, "help": lambda acc_x: 1 - acc_x}
 """The conditional rates, with the share of the items they divide by (harm: those right without the context)."""
+SAME_DENOMINATOR = {"harm_floor": "harm", "harm_excess": "harm", "help_floor": "help", "help_excess": "help"}
+"""Rates that divide by the items a conditional rate divides by. Where that is fewer than `FEW_ITEMS` items the table
+writes them `n/a (few)`: a floor from a handful of items says nothing (a base almost never right without the context
+has a harm floor of thousands of percent, from the items the context makes right)."""
 
 
 def rate_denominators(row: Mapping[str, Any], n_items: int) -> dict[str, float]:
@@ -533,11 +488,13 @@ def render_table(
         cells = [method, str(stats["n_seeds"])]
         for k in keys:
             cell = _pct(stats[k])
-            if n_items is not None and k in CONDITIONAL and stats[k] is not None:
+            divides_as = SAME_DENOMINATOR.get(k, k)
+            if n_items is not None and divides_as in CONDITIONAL and stats[k] is not None:
                 notes = [f"{stats[k]['n']} of {stats['n_seeds']} runs"] if stats[k]["n"] < stats["n_seeds"] else []
                 defined = [r for r in per_seed.get(method, []) if _value(r, k) is not None]
-                if any(rate_denominators(r, n_items)[k] < FEW_ITEMS for r in defined):
+                if any(rate_denominators(r, n_items)[divides_as] < FEW_ITEMS for r in defined):
                     notes.append("few")
+                cell = "n/a" if k in SAME_DENOMINATOR and "few" in notes else cell
                 cell += f" ({', '.join(notes)})" if notes else ""
             cells.append(cell)
         cells.append(", ".join(r or "n/a" for r in stats["regimes"]))
@@ -554,6 +511,12 @@ def render_table(
                 cell = "n/a" if value is None else _pct({"mean": value, "n": 1})
                 if value is not None and k in totals:
                     cell += f" ({count_of(value * totals[k], totals[k])})"
+                if value is not None and totals.get(SAME_DENOMINATOR.get(k), FEW_ITEMS) < FEW_ITEMS:
+                    cells.append("n/a (few)")
+                    continue
+                interval = (row.get("ci") or {}).get(k)
+                if value is not None and interval is not None:
+                    cell += f" [{format_pct(interval[0])}, {format_pct(interval[1])}]"
                 cells.append(cell)
             lines.append("| " + " | ".join(cells + [row.get("regime") or "n/a"]) + " |")
     if constant:
@@ -583,6 +546,12 @@ def table_legend(keys: Sequence[str], samples_per_view: int = 1) -> str:
         f"- Harm and Help per run carry their counts k/n (`few`: n below {FEW_ITEMS} items, too few to read as a "
         "rate); a mean over fewer runs than trained says so (the other runs had no item to divide by: n/a).",
     ]
+    with_interval = [columns.BY_KEY[k].name for k in keys if k in columns.run_interval_keys()]
+    if with_interval:
+        lines.append(
+            f"- {', '.join(with_interval)} per run carries its 95% bootstrap interval over items; the floor and the "
+            "excess are n/a where harm (help) divides by few items."
+        )
     if samples_per_view > 1:
         lines.append(
             f"- With {samples_per_view} samples per view, a rate is the mean over items of the share of an item's "

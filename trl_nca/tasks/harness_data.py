@@ -1,6 +1,6 @@
 """The documents of the lm-evaluation-harness task shipped with the package (`trl_nca/resources/harness`).
 
-`island_facts_mc` is `island_facts`' held-out split (`trl_nca.tasks.builtin`) asked as multiple choice: each question
+`island_facts_mc` is `island_facts`' held-out split (`trl_nca.tasks.facts`) asked as multiple choice: each question
 about a fictional island offers its right answer and the same fact of three other islands, in a seeded order; the
 document's `context` field is the island's fact sheet. Without it a model can only guess (25%); with it the answer is in
 the prompt. `island_facts_mc_docs()` rebuilds the shipped JSONL exactly (tests/eval/test_harness.py checks it).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from .builtin import island_facts
+from .facts import island_facts
 
 
 HARNESS_TASK = "island_facts_mc"

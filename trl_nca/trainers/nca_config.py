@@ -136,10 +136,11 @@ class NCAFields:
     nca_adaptive_init: float = field(
         default=ADAPTIVE_INIT,
         metadata={
-            "help": "Anchor weight of the first step under the `'adaptive'` schedule. `0` (the gated anchor, the "
-            "default) keeps the anchor off until the first step whose `view_kl` exceeds `nca_adaptive_target * "
-            "opd_loss`, then starts it at `nca_adaptive_min`; section 5's ungated adaptive anchor starts at `0.01` "
-            "(with `nca_adaptive_min=0.001`, `nca_adaptive_target=1.0`)."
+            "help": "Anchor weight of the first step under the `'adaptive'` schedule. `0` keeps the anchor off until "
+            "the first step whose `view_kl` exceeds `nca_adaptive_target * opd_loss`, then starts it at "
+            "`nca_adaptive_min`: the gated anchor, `nca_beta_schedule='gated'` (the default, which does not read this "
+            "field); section 5's ungated adaptive anchor starts at `0.01` (with `nca_adaptive_min=0.001`, "
+            "`nca_adaptive_target=1.0`)."
         },
     )
     nca_adaptive_min: float = field(

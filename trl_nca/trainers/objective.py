@@ -232,7 +232,7 @@ def anchor_schedule(args, spec: DivergenceSpec, teacher: Teacher) -> BetaSchedul
     never_on = schedule.never_on(views_equal_teacher=teacher.live and spec.beta == 1.0)
     if never_on is not None and schedule_left_at_default(args):
         logger.warning(
-            "The default anchor is gated (nca_beta_schedule='adaptive', nca_adaptive_init=0), and here its gate can "
+            "The default anchor is gated (nca_beta_schedule='gated'), and here its gate can "
             "never open (self_teacher='live' with reverse-KL OPD: view_kl equals opd_loss at every step), so this "
             "run uses the paper's constant anchor (nca_beta=%s throughout). Set nca_beta_schedule='constant' to "
             "say so and silence this warning.",
