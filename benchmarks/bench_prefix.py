@@ -36,8 +36,6 @@ import time
 import torch
 from datasets import Dataset
 
-from trl_nca.trainers.batch import NCABatch
-
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_step import CONTEXT_SENTENCES, PeakMemory, context_view_backward, load  # noqa: E402
@@ -106,8 +104,7 @@ def build(base, tok, data, placement, nca_beta, new_tokens, checkpointing, out):
     g = torch.Generator().manual_seed(0)
     batch["completion_ids"] = torch.randint(0, len(tok), (len(data), new_tokens), generator=g)
     batch["completion_mask"] = torch.ones_like(batch["completion_ids"])
-    batch = NCABatch.from_mapping(trainer._prepare_inputs(batch), on_policy=True)  # completions ready
-    return trainer, batch
+    return trainer, {**trainer._prepare_inputs(batch), "on_policy": True}  # completions ready, as sampled
 
 
 def measure(fn, warmup, steps, device):
@@ -147,13 +144,14 @@ def run_shape(base, tok, shape, cli, device):
     return rows, batch_size, context_tokens, lengths, shared
 
 
-def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
+def measure_trainer(trainer, inputs, shape, nca_beta, cli, device, rows):
     """Time the passes of one trainer with sharing off, then on, into `rows`; with nca_beta > 0 also return the
     longest no-context prompt and context view, and the teacher's shared prefix length."""
     from trl_nca.core.losses import LMHead
     from trl_nca.core.views import build_view
 
     model, sharing = trainer.model, trainer.nca.prefix_sharing
+    batch = trainer.nca_batch(inputs)
     mask = batch.completion_mask
     view_c = build_view(batch.context_prompts, batch.context_prompt_attention_mask, batch.completion_ids, mask)
     items = mask.sum()
@@ -171,7 +169,7 @@ def measure_trainer(trainer, batch, shape, nca_beta, cli, device, rows):
     def step(sequential=True):
         def run():
             trainer.nca.sequential = sequential
-            trainer.training_step(model, batch, items)
+            trainer.training_step(model, inputs, items)
             model.zero_grad(set_to_none=True)
 
         return run

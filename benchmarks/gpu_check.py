@@ -815,7 +815,7 @@ def run_step_part(part: str, cli, write) -> None:
         document["settings"]["zero_stage"] = state.deepspeed_plugin.zero_stage
         document["settings"]["world_size"] = state.num_processes
     document["settings"]["gradient_checkpointing_kwargs"] = trainer.args.gradient_checkpointing_kwargs
-    document["settings"]["teacher_type"] = type(trainer._teacher()).__name__
+    document["settings"]["teacher_type"] = type(trainer.accelerator.unwrap_model(trainer.teacher_model)).__name__
     if sampled:  # every sample exactly `tokens` long: no early end-of-sequence
         trainer.generation_config.min_new_tokens = tokens
         trainer.generation_kwargs["min_new_tokens"] = tokens

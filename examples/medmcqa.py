@@ -14,6 +14,7 @@ Every other option below is a field of `NCAConfig` (TRL's `GKDConfig` and `Train
 or of TRL's `ModelConfig`, and each can also be set in the YAML file of `--config`.
 """
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.console import quiet_library_bars
-from trl_nca.core.launch import end_process_group
+from trl_nca.core.launch import end_process_group, prepare_deepspeed_process
 from trl_nca.eval import GenerationSettings
 from trl_nca.eval.compare import compare_base_and_student
 from trl_nca.inputs import read_context
@@ -45,6 +46,7 @@ class ScriptArguments:
 
 def main(argv: list[str] | None = None) -> None:
     """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
+    prepare_deepspeed_process(sys.argv[1:] if argv is None else argv)  # before the config starts DeepSpeed
     parser = TrlParser(
         (ScriptArguments, NCAConfig, ModelConfig),
         usage=SCRIPT_USAGE,

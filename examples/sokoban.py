@@ -19,6 +19,7 @@ or of TRL's `ModelConfig`, and each can also be set in the YAML file of `--confi
 
 import dataclasses
 import json
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_nca import NCAConfig, NCATrainer
 from trl_nca.console import quiet_library_bars
-from trl_nca.core.launch import end_process_group
+from trl_nca.core.launch import end_process_group, prepare_deepspeed_process
 from trl_nca.envs import GameRollout, game_generation_settings
 from trl_nca.eval import (
     ModelRun,
@@ -59,6 +60,7 @@ class ScriptArguments:
 
 def main(argv: list[str] | None = None) -> None:
     """Train, then evaluate paired; `argv`: the command-line options (default: `sys.argv[1:]`)."""
+    prepare_deepspeed_process(sys.argv[1:] if argv is None else argv)  # before the config starts DeepSpeed
     parser = TrlParser(
         (ScriptArguments, NCAConfig, ModelConfig),
         usage=SCRIPT_USAGE,

@@ -258,8 +258,9 @@ def batch_dict(batch) -> dict:
 
 
 def record_batches(trainer) -> list:
-    """Wrap `trainer.compute_loss` to keep every micro-batch it sees in training (the trainer's
-    `trl_nca.trainers.batch.NCABatch`), cloned, in order: the returned list fills as the trainer trains."""
+    """Wrap `trainer.compute_loss` to keep every micro-batch it sees in training, as the trainer's
+    `trl_nca.trainers.batch.NCABatch` (`trainer.nca_batch`), its tensors cloned, in order: the returned list fills as
+    the trainer trains."""
     import dataclasses
 
     import torch
@@ -268,8 +269,11 @@ def record_batches(trainer) -> list:
 
     def spy(model, inputs, *args, **kwargs):
         if trainer.model.training:
-            fields = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(inputs)}
-            batches.append(inputs.replace(**{k: v.clone() for k, v in fields.items() if torch.is_tensor(v)}))
+            batch = trainer.nca_batch(inputs)
+            fields = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+            batches.append(
+                dataclasses.replace(batch, **{k: v.clone() for k, v in fields.items() if torch.is_tensor(v)})
+            )
         return compute_loss(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = spy

@@ -358,7 +358,7 @@ def build_trainer(tok, tmp_path, share, teacher="separate", architecture="llama"
 
 def terms_and_grads(trainer):
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    batch = trainer._with_completions(batch, on_policy=False)
+    batch = trainer.nca_batch(trainer._with_completions(batch, on_policy=False))
     trainer.model.zero_grad()
     terms = trainer.nca.token_divergences(trainer.model, batch, need_context=True)
     (terms["opd"].sum() + terms["nca"].sum()).backward()
@@ -463,8 +463,8 @@ def _prefix_passes(model):
 @pytest.mark.parametrize("teacher", ["separate", "lora_self"])
 def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teacher):
     trainer = build_trainer(tok, tmp_path, True, teacher)
-    batch = trainer._with_completions(
-        trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
+    batch = trainer.nca_batch(
+        trainer._with_completions(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False)
     )
     view = build_view(
         batch.context_prompts,
@@ -513,8 +513,8 @@ def test_teacher_prefix_cache_persists_while_its_weights_do(tok, tmp_path, teach
 
 def test_live_self_teacher_never_keeps_its_prefix(tok, tmp_path):
     trainer = build_trainer(tok, tmp_path, True, teacher="live_self", self_teacher="live")
-    batch = trainer._with_completions(
-        trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False
+    batch = trainer.nca_batch(
+        trainer._with_completions(trainer.data_collator([trainer.train_dataset[i] for i in range(4)]), on_policy=False)
     )
     view = build_view(
         batch.context_prompts,

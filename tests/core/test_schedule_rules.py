@@ -4,6 +4,7 @@ The trainer's use of them step by step: tests/trainers/test_schedule.py."""
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ from trl_nca.core.schedule import (
     SCHEDULES,
     AdaptiveSchedule,
     ConstantSchedule,
+    GatedSchedule,
     WarmupSchedule,
     register_schedule,
     schedule_from_config,
@@ -94,16 +96,19 @@ def test_non_finite_adaptive_settings_are_refused():
                 AdaptiveSchedule(beta=0.5, **{field: value})
 
 
-def test_the_registry_holds_the_shipped_schedules_and_what_each_reads():
-    assert schedule_names() == ("constant", "warmup", "adaptive", "gated")
-    assert schedule_reads() == {
-        "nca_beta_schedule": ("constant", "warmup", "adaptive", "gated"),
-        "nca_warmup_steps": ("warmup",),
-        "nca_adaptive_init": ("adaptive",),
-        "nca_adaptive_min": ("adaptive", "gated"),
-        "nca_adaptive_target": ("adaptive", "gated"),
-        "nca_adaptive_horizon": ("adaptive", "gated"),
-    }
+def test_the_registry_names_its_schedules_and_what_each_reads():
+    """What the config reads comes from the registry, whatever it holds: every registered schedule is a choice of
+    `nca_beta_schedule`, and each field a schedule declares is read by exactly the schedules declaring it."""
+    assert schedule_names() == tuple(SCHEDULES) and {"constant", "warmup", "adaptive", "gated"} <= set(SCHEDULES)
+    reads = schedule_reads()
+    assert reads["nca_beta_schedule"] == schedule_names()
+    declared = {name for cls in SCHEDULES.values() for name in cls.reads}
+    assert set(reads) == {"nca_beta_schedule", *declared}
+    for name in declared:
+        assert reads[name] == tuple(kind for kind, cls in SCHEDULES.items() if name in cls.reads)
+    assert WarmupSchedule.reads == ("nca_warmup_steps",)  # the fields of the shipped schedules' formulas
+    assert set(AdaptiveSchedule.reads) == {f"nca_adaptive_{p}" for p in ("init", "min", "target", "horizon")}
+    assert set(GatedSchedule.reads) == set(AdaptiveSchedule.reads) - {"nca_adaptive_init"}  # it starts at 0
     with pytest.raises(ValueError, match="'warmup' is already registered"):
         register_schedule(WarmupSchedule)
     with pytest.raises(ValueError, match="declares no field"):
@@ -136,7 +141,7 @@ def test_a_config_builds_its_schedule_with_the_fields_it_reads():
     gated = schedule_from_config(_config(nca_beta=2, nca_adaptive_min=1))
     assert type(gated) is AdaptiveSchedule and gated.adaptive_min == 1.0 and isinstance(gated.adaptive_min, float)
     assert type(schedule_from_config(_config(nca_beta=0))) is ConstantSchedule  # plain OPD: no anchor to schedule
-    with pytest.raises(ValueError, match=r"nca_beta_schedule must be one of \('constant', 'warmup', 'adaptive'"):
+    with pytest.raises(ValueError, match=re.escape(f"nca_beta_schedule must be one of {schedule_names()}")):
         schedule_from_config(_config(nca_beta_schedule="cosine"))
 
 
@@ -196,15 +201,18 @@ def test_unread_schedule_fields_are_named_one_line_each():
         nca_adaptive_target: float = 1.1
         nca_adaptive_horizon: float = 1.0
 
+    def readers(field):  # the schedules of the registry that read `field`, as the line names them
+        return " or ".join(f"nca_beta_schedule={kind!r}" for kind in schedule_reads()[field])
+
     assert unread_settings(Fields()) == []
     assert unread_settings(Fields(nca_beta_schedule="constant")) == []  # only fields set away from their defaults
     assert unread_settings(Fields(nca_beta_schedule="constant", nca_adaptive_target=2.0)) == [
         "nca_adaptive_target=2.0 is set but nca_beta_schedule='constant' does not read it. Remove it, or set "
-        "nca_beta_schedule='adaptive' or nca_beta_schedule='gated' to use it."
+        f"{readers('nca_adaptive_target')} to use it."
     ]
     assert unread_settings(Fields(nca_warmup_steps=5)) == [
         "nca_warmup_steps=5 is set but nca_beta_schedule='adaptive' does not read it. Remove it, or set "
-        "nca_beta_schedule='warmup' to use it."
+        f"{readers('nca_warmup_steps')} to use it."
     ]
     (line,) = unread_settings(Fields(nca_beta=0.0, nca_adaptive_min=0.1))
     assert "nca_beta=0 (plain OPD) schedules no anchor. Remove it, or set nca_beta > 0 and" in line

@@ -120,3 +120,34 @@ def test_a_column_the_same_for_every_model_is_left_out_with_a_line():
     # organisms are organisms and seeds are seeds in the per-run table
     assert "| Model | organism | seed | Acc_x | Acc_xc | Regime |" in table
     assert re.search(r"^\| opd \| 0 \| 1 \| 50\.0 \|", table, re.M) and re.search(r"^\| base \| 0 \| - \|", table, re.M)
+
+
+def _metric_table_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "metric_table.py"
+    spec = importlib.util.spec_from_file_location("metric_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_evaluation_page_holds_the_metric_table_of_the_spec():
+    """docs/evaluation.md's metric table is the spec's (`columns.metric_table`): after a metric is added to the spec,
+    `python scripts/metric_table.py` writes it there."""
+    script = _metric_table_script()
+    page = script.PAGE.read_text(encoding="utf-8")
+    assert script.render(page) == page, "docs/evaluation.md is out of date: run python scripts/metric_table.py"
+    for column in columns.COLUMNS:
+        assert (f"| `{column.key}` |" in page) == (column.definition is not None), column.key
+
+
+def test_every_rate_of_the_spec_is_computed_defined_and_interval_bounded():
+    """A paired metric is one entry of the spec: `compute_metrics` computes every rate the spec declares (with its
+    bootstrap interval), in the spec's order, and each has its line in the metric table."""
+    metrics = compute_metrics(varied_records(0), n_bootstrap=50)
+    rates = [c.key for c in columns.rated()]
+    assert [key for key in metrics if key in rates] == rates
+    assert list(metrics["ci"]) == rates
+    assert all(c.definition for c in columns.rated())

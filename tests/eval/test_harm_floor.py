@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trl_nca.eval import compute_metrics
-from trl_nca.eval.metrics import no_effect_terms
+from trl_nca.eval.columns import no_effect_terms
 from trl_nca.eval.records import PairedRecord, ViewOutcome
 
 

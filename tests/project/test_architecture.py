@@ -2,6 +2,7 @@
 command line down to the core and never back (lazy imports inside functions included), and no import cycle between
 sibling modules at any depth."""
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,17 @@ def test_importing_trl_nca_changes_nothing_process_wide():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "TRLExperimentalWarning" not in result.stdout
+
+
+def test_no_function_over_60_lines_and_no_module_over_700():
+    """The house rules: no function over 60 lines, no module over 700, in every module of trl_nca."""
+    over = set()
+    for path in sorted((ROOT / "trl_nca").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > 700:
+            over.add(name)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                over.add(f"{name}:{node.name}")
+    assert over == set(), "split these: a function has at most 60 lines, a module at most 700"

@@ -14,10 +14,11 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCADistillationConfig, NCADistillationTrainer
-from trl_nca.core.launch import end_process_group
+from trl_nca.core.launch import end_process_group, prepare_deepspeed_process
 
 
 def main():
+    prepare_deepspeed_process()  # before the config starts DeepSpeed's backend
     out, student = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     prompts = [[{"role": "user", "content": "Q" + "?" * i}] for i in range(8)]

@@ -16,7 +16,7 @@ import os
 import torch
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core.launch import end_process_group
+from trl_nca.core.launch import end_process_group, prepare_deepspeed_process
 from trl_nca.core.views import ContextSpec
 from trl_nca.testing import make_tiny_tokenizer
 from trl_nca.trainers.rollouts import RolloutBatch, RolloutSample
@@ -56,6 +56,7 @@ def main():
     parser.add_argument("--models", required=True)
     parser.add_argument("--no-gather", action="store_true")
     opts = parser.parse_args()
+    prepare_deepspeed_process()  # before the config starts DeepSpeed's backend
     torch.set_num_threads(1)
     args = NCAConfig(
         output_dir=opts.out,

@@ -42,7 +42,7 @@ import torch
 from datasets import Dataset
 
 from trl_nca import NCAConfig, NCADistillationConfig, NCADistillationTrainer, NCATrainer
-from trl_nca.core.launch import end_process_group
+from trl_nca.core.launch import end_process_group, prepare_deepspeed_process
 from trl_nca.testing import make_tiny_tokenizer
 
 
@@ -83,6 +83,7 @@ def main():
     parser.add_argument("--joint-forward", choices=["auto", "true", "false"], default="auto")
     parser.add_argument("--models", required=True, help="folder with `student/` and `teacher/` (save_tiny_model)")
     opts = parser.parse_args()
+    prepare_deepspeed_process(deepspeed_arg=opts.zero_in_args is not None)  # before the config starts DeepSpeed
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     torch.set_num_threads(1)
     student_path, teacher_path = (os.path.join(opts.models, name) for name in ("student", "teacher"))

@@ -15,6 +15,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 
 from trl_nca import NCAConfig, NCATrainer
+from trl_nca.core.launch import prepare_deepspeed_process
 
 
 MESSAGE = "process 1 stops here on purpose"
@@ -27,6 +28,7 @@ class FailOnProcessOne(TrainerCallback):
 
 
 def main():
+    prepare_deepspeed_process()  # before the config starts DeepSpeed's backend
     out, student = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     rows = {"prompt": [f"Question {i}: which answer?" for i in range(16)], "context": ["Be brief."] * 16}

@@ -11,14 +11,12 @@ def views(keys=VIEW_KEYS):
     return {key: torch.full((2, 3), i) for i, key in enumerate(keys)}
 
 
-def test_from_mapping_reads_the_views_in_order_and_takes_the_flags():
+def test_from_mapping_reads_the_views_in_order_and_takes_the_other_fields():
     names = ("a", "b", "c", "d", "e", "f")
-    batch = NCABatch.from_mapping(views(names), names, "T", on_policy=False, training_step=True)
+    batch = NCABatch.from_mapping(views(names), names, "T", on_policy=False)
     for i, key in enumerate(VIEW_KEYS):
         assert torch.equal(getattr(batch, key), torch.full((2, 3), i)), key
-    assert (batch.on_policy, batch.training_step, batch.step_tokens) == (False, True, None)
-    marked = batch.replace(training_step=False)
-    assert not marked.training_step and batch.training_step and marked.prompts is batch.prompts
+    assert (batch.on_policy, batch.step_tokens) == (False, None)
 
 
 def test_a_batch_without_the_context_view_is_refused_with_the_fix():

@@ -14,6 +14,7 @@ from trl_nca.testing import (
     KL32,
     QUESTIONS,
     STORED32,
+    batch_dict,
     cloned_parameters,
     float64_model,
     full_logprobs,
@@ -74,11 +75,6 @@ def full_logit_loss(student, teacher, inputs, nca_beta):
     return opd.mean() + nca_beta * nca.mean(), terms
 
 
-def nca_batch(inputs):
-    """The same micro-batch, outside a training step (the whole loss, differentiable)."""
-    return inputs.replace(training_step=False)
-
-
 @pytest.mark.numerics
 def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
     """One SGD step (lr 1, no clipping) of NCADistillationTrainer on its own on-policy samples: its logged loss and
@@ -125,7 +121,7 @@ def test_first_step_equals_nca_trainer_and_full_logit_reference(tok, tmp_path):
         inputs.prompts, inputs.prompt_attention_mask, inputs.context_prompts, inputs.context_prompt_attention_mask
     ):
         assert ours[tuple(ids[mask.bool()].tolist())] == cids[cmask.bool()].tolist()
-    nca_loss = nca.compute_loss(nca_student, nca_batch(inputs))
+    nca_loss = nca.compute_loss(nca_student, batch_dict(inputs))  # NCATrainer's view keys are the fields
     nca_loss.backward()
 
     ref_student = copy.deepcopy(initial)
@@ -231,7 +227,9 @@ def test_evaluation_reports_token_means_over_the_set(tok, tmp_path):
     original = trainer.compute_loss
 
     def spy(model, inputs, *a, **k):
-        seen.append(inputs.replace(**{f: getattr(inputs, f).clone() for f in ("completion_ids", "completion_mask")}))
+        seen.append(
+            trainer.nca_batch({**inputs, **{f: inputs[f].clone() for f in ("completion_ids", "completion_mask")}})
+        )
         return original(model, inputs, *a, **k)
 
     trainer.compute_loss = spy
@@ -269,7 +267,7 @@ def test_lora_self_teacher_is_the_adapter_disabled_student(tok, tmp_path):
     assert sum(1 for _ in trainer.teacher_model.parameters()) == 0
     calls = record_batches(trainer)
     trainer.train()
-    inputs = nca_batch(calls[-1])
+    inputs = calls[-1]
     trainer.model.eval()
     with torch.no_grad():
         self_terms = trainer.nca.token_divergences(trainer.model, inputs, need_context=True)
@@ -321,7 +319,7 @@ def _student_forwards_in_loss(tok, tmp_path, nca_beta):
     trainer.train()
     forwards = []
     handle = student.model.register_forward_hook(lambda *a: forwards.append(1))
-    trainer.nca.token_divergences(student, nca_batch(calls[0]), need_context=trainer.nca.need_context())
+    trainer.nca.token_divergences(student, calls[0], need_context=trainer.nca.need_context())
     handle.remove()
     return len(forwards)
 
@@ -419,5 +417,5 @@ def test_lora_dropout_turning_prefix_sharing_off_is_said_once(
     student.train()
     sharing = PrefixSharing()
     assert (sharing.problem(student) is not None) == warned  # the student's views: dropout drawn
-    with trainer._teacher().active() as teacher:
+    with trainer.accelerator.unwrap_model(trainer.teacher_model).active() as teacher:
         assert sharing.problem(teacher) is None  # adapter disabled: its dropout is not drawn

@@ -115,7 +115,7 @@ def test_trust_remote_code_is_passed_on_when_models_load_by_name(tmp_path, kind)
         train_dataset=prompt_dataset(),
     )
     assert type(trained.model).__name__ == "RemoteForCausalLM"
-    assert type(trained._teacher()).__name__ == "RemoteForCausalLM"
+    assert type(trained.accelerator.unwrap_model(trained.teacher_model)).__name__ == "RemoteForCausalLM"
 
 
 @both

@@ -2,7 +2,11 @@
 code run as a module of its own): the divergence against a float64 full-logit reference in value and gradient, and
 one trained step with each on a tiny model."""
 
+import os
 import re
+import shlex
+import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -13,7 +17,7 @@ import torch.nn.functional as F
 from test_trainer import make_args
 
 from trl_nca import NCAConfig, NCATrainer
-from trl_nca.core.losses import NCA_DIVERGENCES, DivergenceSpec, LMHead, token_divergences
+from trl_nca.core.losses import NCA_DIVERGENCES, DivergenceSpec, LMHead, divergence_names, token_divergences
 from trl_nca.core.schedule import SCHEDULES
 from trl_nca.testing import FLOAT64, STORED32, make_tiny_model, prompt_dataset
 
@@ -23,9 +27,12 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
 @pytest.fixture
 def extension():
-    """The page's Python blocks run in order as the module `my_extension`; its registrations are undone after."""
+    """The page's Python blocks of registration from outside run in order as the module `my_extension`; its
+    registrations are undone after (a package that ships the same names, as the page's second half adds them, has
+    them set aside meanwhile)."""
     module = types.ModuleType("my_extension")
     sys.modules[module.__name__] = module
+    shipped = {"reverse_kl": NCA_DIVERGENCES.pop("reverse_kl", None), "step": SCHEDULES.pop("step", None)}
     try:
         for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S):
             exec(compile(block, str(PAGE), "exec"), module.__dict__)
@@ -33,6 +40,10 @@ def extension():
     finally:
         NCA_DIVERGENCES.pop("reverse_kl", None)
         SCHEDULES.pop("step", None)
+        if shipped["reverse_kl"] is not None:
+            NCA_DIVERGENCES["reverse_kl"] = shipped["reverse_kl"]
+        if shipped["step"] is not None:
+            SCHEDULES["step"] = shipped["step"]
         del sys.modules[module.__name__]
 
 
@@ -76,9 +87,8 @@ def test_a_step_trains_with_the_pages_divergence(extension, tok, tmp_path):
     assert reverse["nca_loss"] > 0 and reverse["loss"] == STORED32.approx(
         reverse["opd_loss"] + 0.5 * reverse["nca_loss"]
     )
-    with pytest.raises(
-        ValueError, match=r"nca_divergence must be one of \('forward_kl', 'symmetric_kl', 'reverse_kl'\)"
-    ):
+    assert "reverse_kl" in divergence_names()  # a choice of the config from the registration on
+    with pytest.raises(ValueError, match=re.escape(f"nca_divergence must be one of {divergence_names()},")):
         make_args(tmp_path, nca_divergence="reverse-kl")
 
 
@@ -101,3 +111,71 @@ def test_a_run_follows_the_pages_schedule(extension, tok, tmp_path):
 
     assert unread_settings(args) == []
     assert isinstance(args, NCAConfig)
+
+
+# The page's blocks that add to the package: ```python title="PATH (WHERE)"
+ADDED = re.compile(r'```python title="(?P<path>[^"]+?) \((?P<where>[^)]+)\)"\n(?P<body>.*?)```', re.S)
+# The tests the page's additions and rewrites concern (the copy's own copy of this test excluded)
+FOLLOWED_TESTS = [
+    "tests/core/test_losses.py",
+    "tests/core/test_schedule_rules.py",
+    "tests/eval/test_columns.py",
+    "tests/eval/test_eval_metrics.py",
+    "tests/cli/test_help.py::test_the_help_spec_is_what_the_parsers_render",
+    "tests/project/test_docs.py",
+    "tests/trainers/test_extending.py",
+]
+
+
+def _add(text: str, where: str, body: str) -> str:
+    """`body` added to a module's `text` where the page says."""
+    if where == "at the end":
+        return text.rstrip("\n") + "\n\n\n" + body
+    if where == "at the end of COLUMNS":
+        end = text.index("\n)\n\nBY_KEY")
+        return (
+            text[:end]
+            + "\n"
+            + "".join(f"    {line}" if line.strip() else line for line in body.splitlines(True))
+            + text[end + 1 :]
+        )
+    raise AssertionError(f"docs/extending.md adds a block {where!r}, which this test does not know how to follow")
+
+
+@pytest.mark.slow  # a copy of the repository, its generated files rewritten and its tests run, in processes of their own
+def test_the_page_followed_in_a_copy_of_the_repository_leaves_its_tests_green(tmp_path):
+    """docs/extending.md followed exactly: the divergence, the schedule and the paired metric added to the package
+    with their tests, then the generated files rewritten by the commands the page gives; the tests that check all
+    of it pass in the copy."""
+    root, copy = PAGE.parents[1], tmp_path / "repo"
+    for name in ("trl_nca", "tests", "docs", "scripts", "examples"):
+        shutil.copytree(root / name, copy / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "mkdocs.yml", "README.md"):
+        shutil.copy(root / name, copy / name)
+    page = PAGE.read_text()
+    added = list(ADDED.finditer(page))
+    assert {m["path"] for m in added} >= {
+        "trl_nca/core/losses.py",
+        "trl_nca/core/schedule.py",
+        "trl_nca/eval/columns.py",
+    }
+    for block in added:
+        target = copy / block["path"]
+        target.write_text(_add(target.read_text(), block["where"], block["body"]))
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    (commands,) = re.findall(r"```bash\n(.*?)```", page, re.S)
+    for line in commands.splitlines():
+        command = shlex.split(line.split("#")[0])
+        result = subprocess.run([sys.executable, *command[1:]], cwd=copy, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, f"{line}\n{result.stdout[-2000:]}{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-k", "not in_a_copy"]
+        + FOLLOWED_TESTS,
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "discordant" in (copy / "docs" / "evaluation.md").read_text()
+    assert "reverse_kl" in (copy / "trl_nca" / "resources" / "cli_help.json").read_text()

@@ -25,7 +25,7 @@ def test_two_step_game_training(tmp_path, game):
 
     def spy(batch):
         out = original(batch)
-        played.append((batch["seed"].tolist(), out))
+        played.append((batch["seed"].tolist(), trainer.nca_batch(out)))
         return out
 
     trainer._play_episodes = spy

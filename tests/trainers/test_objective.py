@@ -103,12 +103,12 @@ def test_the_anchor_schedule_follows_the_teacher(tok):
     assert anchor_schedule(args, args.divergence_spec, as_teacher(student)).kind == args.nca_beta_schedule
 
 
-def test_views_in_sequence_only_for_a_training_steps_batch(tok):
-    """`in_sequence`: only a batch marked as a training step's (`NCABatch.training_step`), with gradients, where
-    `nca_sequential_views` resolved on."""
+def test_views_in_sequence_only_where_the_trainer_runs_the_backward(tok):
+    """`in_sequence`: only a batch whose backward the trainer runs itself (inside its `training_step`), with
+    gradients, where `nca_sequential_views` resolved on."""
     nca = objective(tok, ModelTeacher(make_tiny_model(tok, 1)), sequential_views=True)
     assert nca.sequential
-    assert nca.in_sequence(ragged_batch(tok, training_step=True))
-    assert not nca.in_sequence(ragged_batch(tok))
+    assert nca.in_sequence(backward_follows=True)
+    assert not nca.in_sequence(backward_follows=False)
     with torch.no_grad():
-        assert not nca.in_sequence(ragged_batch(tok, training_step=True))
+        assert not nca.in_sequence(backward_follows=True)

@@ -57,7 +57,7 @@ def test_a_rollout_that_is_not_a_game_trains(tmp_path):
 
     def spy(batch):
         out = original(batch)
-        batches.append(out)
+        batches.append(trainer.nca_batch(out))
         return out
 
     trainer._play_episodes = spy

@@ -141,7 +141,7 @@ class SavedActivations:
 def saved_peak(trainer) -> int:
     """Peak bytes of saved activations over one training step of `trainer` on its first four rows."""
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    batch = trainer._with_completions(batch, on_policy=False)  # an NCABatch: training_step samples no more
+    batch = trainer._with_completions(batch, on_policy=False)  # its completions chosen, as get_batch_samples does
     meter = SavedActivations(trainer.model)
     with torch.autograd.graph.saved_tensors_hooks(meter.pack, meter.unpack):
         trainer.training_step(trainer.model, batch)

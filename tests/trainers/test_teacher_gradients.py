@@ -148,7 +148,8 @@ def _check_against_reference(trainer, teacher_logits, anchor, training_step=Fals
     student = trainer.model
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
     batch = trainer._with_completions(batch, on_policy=False)
-    assert batch.completion_mask.sum(1).unique().numel() == 3  # ragged completions
+    views = trainer.nca_batch(batch)
+    assert views.completion_mask.sum(1).unique().numel() == 3  # ragged completions
 
     student.zero_grad()
     if training_step:  # Trainer's step: the loss and its backward (two, with the views in sequence)
@@ -158,7 +159,7 @@ def _check_against_reference(trainer, teacher_logits, anchor, training_step=Fals
         loss.backward()
     got = grads(student)
     student.zero_grad()
-    ref = reference_loss(student, teacher_logits, batch, nca_beta=0.5, anchor=anchor)
+    ref = reference_loss(student, teacher_logits, views, nca_beta=0.5, anchor=anchor)
     ref.backward()
     expected = grads(student)
     student.zero_grad()

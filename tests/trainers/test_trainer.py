@@ -137,8 +137,9 @@ def test_loss_matches_full_logit_reference_and_gradient_paths(tok, tmp_path):
         model=student, teacher_model=teacher, args=args, train_dataset=messages_dataset(3), processing_class=tok
     )
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(3)])
-    batch = trainer._with_completions(batch, on_policy=False)
-    loss = trainer.compute_loss(student, batch)
+    inputs = trainer._with_completions(batch, on_policy=False)
+    loss = trainer.compute_loss(student, inputs)
+    batch = trainer.nca_batch(inputs)
 
     cids, cmask = batch.completion_ids, batch.completion_mask
     vx = build_view(batch.prompts, batch.prompt_attention_mask, cids, cmask)
@@ -277,11 +278,11 @@ def test_lora_self_teacher_is_initial_model(tok, tmp_path):
     )
     from trl_nca.trainers.teacher import SelfTeacher
 
-    assert isinstance(trainer._teacher(), SelfTeacher)
+    assert isinstance(trainer.accelerator.unwrap_model(trainer.teacher_model), SelfTeacher)
     probe = torch.tensor([[3, 17, 40, 8, 99, 120]])
 
     def teacher_logits():
-        with torch.no_grad(), trainer._teacher().active() as m:
+        with torch.no_grad(), trainer.accelerator.unwrap_model(trainer.teacher_model).active() as m:
             return m(input_ids=probe).logits
 
     torch.testing.assert_close(teacher_logits(), initial(input_ids=probe).logits)
@@ -300,7 +301,7 @@ def test_trained_adapter_gets_a_frozen_copy_teacher(tok, tmp_path):
     probe = torch.tensor([[3, 17, 40, 8, 99, 120]])
     start_model = copy.deepcopy(student).eval()
     trainer = NCATrainer(model=student, args=make_args(tmp_path), train_dataset=prompt_dataset(), processing_class=tok)
-    teacher = trainer._teacher()
+    teacher = trainer.accelerator.unwrap_model(trainer.teacher_model)
     assert not hasattr(teacher, "active")
     with torch.no_grad():
         torch.testing.assert_close(teacher(input_ids=probe).logits, start_model(input_ids=probe).logits)
@@ -324,7 +325,10 @@ def test_full_model_self_teacher_is_frozen_copy(tok, tmp_path):
     trainer.train()
     probe = torch.tensor([[3, 17, 40, 8]])
     with torch.no_grad():
-        torch.testing.assert_close(trainer._teacher()(input_ids=probe).logits, initial(input_ids=probe).logits)
+        torch.testing.assert_close(
+            trainer.accelerator.unwrap_model(trainer.teacher_model)(input_ids=probe).logits,
+            initial(input_ids=probe).logits,
+        )
         assert not torch.allclose(student(input_ids=probe).logits, initial(input_ids=probe).logits)
 
 
@@ -447,8 +451,8 @@ def test_live_self_teacher_scores_with_current_weights(tok, tmp_path):
     student = make_tiny_model(tok, 0)
     args = make_args(tmp_path, self_teacher="live", lmbda=0.0, nca_beta=0.5)
     trainer = NCATrainer(model=student, args=args, train_dataset=messages_dataset(2), processing_class=tok)
-    batch = trainer._with_completions(
-        trainer.data_collator([trainer.train_dataset[i] for i in range(2)]), on_policy=False
+    batch = trainer.nca_batch(
+        trainer._with_completions(trainer.data_collator([trainer.train_dataset[i] for i in range(2)]), on_policy=False)
     )
     terms = trainer.nca.token_divergences(student, batch, need_context=True)
     # Teacher == q_c (detached), so OPD = KL(q_x || q_c) = the monitored view KL, and equals NCA in value.
@@ -485,7 +489,7 @@ def test_seq_kd_teacher_writes_completions_from_the_context_view(tok, tmp_path, 
     out = trainer._with_completions(trainer._prepare_inputs(batch), on_policy=False)
     assert torch.equal(calls[0][0], batch["context_prompts"])  # sampled from the context view
     assert (calls[0][1] is not None) == lora  # the adapter-disabled student generates as the teacher
-    assert out.completion_ids.shape[1] > 0
+    assert out["completion_ids"].shape[1] > 0
     trainer.train()
 
 
@@ -503,8 +507,10 @@ def test_joint_forward_equals_two_forwards(tok, tmp_path):
             train_dataset=messages_dataset(3),
             processing_class=tok,
         )
-        batch = trainer._with_completions(
-            trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False
+        batch = trainer.nca_batch(
+            trainer._with_completions(
+                trainer.data_collator([trainer.train_dataset[i] for i in range(3)]), on_policy=False
+            )
         )
         terms = trainer.nca.token_divergences(student, batch, need_context=True)
         (terms["opd"].sum() + terms["nca"].sum()).backward()

@@ -53,8 +53,11 @@ def test_config_refuses_non_finite_mistyped_and_out_of_range_numbers(tmp_path, f
 @pytest.mark.parametrize(
     "field,value",
     [
-        ("context_placement", "assistant"),
+        ("context_placement", "assistant"),  # the choices of these five come from the fields' Literal types
         ("divergence_support", "top_p"),
+        ("nca_anchor", "context"),
+        ("self_teacher", "frozen"),
+        ("eval_completions", "reference"),
         ("nca_divergence", "no_such_divergence"),  # the choices of these two come from the registries
         ("nca_beta_schedule", "cosine"),
     ],
@@ -77,6 +80,13 @@ def test_config_refuses_unknown_choices(tmp_path, field, value):
 def test_context_template_is_checked_at_config_time(tmp_path, template, match):
     with pytest.raises(ValueError, match=match):
         args(tmp_path, context_placement="user", context_template=template, context_text="c")
+
+
+def test_the_config_changes_no_field_it_was_given(tmp_path):
+    """A config only describes: `__post_init__` checks and derives, and turns nothing the user set off (with the NCA
+    term on, `nca_monitor=True` changes nothing: the context view runs anyway)."""
+    config = args(tmp_path, nca_beta=0.5, nca_monitor=True, context_placement="user", context_text="c")
+    assert (config.nca_beta, config.nca_monitor, config.context_placement) == (0.5, True, "user")
 
 
 def test_a_template_the_placement_does_not_use_is_reported(tmp_path, caplog):

@@ -90,6 +90,23 @@ def _decode(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False) if token_id >= 0 else ""
 
 
+def _top_token(tokenizer, items: Sequence[AnalysisItem], top) -> dict[str, Any]:
+    """One of the tokens where the views differ most (`compare_views`' `top`), with its tokens decoded."""
+    return {
+        "item_id": items[top.item_index].item_id,
+        "position": top.position,
+        "kl": top.kl,
+        "token": _decode(tokenizer, top.token_id),
+        "token_id": top.token_id,
+        "logp_x": top.logp_x,
+        "logp_c": top.logp_c,
+        "top_x": _decode(tokenizer, top.top_x),
+        "top_x_logp": top.top_x_logp,
+        "top_c": _decode(tokenizer, top.top_c),
+        "top_c_logp": top.top_c_logp,
+    }
+
+
 def analyze_model(
     name: str,
     model,
@@ -117,22 +134,7 @@ def analyze_model(
         desc=f"{name}: views",
     )
     kl = views.kl_summary(options.kl_positions)
-    kl["top_tokens"] = [
-        {
-            "item_id": items[t.item_index].item_id,
-            "position": t.position,
-            "kl": t.kl,
-            "token": _decode(tokenizer, t.token_id),
-            "token_id": t.token_id,
-            "logp_x": t.logp_x,
-            "logp_c": t.logp_c,
-            "top_x": _decode(tokenizer, t.top_x),
-            "top_x_logp": t.top_x_logp,
-            "top_c": _decode(tokenizer, t.top_c),
-            "top_c_logp": t.top_c_logp,
-        }
-        for t in views.top
-    ]
+    kl["top_tokens"] = [_top_token(tokenizer, items, t) for t in views.top]
     result: dict[str, Any] = {
         "items": len(items),
         "tokens": int(views.kl.numel()),

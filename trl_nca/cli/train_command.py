@@ -102,10 +102,12 @@ def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
     from trl import ModelConfig, TrlParser
 
+    from ..core.launch import prepare_deepspeed_process
     from ..trainers.nca_config import NCAConfig
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
     argv = with_builtin_config(argv)
+    prepare_deepspeed_process(argv)  # before the config starts DeepSpeed's backend
     script_args, training_args, model_args = parse_command_line(parser, argv)
     for line in unread_settings(training_args):  # schedule fields this run's schedule does not read: one line each
         logging.getLogger(__name__).warning(line)

@@ -22,12 +22,18 @@ input unchanged and communicate nothing.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from accelerate.utils import DistributedType, str_to_bool
 
+
+logger = logging.getLogger(__name__)
 
 _UNSET = object()
 
@@ -73,8 +79,6 @@ def rank0_choice(choice: bool, device: torch.device | str = "cpu") -> bool:
 
 def _launcher(state) -> str:
     """'deepspeed', 'fsdp', 'ddp' (any other distributed type, or several processes) or 'single'."""
-    from accelerate.utils import DistributedType
-
     kind = state.distributed_type
     if kind == DistributedType.DEEPSPEED:
         return "deepspeed"
@@ -140,8 +144,6 @@ def split_over_devices(model) -> bool:
 def command_line() -> str:
     """The command this process runs, as `accelerate launch` would take it (a script path, or `-m trl_nca.cli ...` for
     the `trl-nca` command)."""
-    import sys
-
     argv = list(sys.argv) or ["your_script.py"]
     if os.path.basename(argv[0]) == "trl-nca":
         argv = ["-m", "trl_nca.cli", *argv[1:]]
@@ -170,8 +172,6 @@ def refuse_fsdp(args, trainer: str) -> None:
     """FSDP is refused at init, before any model loads: the teacher and the frozen copies of the student are not
     sharded or placed by `prepare_model(evaluation_mode=True)` under FSDP, so a launch would leave them whole on the
     CPU. DeepSpeed ZeRO-3 shards student and teacher alike."""
-    from accelerate.utils import DistributedType, str_to_bool
-
     state = args.distributed_state
     launched = str_to_bool(os.environ.get("ACCELERATE_USE_FSDP", "false"))  # also where accelerate then set up none
     configured = getattr(args, "fsdp", None) not in (None, "", [], False)
@@ -198,13 +198,11 @@ def skip_deepspeed_shared_memory_op() -> bool:
     machine, 10-30 minutes under load. The op serves only `inference_all_reduce` (tensor-parallel inference); ZeRO-2/3
     training reduces through torch.distributed (gloo on a CPU) either way. Marking the op incompatible in DeepSpeed's
     table of compatible ops (a dict DeepSpeed builds once per process and keeps) makes the backend start without it,
-    as on a platform that lacks it. Must run before DeepSpeed's backend starts (training arguments' device setup).
-    Does nothing where DeepSpeed is not installed or the accelerator is not the CPU. Returns whether it marked it."""
-    import importlib.util
-
+    as on a platform that lacks it. Does nothing where DeepSpeed is not installed or the accelerator is not the CPU.
+    Returns whether it marked it. Called by `prepare_deepspeed_process`."""
     if importlib.util.find_spec("deepspeed") is None:
         return False
-    import deepspeed.ops
+    import deepspeed.ops  # an optional dependency, imported only where DeepSpeed trains
     from deepspeed.accelerator import get_accelerator
 
     if get_accelerator().device_name() != "cpu":
@@ -212,6 +210,23 @@ def skip_deepspeed_shared_memory_op() -> bool:
     compatible = deepspeed.ops.__compatible_ops__
     if compatible.get("deepspeed_shm_comm"):
         compatible["deepspeed_shm_comm"] = False
+    return True
+
+
+def prepare_deepspeed_process(argv: Sequence[str] | None = None, deepspeed_arg: Any = None) -> bool:
+    """What a training script does first, before it builds its config, where the process trains under DeepSpeed
+    (`deepspeed_requested`: `accelerate launch` with a DeepSpeed config, `deepspeed_arg`, or a `--deepspeed` option in
+    `argv`): DeepSpeed's CPU shared-memory op is marked unavailable (`skip_deepspeed_shared_memory_op`), with one line
+    in the log saying so. It must come first because building the config (transformers' `TrainingArguments`) starts
+    DeepSpeed's communication backend, which would compile the op. Returns whether it marked the op."""
+    given = deepspeed_arg or any(arg == "--deepspeed" or arg.startswith("--deepspeed=") for arg in argv or ())
+    if not deepspeed_requested(given) or not skip_deepspeed_shared_memory_op():
+        return False
+    logger.info(
+        "DeepSpeed on a CPU: its shared-memory collective op (deepspeed_shm_comm, used only by tensor-parallel "
+        "inference) is marked unavailable, so DeepSpeed's backend starts without compiling it; training reduces "
+        "through torch.distributed."
+    )
     return True
 
 

@@ -93,11 +93,6 @@ def _symmetric_kl(anchor: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
     return _kl(anchor, context) + _kl(context, anchor)
 
 
-# The divergences this package ships, as the config's type (a name registered later is accepted by the config's check,
-# which reads `NCA_DIVERGENCES`; docs/extending.md).
-DivergenceName = Literal[divergence_names()]
-
-
 @dataclass(frozen=True)
 class DivergenceSpec:
     """Which divergences to compute; see the module docstring for the formulas. `nca_divergence` names one of
@@ -144,7 +139,7 @@ class LMHead:
                 "The output layer (lm_head) is wrapped by a PEFT adapter, which the chunked loss does not apply. Leave "
                 "lm_head out of `target_modules` and `modules_to_save`."
             )
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        config = model.config.get_text_config()
         scale = _logit_multiplier(config)
         return cls(head.weight, getattr(head, "bias", None), scale, getattr(config, "final_logit_softcapping", None))
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .launch import agreed_min
@@ -173,7 +174,7 @@ class _Prefix:
 
 def _text_config(model):
     config = model.config
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return config.get_text_config(decoder=True)
 
 
 def _layer_kinds(config) -> list[str]:
@@ -212,7 +213,10 @@ def active_dropout(model: nn.Module, config=None, training: bool | None = None) 
 
 
 def _checkpointed_layers(decoder: nn.Module) -> list[nn.Module]:
-    """The decoder's layers that checkpoint their forward (transformers' `GradientCheckpointingLayer`s)."""
+    """The decoder's layers that checkpoint their forward (transformers' `GradientCheckpointingLayer`s). Imported here:
+    `transformers.modeling_layers` imports transformers' whole modeling stack (measured: about as long as importing
+    this module and everything it imports), which the evaluation and the games, which import this module, never
+    need."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     return [m for m in decoder.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
@@ -221,8 +225,6 @@ def _checkpointed_layers(decoder: nn.Module) -> list[nn.Module]:
 def _checkpoint_problem(layers: list[nn.Module], gradients: bool) -> str | None:
     """None when every checkpointed layer can be told to keep a cache and, for a forward with `gradients`, uses
     non-reentrant torch checkpointing (without gradients nothing is recomputed, so any checkpoint function is fine)."""
-    from torch.utils.checkpoint import checkpoint
-
     for layer in layers:
         if not hasattr(type(layer), "_can_checkpoint_with_cache"):
             return (

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import torch
+from transformers import DynamicCache, LogitsProcessorList
 
 from .checks import is_int
 from .engines import engine_defaults, request_groups
@@ -177,6 +179,16 @@ def mask_through_eos(completion_ids: torch.Tensor, eos_token_id: int | Sequence[
     return (is_eos.cumsum(1) - is_eos == 0).long()
 
 
+def ends_with_eos(ids: torch.Tensor, mask: torch.Tensor, eos_token_id: int | Sequence[int] | None) -> torch.Tensor:
+    """Per row of right-padded completions (`ids`, `mask`), whether it holds an end-of-sequence token (none when
+    `eos_token_id` is None)."""
+    mask = mask.bool()
+    if eos_token_id is None or ids.shape[1] == 0:
+        return torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+    eos = torch.as_tensor(eos_token_id, device=ids.device).reshape(-1)
+    return (torch.isin(ids, eos) & mask).any(1)
+
+
 def _eos_ids(model, tokenizer) -> set[int]:
     eos = getattr(model.generation_config, "eos_token_id", None)
     if eos is None:
@@ -230,8 +242,6 @@ class HFBackend:
     def generate(
         self, prompts: Sequence[Sequence[int]], seeds: Sequence[int], settings: GenerationSettings
     ) -> list[Generated]:
-        from transformers import LogitsProcessorList
-
         model, tokenizer = self.model, self.tokenizer
         eos_ids = _eos_ids(model, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids, default=0)
@@ -349,8 +359,6 @@ def shared_prefill(
     The prefix pass and the suffix pass are one forward each, whatever the rows (a caller under DeepSpeed ZeRO-3,
     where each forward is a collective, agrees on `prefix_tokens` across processes first: 0 everywhere, or > 0
     everywhere). Runs without gradient, as sampling does."""
-    from transformers import DynamicCache
-
     argument = _cache_argument(model)
     if argument is None or not prompts:
         return None
@@ -402,8 +410,6 @@ def shared_prefill(
 def _cache_argument(model) -> str | None:
     """The name under which `model.forward` and `generate` take a key/value cache (`cache` in transformers >= 5.2x,
     `past_key_values` before), or None when the forward takes none or no position ids."""
-    import inspect
-
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model passes them on
     params = inspect.signature(inner.forward).parameters
     if "position_ids" not in params:

@@ -39,7 +39,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 
 # The default anchor: the gated one (off until the views drift apart), chosen in docs/results.md section 10.
@@ -376,11 +376,6 @@ class GatedSchedule(AdaptiveSchedule):
         "`'gated'` (the default) keeps the anchor off until the first step whose `view_kl` exceeds "
         "`nca_adaptive_target * opd_loss`, then starts it at `nca_adaptive_min` and follows `'adaptive'` from there."
     )
-
-
-# The schedules this package ships, as the config's type (a kind registered later is accepted by the config's check,
-# which reads `SCHEDULES`; docs/extending.md).
-ScheduleName = Literal[schedule_names()]
 
 
 def schedule_from_config(args, kind: str | None = None) -> BetaSchedule:

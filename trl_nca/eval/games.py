@@ -164,6 +164,23 @@ def oracle_moves(game: str, seed: int, max_calls: int, env_kwargs: dict[str, Any
     return shortest_solution_length(make_env(game, seed, max_calls=max_calls, **env_kwargs), max_moves=max_calls)
 
 
+def _game_meta(game: str, seed: int, ox: ViewOutcome, oxc: ViewOutcome, moves: int | None) -> dict[str, Any]:
+    """A played map's record metadata: the map, its oracle solution length (`moves`, None beyond the call budget)
+    and each view's calls, invalid moves and whether it ended at the call cap."""
+    return {
+        "game": game,
+        "seed": seed,
+        "oracle_moves": moves,
+        "oracle_solvable": moves is not None,
+        "steps_x": ox.extra["steps"],
+        "steps_xc": oxc.extra["steps"],
+        "invalid_moves_x": ox.extra["invalid_moves"],
+        "invalid_moves_xc": oxc.extra["invalid_moves"],
+        "ended_at_cap_x": ox.truncated,
+        "ended_at_cap_xc": oxc.truncated,
+    }
+
+
 def paired_game_records(
     generate: GenerateFn,
     tokenizer,
@@ -194,19 +211,7 @@ def paired_game_records(
     records: dict[int, PairedRecord] = {}
 
     def pair(seed: int, ox: ViewOutcome, oxc: ViewOutcome) -> None:
-        moves = oracle_moves(game, seed, max_calls, env_kwargs)
-        meta = {
-            "game": game,
-            "seed": seed,
-            "oracle_moves": moves,
-            "oracle_solvable": moves is not None,
-            "steps_x": ox.extra["steps"],
-            "steps_xc": oxc.extra["steps"],
-            "invalid_moves_x": ox.extra["invalid_moves"],
-            "invalid_moves_xc": oxc.extra["invalid_moves"],
-            "ended_at_cap_x": ox.truncated,
-            "ended_at_cap_xc": oxc.truncated,
-        }
+        meta = _game_meta(game, seed, ox, oxc, oracle_moves(game, seed, max_calls, env_kwargs))
         if run_key is not None:
             meta["run_key"] = run_key
         records[seed] = PairedRecord(item_id=f"{game}-{seed}", x=ox, xc=oxc, meta=meta)

@@ -34,35 +34,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import numpy as np
 
+from .columns import rated
 from .records import PairedRecord, ViewOutcome
 
 
-RATE_KEYS = (
-    "acc_x",
-    "acc_xc",
-    "delta",
-    "harm",
-    "harm_unconditional",
-    "help",
-    "help_unconditional",
-    "harm_floor",
-    "harm_excess",
-    "help_floor",
-    "help_excess",
-    "both_correct",
-    "both_wrong",
-    "format_failure_x",
-    "format_failure_xc",
-    "truncated_x",
-    "truncated_xc",
-    "length_change",
-)
+# The rates `compute_metrics` computes from the paired outcomes, in the column spec's order (`trl_nca.eval.columns`).
+RATE_KEYS = tuple(column.key for column in rated())
 
 
 @dataclass
@@ -213,53 +196,13 @@ def classify_direction(difference: float, p: float, n: int, alpha: float = 0.05)
     return "C"
 
 
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    """num / den elementwise, NaN where den == 0."""
-    num = np.asarray(num, dtype=float)
-    den = np.asarray(den, dtype=float)
-    out = np.full(np.broadcast(num, den).shape, np.nan)
-    np.divide(num, den, out=out, where=den != 0)
-    return out
-
-
-def no_effect_terms(correct_x: np.ndarray, correct_xc: np.ndarray, samples: int) -> np.ndarray:
-    """Per item, the expected harm term p_x (1 - p_xc) (equally, help term) were the item's 2k samples exchangeable
-    between the views: s (m - s) / (m (m - 1)) for s right answers among m = 2k samples (the module docstring)."""
-    m = 2 * samples
-    right = (correct_x + correct_xc) * samples
-    return right * (m - right) / (m * (m - 1))
-
-
 def _rates(a: PairedArrays, idx: np.ndarray) -> dict[str, np.ndarray]:
-    """All rates for each row of an index matrix `idx` (shape (B, n)); the identity row gives the point estimate."""
-    cx, cxc = a.correct_x[idx], a.correct_xc[idx]  # 0/1, or per-item success rates with k samples per view
-    n = idx.shape[1]
-    harm = (cx * (1 - cxc)).sum(1)
-    help_ = ((1 - cx) * cxc).sum(1)
-    floor = no_effect_terms(cx, cxc, a.samples).sum(1)
-    n_cx = cx.sum(1)
-    len_x = a.length_x[idx].mean(1)
-    len_xc = a.length_xc[idx].mean(1)
-    return {
-        "acc_x": cx.mean(1),
-        "acc_xc": cxc.mean(1),
-        "delta": cxc.mean(1) - cx.mean(1),
-        "harm": _ratio(harm, n_cx),
-        "harm_unconditional": harm / n,
-        "help": _ratio(help_, n - n_cx),
-        "help_unconditional": help_ / n,
-        "harm_floor": _ratio(floor, n_cx),
-        "harm_excess": _ratio(harm - floor, n_cx),
-        "help_floor": _ratio(floor, n - n_cx),
-        "help_excess": _ratio(help_ - floor, n - n_cx),
-        "both_correct": (cx * cxc).mean(1),
-        "both_wrong": ((1 - cx) * (1 - cxc)).mean(1),
-        "format_failure_x": a.format_failure_x[idx].mean(1),
-        "format_failure_xc": a.format_failure_xc[idx].mean(1),
-        "truncated_x": a.truncated_x[idx].mean(1),
-        "truncated_xc": a.truncated_xc[idx].mean(1),
-        "length_change": _ratio(len_xc - len_x, len_x),
-    }
+    """Every rate (`trl_nca.eval.columns.Column.rate`) for each row of an index matrix `idx` (shape (B, n)); the
+    identity row gives the point estimate."""
+    rows = PairedArrays(
+        **{f.name: getattr(a, f.name)[idx] for f in fields(a) if f.name != "samples"}, samples=a.samples
+    )
+    return {column.key: column.rate(rows) for column in rated()}
 
 
 def bootstrap_intervals(

@@ -34,6 +34,7 @@ from importlib import metadata
 from typing import Any
 
 from packaging.version import Version
+from peft import PeftModel
 
 
 logger = logging.getLogger(__name__)
@@ -76,10 +77,9 @@ def settle_checkpointing(trainer, requested: bool | None) -> None:
     args = trainer.args
     if not args.gradient_checkpointing:
         return
-    plugin = getattr(args, "deepspeed_plugin", None)
-    zero3 = plugin is not None and plugin.zero_stage == 3
+    zero3 = args.deepspeed_plugin is not None and args.deepspeed_plugin.zero_stage == 3
     student = trainer.accelerator.unwrap_model(trainer.model)
-    peft = hasattr(student, "peft_config")
+    peft = isinstance(student, PeftModel)
     reentrant = reentrant_for(requested, peft and zero3, _deepspeed_version())
     forced_by_trl = checkpointing_kwargs(args).get("use_reentrant")
     if requested is None and forced_by_trl and not reentrant:
@@ -113,14 +113,14 @@ def _enable(model, kwargs: dict[str, Any]) -> None:
 
 def needs_joint_forward(args, reentrant: bool) -> bool:
     """Whether the views must run as one forward to be exact: reentrant checkpointing under DDP or DeepSpeed."""
-    distributed = args.world_size > 1 or getattr(args, "deepspeed_plugin", None) is not None
+    distributed = args.world_size > 1 or args.deepspeed_plugin is not None
     return bool(args.gradient_checkpointing and reentrant and distributed)
 
 
 def check_joint_forward(args, reentrant: bool) -> None:
     """`nca_joint_forward=False` where the views must be one forward to be exact: one line, before training."""
     if args.nca_joint_forward is False and args.nca_beta > 0 and needs_joint_forward(args, reentrant):
-        launcher = "DeepSpeed" if getattr(args, "deepspeed_plugin", None) is not None else "DDP"
+        launcher = "DeepSpeed" if args.deepspeed_plugin is not None else "DDP"
         raise ValueError(
             f"nca_joint_forward=False cannot be exact with reentrant gradient checkpointing under {launcher}: each "
             "weight would reach its gradient hook once per view, which the gradient reduction counts twice or drops. "

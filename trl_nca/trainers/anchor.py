@@ -1,6 +1,6 @@
 """The anchor schedule driven by Trainer's optimizer steps (`AnchorStep`), beside its state: saved into every
-checkpoint folder with the stall signal's, and read back when a run resumes (`load_anchor_state`). The schedule itself
-(its kinds, its update, its state) is `trl_nca.core.schedule`."""
+checkpoint folder with the stall signal's, read back when a run resumes (`resume_anchor`), and described in the model
+card (`add_anchor_sentence`). The schedule itself (its kinds, its update, its state) is `trl_nca.core.schedule`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ..core.schedule import BetaSchedule
 from ..core.stall import STATE_FILE as STALL_STATE_FILE
 from ..core.stall import StallMonitor
 from ..inputs import write_text_atomic
+from .checkpoints import resolve_resume
 
 
 logger = logging.getLogger(__name__)
@@ -78,3 +79,23 @@ def load_anchor_state(checkpoint: str, schedule: BetaSchedule, stall: StallMonit
     path = Path(checkpoint) / STALL_STATE_FILE
     if stall is not None and path.is_file():
         stall.load_state_dict(json.loads(path.read_text()))
+
+
+def resume_anchor(resume_from_checkpoint, output_dir: str, anchor_step: AnchorStep):
+    """A trainer's `train(resume_from_checkpoint=...)`: the checkpoint folder it names or finds (`resolve_resume`,
+    checked before training starts), with the anchor's state (and the stall signal's) restored from it."""
+    checkpoint = resolve_resume(resume_from_checkpoint, output_dir)
+    if isinstance(checkpoint, str):
+        load_anchor_state(checkpoint, anchor_step.schedule, anchor_step.stall)
+    return checkpoint
+
+
+def add_anchor_sentence(card: Path, sentence: str) -> None:
+    """Add to TRL's model card (`card`, its README.md, when written) the sentence on the anchor the run used (the
+    default anchor is beyond the paper the card cites), after the line naming the method."""
+    if not card.is_file():
+        return
+    text = card.read_text(encoding="utf-8")
+    start = text.find("This model was trained with ")
+    end = len(text) if start < 0 else text.find("\n", start) % (len(text) + 1)
+    card.write_text(f"{text[:end]}\n\n{sentence}\n{text[end:]}", encoding="utf-8")

@@ -1,16 +1,16 @@
-"""`NCABatch`: one micro-batch as the NCA objective reads it, built once by each trainer at its boundary.
+"""`NCABatch`: one micro-batch as the NCA objective reads it, built once, in each trainer's `compute_loss`.
 
 Both views of the batch (the left-padded prompts without and with the context, with their attention masks) and the
-shared right-padded completion block are fields, and so are the step's flags: whether the completions were sampled
-from the student (`on_policy`) and whether the batch is a training step's, whose backward the trainer runs (then its
-views may run in sequence: `NCAObjective.in_sequence`). `NCATrainer` builds it where its completions are ready
-(sampled, the dataset's, or a rollout's), `NCADistillationTrainer` from the slice of TRL's generation batch; from it on,
-both compute the same thing with the same code and nothing reads the batch by string keys.
+shared right-padded completion block are fields, and so is whether the completions were sampled from the student
+(`on_policy`). Up to `compute_loss` a batch is the mapping TRL passes around (Trainer moves it to the device;
+`NCATrainer` adds the completions it chose, sampled, the dataset's or a rollout's, and `on_policy`;
+`NCADistillationTrainer` gets TRL's generation batch, to which it adds the context prompts); `compute_loss` builds the
+`NCABatch` of that mapping (`from_mapping`, with the trainer's names of the view keys), and from there on both trainers
+compute the same thing with the same code and nothing reads the batch by string keys.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +31,7 @@ VIEW_KEYS = (
 
 @dataclass(frozen=True)
 class NCABatch:
-    """One micro-batch of both views on the same completions, and the step's flags (see the module docstring).
+    """One micro-batch of both views on the same completions (see the module docstring).
 
     `step_tokens`: the completion tokens of the whole gradient-accumulation window over all processes, where the base
     trainer counted them with the batch (DistillationTrainer's `num_items_in_batch`); None otherwise."""
@@ -43,21 +43,17 @@ class NCABatch:
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
     on_policy: bool = True
-    training_step: bool = False
     step_tokens: torch.Tensor | None = None
 
     @classmethod
     def from_mapping(
-        cls, batch: Mapping[str, Any], keys: Sequence[str] = VIEW_KEYS, trainer: str = "NCATrainer", **flags: Any
+        cls, batch: Mapping[str, Any], keys: Sequence[str] = VIEW_KEYS, trainer: str = "NCATrainer", **fields: Any
     ) -> NCABatch:
         """The batch of a mapping holding both views under `keys` (a trainer's names of `VIEW_KEYS`, in their order),
-        with the flags given; a mapping without them is refused (`check_batch_views`)."""
+        with the other fields given (`on_policy`, `step_tokens`); a mapping without them is refused
+        (`check_batch_views`)."""
         check_batch_views(batch, keys, trainer)
-        return cls(*(batch[key] for key in keys), **flags)
-
-    def replace(self, **changes: Any) -> NCABatch:
-        """This batch with some fields changed (`dataclasses.replace`)."""
-        return dataclasses.replace(self, **changes)
+        return cls(*(batch[key] for key in keys), **fields)
 
 
 def check_batch_views(batch: Mapping[str, Any], keys: Sequence[str], trainer: str) -> None:

@@ -5,6 +5,8 @@ is `trl_nca.trainers.anchor`."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -26,8 +28,6 @@ def checkpoint_problem(folder: str | Path) -> str | None:
     """Why `folder` is not a checkpoint a run can resume from (None when it is one). Trainer writes a checkpoint's
     `trainer_state.json` after the weights, optimizer and random states, so a folder without a readable one is a save
     that was cut off (an interrupt, a full disk), or a model folder that was never a checkpoint."""
-    import json
-
     state = Path(folder) / TRAINER_STATE
     if not state.is_file():
         if (Path(folder) / "config.json").is_file() or (Path(folder) / "adapter_config.json").is_file():
@@ -173,7 +173,6 @@ class StopOnInterrupt(TrainerCallback):
 
     def installed(self):
         """A context manager that installs the SIGINT handler (main thread only) and puts the previous one back."""
-        import contextlib
 
         @contextlib.contextmanager
         def manager():

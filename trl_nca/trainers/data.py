@@ -11,7 +11,7 @@ longer than `max_length` (it never limits sampling); here such rows are kept who
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -235,6 +235,36 @@ def prepare_dataset(dataset, tokenizer, spec: ContextSpec, limits: Limits, split
     )
     warn_beyond_max_length(dataset, limits.max_length, split)
     return dataset
+
+
+def named_datasets(train_dataset, eval_dataset):
+    """(split name, dataset) pairs of the datasets given, for the checks that name the split."""
+    pairs = [("train", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        pairs += [(f"eval {name!r}", ds) for name, ds in eval_dataset.items()]
+    else:
+        pairs.append(("eval", eval_dataset))
+    return [(split, ds) for split, ds in pairs if ds is not None]
+
+
+def prepare_splits(prepare: Callable[[Any, str], Any], train_dataset, eval_dataset):
+    """The train dataset and the eval dataset (or each of a dict of them) through `prepare(dataset, split)`, a
+    trainer's tokenisation of one split into both views; a split that is None stays None."""
+    if train_dataset is not None:
+        train_dataset = prepare(train_dataset, "train")
+    if isinstance(eval_dataset, dict):
+        eval_dataset = {name: prepare(dataset, f"eval {name}") for name, dataset in eval_dataset.items()}
+    elif eval_dataset is not None:
+        eval_dataset = prepare(eval_dataset, "eval")
+    return train_dataset, eval_dataset
+
+
+def prepared_eval_dataset(prepare: Callable[[Any, str], Any], eval_dataset, spec: ContextSpec):
+    """A dataset (or a dict of them) given to a trainer's `evaluate`, checked (`check_examples`) and tokenised into
+    both views as the datasets given at init are (`prepare_splits`)."""
+    for split, dataset in named_datasets(None, eval_dataset):
+        check_examples(dataset, spec, split)
+    return prepare_splits(prepare, None, eval_dataset)[1]
 
 
 def warn_beyond_max_length(dataset, max_length: int | None, split: str) -> int:

@@ -9,20 +9,19 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args, get_origin, get_type_hints
 
+import torch
 from trl.import_utils import TRLExperimentalWarning
 
 from ..core.checks import check_integer, check_number
-from ..core.launch import deepspeed_requested, skip_deepspeed_shared_memory_op
-from ..core.losses import NCA_DIVERGENCES, DivergenceName, DivergenceSpec, divergence_names
+from ..core.losses import NCA_DIVERGENCES, DivergenceSpec, divergence_names
 from ..core.schedule import (
     ADAPTIVE_INIT,
     ADAPTIVE_MIN,
     ADAPTIVE_TARGET,
     DEFAULT_SCHEDULE,
     SCHEDULES,
-    ScheduleName,
     schedule_from_config,
     schedule_names,
 )
@@ -37,6 +36,12 @@ with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on 
 
 
 logger = logging.getLogger(__name__)
+
+# The divergences and schedules the package ships, as the config's types (`TrlParser`'s choices): read when this
+# module is imported, so after the core modules and everything they register; a name registered later from outside
+# is accepted by the config's check, which reads the registries (docs/extending.md).
+DivergenceName = Literal[divergence_names()]
+ScheduleName = Literal[schedule_names()]
 
 
 def context_fields(spec: ContextSpec) -> dict[str, str | None]:
@@ -322,24 +327,17 @@ class NCAFields:
         return getattr(self, self._support_size_name)
 
     def _nca_defaults(self) -> None:
-        """Settings resolved before the base config's `__post_init__`: `bf16=None` means bfloat16 only on a CUDA
-        device that has it (the same config then runs on a CPU); no pinned memory without CUDA."""
-        import torch
-
-        if deepspeed_requested(self.deepspeed):
-            skip_deepspeed_shared_memory_op()  # before the base config's device setup starts DeepSpeed's backend
+        """Fields derived before the base config's `__post_init__`: `bf16=None` means bfloat16 only on a CUDA device
+        that has it (the same config then runs on a CPU); no pinned memory without CUDA (it only serves CUDA copies,
+        and torch warns on every loader); TRL's `gradient_checkpointing*` values under transformers' new
+        `activation_checkpointing*` names, when this transformers has them and they are unset, so TrainingArguments
+        does not warn about names the user never wrote. Nothing outside the config changes."""
         if self.bf16 is None and not self.fp16:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if self.dataloader_pin_memory and not torch.cuda.is_available():
-            self.dataloader_pin_memory = False  # pinned memory only serves CUDA copies; torch warns on every loader
-        # TRL's `gradient_checkpointing*` defaults move to transformers' new `activation_checkpointing*` names, when
-        # this transformers has them and they are unset, so TrainingArguments does not warn about names the user never
-        # wrote.
-        for old, new in (
-            ("gradient_checkpointing", "activation_checkpointing"),
-            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
-        ):
-            if hasattr(self, new) and getattr(self, new) is None and getattr(self, old) is not None:
+            self.dataloader_pin_memory = False
+        for old, new in CHECKPOINTING_NAMES:
+            if new in self.__dataclass_fields__ and getattr(self, new) is None and getattr(self, old) is not None:
                 setattr(self, new, getattr(self, old))
                 setattr(self, old, None)
 
@@ -383,14 +381,11 @@ class NCAFields:
             check_integer("max_context_length", self.max_context_length, low=2, hint="None or a token count")
 
     def _check_nca_choices(self) -> None:
-        """The choices among strings, the unused-option warning, and the specs built (so validated) now."""
+        """The choices among strings (a field's `Literal` type, or its registry), the unused-option warning, and the
+        specs built (so validated) now."""
         choices = {
-            "nca_anchor": ("student", "teacher"),
+            **LITERAL_CHOICES,  # the fields' Literal types, read once
             "nca_divergence": divergence_names(),  # the registries, read now: a name registered after import counts
-            "context_placement": ("system", "user"),
-            "divergence_support": ("full", "top_k", "teacher_top_k"),
-            "self_teacher": ("initial", "live"),
-            "eval_completions": ("on_policy", "dataset"),
             "nca_beta_schedule": schedule_names(),
         }
         for name, allowed in choices.items():
@@ -405,8 +400,6 @@ class NCAFields:
                 unused,
                 self.context_placement,
             )
-        if self.nca_monitor and self.nca_beta > 0:
-            self.nca_monitor = False  # the NCA term is computed anyway
         # Builds (and so validates) the context placement, the divergence choice and the anchor schedule now.
         _ = (self.context_spec, self.divergence_spec)
         for line in schedule_from_config(self).cannot_act(self.max_steps):  # a warmup longer than the run
@@ -441,6 +434,21 @@ class NCAFields:
             nca_divergence=self.nca_divergence,
             nca_stop_gradient=self.nca_stop_gradient,
         )
+
+
+# TRL's `gradient_checkpointing*` names and transformers' newer `activation_checkpointing*` ones (`_nca_defaults`)
+CHECKPOINTING_NAMES = (
+    ("gradient_checkpointing", "activation_checkpointing"),
+    ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+)
+
+# The allowed values of every NCA field whose type is a `Literal` of strings, read from the annotations (the registry
+# fields `nca_divergence` and `nca_beta_schedule` are read from their registries when a config is checked).
+LITERAL_CHOICES = {
+    name: get_args(hint)
+    for name, hint in get_type_hints(NCAFields).items()
+    if get_origin(hint) is Literal and name not in ("nca_divergence", "nca_beta_schedule")
+}
 
 
 @document_fields(after={"top_k": "divergence_support"})

@@ -1,17 +1,24 @@
 """`NCADistillationTrainer`: NCA on TRL's stable `DistillationTrainer`, whose sampling (vLLM or `generate`) it keeps.
 
 TRL samples every completion from the student's no-context prompt, once per gradient-accumulation window, and counts
-the window's completion tokens; this trainer adds the context prompts of the same rows, and replaces the loss method
-(which TRL runs inside its forward redirection) by the NCA objective shared with `NCATrainer`
-(`trl_nca.trainers.objective.NCAObjective`): the student's two views and the teacher are scored locally on the same
-completion ids, so vLLM never sees the context.
+the window's completion tokens; this trainer adds the context prompts of the same rows, and replaces the loss method by
+the NCA objective shared with `NCATrainer` (`trl_nca.trainers.objective.NCAObjective`): the student's two views and
+the teacher are scored locally on the same completion ids, so vLLM never sees the context.
+
+Read top to bottom, a run is: `__init__` (the models resolved, the datasets tokenised into both views,
+DistillationTrainer's `__init__` without a teacher, which it documents for subclasses that supply their own, then the
+NCA pieces: `trl_nca.trainers.setup.setup_nca`); an optimizer step, in which TRL's `_prepare_inputs` samples the
+window (`_generate_and_score_completions` adds the context prompts) and `compute_loss` builds the `NCABatch`, runs the
+step loss on it and adds its terms to the step statistics; the anchor step at the step's end.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
+import torch
 from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -20,19 +27,21 @@ from trl import DistillationTrainer
 from ..core.sampling import policy_mode
 from ..core.views import left_pad, split_example
 from .activation_checkpointing import quiet_old_checkpointing_names
+from .anchor import add_anchor_sentence, resume_anchor
 from .batch import NCABatch
-from .data import prepare_dataset
-from .mixin import NCATrainerMixin
+from .console import explain_training
+from .data import named_datasets, prepare_dataset, prepare_splits, prepared_eval_dataset
 from .nca_distillation_config import NCADistillationConfig
 from .served_teacher import ServedTeacher, served_teacher, stop_with_checkpoint
-from .setup import NCA_PAPER, named_datasets, resolve_models
+from .setup import NCA_PAPER, checked_config, resolve_models, setup_nca
+from .stats import batch_stats
 from .vllm_sync import reload_colocated_weights, reloads_weights
 
 
 logger = logging.getLogger(__name__)
 
 
-class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
+class NCADistillationTrainer(DistillationTrainer):
     """On-policy context distillation with No-Context Anchoring on TRL's `DistillationTrainer`.
 
     The loss is `NCATrainer`'s (same code): OPD + `nca_beta` * NCA per completion token of a sample drawn from the
@@ -61,9 +70,6 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     _tag_names = ["trl", "distillation", "trl-nca", "nca", "context-distillation"]
     _name = "NCA (DistillationTrainer)"
     _paper = NCA_PAPER
-    config_class = NCADistillationConfig
-    default_output_dir = "nca-distillation-output"
-    logs_completion_stats = False  # DistillationTrainer logs the completion lengths itself
 
     def __init__(
         self,
@@ -79,7 +85,7 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
         teacher_processing_class: PreTrainedTokenizerBase | None = None,
         tools=None,
     ):
-        args = self._checked_args(args)
+        args = checked_config(args, NCADistillationConfig, "nca-distillation-output", "NCADistillationTrainer")
         _refuse_tools(tools)
         teacher_model = served_teacher(args, teacher_model)  # a teacher behind a vLLM server, reached before any work
         init_kwargs = dict(args.teacher_model_init_kwargs or {})
@@ -99,26 +105,57 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
             teacher_init_kwargs=init_kwargs,
             text_only=True,
         )
-        model, processing_class, teacher = models.student, models.tokenizer, models.teacher
-        if isinstance(teacher, ServedTeacher):
-            teacher.check_tokenizer(processing_class)
+        if isinstance(models.teacher, ServedTeacher):
+            models.teacher.check_tokenizer(models.tokenizer)
         _check_vllm_can_sample(models.common_rows, args.use_vllm)
-        self.limits = models.limits
-        self.context_spec = args.context_spec
-
-        train_dataset, eval_dataset = self._prepare_datasets(args, processing_class, train_dataset, eval_dataset)
-
-        # The teacher is prepared here, not by DistillationTrainer: a self-teacher has no parameters of its own, and
-        # teachers whose output layer is padded to another size than the student's are supported (the divergences
-        # use the common rows), which DistillationTrainer's vocab_size check would refuse.
-        self._init_base(
-            model, None, args, train_dataset, eval_dataset, processing_class, callbacks, optimizers, peft_config
+        self.limits, self.context_spec = models.limits, args.context_spec
+        prepare = self._tokenise(models.tokenizer)
+        train_dataset, eval_dataset = prepare_splits(prepare, train_dataset, eval_dataset)
+        # DistillationTrainer without a teacher (its documented case for subclasses that supply one): the teacher is
+        # NCA's (`setup_nca`), since a self-teacher has no parameters of its own and teachers whose output layer is
+        # padded to another size than the student's are supported (the divergences use the common rows), which
+        # DistillationTrainer's vocab_size check would refuse.
+        with quiet_old_checkpointing_names():  # PEFT's PeftModel, which the base trainer may build, reads an old name
+            super().__init__(
+                models.student,
+                teacher_model=None,
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=models.tokenizer,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+            )
+        self.teacher_model, self.nca, self.step_loss, self.step_stats, self.anchor_step = setup_nca(
+            self,
+            models,
+            completions=False,  # DistillationTrainer logs the completion lengths itself
         )
-        self._setup_nca(teacher, models.common_rows, placed=False, requested_reentrant=models.requested_reentrant)
+        self.add_callback(self.anchor_step)
+        self._last_loaded_step = None  # the step whose weights the colocated vLLM engine last took (`vllm_sync`)
+        explain_training(self)  # what the run prints (trl_nca.trainers.console): compact logs, named bar, estimate
 
-    def _prepare_split(self, args, tokenizer, dataset, split: str):
-        """Both views tokenised (`prepare_dataset`), and every row's `prompt` as chat messages."""
-        return _with_chat_prompt(prepare_dataset(dataset, tokenizer, self.context_spec, self.limits, split))
+    def _tokenise(self, tokenizer):
+        """`prepare(dataset, split)`: one split with both views tokenised (`prepare_dataset`), and every row's
+        `prompt` as chat messages."""
+
+        def prepare(dataset, split: str):
+            return _with_chat_prompt(prepare_dataset(dataset, tokenizer, self.context_spec, self.limits, split))
+
+        return prepare
+
+    @property
+    def nca_beta(self) -> float:
+        """The anchor weight of the optimizer step in progress (`nca_beta_schedule`)."""
+        return self.nca.schedule.value
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        """DistillationTrainer's `train`; a checkpoint to resume from is resolved and checked first, and the anchor's
+        state restored from it (`resume_anchor`)."""
+        checkpoint = resume_anchor(resume_from_checkpoint, self.args.output_dir, self.anchor_step)
+        with stop_with_checkpoint(self):  # a lost teacher server: a checkpoint at the last step boundary
+            return super().train(resume_from_checkpoint=checkpoint, **kwargs)
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -128,15 +165,11 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     # ----------------------------------------------------------------------------------------------------------------
     # Sampling: TRL's, from the no-context prompt; then the context prompts of the same rows.
 
-    def train(self, *args, **kwargs):
-        with stop_with_checkpoint(self):  # a lost teacher server: a checkpoint at the last step boundary
-            return super().train(*args, **kwargs)
-
     def _generate_single_turn(self, *args, **kwargs):
         # On vLLM's CPU build the colocated engine takes the weights through vLLM's reload (`vllm_sync`), before
         # TRL's own push, which would fail there; TRL then finds the step already synced.
-        generation = getattr(self, "vllm_generation", None) if self.use_vllm else None
-        if self.state.global_step != getattr(self, "_last_loaded_step", None) and reloads_weights(generation):
+        generation = self.vllm_generation if self.use_vllm else None
+        if self.state.global_step != self._last_loaded_step and reloads_weights(generation):
             reload_colocated_weights(generation)
             self._last_loaded_step = self.state.global_step
         # DistillationTrainer samples in training mode, so with `disable_dropout=False` (its default) and LoRA's
@@ -167,26 +200,73 @@ class NCADistillationTrainer(NCATrainerMixin, DistillationTrainer):
     # ----------------------------------------------------------------------------------------------------------------
     # Loss: the shared NCA objective inside the student's redirected forward, as DistillationTrainer runs its own.
 
-    def _prepare_inputs(self, generation_batch):
-        """TRL's micro-batch (the buffered window slice in training) as an `NCABatch`. In training this is called by
-        Trainer.training_step only, which runs the batch's backward: its loss may run its views in sequence
-        (`NCABatch.training_step`)."""
-        if isinstance(generation_batch, NCABatch):
-            return generation_batch
-        inputs = super()._prepare_inputs(generation_batch)
-        return _nca_batch(inputs, training_step=self.model.training)
+    def training_step(self, model, inputs, num_items_in_batch):
+        """DistillationTrainer's step (its `_prepare_inputs` samples the window). Trainer runs the backward of the
+        loss, so the loss may run the views in sequence (`StepLoss.trainer_backward`)."""
+        with self.step_loss.trainer_backward():
+            return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The NCA objective in place of DistillationTrainer's loss, with its token count and entropy logging: the
-        loss is divided by the completion tokens of the gradient-accumulation window over all processes (divided by
-        the process count: DDP averages the processes' gradients) in training, by the micro-batch's in evaluation."""
-        batch = inputs if isinstance(inputs, NCABatch) else _nca_batch(inputs)
+        """The NCA objective in place of DistillationTrainer's loss, on the `NCABatch` of TRL's micro-batch
+        (`nca_batch`), with its token count and entropy logging: the loss is divided by the
+        completion tokens of the gradient-accumulation window over all processes (divided by the process count: DDP
+        averages the processes' gradients) in training, by the micro-batch's in evaluation."""
+        batch = self.nca_batch(inputs)
         if self.model.training and batch.step_tokens is not None:
             num_items_in_batch = batch.step_tokens.clamp(min=1.0) / self.accelerator.num_processes
         num_valid = batch.completion_mask.sum()
         divisor = num_valid.clamp(min=1) if num_items_in_batch is None else num_items_in_batch
-        loss = self._nca_loss(model, batch, lambda total: total / divisor, entropy=True)
-        return (loss, None) if return_outputs else loss
+        result = self.step_loss(model, batch, lambda total: total / divisor, entropy=True)
+        self._log_entropy(result.terms["entropy"], num_valid)
+        lengths = batch.completion_mask.sum(1)
+        total = self.nca.total(result.terms).detach()
+        stats = batch_stats(result.terms, total, lengths, torch.zeros_like(lengths), batch.on_policy)
+        self.step_stats.add(stats, training=self.model.training)
+        return (result.loss, None) if return_outputs else result.loss
+
+    def nca_batch(self, inputs) -> NCABatch:
+        """The `NCABatch` of TRL's micro-batch (every completion sampled from the student, the window's token count
+        `num_items_in_batch` kept where TRL counted it): the one place this trainer builds it."""
+        return NCABatch.from_mapping(
+            inputs,
+            DISTILLATION_VIEW_KEYS,
+            "NCADistillationTrainer",
+            on_policy=True,
+            step_tokens=inputs.get("num_items_in_batch"),
+        )
+
+    def _log_entropy(self, entropy: torch.Tensor, num_valid: torch.Tensor) -> None:
+        """DistillationTrainer's `entropy`: the mean per-token entropy of the student's no-context view (in nats)
+        over all processes, gathered after the redirected forward has returned."""
+        mode = "train" if self.model.training else "eval"
+        num_valid = self.accelerator.gather_for_metrics(num_valid).sum()
+        entropy_sum = self.accelerator.gather_for_metrics(entropy.detach().sum()).sum()
+        self._metrics[mode]["entropy"].append((entropy_sum / num_valid).item() if num_valid > 0 else 0.0)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # Evaluation
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """DistillationTrainer's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into
+        both views as the datasets given at init are (a name selects one of those)."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = prepared_eval_dataset(self._tokenise(self.processing_class), eval_dataset, self.context_spec)
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
+        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
+        (Trainer would average per-batch means)."""
+        self.step_stats.open_eval()
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
+
+    def create_model_card(self, *args, **kwargs):
+        """TRL's model card, with the sentence on the anchor the run used (`add_anchor_sentence`)."""
+        super().create_model_card(*args, **kwargs)
+        if self.is_world_process_zero():
+            add_anchor_sentence(Path(self.args.output_dir) / "README.md", self.nca.schedule.describe())
 
 
 def _refuse_tools(tools) -> None:
@@ -217,19 +297,6 @@ DISTILLATION_VIEW_KEYS = (
     "completion_ids",
     "completion_mask",
 )
-
-
-def _nca_batch(inputs: dict[str, Any], training_step: bool = False) -> NCABatch:
-    """DistillationTrainer's micro-batch as an `NCABatch`: every completion sampled from the student, the window's
-    token count (`num_items_in_batch`) kept where TRL counted it."""
-    return NCABatch.from_mapping(
-        inputs,
-        DISTILLATION_VIEW_KEYS,
-        "NCADistillationTrainer",
-        on_policy=True,
-        training_step=training_step,
-        step_tokens=inputs.get("num_items_in_batch"),
-    )
 
 
 def _with_chat_prompt(dataset):

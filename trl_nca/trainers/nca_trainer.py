@@ -1,4 +1,23 @@
-"""`NCATrainer`: GKDTrainer whose teacher reads the privileged context and whose student is anchored across views."""
+"""`NCATrainer`: on-policy context distillation with No-Context Anchoring, with GKDTrainer's arguments and behaviour.
+
+The base is TRL's `SFTTrainer`, the parent of `GKDTrainer`, whose `__init__` runs exactly as GKDTrainer runs it (with
+its collator's columns kept and SFT's dataset preparation skipped); what GKDTrainer's `__init__` does after it (its
+dropout setting, its attributes, its generation config) is written out below, with NCA's teacher in place of GKD's
+(docs/design.md, "Why NCATrainer builds on SFTTrainer").
+
+Read top to bottom, a run is:
+
+1. `__init__`: the models resolved (`trl_nca.trainers.setup.resolve_models`), the datasets tokenised into both views,
+   SFTTrainer's `__init__`, GKD's settings, then the NCA pieces (`trl_nca.trainers.setup.setup_nca`): the placed
+   teacher, the objective (`self.nca`), the step loss (`self.step_loss`), the step statistics (`self.step_stats`) and
+   the anchor step (`self.anchor_step`, a callback).
+2. An optimizer step: `get_batch_samples` fetches its micro-batches and chooses their completions (sampled by the
+   student, the teacher's or the dataset's: `_with_completions`; or played episodes: `_play_episodes`), so the step's
+   completion tokens are counted before any backward; `training_step` runs Trainer's step, whose `compute_loss` builds
+   the `NCABatch`, runs the step loss on it and adds its terms to the step statistics; at the step's end the anchor
+   step logs the step's means and sets the next anchor weight.
+3. Evaluation (`prediction_step`) scores sampled or reference completions with the same loss.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +25,25 @@ import logging
 import random
 import warnings
 from collections.abc import Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from trl.import_utils import TRLExperimentalWarning
-from trl.models.utils import _ForwardRedirection, unwrap_model_for_generation
+from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.sft_trainer import SFTTrainer
+from trl.trainer.utils import disable_dropout_in_model
 
+from ..core.gradients import compare_gradients
 from ..core.launch import agreed_max, agreed_min, rank0_choice
 from ..core.sampling import (
     Generated,
+    ends_with_eos,
     mask_through_eos,
     policy_mode,
     sharable_prefix_tokens,
@@ -28,24 +51,36 @@ from ..core.sampling import (
 )
 from ..core.views import ContextSpec, left_pad
 from .activation_checkpointing import quiet_old_checkpointing_names
+from .anchor import add_anchor_sentence, resume_anchor
 from .batch import NCABatch
-from .data import NCACollator, check_collator, prepare_dataset, tokenize_example
-from .mixin import NCATrainerMixin
+from .console import explain_training
+from .data import (
+    NCACollator,
+    check_collator,
+    named_datasets,
+    prepare_dataset,
+    prepare_splits,
+    prepared_eval_dataset,
+    tokenize_example,
+)
 from .nca_config import NCAConfig
 from .rollouts import Rollout
-from .setup import NCA_PAPER, named_datasets, resolve_models
-from .teacher import as_teacher
+from .setup import NCA_PAPER, checked_config, resolve_models, setup_nca
+from .stats import batch_stats
 
 
-with warnings.catch_warnings():  # NCATrainer builds on trl.experimental.gkd on purpose (see docs/design.md)
+with warnings.catch_warnings():  # GKD's static loss, kept as NCATrainer's (see docs/design.md)
     warnings.simplefilter("ignore", TRLExperimentalWarning)
     from trl.experimental.gkd import GKDTrainer
 
 
 logger = logging.getLogger(__name__)
 
+# The key under which a batch says whether the student sampled its completions (`NCABatch.on_policy`).
+ON_POLICY = "on_policy"
 
-class NCATrainer(NCATrainerMixin, GKDTrainer):
+
+class NCATrainer(SFTTrainer):
     """On-policy context distillation with No-Context Anchoring; a drop-in replacement for `GKDTrainer`.
 
     Each example has a prompt and a privileged context. On an on-policy step the student samples a completion from the
@@ -78,11 +113,13 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
     _tag_names = ["trl", "gkd", "trl-nca", "nca", "context-distillation"]
     _name = "NCA"
     _paper = NCA_PAPER
-    config_class = NCAConfig
-    default_output_dir = "nca-output"
-    logs_completion_stats = True  # completions/mean_length, clipped_ratio, on_policy: GKD logs none of them
     # compute_loss divides by the token count of the whole optimizer step, so Trainer must not divide again.
     loss_is_scaled_for_ga = True
+    _grad_cosine_step: int | None = None  # the optimizer step whose gradient cosine was logged last
+    _rng_checkpoint: str | None = None  # a resumed run's checkpoint whose random state is still to be restored
+    # GKD's static methods, unchanged
+    generalized_jsd_loss = staticmethod(GKDTrainer.generalized_jsd_loss)
+    generate_on_policy_outputs = staticmethod(GKDTrainer.generate_on_policy_outputs)
 
     def __init__(
         self,
@@ -102,10 +139,8 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         rollout: Rollout | None = None,
         teacher_processing_class: PreTrainedTokenizerBase | None = None,
     ):
-        args = self._checked_args(args)
-        _refuse_metric_functions(
-            compute_metrics=compute_metrics, preprocess_logits_for_metrics=preprocess_logits_for_metrics
-        )
+        args = checked_config(args, NCAConfig, "nca-output", "NCATrainer")
+        _refuse_metric_functions(compute_metrics, preprocess_logits_for_metrics)
         models = resolve_models(
             "NCATrainer",
             args,
@@ -120,123 +155,199 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             max_length=args.max_length,
             teacher_init_kwargs=args.teacher_model_init_kwargs,
         )
-        model, processing_class, teacher_model = models.student, models.tokenizer, models.teacher
-        self.limits = models.limits
-        # Set by `train` when it resumes from a checkpoint folder; `get_batch_samples` restores that checkpoint's
-        # random state before sampling, and `_load_rng_state` then skips Trainer's second restore.
-        self._resume_rng_from: str | None = None
-        self._rng_restored_early = False
-
+        self.limits, self.rollout = models.limits, rollout
         train_dataset, eval_dataset, data_collator = self._setup_data(
-            args, processing_class, rollout, train_dataset, eval_dataset, data_collator
+            args, models.tokenizer, train_dataset, eval_dataset, data_collator
         )
-
-        with _gkd_init_adjusted(args, model, teacher_model, models.teacher_loaded_here):
-            self._init_base(
-                model,
-                teacher_model,
-                args,
-                train_dataset,
-                eval_dataset,
-                processing_class,
-                callbacks,
-                optimizers,
-                peft_config,
-                data_collator=data_collator,
-                formatting_func=formatting_func,
-            )
-        self._setup_after_base(args, models)
-
-    def _setup_data(self, args, processing_class, rollout, train_dataset, eval_dataset, data_collator):
-        """The rollout's seed dataset or the given datasets with the token columns of both views, and the collator;
-        sets `rollout` and `context_spec`."""
-        self.rollout = rollout
-        context_spec = args.context_spec
-        if rollout is not None:
-            train_dataset, context_spec = _rollout_schedule(rollout, args, train_dataset)
-            data_collator = data_collator or SeedCollator(processing_class.pad_token_id)
-        self.context_spec = context_spec
-
-        train_dataset, eval_dataset = self._prepare_datasets(
-            args, processing_class, train_dataset, eval_dataset, training=rollout is None
+        self._init_as_gkd(
+            args,
+            models,
+            data_collator,
+            train_dataset,
+            eval_dataset,
+            callbacks,
+            optimizers,
+            peft_config,
+            formatting_func,
         )
-        if data_collator is None:
-            data_collator = NCACollator(pad_token_id=processing_class.pad_token_id)
-        elif rollout is None:
-            _probe_collator(data_collator, train_dataset, eval_dataset)
-        return train_dataset, eval_dataset, data_collator
-
-    def _setup_after_base(self, args, models) -> None:
-        """What follows GKD's `__init__`: the NCA objective (`_setup_nca`), sampling with the KV cache, the forward
-        redirection and the gradient cosine's check."""
-        # Under ZeRO-3 the student may already be partitioned: frozen_copy (inside replacement_teacher) gathers it
-        # first. GKD has placed the teacher; only a frozen copy that replaces the self-teacher is placed again.
-        self._setup_nca(
-            self._teacher(), models.common_rows, placed=True, requested_reentrant=models.requested_reentrant
+        # The NCA pieces, named where the step calls them
+        self.teacher_model, self.nca, self.step_loss, self.step_stats, self.anchor_step = setup_nca(
+            self, models, completions=True
         )
-        # GKD turns the KV cache off for sampling when gradient checkpointing is on, which makes sampling quadratic;
-        # unwrap_model_for_generation already lifts checkpointing while sampling, so the cache is safe to keep.
-        self.generation_kwargs["use_cache"] = True
-        self.generation_config.use_cache = True
-        self._forward_redirection = _ForwardRedirection()  # as DistillationTrainer names its own
+        self.add_callback(self.anchor_step)
+        explain_training(self)  # what the run prints (trl_nca.trainers.console): compact logs, named bar, estimate
         self._lockstep_generation = self.accelerator.num_processes > 1 and is_deepspeed_zero3_enabled()
         self._sampling_logged: set[str] = set()  # kinds of reason the sampling prefix ran unshared, logged once
         if args.log_grad_cosine_steps:
             _check_grad_cosine_setting(self)
 
-    def _prepare_split(self, args, tokenizer, dataset, split: str):
-        return prepare_dataset(dataset, tokenizer, self.context_spec, self.limits, split, args.dataset_num_proc)
+    def _init_as_gkd(
+        self,
+        args,
+        models,
+        data_collator,
+        train_dataset,
+        eval_dataset,
+        callbacks,
+        optimizers,
+        peft_config,
+        formatting_func,
+    ) -> None:
+        """SFTTrainer's `__init__` as GKDTrainer runs it (the collator's columns kept, SFT's dataset preparation
+        skipped), then what GKDTrainer's `__init__` does after it: dropout off (`disable_dropout`), its attributes
+        and its generation config (`gkd_generation`). GKD's teacher handling is NCA's (`resolve_models`,
+        `setup_nca`)."""
+        args.remove_unused_columns = False
+        args.dataset_kwargs = {**(args.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        with quiet_old_checkpointing_names():  # PEFT's PeftModel, which SFTTrainer may build, reads an old name
+            super().__init__(
+                models.student,
+                args=args,
+                data_collator=data_collator,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=models.tokenizer,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+                formatting_func=formatting_func,
+            )
+        if args.disable_dropout:
+            disable_dropout_in_model(self.model)
+        self.lmbda, self.beta, self.temperature, self.seq_kd = args.lmbda, args.beta, args.temperature, args.seq_kd
+        self.generation_config, self.generation_kwargs = gkd_generation(args, self.model, self.processing_class)
 
-    def _check_prepared(self, args, train_dataset, eval_dataset) -> None:
-        """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's reference completions, and
-        `eval_completions='dataset'` evaluates them: every such row needs one (`_check_references`)."""
-        if train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
-            _check_references(train_dataset, "train")
-        if args.eval_completions == "dataset":
-            for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
-                if dataset is not None:
-                    _check_references(dataset, f"eval {name}".strip())
+    def _setup_data(self, args, tokenizer, train_dataset, eval_dataset, data_collator):
+        """The given datasets with the token columns of both views (or the rollout's seeds and its context placement),
+        checked, and the collator; sets `context_spec`."""
+        self.context_spec = args.context_spec
+        prepare = self._tokenise(tokenizer, args)
+        if self.rollout is not None:
+            seeds, self.context_spec = _rollout_schedule(self.rollout, args, train_dataset)
+            _, eval_dataset = prepare_splits(prepare, None, eval_dataset)
+            _check_prepared(args, None, eval_dataset)
+            return seeds, eval_dataset, data_collator or SeedCollator(tokenizer.pad_token_id)
+        train_dataset, eval_dataset = prepare_splits(prepare, train_dataset, eval_dataset)
+        _check_prepared(args, train_dataset, eval_dataset)
+        if data_collator is None:
+            return train_dataset, eval_dataset, NCACollator(pad_token_id=tokenizer.pad_token_id)
+        _probe_collator(data_collator, train_dataset, eval_dataset)
+        return train_dataset, eval_dataset, data_collator
 
-    # ----------------------------------------------------------------------------------------------------------------
-    # Sampling
+    def _tokenise(self, tokenizer, args):
+        """`prepare(dataset, split)`: one split with the token columns of both views (`prepare_dataset`)."""
 
-    def _resuming_from(self, checkpoint: str | None) -> None:
-        self._resume_rng_from = checkpoint
+        def prepare(dataset, split: str):
+            return prepare_dataset(dataset, tokenizer, self.context_spec, self.limits, split, args.dataset_num_proc)
+
+        return prepare
+
+    @property
+    def nca_beta(self) -> float:
+        """The anchor weight of the optimizer step in progress (`nca_beta_schedule`)."""
+        return self.nca.schedule.value
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        """Trainer's `train`; a checkpoint to resume from is resolved and checked first, and the anchor's state
+        restored from it (`resume_anchor`), as is its random state before the first samples (`_load_rng_state`)."""
+        checkpoint = resume_anchor(resume_from_checkpoint, self.args.output_dir, self.anchor_step)
+        self._rng_checkpoint = checkpoint if isinstance(checkpoint, str) else None
+        return super().train(resume_from_checkpoint=checkpoint, **kwargs)
 
     def _load_rng_state(self, checkpoint):
-        # On a mid-epoch resume Trainer restores the RNG only after fetching the first batches; we sample there, so
-        # the state was already restored in get_batch_samples and must not be rewound a second time.
-        self._resume_rng_from = None
-        if self._rng_restored_early:
-            self._rng_restored_early = False
-            return
-        super()._load_rng_state(checkpoint)
+        """The resumed checkpoint's random state, restored once: at Trainer's own call (at the start of a resumed
+        epoch), or in `get_batch_samples` when that comes first (mid-epoch, Trainer restores only after fetching the
+        first batches, which this trainer samples), so a resumed run samples what the uninterrupted run did."""
+        if self._rng_checkpoint is not None:
+            self._rng_checkpoint = None
+            super()._load_rng_state(checkpoint)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # An optimizer step: the completions of its micro-batches, then Trainer's step on each
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """Fetch the micro-batches of one optimizer step, sample their completions, and count their tokens.
+        """Fetch the micro-batches of one optimizer step, choose their completions, and count their tokens.
 
         Sampling happens here, before any backward pass, so the loss of every micro-batch can be divided by the number
         of completion tokens of the whole optimizer step (all micro-batches, all processes): gradient accumulation
         then gives the same update as one large batch.
         """
         batches, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self._resume_rng_from is not None:
-            self._load_rng_state(self._resume_rng_from)  # resumed runs sample exactly what the uninterrupted run did
-            self._rng_restored_early = True
+        if self._rng_checkpoint is not None:
+            self._load_rng_state(self._rng_checkpoint)
         if self.rollout is not None:
             batches = [self._play_episodes(batch) for batch in batches]
         else:
             batches = [self._with_completions(self._prepare_inputs(batch)) for batch in batches]
         if not batches:
             return batches, None
-        tokens = torch.stack([b.completion_mask.sum() for b in batches]).sum()
+        tokens = torch.stack([batch["completion_mask"].sum() for batch in batches]).sum()
         if self.accelerator.num_processes > 1:
             tokens = self.accelerator.gather(tokens).sum()
         return batches, tokens
 
-    def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> NCABatch:
-        """The `NCABatch` of a collated batch, its completions replaced by student samples (probability `lmbda`),
-        teacher samples (`seq_kd`), or the dataset's reference completions, as GKD does."""
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """Trainer's step on a micro-batch whose completions `get_batch_samples` chose (SFTTrainer's, not
+        GKDTrainer's, which would sample again). Trainer runs the backward of its loss, so the loss may run the
+        views in sequence (`StepLoss.trainer_backward`)."""
+        with self.step_loss.trainer_backward():
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The micro-batch's `NCABatch` (`nca_batch`), its loss divided by the step's completion tokens (`_loss_scale`), run by the
+        step loss (with the gradient cosine when `log_grad_cosine_steps` is due), its terms added to the step
+        statistics."""
+        batch = self.nca_batch(inputs)
+        scale = self._loss_scale(num_items_in_batch, int(batch.completion_mask.sum()))
+        result = self.step_loss(model, batch, lambda total: total * scale, self._grad_cosine_due())
+        if result.gradients is not None:
+            self._record_grad_cosine(*result.gradients)
+        lengths = batch.completion_mask.sum(1)
+        eos = ends_with_eos(batch.completion_ids, batch.completion_mask, self.generation_config.eos_token_id)
+        clipped = (lengths >= self.args.max_new_tokens) & ~eos
+        stats = batch_stats(result.terms, self.nca.total(result.terms).detach(), lengths, clipped, batch.on_policy)
+        self.step_stats.add(stats, training=self.model.training)
+        return (result.loss, None) if return_outputs else result.loss
+
+    def nca_batch(self, inputs) -> NCABatch:
+        """The `NCABatch` of a micro-batch (a mapping of both views, as the collator and `_with_completions` give it;
+        `on_policy` True where it does not say): the one place this trainer builds it."""
+        return NCABatch.from_mapping(inputs, on_policy=bool(inputs.get(ON_POLICY, True)))
+
+    def _loss_scale(self, num_items_in_batch, tokens: int) -> torch.Tensor | float:
+        """What a micro-batch's summed terms are multiplied by: one over the completion tokens of the whole optimizer
+        step (all micro-batches and processes; times the process count, since DDP averages the processes'
+        gradients), or of the micro-batch alone where the step's count is not known."""
+        if num_items_in_batch is not None:
+            return self.accelerator.num_processes / num_items_in_batch.clamp_min(1)
+        return 1.0 / max(tokens, 1)
+
+    def _grad_cosine_due(self) -> bool:
+        """Whether this micro-batch is the first of an optimizer step at which `log_grad_cosine_steps` measures."""
+        every = self.args.log_grad_cosine_steps
+        if not every or not self.model.training or not torch.is_grad_enabled():
+            return False
+        step = self.state.global_step
+        return step % every == 0 and self._grad_cosine_step != step
+
+    def _record_grad_cosine(self, opd_gradient, nca_gradient) -> None:
+        """Log `grad_cosine`, `grad_norm_opd` and `grad_norm_nca` of this micro-batch's two term gradients (with
+        several processes, their mean: each measured its own micro-batch)."""
+        self._grad_cosine_step = self.state.global_step
+        result = compare_gradients(opd_gradient, nca_gradient)
+        values = [result.cosine, result.norm_a, result.norm_b]
+        if self.accelerator.num_processes > 1:
+            values = self.accelerator.gather(torch.tensor([values], device=self.args.device)).mean(0).tolist()
+        for name, value in zip(("grad_cosine", "grad_norm_opd", "grad_norm_nca"), values):
+            self._metrics["train"][name].append(value)
+
+    # ----------------------------------------------------------------------------------------------------------------
+    # The completions of a micro-batch
+
+    def _with_completions(self, inputs: dict[str, Any], on_policy: bool | None = None) -> dict[str, Any]:
+        """A collated batch with its completions (`completion_ids`, `completion_mask`) replaced by student samples
+        (probability `lmbda`), teacher samples (`seq_kd`), or the dataset's reference completions, as GKD does, and
+        whether the student sampled them (`on_policy`)."""
         if on_policy is None:  # every process draws; all follow rank 0, so all run the same forwards (ZeRO-3)
             on_policy = rank0_choice(random.random() <= self.lmbda, self.args.device)
         if on_policy:
@@ -245,13 +356,13 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             ids, mask = self._generate_teacher(inputs["context_prompts"], inputs["context_prompt_attention_mask"])
         else:
             return self._dataset_completions(inputs, "An off-policy step")
-        return NCABatch.from_mapping({**inputs, "completion_ids": ids, "completion_mask": mask}, on_policy=on_policy)
+        return {**inputs, "completion_ids": ids, "completion_mask": mask, ON_POLICY: on_policy}
 
-    def _dataset_completions(self, inputs: dict[str, Any], what: str) -> NCABatch:
-        """The `NCABatch` of a collated batch with the dataset's reference completions (in `completion_ids`)."""
+    def _dataset_completions(self, inputs: dict[str, Any], what: str) -> dict[str, Any]:
+        """A collated batch with the dataset's reference completions (already in `completion_ids`)."""
         if not bool(inputs["has_reference"].all()):
             raise ValueError(f"{what} needs reference completions, and this batch has rows without one.")
-        return NCABatch.from_mapping(inputs, on_policy=False)
+        return {**inputs, ON_POLICY: False}
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, teacher=None):
         """Sample completions with GKD's generation settings; returns right-padded (ids, mask) without the prompt:
@@ -303,7 +414,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         completion, completion_mask = self._generate(
             self.model_wrapped, ids.to(self.args.device), mask.to(self.args.device)
         )
-        eos = self._ends_with_eos(completion, completion_mask)
+        eos = ends_with_eos(completion, completion_mask, self.generation_config.eos_token_id)
         out = []
         for row, n, ended in zip(completion, completion_mask.sum(1).tolist(), eos.tolist()):
             tokens = row[: int(n)].tolist()
@@ -335,7 +446,7 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             rows.append(row)
         for key, value in played.metrics.items():
             self._metrics["train"][f"rollout/{key}"].append(float(value))
-        return NCABatch.from_mapping(self._prepare_inputs(self.data_collator.pad(rows)), on_policy=True)
+        return {**self._prepare_inputs(self.data_collator.pad(rows)), ON_POLICY: True}
 
     def _get_train_sampler(self, *args, **kwargs):
         if self.rollout is not None:  # play the training seeds in schedule order
@@ -351,31 +462,24 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
         return self._generate(self.model_wrapped, prompts, prompt_mask, teacher=teacher)
 
     # ----------------------------------------------------------------------------------------------------------------
-    # Loss
+    # Evaluation
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        if not isinstance(inputs, NCABatch):  # a batch that did not come through get_batch_samples
-            inputs = self._with_completions(self._prepare_inputs(inputs))
-            num_items_in_batch = inputs.completion_mask.sum() * self.current_gradient_accumulation_steps
-        # GKDTrainer.training_step would sample again; the samples were drawn in get_batch_samples. Trainer runs this
-        # batch's backward, so its loss may run its views in sequence (`NCABatch.training_step`).
-        return SFTTrainer.training_step(self, model, inputs.replace(training_step=True), num_items_in_batch)
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
+        """Trainer's `evaluate`; a dataset given here (or a dict of them) is checked and tokenised into both views as
+        the datasets given at init are (a name selects one of those)."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = prepared_eval_dataset(
+                self._tokenise(self.processing_class, self.args), eval_dataset, self.context_spec
+            )
+            _check_prepared(self.args, None, eval_dataset)
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        batch = inputs if isinstance(inputs, NCABatch) else NCABatch.from_mapping(inputs)
-        scale = self._loss_scale(num_items_in_batch, int(batch.completion_mask.sum()))
-        loss = self._nca_loss(model, batch, lambda total: total * scale, self._grad_cosine_due())
-        return (loss, None) if return_outputs else loss
-
-    def _loss_scale(self, num_items_in_batch, tokens: int) -> torch.Tensor | float:
-        """What a micro-batch's summed terms are multiplied by: one over the completion tokens of the whole optimizer
-        step (all micro-batches and processes; times the process count, since DDP averages the processes'
-        gradients), or of the micro-batch alone where the step's count is not known."""
-        if num_items_in_batch is not None:
-            return self.accelerator.num_processes / num_items_in_batch.clamp_min(1)
-        return 1.0 / max(tokens, 1)
-
-    def _describe_evaluation(self, description: str) -> None:
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
+        """Trainer's loop; then `eval_loss` and the logged terms become token means over the whole evaluation set
+        (Trainer would average per-batch means)."""
+        self.step_stats.open_eval()
         if self.args.eval_completions == "dataset":
             logger.info("%s scores the dataset's reference completions (eval_completions='dataset').", description)
         else:
@@ -383,6 +487,8 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
                 "%s scores completions sampled from the student without the context (eval_completions='on_policy').",
                 description,
             )
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        return self.step_stats.close_eval(output, self.args.device, metric_key_prefix)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         """Evaluation: the loss (no logits) on sampled or on the dataset's completions (`eval_completions`)."""
@@ -395,8 +501,15 @@ class NCATrainer(NCATrainerMixin, GKDTrainer):
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
 
+    def create_model_card(self, *args, **kwargs):
+        """TRL's model card, with the sentence on the anchor the run used (`add_anchor_sentence`)."""
+        super().create_model_card(*args, **kwargs)
+        if self.is_world_process_zero():
+            add_anchor_sentence(Path(self.args.output_dir) / "README.md", self.nca.schedule.describe())
 
-def _refuse_metric_functions(**functions) -> None:
+
+def _refuse_metric_functions(compute_metrics, preprocess_logits_for_metrics) -> None:
+    functions = {"compute_metrics": compute_metrics, "preprocess_logits_for_metrics": preprocess_logits_for_metrics}
     for name, value in functions.items():
         if value is not None:
             raise ValueError(
@@ -418,61 +531,36 @@ def _probe_collator(data_collator, train_dataset, eval_dataset) -> None:
         check_collator(data_collator, first, split)
 
 
-@contextmanager
-def _gkd_init_adjusted(args: NCAConfig, student: nn.Module, teacher: nn.Module, teacher_loaded_here: bool):
-    """The span of `GKDTrainer.__init__`: its hint to use DistillationTrainer dropped (it has no context views), the
-    teacher's init kwargs hidden when the teacher was loaded here from a name (GKD refuses them with a built
-    teacher), its vocabulary check shown the student's size (`_gkd_vocab_check_passes`) and a `SelfTeacher` kept
-    out of DeepSpeed (`_self_teacher_kept_out_of_deepspeed`)."""
-    gkd_logger = logging.getLogger("trl.experimental.gkd.gkd_trainer")
-    gkd_logger.addFilter(_drop_migration_hint)
-    teacher_init_kwargs = args.teacher_model_init_kwargs
-    if teacher_loaded_here:
-        args.teacher_model_init_kwargs = None  # used by resolve_teacher
-    try:
-        with _gkd_vocab_check_passes(student, teacher), _self_teacher_kept_out_of_deepspeed():
-            yield
-    finally:
-        gkd_logger.removeFilter(_drop_migration_hint)
-        args.teacher_model_init_kwargs = teacher_init_kwargs
+def gkd_generation(args: NCAConfig, model: nn.Module, tokenizer) -> tuple[GenerationConfig, dict[str, Any]]:
+    """GKDTrainer's sampling settings (its generation config and the kwargs that override the model's) with one
+    change: the KV cache stays on under gradient checkpointing (GKD turns it off, which makes sampling quadratic;
+    `unwrap_model_for_generation` lifts checkpointing while sampling, so the cache is safe to keep). The model's own
+    end-of-sequence ids stop sampling, as in GKD."""
+    kwargs = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "do_sample": True,
+        "top_k": 0,
+        "top_p": 1.0,
+        "use_cache": True,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    config = GenerationConfig(**kwargs)
+    if model.generation_config.eos_token_id is not None:
+        config.eos_token_id = model.generation_config.eos_token_id
+    return config, kwargs
 
 
-@contextmanager
-def _gkd_vocab_check_passes(student: nn.Module, teacher: nn.Module):
-    """GKDTrainer refuses a teacher whose `config.vocab_size` differs from the student's; NCATrainer supports output
-    layers padded to different sizes (checked by `trl_nca.trainers.teacher.check_output_rows`). Show GKD's check the
-    student's value, only for the duration of its `__init__`."""
-    config = getattr(teacher, "config", None)
-    if not as_teacher(teacher).owns_weights or config is None:
-        yield
-        return
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    student_config = student.config.get_text_config() if hasattr(student.config, "get_text_config") else student.config
-    original = text.vocab_size
-    text.vocab_size = student_config.vocab_size
-    try:
-        yield
-    finally:
-        text.vocab_size = original
-
-
-@contextmanager
-def _self_teacher_kept_out_of_deepspeed():
-    """Under DeepSpeed, GKDTrainer hands its teacher to `prepare_deepspeed`, which builds an engine around it. A
-    `SelfTeacher` has no parameters (DeepSpeed fails on it: ZeRO-3 with an IndexError) and only calls the student,
-    which the training engine already wraps, so it must stay as it is; any other teacher is prepared as GKD does."""
-    from trl.experimental.gkd import gkd_trainer
-
-    original = gkd_trainer.prepare_deepspeed
-
-    def prepare(model, accelerator):
-        return original(model, accelerator) if as_teacher(model).owns_weights else model
-
-    gkd_trainer.prepare_deepspeed = prepare
-    try:
-        yield
-    finally:
-        gkd_trainer.prepare_deepspeed = original
+def _check_prepared(args: NCAConfig, train_dataset, eval_dataset) -> None:
+    """Off-policy steps (lmbda < 1 without seq_kd) train on the dataset's reference completions, and
+    `eval_completions='dataset'` evaluates them: every such row needs one (`_check_references`). The train dataset is
+    None for `evaluate` or a rollout."""
+    if train_dataset is not None and args.lmbda < 1.0 and not args.seq_kd:
+        _check_references(train_dataset, "train")
+    if args.eval_completions == "dataset":
+        for name, dataset in (eval_dataset if isinstance(eval_dataset, dict) else {"": eval_dataset}).items():
+            if dataset is not None:
+                _check_references(dataset, f"eval {name}".strip())
 
 
 def _check_grad_cosine_setting(trainer: NCATrainer) -> None:
@@ -489,10 +577,6 @@ def _check_grad_cosine_setting(trainer: NCATrainer) -> None:
             "log_grad_cosine_steps needs torch.autograd.grad, which reentrant gradient checkpointing does not support. "
             "Set gradient_checkpointing_kwargs={'use_reentrant': False}, or log_grad_cosine_steps=0."
         )
-
-
-def _drop_migration_hint(record: logging.LogRecord) -> bool:
-    return "DistillationTrainer" not in record.getMessage()
 
 
 class SeedCollator(NCACollator):

@@ -297,10 +297,11 @@ class NCAObjective:
             total = total + self.beta * terms["nca"].sum()
         return total
 
-    def in_sequence(self, batch: NCABatch) -> bool:
-        """Whether this micro-batch runs its views in sequence: a batch of a trainer's training step (whose backward
-        the trainer runs: `NCABatch.training_step`), with gradients, when `nca_sequential_views` resolved on."""
-        return self.sequential and batch.training_step and torch.is_grad_enabled()
+    def in_sequence(self, backward_follows: bool) -> bool:
+        """Whether a micro-batch runs its views in sequence: one whose backward the trainer runs itself
+        (`backward_follows`: inside its `training_step`, `trl_nca.trainers.step_loss.StepLoss.trainer_backward`), with
+        gradients, when `nca_sequential_views` resolved on."""
+        return self.sequential and backward_follows and torch.is_grad_enabled()
 
     def plan(
         self, need_context: bool, measure_gradients: bool = False, entropy: bool = False, half: Half = None

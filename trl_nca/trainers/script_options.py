@@ -9,6 +9,8 @@ import logging
 from dataclasses import fields
 from typing import Any
 
+import torch
+
 from .checkpoints import resolve_resume
 
 
@@ -29,8 +31,6 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")  # the `dtype` strings TRL's
 def check_dtype(kwargs: dict[str, Any], where: str = "dtype") -> None:
     """The `dtype` of a model's init kwargs must be one TRL's loader takes (or a torch dtype), checked before any model
     loads: TRL would refuse it only when it loads the model."""
-    import torch
-
     dtype = kwargs.get("dtype")
     if dtype is None or isinstance(dtype, torch.dtype) or dtype in DTYPES:
         return

@@ -25,7 +25,9 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+from peft import PeftModel
 from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.models.utils import _ForwardRedirection
 
 from ..core.prefix import tensor_versions
@@ -144,10 +146,6 @@ def as_teacher(teacher: nn.Module, wrapper: nn.Module | None = None) -> Teacher:
 
 
 def is_peft_model(model) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
     return isinstance(model, PeftModel)
 
 
@@ -183,7 +181,7 @@ def gathered(params: Iterable[torch.Tensor]):
     partitioned = [p for p in params if hasattr(p, "ds_id")]
     if not partitioned:
         return nullcontext()
-    import deepspeed
+    import deepspeed  # an optional dependency: only reached with ZeRO-3 partitioned parameters
 
     return deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
 
@@ -236,8 +234,6 @@ def load_teacher_tokenizer(teacher) -> object | None:
     tokenizer files, or from the local Hub cache. A self-teacher shares the student's tokenizer (None). A teacher path
     without a tokenizer gives a warning, since its vocabulary then cannot be compared with the student's.
     """
-    from transformers import AutoTokenizer
-
     if teacher is None or (isinstance(teacher, nn.Module) and not as_teacher(teacher).owns_weights):
         return None
     if isinstance(teacher, (str, os.PathLike)):
@@ -303,8 +299,6 @@ def check_same_vocabulary(
 
 def load_teacher(name: str, init_kwargs: dict[str, Any] | None, trust_remote_code: bool) -> nn.Module:
     """A teacher given by name, loaded with `teacher_model_init_kwargs` as GKDTrainer would load it."""
-    from transformers import AutoModelForCausalLM
-
     kwargs = dict(init_kwargs or {})
     if isinstance(kwargs.get("dtype"), str) and kwargs["dtype"] != "auto":
         kwargs["dtype"] = getattr(torch, kwargs["dtype"])
