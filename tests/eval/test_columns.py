@@ -151,3 +151,19 @@ def test_every_rate_of_the_spec_is_computed_defined_and_interval_bounded():
     assert [key for key in metrics if key in rates] == rates
     assert list(metrics["ci"]) == rates
     assert all(c.definition for c in columns.rated())
+
+
+def test_a_summary_written_before_a_column_existed_renders_without_it_and_says_so():
+    """A summary.json of an earlier trl-nca (docs/quickstart's holds no harm floor) is still a report: the columns it
+    lacks are named, not a KeyError."""
+    older = summary([("base", varied_records(0, 12)), ("student", varied_records(1, 17, 0.9, 0.1))])
+    for model in older["models"]:
+        for key in ("harm_floor", "harm_excess"):
+            del model["metrics"][key]
+    report = render_markdown(older)
+    header = _header(report)
+    assert "Harm" in header and "Harm floor" not in header and "Excess harm" not in header
+    assert (
+        "Not in this summary (written by an earlier trl-nca): Harm floor, Excess harm. Run the evaluation again"
+        in report
+    )

@@ -162,22 +162,29 @@ def _cell(column: Column, m: Mapping[str, Any]) -> str:
 
 
 def _table(models) -> tuple[list[Column], list[str], list[str]]:
-    """The main table's shown columns, its lines (header and one row per model) and the columns left out because
-    they are the same for every model."""
+    """The main table's shown columns, its lines (header and one row per model) and its notes: the columns left out
+    because they are the same for every model, and those a summary written before they existed does not hold."""
     columns = [c for c in COLUMNS if REPORT in c.tables]
+    absent = [c for c in columns if any(c.key not in model["metrics"] for model in models)]
+    columns = [c for c in columns if c not in absent]
     rows = [{c.key: _cell(c, model["metrics"]) for c in columns} for model in models]
     constant = constant_columns([c.key for c in columns], rows)
     shown = [c for c in columns if c.key not in constant]
     lines = ["| Model | " + " | ".join(c.name for c in shown) + " |", "|" + "---|" * (len(shown) + 1)]
     for model, row in zip(models, rows, strict=True):
         lines.append("| " + " | ".join([model["name"], *(row[c.key] for c in shown)]) + " |")
-    return shown, lines, constant
+    notes = [left_out_line(constant)] if constant else []
+    if absent:
+        notes.append(
+            f"Not in this summary (written by an earlier trl-nca): {', '.join(c.name for c in absent)}. "
+            "Run the evaluation again for them."
+        )
+    return shown, lines, notes
 
 
 def console_table(summary: Mapping[str, Any]) -> str:
     """The report's main table, as `trl-nca eval` prints it at its end (the definitions are in report.md)."""
-    shown, lines, constant = _table(summary["models"])
-    notes = [left_out_line(constant)] if constant else []
+    shown, lines, notes = _table(summary["models"])
     return "\n".join([*lines, *notes, f"Columns defined in {summary.get('files', {}).get('markdown', 'report.md')}."])
 
 
@@ -185,7 +192,7 @@ def _main_table(summary: Mapping[str, Any], models) -> list[str]:
     """The title, what the rates mean, every column's definition (`trl_nca.eval.columns`), one row per model (a
     column the same for every model left out, with a line saying so) and the format-failure notes."""
     conf = int(round(100 * summary.get("confidence", 0.95)))
-    shown, table, constant = _table(models)
+    shown, table, table_notes = _table(models)
     lines = [
         f"# {summary.get('title') or 'Paired with/without-context evaluation'}",
         "",
@@ -207,8 +214,8 @@ def _main_table(summary: Mapping[str, Any], models) -> list[str]:
             "the paired permutation test over items (docs/evaluation.md).",
             "",
         ]
-    if constant:
-        lines += ["", left_out_line(constant)]
+    for note in table_notes:
+        lines += ["", note]
     notes = format_failure_notes(models)
     if notes:
         lines += [""] + [f"> {note}" for note in notes]
