@@ -88,9 +88,6 @@ class NCADistillationTrainer(DistillationTrainer):
         args = checked_config(args, NCADistillationConfig, "nca-distillation-output", "NCADistillationTrainer")
         _refuse_tools(tools)
         teacher_model = served_teacher(args, teacher_model)  # a teacher behind a vLLM server, reached before any work
-        init_kwargs = dict(args.teacher_model_init_kwargs or {})
-        if args.teacher_model_revision is not None:
-            init_kwargs.setdefault("revision", args.teacher_model_revision)
         models = resolve_models(
             "NCADistillationTrainer",
             args,
@@ -102,12 +99,10 @@ class NCADistillationTrainer(DistillationTrainer):
             get_student=lambda: self.model,
             datasets=named_datasets(train_dataset, eval_dataset),
             max_new_tokens=args.max_completion_length,
-            teacher_init_kwargs=init_kwargs,
+            teacher_init_kwargs=_teacher_init_kwargs(args),
             text_only=True,
         )
-        if isinstance(models.teacher, ServedTeacher):
-            models.teacher.check_tokenizer(models.tokenizer)
-        _check_vllm_can_sample(models.common_rows, args.use_vllm)
+        _check_teacher_and_sampling(models, args.use_vllm)
         self.limits, self.context_spec = models.limits, args.context_spec
         prepare = self._tokenise(models.tokenizer)
         train_dataset, eval_dataset = prepare_splits(prepare, train_dataset, eval_dataset)
@@ -276,6 +271,22 @@ def _refuse_tools(tools) -> None:
             "scored on the sampled completion, which tool calls would interleave with tool results. Train tool "
             "use with DistillationTrainer, or drop `tools`."
         )
+
+
+def _teacher_init_kwargs(args: NCADistillationConfig) -> dict:
+    """`teacher_model_init_kwargs`, with `teacher_model_revision` as its revision unless it names one."""
+    init_kwargs = dict(args.teacher_model_init_kwargs or {})
+    if args.teacher_model_revision is not None:
+        init_kwargs.setdefault("revision", args.teacher_model_revision)
+    return init_kwargs
+
+
+def _check_teacher_and_sampling(models, use_vllm: bool) -> None:
+    """A served teacher's tokenizer is the student's (`ServedTeacher.check_tokenizer`), and vLLM can sample only from
+    rows the teacher scores (`_check_vllm_can_sample`)."""
+    if isinstance(models.teacher, ServedTeacher):
+        models.teacher.check_tokenizer(models.tokenizer)
+    _check_vllm_can_sample(models.common_rows, use_vllm)
 
 
 def _check_vllm_can_sample(common_rows: tuple[int, int], use_vllm: bool) -> None:
