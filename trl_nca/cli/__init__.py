@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 from ..console import LOG_ENV, VERBOSE_ENV, take_output_flags
@@ -67,6 +68,7 @@ COMMANDS = {
     "analyze": (".analyze", "main"),
     "experience": (".experience_command", "experience"),
 }
+INTERRUPTED = 130  # the exit status of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it)
 DEFAULT_LOG = {"compare": "units"}  # a comparison of many students prints each one's start and end, not its steps
 
 
@@ -83,6 +85,7 @@ def _name_cpu_for_deepspeed() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    process = argv is None  # the command line's entry point (not `main` called in-process)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -103,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     before = {name: os.environ.get(name) for name in (LOG_ENV, VERBOSE_ENV)}
     try:  # the log level holds for this command and the processes it starts, not after it (`main` called in-process)
-        return _run(command, take_output_flags(argv[1:], DEFAULT_LOG.get(command)))
+        code = _run(command, take_output_flags(argv[1:], DEFAULT_LOG.get(command)))
+        if code == INTERRUPTED and process:
+            # the run has printed its last line: a further Ctrl-C lands in the interpreter's exit (its finalisers,
+            # torch's and datasets'), where it would print a traceback after that line
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return code
     finally:
         for name, value in before.items():
             if value is None:
@@ -130,12 +138,12 @@ def _run(command: str, rest: list[str]) -> int:
         return result if isinstance(result, int) else 0
     except TrainingInterrupted as error:
         print(f"trl-nca {command}: {error}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except KeyboardInterrupt:
         print(
             f"trl-nca {command}: interrupted; run the same command again to resume what was finished.", file=sys.stderr
         )
-        return 130
+        return INTERRUPTED
     except (CommandLineError, InputError, OutputError) as error:  # reported in one line (exit status 2)
         return _user_error(command, error)
     except RunStopped as error:  # a run stopped from outside (a worker killed): one line too, exit status 1

@@ -262,10 +262,11 @@ def units_in_workers(
         with _interrupts_passed_on(pool) as interrupted:
             work = functools.partial(_unit_in_worker, plan, tokenizers)
             futures = {pool.submit(work, unit, index): index for index, unit in enumerate(units)}
+            processes = dict(getattr(pool, "_processes", None) or {})  # a fork pool starts every worker at once
             for future in as_completed(futures):
                 if isinstance(future.exception(), BrokenProcessPool):
                     done = {index for f, index in futures.items() if f.done() and f.exception() is None}
-                    raise _killed_worker(pool, plan, units, running, done) from future.exception()
+                    raise _killed_worker(processes, plan, units, running, done) from future.exception()
                 finished = future.result()
                 if finished is None:  # stopped by a Ctrl-C, or not started after one
                     continue
@@ -282,10 +283,16 @@ def _unit_name(plan: Plan, unit: tuple[str, Any]) -> str:
     return plan.base_name(key) if kind == "base" else plan.runs[key].name
 
 
-def _killed_worker(pool, plan: Plan, units, running, finished: set[int]) -> WorkerKilled:
-    """What a pool broken by a worker's death says: the signal that ended it and its unit (from the pool's processes
-    and the `running` array), the units stopped with it (the pool ends every other worker), and the resume."""
-    codes = {pid: process.exitcode for pid, process in dict(getattr(pool, "_processes", None) or {}).items()}
+def _killed_worker(processes, plan: Plan, units, running, finished: set[int]) -> WorkerKilled:
+    """What a pool broken by a worker's death says: the signal that ended it and its unit (from the pool's processes,
+    `processes` by pid, and the `running` array), the units stopped with it (the pool ends every other worker), and
+    the resume."""
+    # The pool's manager thread reaps the workers as it ends them; a status read while it does reads None (its
+    # waitpid took it), so the statuses are read once it has set them (a few ms; 5 s at most)
+    deadline = time.monotonic() + 5
+    while any(process.exitcode is None for process in processes.values()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    codes = {pid: process.exitcode for pid, process in processes.items()}
     started = {i: pid for i, pid in enumerate(running) if pid and i not in finished}
     ended = {i: codes.get(pid) for i, pid in started.items()}
     killed = [i for i, code in ended.items() if code is not None and code != -signal.SIGTERM] or list(started)
