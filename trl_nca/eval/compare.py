@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -57,8 +58,6 @@ def models_after_training(trainer, base_model_path: str | None = None) -> Traine
         return None
     adapter = Path(output_dir, "adapter_config.json").is_file()
     if adapter:
-        import json
-
         base_path = (
             base_model_path
             or json.loads(Path(output_dir, "adapter_config.json").read_text())["base_model_name_or_path"]

@@ -31,6 +31,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,6 @@ def import_lm_eval():
 
 
 def lm_eval_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("lm_eval")
     except PackageNotFoundError:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import os
 import re
 from collections.abc import Sequence
@@ -300,8 +301,6 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 
 def release_memory() -> None:
     """Free what models that were just dropped still hold: Python garbage, and cached CUDA blocks."""
-    import gc
-
     import torch
 
     gc.collect()

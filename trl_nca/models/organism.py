@@ -28,15 +28,18 @@ trl-nca (trainer, evaluation, reports) runs on it unchanged. The alias `organism
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import random
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..inputs import default_cache_dir
@@ -77,8 +80,6 @@ class OrganismSpec:
     fact_counts: tuple[float, float, float] = (0.4, 0.45, 0.15)  # probability of 0, 1 and 2 fact lines (facts only)
 
     def key(self) -> str:
-        import hashlib
-
         fields = asdict(self)
         if not self.facts:  # the language without facts keeps the cache key it had before the dialect existed
             del fields["facts"], fields["fact_counts"]
@@ -259,7 +260,6 @@ def shipped_spec(dialect: str, seed: int) -> OrganismSpec:
     `organism_flip`), `facts` the dialect with fact lines (`organism-facts`; task `organism_facts`), with `seed`."""
     if dialect not in DIALECTS:
         raise ValueError(f"Unknown organism dialect {dialect!r}; choose one of {DIALECTS}.")
-    from dataclasses import replace
 
     return replace(spec_for_alias("organism" if dialect == "rules" else "organism-facts"), seed=seed)
 
@@ -386,9 +386,6 @@ def use_one_cpu_thread() -> bool:
 def _sigterm_exits():
     """Make SIGTERM raise `SystemExit` (exit status 143) instead of ending the process on the spot, so `finally`
     clauses run; only in the main thread and where SIGTERM has its default action. Returns what puts it back."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return lambda: None
 

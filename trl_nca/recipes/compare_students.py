@@ -13,16 +13,21 @@ end leaves no `done.json`, so a rerun trains it again from its base weights with
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..console import JobEstimate, in_detail, say, speaking_for
@@ -125,8 +130,6 @@ def _die_with_parent(parent: int) -> None:
     """Have the kernel send SIGTERM to this worker when its parent ends (Linux), and watch the parent's pid from a
     thread where that is not available (or in case the parent ended before the signal was asked for)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         except (OSError, AttributeError):
@@ -243,10 +246,6 @@ def units_in_workers(
     each worker with its unit. As each student finishes, `job` prints the whole job's estimate. Ctrl-C stops the units
     (see the module's docstring) and raises KeyboardInterrupt once the workers have stopped; a worker killed on its
     own raises `WorkerKilled`."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
     units = [("base", organism) for organism in bases]
     units += [("student", i) for i, run in enumerate(plan.runs) if not (run.folder / "done.json").exists()]
     if not units:
@@ -315,13 +314,9 @@ class _Interrupted:
 def _interrupts_passed_on(pool):
     """While the workers run (main thread only): the first Ctrl-C is passed on to every worker, which stop (their
     queued units are not started); a second one ends them at once (SIGTERM) and raises KeyboardInterrupt."""
-    import contextlib
-
     interrupted = _Interrupted()
 
     def workers() -> list[int]:
-        import multiprocessing
-
         return [process.pid for process in multiprocessing.active_children() if process.pid is not None]
 
     def handle(signum, frame) -> None:

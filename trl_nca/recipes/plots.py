@@ -7,6 +7,7 @@ import os
 import textwrap
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -432,8 +433,6 @@ def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix:
     """All figures of a comparison, drawn from its summary (`comparison.json`) alone, so they can be redrawn from the
     saved JSON: `{prefix}comparison.png`, `{prefix}harm.png` (harm per run), `{prefix}curves.png` and, when accuracy
     was tracked, `{prefix}tracking.png`; none (and one logged line) without matplotlib."""
-    from pathlib import Path
-
     folder = Path(folder)
     if not figures_wanted(None, folder):  # without matplotlib: skipped, with one line saying so
         return {}

@@ -255,8 +255,6 @@ def run_slice(plan: Plan, unit: str, slices_dir: str | Path) -> Path:
 
 
 def _only_organism(plan: Plan, organism: int | None) -> Plan:
-    import dataclasses
-
     return dataclasses.replace(plan, model_paths={organism: plan.model_paths[organism]})
 
 
