@@ -12,6 +12,8 @@ import typing
 from importlib.resources import files
 from pathlib import Path
 
+import yaml
+
 from ..inputs import InputError, output_folder_lock, read_utf8_text
 
 
@@ -89,7 +91,6 @@ class _DuplicateKey(Exception):
 
 def _unique_key_loader():
     """A YAML safe loader that refuses a key set twice in one mapping (the plain loader keeps the last silently)."""
-    import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
@@ -114,8 +115,6 @@ def check_config_file(argv: list[str] | None, types=()) -> dict[str, dict]:
     value where the option (a field of the dataclasses `types`) takes a list are each a `CommandLineError` naming the
     file, the line and the fix (TrlParser would raise a bare OSError or a YAML traceback, keep the last of two keys and
     pass a lone string on). Returns each config's settings, by the path given."""
-    import yaml
-
     argv = list(sys.argv[2:] if argv is None else argv)
     read = {}
     for value in _config_paths(argv):

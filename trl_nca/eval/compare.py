@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..core.sampling import GenerationSettings
 from .loading import load_model, release_memory
 from .paired import PairedEvaluator
@@ -75,8 +77,6 @@ def _release_training(trainer) -> None:
     """Every process waits for the others, drops the trainer's models, optimizer and engine, and leaves the process
     group; DeepSpeed's ZeRO-3 load-time partitioning (which would broadcast to processes that are gone) is switched
     off in this process."""
-    import torch
-
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.free_memory()
     for name in ("model", "model_wrapped", "deepspeed", "optimizer", "lr_scheduler", "teacher_model"):

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from huggingface_hub import errors as hub
 
 from ..console import verbose
 from ..core.engines import engine_defaults, vllm_distribution_alias
@@ -200,7 +201,6 @@ def defining_files(problems: Sequence[str], name: str) -> list[str]:
 def _hub_error_kinds() -> tuple[tuple[type, ...], tuple[type, ...]]:
     """The exception classes of a Hub that cannot be reached, and of a dataset the Hub does not have."""
     from datasets.exceptions import DatasetNotFoundError
-    from huggingface_hub import errors as hub
 
     unreachable: list[type] = [ConnectionError, TimeoutError, hub.OfflineModeIsEnabled, hub.LocalEntryNotFoundError]
     for module, name in (

@@ -42,7 +42,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..console import progress_bar
 from ..inputs import default_cache_dir
+from . import shipped
 
 
 logger = logging.getLogger(__name__)
@@ -218,8 +220,6 @@ def pretrain(spec: OrganismSpec, progress: bool = True):
     model.train()
     bar = None
     if progress:
-        from ..console import progress_bar
-
         bar = progress_bar(spec.steps, "pretraining the organism", "step")
     loss_value = float("nan")
     for _ in range(spec.steps):
@@ -292,8 +292,6 @@ def build_shipped(spec: OrganismSpec, out_dir: str | os.PathLike | None = None) 
     import torch
     from safetensors.torch import save
 
-    from . import shipped
-
     dialect = "facts" if spec.facts else "rules"
     if spec != shipped_spec(dialect, spec.seed):
         raise ValueError(f"Only the default spec of each dialect ships, with another seed; not {spec}.")
@@ -324,16 +322,12 @@ def build_shipped(spec: OrganismSpec, out_dir: str | os.PathLike | None = None) 
 def _cached_matches(target: Path, entry: dict) -> bool:
     from safetensors.torch import load_file
 
-    from . import shipped
-
     weights = target / "model.safetensors"
     return weights.is_file() and shipped.weights_digest(load_file(str(weights))) == entry["weights_digest"]
 
 
 def _materialise_shipped(spec: OrganismSpec, entry: dict, target: Path) -> None:
     """Write the shipped organism `entry` as a normal float32 checkpoint into `target` (replacing what is there)."""
-    from . import shipped
-
     state = shipped.load_reference(entry)
     tokenizer = make_tokenizer(spec.facts)
     model = make_model(tokenizer, spec)
@@ -398,8 +392,6 @@ def _sigterm_exits():
 
 def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.PathLike | None = None) -> str:
     """The folder of the pretrained organism, pretraining it first if this machine has not yet (a few minutes)."""
-    from . import shipped
-
     spec = spec or OrganismSpec()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / f"organism-{spec.key()}"

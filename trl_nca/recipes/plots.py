@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ..eval.metrics import FEW_ITEMS
 from ..eval.plots import figures_wanted, new_figure, save_figure
+from .statistics import rate_denominators
 
 
 def _method(run_name: str) -> str:
@@ -371,9 +373,6 @@ def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str 
     """Harm per run, per model: a box (quartiles, whiskers to min and max) and one dot per run (organism x seed). With
     `n_items` (the evaluated items), a run whose harm divides by fewer than `FEW_ITEMS` items right without the context
     is a hollow dot, left out of the box, and a note says so: a rate of so few items is not one to read."""
-    from ..eval.metrics import FEW_ITEMS
-    from .statistics import rate_denominators
-
     names = list(per_seed)
     fig = new_figure(max(4.0, 1.2 + 1.1 * len(names)), 3.4)
     ax = fig.add_subplot()
