@@ -9,8 +9,10 @@ one full-logit reference is `full_logprobs` with `token_kl`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import socket
 from pathlib import Path
 
 
@@ -162,8 +164,6 @@ def save_tiny_model(directory: str | os.PathLike, seed: int = 0, **model_kwargs)
 def free_port() -> int:
     """A TCP port free on this machine now, for the rendezvous of a multi-process test launch (a fixed port collides
     when two test runs launch at once)."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -250,8 +250,6 @@ def cloned_parameters(model) -> dict:
 def batch_dict(batch) -> dict:
     """The fields of a trainer's `trl_nca.trainers.batch.NCABatch` by name (a mapping, such as a collator's batch, is
     returned as it is), for references that read both kinds."""
-    import dataclasses
-
     if isinstance(batch, dict):
         return batch
     return {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
@@ -261,8 +259,6 @@ def record_batches(trainer) -> list:
     """Wrap `trainer.compute_loss` to keep every micro-batch it sees in training, as the trainer's
     `trl_nca.trainers.batch.NCABatch` (`trainer.nca_batch`), its tensors cloned, in order: the returned list fills as
     the trainer trains."""
-    import dataclasses
-
     import torch
 
     batches, compute_loss = [], trainer.compute_loss

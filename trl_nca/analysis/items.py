@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ..console import progress_bar
+from ..core.sampling import HFBackend, item_seed
 from ..core.views import ContextSpec, add_context, render_prompt_ids, split_example
 from ..inputs import InputError
 from .measures import AnalysisItem
@@ -299,9 +301,6 @@ def sample_items(
 ) -> list[AnalysisItem]:
     """One completion per prompt, sampled from `model` WITHOUT the context (as training samples), with the paired
     evaluation's sampler (`trl_nca.core.sampling`: per-item seeds, independent of the batch)."""
-    from ..console import progress_bar
-    from ..core.sampling import HFBackend, item_seed
-
     backend = HFBackend(model, tokenizer)
     was_training = model.training
     model.eval()

@@ -26,7 +26,9 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from peft.tuners.lora import LoraLayer
 
+from ..console import progress_bar
 from ..core.gradients import compare_gradients, loss_gradients
 from ..core.losses import DivergenceSpec, LMHead, token_divergences
 from ..core.views import View, build_view, completion_hidden, left_pad, right_pad
@@ -105,8 +107,6 @@ def _check_items(items: Sequence[AnalysisItem]) -> None:
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    from ..console import progress_bar
-
     return progress_bar(total, desc, "item", enabled)
 
 
@@ -546,8 +546,6 @@ def _check_same_parameters(base_params: Mapping[str, Any], student_params: Mappi
 
 def _plain_lora(model) -> bool:
     """Whether every adapted layer of a PEFT model is plain LoRA (no DoRA, no other tuner, no modules_to_save)."""
-    from peft.tuners.lora import LoraLayer
-
     for module in model.modules():
         if hasattr(module, "modules_to_save") and getattr(module, "modules_to_save", None) is not None:
             if isinstance(module.modules_to_save, torch.nn.ModuleDict) and len(module.modules_to_save):
@@ -567,8 +565,6 @@ def _strip_peft_name(name: str) -> str:
 
 def _lora_effective(model) -> dict[str, StudentWeight]:
     """The student's parameters by the base model's names, each with the LoRA delta added to it."""
-    from peft.tuners.lora import LoraLayer
-
     deltas: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         if not isinstance(module, LoraLayer):

@@ -29,8 +29,10 @@ from ..console import closing_line, say, take_output_flags
 from ..core.sampling import GenerationSettings
 from ..eval import loading
 from ..eval.loading import ContextChoice, ModelSpec
-from ..inputs import InputError, output_folder_lock
-from ..tasks import task_names
+from ..eval.store import load_records
+from ..inputs import InputError, load_rows, output_folder_lock
+from ..tasks import get_task, task_names
+from ..trainers.teacher import check_same_vocabulary
 from . import explain
 from .help_format import CommandHelpFormatter, add_log_options
 from .options import CONTEXT_OPTIONS, add_context_options, add_dtype_option, add_model_options
@@ -281,7 +283,6 @@ def _prompts(args) -> Prompts:
     if not args.dataset:
         raise AnalysisInputError("Give the prompts: --task NAME (built-in) or --dataset FILE with a context option.")
     context = loading.context_from_args(args)
-    from ..inputs import load_rows
 
     try:
         rows = [dict(r) for r in load_rows(args.dataset, split=args.split, config=args.dataset_config)]
@@ -291,8 +292,6 @@ def _prompts(args) -> Prompts:
 
 
 def _task_prompts(args) -> Prompts:
-    from ..tasks import get_task
-
     try:
         task = get_task(args.task, seed=args.task_seed)
     except ValueError as error:
@@ -432,8 +431,6 @@ def load_reference(plan: AnalysisPlan, args) -> Reference:
 
 
 def _check_same_tokenizer(tokenizer, spec: ModelSpec, args) -> None:
-    from ..trainers.teacher import check_same_vocabulary
-
     other = loading.load_tokenizer(spec.path, trust_remote_code=args.trust_remote_code)
     try:
         check_same_vocabulary(tokenizer, other, names=("reference model", f"model {spec.name!r}"))
@@ -509,8 +506,6 @@ def _completions(number: int, spec: ModelSpec, model, plan: AnalysisPlan, refere
 
 
 def _recorded_completions(spec: ModelSpec, model, plan: AnalysisPlan, reference: Reference, args) -> Completions:
-    from ..eval.store import load_records
-
     path = plan.records[spec.name]
     items, info = items_from_records(
         load_records(path),

@@ -6,20 +6,20 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from trl import ModelConfig, TrlParser
+
 from ..console import closing_line, say, shows
+from ..core.schedule import unread_settings
 from ..inputs import output_folder_lock
+from ..models.names import EmbeddedModelUnavailableError
+from ..recipes import CompareArguments, execute, plan_comparison, slices
+from ..trainers.nca_config import NCAConfig
 from . import explain
 from .config_files import CommandLineError, parse_command_line, with_builtin_config
 
 
 def compare(argv: list[str] | None = None) -> dict:
     """Parse `trl-nca compare` options (and an optional `--config` YAML), run the comparison, print its table."""
-    from trl import ModelConfig, TrlParser
-
-    from ..models.names import EmbeddedModelUnavailableError
-    from ..recipes import CompareArguments, execute, plan_comparison
-    from ..trainers.nca_config import NCAConfig
-
     parser = TrlParser((CompareArguments, NCAConfig, ModelConfig), prog="trl-nca compare")
     argv = with_builtin_config(argv)
     compare_args, training_args, model_args = parse_command_line(parser, argv)  # with the config's own checks
@@ -60,8 +60,6 @@ def unread_schedule_settings(shared, runs) -> list[str]:
     """One line per schedule field set away from its default that the run it shapes never reads, as `trl-nca train`
     names them (`core.schedule.unread_settings`): a field of the shared config that no method's schedule reads, and a
     method's own override that its schedule does not read (a method of another trainer, e.g. sdft, reads none)."""
-    from ..core.schedule import unread_settings
-
     runs = [run for run in runs if hasattr(run.config, "nca_beta_schedule")]
     kinds = {}
     for run in runs:
@@ -77,8 +75,6 @@ def unread_schedule_settings(shared, runs) -> list[str]:
 def _compare_slices(compare_args, plan) -> dict:
     """`trl-nca compare --slice UNIT` (one unit run, its slice written) or `--from_slices` (the tables built from the
     slice files): `trl_nca.recipes.slices`."""
-    from ..recipes import slices
-
     try:
         if compare_args.from_slices:
             summary = slices.build_from_slices(plan, compare_args.slices_dir)

@@ -4,9 +4,15 @@ file read and checked before TrlParser reads it, and the error type both command
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
 import sys
+import typing
+from importlib.resources import files
 from pathlib import Path
+
+import yaml
 
 from ..inputs import InputError, output_folder_lock, read_utf8_text
 
@@ -19,8 +25,6 @@ class CommandLineError(ValueError):
 def builtin_config_names() -> list[str]:
     """The configs shipped inside the package (`trl_nca/resources/configs/`, also `examples/configs/` in the
     repository), by name."""
-    from importlib.resources import files
-
     return sorted(
         p.name[: -len(".yaml")] for p in (files("trl_nca.resources") / "configs").iterdir() if p.name.endswith(".yaml")
     )
@@ -30,8 +34,6 @@ def with_builtin_config(argv: list[str] | None) -> list[str]:
     """`--config NAME` for a config shipped with the package (`trl-nca compare --config main_quick`), so the commands
     work from the wheel, where `examples/` does not exist: a NAME that is no file here and names a shipped config
     becomes that file's path. Anything else is left for `check_config_file`."""
-    from importlib.resources import files
-
     argv = list(sys.argv[2:] if argv is None else argv)
     names = builtin_config_names()
     for i, arg in enumerate(argv):
@@ -67,8 +69,6 @@ def parse_command_line(parser, argv: list[str]) -> tuple:
 def _argparse_error(message: str, argv: list[str], configs: dict[str, dict]) -> str:
     """argparse's error `message` as one line; a bad value set in a `--config` file (not on the command line) names
     the file and its line."""
-    import re
-
     found = re.match(r"argument (--[\w-]+)", message)
     key = found.group(1)[2:].replace("-", "_") if found else None
     given = {arg.split("=", 1)[0][2:].replace("-", "_") for arg in argv if arg.startswith("--")}
@@ -91,7 +91,6 @@ class _DuplicateKey(Exception):
 
 def _unique_key_loader():
     """A YAML safe loader that refuses a key set twice in one mapping (the plain loader keeps the last silently)."""
-    import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
@@ -116,8 +115,6 @@ def check_config_file(argv: list[str] | None, types=()) -> dict[str, dict]:
     value where the option (a field of the dataclasses `types`) takes a list are each a `CommandLineError` naming the
     file, the line and the fix (TrlParser would raise a bare OSError or a YAML traceback, keep the last of two keys and
     pass a lone string on). Returns each config's settings, by the path given."""
-    import yaml
-
     argv = list(sys.argv[2:] if argv is None else argv)
     read = {}
     for value in _config_paths(argv):
@@ -164,9 +161,6 @@ def _yaml_error(value: str, error) -> str:
 
 def _list_fields(types) -> set[str]:
     """The fields of the dataclasses `types` that take a list only (`list[...]`, or that or None)."""
-    import dataclasses
-    import typing
-
     fields = set()
     for cls in types:
         hints = typing.get_type_hints(cls)

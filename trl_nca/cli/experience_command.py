@@ -7,8 +7,13 @@ import argparse
 import json
 
 from ..console import Stopwatch, closing_line, say
+from ..core.sampling import HFBackend, generate_fn
+from ..envs import game_generation_settings
+from ..envs.experience import check_options, extract_experience, load_experience, parse_items
+from ..envs.registry import GAMES
+from ..envs.rollout import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
 from ..eval import loading
-from ..inputs import InputError, write_text_atomic
+from ..inputs import InputError, check_output_file, output_file_lock, write_text_atomic
 from . import explain
 from .help_format import CommandHelpFormatter, add_log_options
 from .options import add_dtype_option, add_model_options
@@ -16,9 +21,6 @@ from .options import add_dtype_option, add_model_options
 
 def build_parser() -> argparse.ArgumentParser:
     """Every `trl-nca experience` option."""
-    from ..envs.registry import GAMES
-    from ..envs.rollout import GAME_MAX_NEW_TOKENS, GAME_TEMPERATURE, GAME_TOP_K, GAME_TOP_P
-
     parser = argparse.ArgumentParser(
         prog="trl-nca experience",
         description="Extract a game experience text from a model's own played trajectories.",
@@ -64,10 +66,6 @@ def _model_and_adapter(args) -> tuple[str, str | None]:
 def experience(argv: list[str] | None = None) -> int:
     """`trl-nca experience`: extract a game experience text from a model's own games (`trl_nca.envs.experience`);
     writes the text and a JSON history of the rounds. Every setting is checked before the model is loaded."""
-    from ..envs import game_generation_settings
-    from ..envs.experience import check_options
-    from ..inputs import check_output_file, output_file_lock
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -114,9 +112,6 @@ def experience(argv: list[str] | None = None) -> int:
 
 def _extract(args, model, tokenizer, settings, env_kwargs):
     """The rounds of `trl-nca experience` (`trl_nca.envs.experience.extract_experience`) with the parsed options."""
-    from ..core.sampling import HFBackend, generate_fn
-    from ..envs.experience import extract_experience, load_experience, parse_items
-
     initial = parse_items(load_experience(args.game)) if args.start_from_shipped else []
     return extract_experience(
         generate_fn(HFBackend(model, tokenizer), settings),

@@ -5,6 +5,7 @@ second step, `trl_nca.trainers.console.TrainingEstimate`; a paired evaluation af
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +119,6 @@ def experience_opening(args, output: Path) -> str:
 
 def opening(line: str) -> None:
     """Print an opening line (main process only)."""
-    import os
-
     if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) in ("0", "-1", ""):
         say(line)
 

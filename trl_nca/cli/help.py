@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from importlib.resources import files
 
@@ -108,8 +109,6 @@ WIDTH = "120"  # the columns the help is rendered for, whatever the terminal tha
 
 def render(command: str, full: bool = False) -> str:
     """The help text of `command`, from its real parser (imports what the parser needs), `WIDTH` columns wide."""
-    import os
-
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH
     try:

@@ -10,9 +10,18 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from ..console import Stopwatch, closing_line
+from ..core.launch import prepare_deepspeed_process
 from ..core.schedule import unread_settings
-from ..inputs import load_dataset_any, read_context, write_text_atomic
+from ..eval import GenerationSettings, PairedEvaluator
+from ..eval.compare import compare_base_and_student
+from ..inputs import load_dataset_any, read_context, sha256_file, write_text_atomic
+from ..models.names import EmbeddedModelUnavailableError, resolve_model_name_or_path
+from ..recipes.budgets import position_limit_of
+from ..recipes.compare import check_lora_sizes, peft_settings, training_settings
+from ..trainers.checkpoints import StopOnInterrupt
 from ..trainers.script_options import resume_checkpoint, student_init_kwargs
 from . import explain
 from .config_files import CommandLineError, main_process_lock, parse_command_line, with_builtin_config
@@ -24,6 +33,7 @@ from .train_outputs import (
     save_model_whole,
     write_model_card,
 )
+from .train_resume import RunStart, check_resumed_run
 
 
 @dataclass
@@ -86,8 +96,6 @@ def _paired_eval_dataset(script_args):
 
 def _paired_evaluator(script_args, dataset, context_spec):
     """The paired evaluator of `--paired_eval`, built (and so validated) before training."""
-    from ..eval import GenerationSettings, PairedEvaluator
-
     return PairedEvaluator(
         dataset,
         context=context_spec,
@@ -102,7 +110,6 @@ def train(argv: list[str] | None = None):
     """Parse `trl-nca train` options (and an optional `--config` YAML), train, save the model and its card."""
     from trl import ModelConfig, TrlParser
 
-    from ..core.launch import prepare_deepspeed_process
     from ..trainers.nca_config import NCAConfig
 
     parser = TrlParser((TrainScriptArguments, NCAConfig, ModelConfig), prog="trl-nca train")
@@ -124,8 +131,6 @@ class TrainingInterrupted(Exception):
 
 
 def _train(script_args, training_args, model_args):
-    from ..models.names import EmbeddedModelUnavailableError
-
     clock = Stopwatch()
     try:
         trainer, resume, settings, model_path, paired_dataset = _setup_training(script_args, training_args, model_args)
@@ -166,9 +171,6 @@ def _train(script_args, training_args, model_args):
 
 def _paired_eval_after_training(trainer, script_args, training_args, model_path: str, paired_dataset) -> None:
     """The base and the trained student evaluated paired on `paired_dataset`; the report printed."""
-    from ..eval import GenerationSettings
-    from ..eval.compare import compare_base_and_student
-
     settings = GenerationSettings(max_new_tokens=script_args.paired_eval_max_new_tokens)
     id_column = "id" if "id" in paired_dataset.column_names else None
     report = compare_base_and_student(
@@ -191,7 +193,6 @@ def _setup_training(script_args, training_args, model_args):
     the settings, the student's path and the paired evaluation's dataset (None without `--paired_eval`)."""
     from trl import get_peft_config
 
-    from ..models.names import resolve_model_name_or_path
     from ..trainers.nca_trainer import NCATrainer
 
     model_path = resolve_model_name_or_path(model_args.model_name_or_path or "embedded", "Student model")
@@ -225,14 +226,10 @@ def _setup_training(script_args, training_args, model_args):
         _paired_evaluator(script_args, paired_dataset, training_args.context_spec)
 
     if model_args.use_peft:
-        from ..recipes.compare import check_lora_sizes
-
         check_lora_sizes(model_args)
     peft_config = get_peft_config(model_args)
     settings = _run_settings(script_args, training_args, model_path, peft_config, train_dataset)
     if resume is not None:  # before any model loads
-        from .train_resume import check_resumed_run
-
         check_resumed_run(training_args.output_dir, resume, settings, training_args.max_steps)
     _check_prompt_sizes(training_args, model_args, model_path, {"train": train_dataset, "eval": eval_dataset})
     trainer = NCATrainer(
@@ -248,9 +245,6 @@ def _setup_training(script_args, training_args, model_args):
 def _check_prompt_sizes(training_args, model_args, model_path: str, datasets: dict) -> None:
     """The rows' prompts against `max_context_length`, or else the student's and teacher's positions (read from their
     configs), before any model loads and before the trainer tokenises (`trainers.data.check_prompt_sizes`)."""
-    from transformers import AutoTokenizer
-
-    from ..recipes.budgets import position_limit_of
     from ..trainers.data import Limits, check_prompt_sizes
 
     if training_args.max_context_length:
@@ -281,9 +275,6 @@ def _check_prompt_sizes(training_args, model_args, model_path: str, datasets: di
 def _run_training(trainer, resume, training_args) -> None:
     """`trainer.train`, with Ctrl-C saving a checkpoint and stopping (single process) and a failed checkpoint write
     one line."""
-    from ..trainers.checkpoints import StopOnInterrupt
-    from .train_resume import RunStart
-
     single_process = os.environ.get("WORLD_SIZE", "1") == "1"
     stop = StopOnInterrupt()
     if single_process:
@@ -306,9 +297,6 @@ def _run_settings(script_args, training_args, model_path: str, peft_config, trai
     """What shapes a `trl-nca train` run's result: the config's shaping fields (`recipes.compare.training_settings`:
     nca_beta, the learning rate and schedule, the context, ...), the student and its adapter settings, and the data
     (its source, split and row limit, and the file's sha256 or the loaded dataset's fingerprint)."""
-    from ..inputs import sha256_file
-    from ..recipes.compare import peft_settings, training_settings
-
     source = script_args.dataset_name
     if Path(source).is_file():
         identity = "sha256:" + sha256_file(source)

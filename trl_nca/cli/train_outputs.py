@@ -14,8 +14,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+from safetensors import SafetensorError
+
 from ..inputs import FULL_DISK_ERRNOS, InputError, OutputError
-from ..trainers.checkpoints import checkpoints_of, last_complete_checkpoint
+from ..trainers.checkpoints import checkpoint_problem, checkpoints_of, last_complete_checkpoint
 
 
 TRAIN_SETTINGS = "train_settings.json"  # what shaped a `trl-nca train` run, checked when it is resumed
@@ -66,8 +69,6 @@ def write_failure(error: BaseException) -> str | None:
     """What a failed write of the model says, when it is a full disk: torch's stream writer reports it as a
     RuntimeError, safetensors as a `SafetensorError` and the tokenizers library as a bare `Exception` (Rust's
     "os error 28", no `OSError`), Python as an `OSError` (ENOSPC, EDQUOT)."""
-    from safetensors import SafetensorError
-
     text = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
     rust = ("os error 28", "No space left", "StorageFull", "os error 122", "Disk quota")  # Rust's io::Error texts
     if isinstance(error, OSError):
@@ -87,8 +88,6 @@ def checkpoint_write_failures(trainer, training_args):
     """A checkpoint that cannot be written (a full disk; torch's, safetensors' and Python's errors alike) is the one
     line of every other full disk; the cut checkpoint folder is removed (the last complete one stays the one to
     resume)."""
-    from ..trainers.checkpoints import checkpoint_problem
-
     try:
         yield
     except Exception as error:
@@ -188,8 +187,6 @@ def final_save_sizes(trainer) -> tuple[dict[str, int], int, str]:
     weights (the adapter with LoRA, else every parameter) as parameter count x dtype size plus the safetensors
     header, the tokenizer and configs measured by writing them into a temporary folder, the pickled training
     arguments, and `CARD_ALLOWANCE` for the model card."""
-    import torch
-
     model = trainer.accelerator.unwrap_model(trainer.model)
     adapter = hasattr(model, "peft_config")
     saved = [(name, p) for name, p in model.named_parameters() if p.requires_grad or not adapter]

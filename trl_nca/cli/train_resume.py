@@ -8,7 +8,11 @@ import json
 import logging
 from pathlib import Path
 
+from transformers import TrainerCallback
+
+from ..core.schedule import schedule_from_config
 from ..inputs import InputError, read_json_output
+from ..recipes.compare import refuse_changed_settings
 from .train_outputs import TRAIN_SETTINGS
 
 
@@ -29,8 +33,6 @@ def check_resumed_run(output_dir: str, checkpoint: str, settings: dict, max_step
     """Before any model loads, a resume must continue the run of its checkpoint: the settings that shape the result
     as that run recorded them (`settings_of_checkpoint`; a changed dataset, context, model, nca_beta, learning rate
     or schedule would silently train a mixture), and a `max_steps` not below the checkpoint's step."""
-    from ..recipes.compare import refuse_changed_settings
-
     saved = settings_of_checkpoint(checkpoint, output_dir)
     if not saved.is_file():
         logger.warning(
@@ -86,31 +88,25 @@ def _check_step(checkpoint: str, max_steps: int) -> None:
         )
 
 
-def RunStart():  # noqa: N802 (a class made on first use: transformers loads only when a run trains)
+class RunStart(TrainerCallback):
     """A callback for the start of `trl-nca train`'s training (`on_train_begin`, after a checkpoint's optimizer and
     scheduler are loaded). A resumed run's learning rate is set to its schedule's value at the checkpoint's step (the
     optimizer holds the old schedule's last rate: with a new length under a decaying schedule, 0 at the old end), and
     its logging, evaluation and save steps are the command's (Trainer keeps the checkpoint's). An anchor warm-up not
     shorter than an epoch-set run is named (its length is known only now)."""
-    from transformers import TrainerCallback
 
-    from ..core.schedule import schedule_from_config
-
-    class RunStart(TrainerCallback):
-        def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
-            if args.max_steps <= 0:  # the lines the config could not give without the run's length
-                schedule = schedule_from_config(args)
-                length = f"{state.max_steps} optimizer steps: num_train_epochs={args.num_train_epochs:g}"
-                unknown = schedule.cannot_act(-1)
-                for line in schedule.cannot_act(state.max_steps, length):
-                    if line not in unknown:
-                        logger.warning(line)
-            if state.global_step > 0:
-                state.compute_steps(args, state.max_steps)
-            lambdas = getattr(lr_scheduler, "lr_lambdas", None)  # LambdaLR: every schedule of transformers' but one
-            if state.global_step > 0 and optimizer is not None and lambdas is not None:
-                step = lr_scheduler.last_epoch
-                for group, base, rate in zip(optimizer.param_groups, lr_scheduler.base_lrs, lambdas, strict=True):
-                    group["lr"] = base * rate(step)
-
-    return RunStart()
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        if args.max_steps <= 0:  # the lines the config could not give without the run's length
+            schedule = schedule_from_config(args)
+            length = f"{state.max_steps} optimizer steps: num_train_epochs={args.num_train_epochs:g}"
+            unknown = schedule.cannot_act(-1)
+            for line in schedule.cannot_act(state.max_steps, length):
+                if line not in unknown:
+                    logger.warning(line)
+        if state.global_step > 0:
+            state.compute_steps(args, state.max_steps)
+        lambdas = getattr(lr_scheduler, "lr_lambdas", None)  # LambdaLR: every schedule of transformers' but one
+        if state.global_step > 0 and optimizer is not None and lambdas is not None:
+            step = lr_scheduler.last_epoch
+            for group, base, rate in zip(optimizer.param_groups, lr_scheduler.base_lrs, lambdas, strict=True):
+                group["lr"] = base * rate(step)

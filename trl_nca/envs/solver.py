@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from .base import DELTAS, DIRECTIONS, GameEnv
 from .frozenlake import FrozenLakeEnv
+from .registry import make_env
 from .sokoban import SokobanEnv, is_wall
 
 
@@ -104,8 +105,6 @@ def shortest_solution_length(
 
 def oracle_ceiling(game: str, seeds: Iterable[int], max_moves: int = 5, **env_kwargs) -> tuple[float, list[int | None]]:
     """(share of `seeds` solvable within `max_moves`, shortest solution length per seed or None)."""
-    from .registry import make_env
-
     lengths = [shortest_solution_length(make_env(game, seed, **env_kwargs), max_moves=max_moves) for seed in seeds]
     share = sum(n is not None for n in lengths) / len(lengths) if lengths else 0.0
     return share, lengths

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..core.sampling import GenerationSettings
 from .loading import load_model, release_memory
@@ -57,8 +60,6 @@ def models_after_training(trainer, base_model_path: str | None = None) -> Traine
         return None
     adapter = Path(output_dir, "adapter_config.json").is_file()
     if adapter:
-        import json
-
         base_path = (
             base_model_path
             or json.loads(Path(output_dir, "adapter_config.json").read_text())["base_model_name_or_path"]
@@ -76,8 +77,6 @@ def _release_training(trainer) -> None:
     """Every process waits for the others, drops the trainer's models, optimizer and engine, and leaves the process
     group; DeepSpeed's ZeRO-3 load-time partitioning (which would broadcast to processes that are gone) is switched
     off in this process."""
-    import torch
-
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.free_memory()
     for name in ("model", "model_wrapped", "deepspeed", "optimizer", "lr_scheduler", "teacher_model"):

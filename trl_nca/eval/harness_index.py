@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import resources
 from ..console import plural
 from .errors import EvalInputError
 from .lm_eval_adapter import defining_files, known_names, load_task, task_index, unreadable_task_files
@@ -17,8 +18,6 @@ from .lm_eval_adapter import defining_files, known_names, load_task, task_index,
 
 def bundled_tasks_folder() -> Path:
     """The folder of the harness tasks shipped with trl-nca (`island_facts_mc`), always searched."""
-    from .. import resources
-
     return Path(resources.__file__).parent / "harness"
 
 

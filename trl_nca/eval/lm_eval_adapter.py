@@ -31,10 +31,12 @@ import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import yaml
+from huggingface_hub import errors as hub
 
 from ..console import verbose
 from ..core.engines import engine_defaults, vllm_distribution_alias
@@ -59,8 +61,6 @@ def import_lm_eval():
 
 
 def lm_eval_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("lm_eval")
     except PackageNotFoundError:
@@ -201,7 +201,6 @@ def defining_files(problems: Sequence[str], name: str) -> list[str]:
 def _hub_error_kinds() -> tuple[tuple[type, ...], tuple[type, ...]]:
     """The exception classes of a Hub that cannot be reached, and of a dataset the Hub does not have."""
     from datasets.exceptions import DatasetNotFoundError
-    from huggingface_hub import errors as hub
 
     unreachable: list[type] = [ConnectionError, TimeoutError, hub.OfflineModeIsEnabled, hub.LocalEntryNotFoundError]
     for module, name in (

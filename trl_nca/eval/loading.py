@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import os
 import re
 from collections.abc import Sequence
@@ -21,8 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+import torch
+from safetensors import SafetensorError
+
 from ..core.views import ContextSpec
 from ..inputs import BUILTIN_CONTEXTS, InputError, check_weight_files, read_context
+from ..models.names import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
 from .errors import EvalInputError
 
 
@@ -206,8 +211,6 @@ def check_weights(path: str, adapter: str | None = None, what: str = "Model") ->
 
 def resolve_model_path(name: str, what: str = "Model") -> str:
     """`trl_nca.models.names.resolve_model_name_or_path`, the resolver of every command, raising `EvalInputError`."""
-    from ..models.names import EmbeddedModelUnavailableError, ModelNotFoundError, resolve_model_name_or_path
-
     try:
         return resolve_model_name_or_path(name, what)
     except (ModelNotFoundError, EmbeddedModelUnavailableError) as error:
@@ -257,12 +260,10 @@ def load_model(
 
 
 def _load_weights(model: str, dtype: str, device: str | None, trust_remote_code: bool):
-    import torch
     from transformers import AutoModelForCausalLM
 
     model = resolve_model_path(model, "Model")
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    from safetensors import SafetensorError
 
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype, trust_remote_code=trust_remote_code)
@@ -300,10 +301,6 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 
 def release_memory() -> None:
     """Free what models that were just dropped still hold: Python garbage, and cached CUDA blocks."""
-    import gc
-
-    import torch
-
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -371,8 +368,6 @@ def context_from_args(args) -> ContextChoice:
 def check_device(device: str | None, option: str = "--device") -> None:
     """A `--device` this machine has: `cuda...` without a CUDA GPU visible to torch is an error naming the fix (it would
     fail only once the model is loaded)."""
-    import torch
-
     if device and str(device).startswith("cuda") and not torch.cuda.is_available():
         raise EvalInputError(
             f"{option} {device} asks for a CUDA GPU, and torch sees none on this machine. Give {option} cpu, or leave "

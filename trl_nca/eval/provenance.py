@@ -8,6 +8,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..core.engines import vllm_version
 from ..inputs import package_version, sha256_file, sha256_text
 
@@ -66,8 +68,6 @@ def weights_fingerprint(model) -> str | None:
     Adapter weights count while the adapter is active, and not inside `disable_adapter()`; names are taken without
     PEFT's wrapping, so a PEFT model with its adapter off has the fingerprint of its base model.
     """
-    import torch
-
     named = getattr(model, "named_parameters", None)
     if named is None:
         return None

@@ -21,6 +21,7 @@ from ..core.checks import format_pct
 from ..inputs import write_text_atomic
 from .columns import COLUMNS, REPORT, Column, constant_columns, left_out_line, legend
 from .metrics import FEW_ITEMS, compute_metrics, count_of
+from .plots import constant_lengths, figures_wanted, plot_accuracy, plot_harm_help, plot_lengths
 from .provenance import library_versions
 from .records import PairedRecord
 from .store import append_records
@@ -284,8 +285,6 @@ def generated_only(summary: Mapping[str, Any]) -> dict[str, Any]:
 def _lengths(summary: Mapping[str, Any]) -> list[str]:
     """The reply lengths of each model and view; when every model's are the same, one line instead of the figure;
     entries whose answers were not generated are left out, with a line saying so."""
-    from .plots import constant_lengths
-
     scored = [m["name"] for m in summary["models"] if not generates(m)]
     generated = generated_only(summary)
     lines = ["", "## Length (response tokens)", ""]
@@ -395,11 +394,8 @@ def _write_missing_records(runs: Sequence[ModelRun], output_dir: Path) -> None:
 def _write_figures(summary: Mapping[str, Any], output_dir: Path, plots: bool | None) -> dict[str, str]:
     """The figures, when wanted: accuracy and harm/help of every entry, and the lengths of the entries whose answers
     were generated, unless they are all the same (a line of the report then stands for it)."""
-    from .plots import figures_wanted
-
     if not figures_wanted(plots, output_dir):
         return {}
-    from .plots import constant_lengths, plot_accuracy, plot_harm_help, plot_lengths
 
     files = {
         "accuracy_png": plot_accuracy(summary, output_dir / "accuracy.png"),

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..console import progress_bar
 from ..core.sampling import GenerateFn, GenerationBackend, GenerationSettings, HFBackend, generate_fn, policy_mode
 from ..inputs import sha256_text
 from .errors import EvalInputError
@@ -357,6 +358,5 @@ class _NullBar:
 def _progress(total: int, enabled: bool, desc: str):
     if not enabled:
         return _NullBar()
-    from ..console import progress_bar
 
     return progress_bar(total, desc, "item")  # drawn on a terminal only (trl_nca.console.on_terminal)

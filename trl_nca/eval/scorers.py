@@ -10,6 +10,7 @@ reports the number of scorer errors in the summary and the Markdown report. Scor
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 import string
 import traceback
@@ -478,8 +479,6 @@ def get_scorer(spec: str | Scorer | Callable[[str, Any], Any]) -> Scorer:
 def _check_takes_text_and_label(fn: Any, spec: str) -> None:
     """A scorer function must take (text, label): one that cannot be called so would score every response as a
     failure and the run would end with exit status 0, so it is refused before any model loads."""
-    import inspect
-
     if not callable(fn):
         raise ValueError(
             f"The scorer {spec!r} is a {type(fn).__name__}, not a function; give a function (text, label)."

@@ -28,18 +28,23 @@ trl-nca (trainer, evaluation, reports) runs on it unchanged. The alias `organism
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import random
 import re
 import shutil
+import signal
 import tempfile
+import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..console import progress_bar
 from ..inputs import default_cache_dir
+from . import shipped
 
 
 logger = logging.getLogger(__name__)
@@ -77,8 +82,6 @@ class OrganismSpec:
     fact_counts: tuple[float, float, float] = (0.4, 0.45, 0.15)  # probability of 0, 1 and 2 fact lines (facts only)
 
     def key(self) -> str:
-        import hashlib
-
         fields = asdict(self)
         if not self.facts:  # the language without facts keeps the cache key it had before the dialect existed
             del fields["facts"], fields["fact_counts"]
@@ -217,8 +220,6 @@ def pretrain(spec: OrganismSpec, progress: bool = True):
     model.train()
     bar = None
     if progress:
-        from ..console import progress_bar
-
         bar = progress_bar(spec.steps, "pretraining the organism", "step")
     loss_value = float("nan")
     for _ in range(spec.steps):
@@ -259,7 +260,6 @@ def shipped_spec(dialect: str, seed: int) -> OrganismSpec:
     `organism_flip`), `facts` the dialect with fact lines (`organism-facts`; task `organism_facts`), with `seed`."""
     if dialect not in DIALECTS:
         raise ValueError(f"Unknown organism dialect {dialect!r}; choose one of {DIALECTS}.")
-    from dataclasses import replace
 
     return replace(spec_for_alias("organism" if dialect == "rules" else "organism-facts"), seed=seed)
 
@@ -292,8 +292,6 @@ def build_shipped(spec: OrganismSpec, out_dir: str | os.PathLike | None = None) 
     import torch
     from safetensors.torch import save
 
-    from . import shipped
-
     dialect = "facts" if spec.facts else "rules"
     if spec != shipped_spec(dialect, spec.seed):
         raise ValueError(f"Only the default spec of each dialect ships, with another seed; not {spec}.")
@@ -324,16 +322,12 @@ def build_shipped(spec: OrganismSpec, out_dir: str | os.PathLike | None = None) 
 def _cached_matches(target: Path, entry: dict) -> bool:
     from safetensors.torch import load_file
 
-    from . import shipped
-
     weights = target / "model.safetensors"
     return weights.is_file() and shipped.weights_digest(load_file(str(weights))) == entry["weights_digest"]
 
 
 def _materialise_shipped(spec: OrganismSpec, entry: dict, target: Path) -> None:
     """Write the shipped organism `entry` as a normal float32 checkpoint into `target` (replacing what is there)."""
-    from . import shipped
-
     state = shipped.load_reference(entry)
     tokenizer = make_tokenizer(spec.facts)
     model = make_model(tokenizer, spec)
@@ -386,9 +380,6 @@ def use_one_cpu_thread() -> bool:
 def _sigterm_exits():
     """Make SIGTERM raise `SystemExit` (exit status 143) instead of ending the process on the spot, so `finally`
     clauses run; only in the main thread and where SIGTERM has its default action. Returns what puts it back."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return lambda: None
 
@@ -401,8 +392,6 @@ def _sigterm_exits():
 
 def organism_model_path(spec: OrganismSpec | None = None, cache_dir: str | os.PathLike | None = None) -> str:
     """The folder of the pretrained organism, pretraining it first if this machine has not yet (a few minutes)."""
-    from . import shipped
-
     spec = spec or OrganismSpec()
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / f"organism-{spec.key()}"

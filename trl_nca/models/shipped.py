@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import tempfile
 from pathlib import Path
 
@@ -97,8 +98,6 @@ def load_reference(entry: dict, folder: str | os.PathLike | None = None) -> dict
 
 def cpu_name() -> str:
     """This machine's CPU model and its widest vector unit, for the record of who built an organism."""
-    import platform
-
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from transformers import AutoConfig, AutoTokenizer
+
 from ..inputs import InputError
 
 
 def position_limit_of(model_path: str) -> int | None:
     """A model's `max_position_embeddings` (of its text config), read from its config alone."""
-    from transformers import AutoConfig
-
     config = AutoConfig.from_pretrained(model_path)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     limit = getattr(config, "max_position_embeddings", None)
@@ -31,8 +31,6 @@ def check_token_budgets(
 
     `run_configs` maps each method's name to the config its students train with (`recipes.compare.run_config`; an
     SDFT method's config has no NCA budgets and is skipped), `evaluator` is the comparison's `PairedEvaluator`."""
-    from transformers import AutoTokenizer
-
     from ..trainers.data import Limits, tokenize_example
 
     for model_path in dict.fromkeys(model_paths.values()):

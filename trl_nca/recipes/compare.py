@@ -36,6 +36,7 @@ from ..console import JobEstimate, say
 from ..inputs import sha256_text
 from ..tasks import BuiltinTask, get_task, task_names
 from ..trainers.script_options import check_dtype
+from . import slices
 from .budgets import check_token_budgets
 from .compare_args import (
     MAX_SEED,
@@ -239,8 +240,6 @@ class CompareRecipe:
     def _setup_slices(self, runs: list[Run]) -> None:
         """With `slice` or `from_slices`: the unit named by `slice` and the slices folder (to write into, or to read
         from), before any model loads or organism pretrains (`slices.check_unit`, `slices.check_slices_dir`)."""
-        from . import slices
-
         args = self.args
         if args.slice is None and not args.from_slices:
             return

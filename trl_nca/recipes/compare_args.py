@@ -21,6 +21,7 @@ import yaml
 from ..core.checks import is_int
 from ..inputs import InputError
 from ..tasks import BuiltinTask, task_names
+from . import sdft
 
 
 @dataclass
@@ -235,7 +236,6 @@ def check_methods(methods: Sequence[Method], config) -> list[Method]:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise CompareInputError(f"Method names must be unique; {repeated} appear more than once in {names}.")
-    from . import sdft
 
     checked = []
     for method in methods:
@@ -279,8 +279,6 @@ def check_methods(methods: Sequence[Method], config) -> list[Method]:
 
 def check_sdft_task(methods: Sequence[Method], task: BuiltinTask, train_rows) -> None:
     """A `trainer=sdft` method needs a context on every training row, placed in the user turn (`recipes/sdft.py`)."""
-    from . import sdft
-
     if any(m.overrides.get(sdft.TRAINER_KEY) == "sdft" for m in methods):
         try:
             sdft.check_task(task, train_rows)

@@ -8,6 +8,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ..console import speaking_for
+from ..eval import ModelRun
+from ..eval.columns import run_interval_keys
+from ..eval.metrics import bootstrap_intervals, paired_arrays, view_samples
+from ..eval.report import summarize_run
+from ..eval.scorers import normalize_text
 from ..tasks import BuiltinTask
 from .compare_args import CompareInputError
 from .compare_plan import Plan
@@ -18,8 +26,6 @@ logger = logging.getLogger(__name__)
 
 
 def load_base(model_path: str, model_init_kwargs: dict[str, Any]):
-    from transformers import AutoModelForCausalLM
-
     return AutoModelForCausalLM.from_pretrained(model_path, **model_init_kwargs)
 
 
@@ -28,9 +34,6 @@ def diagnostic_rates(task: BuiltinTask, records) -> dict[str, float]:
     (over all k samples of each view with k samples per view). A diagnostic is a name and either a row column (the
     response, after normalisation, equals that column: the organism's twice-applied answer) or `{"answer": column}`
     (the scorer's parsed answer equals that column: `twice` for a reply that begins with its marker twice)."""
-    from ..eval.metrics import view_samples
-    from ..eval.scorers import normalize_text
-
     diagnostics = task.info.get("diagnostics") or {}
     if not diagnostics or not records:
         return {}
@@ -70,7 +73,6 @@ def apply_exclusion(plan: Plan, evaluated: Evaluated) -> Plan:
     args = plan.args
     if args.organism_min_base_acc_xc is None and args.organism_limit is None:
         return plan
-    from ..eval.report import summarize_run
 
     kept: list[int | None] = []
     for run in list(evaluated.runs):
@@ -107,21 +109,16 @@ def evaluate_bases(plan: Plan, evaluated: Evaluated) -> dict[int | None, Any]:
 
 
 def load_tokenizers(plan: Plan) -> dict[int | None, Any]:
-    from transformers import AutoTokenizer
-
     return {organism: AutoTokenizer.from_pretrained(path) for organism, path in plan.model_paths.items()}
 
 
 def evaluate_base(plan: Plan, organism: int | None, tokenizer, evaluated: Evaluated) -> None:
     """The paired evaluation of one base model, its records appended to `evaluated`."""
-    from ..eval import ModelRun
-
     model_path = plan.model_paths[organism]
     base = load_base(model_path, plan.model_init_kwargs)
     prov = plan.evaluator.provenance(base, model_path)
     path = plan.base_folder(organism) / "records.jsonl"
     name = plan.base_name(organism)
-    from ..console import speaking_for
 
     with speaking_for(name):  # its progress lines name it
         records = plan.evaluator.run(base, tokenizer, output_path=path, provenance=prov, desc=f"paired eval {name}")
@@ -141,10 +138,6 @@ def per_seed_rows(
     """Every evaluated model's metrics as one row, grouped by method (the base models under "base"). `diagnostics`:
     each model's diagnostic rates when its records hold no text (a slice's, `recipes.slices`). A row's `ci` holds the
     run's own bootstrap interval over items of each metric whose column shows one per run (`Column.run_ci`)."""
-    from ..eval.columns import run_interval_keys
-    from ..eval.metrics import bootstrap_intervals, paired_arrays
-    from ..eval.report import summarize_run
-
     per_seed: dict[str, list[dict[str, Any]]] = {}
     for run in evaluated.runs:
         method, organism, seed = evaluated.identity[run.name]

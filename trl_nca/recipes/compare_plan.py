@@ -10,8 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
+from ..eval import GenerationSettings, PairedEvaluator
 from ..inputs import read_json_output
+from ..models.names import resolve_model_name_or_path
+from ..models.organism import ORGANISM_ALIASES
 from ..tasks import BuiltinTask, get_task, task_names
+from . import sdft
 from .compare_args import CompareArguments, CompareInputError, Method, check_lora_sizes
 from .identity import compare_settings, jsonable
 
@@ -64,7 +70,6 @@ def run_config(config, task: BuiltinTask, method: Method, seed: int, output_dir:
     """The training config of one run: the shared config with the task's context, the method's overrides, the seed
     and the run's folder (for a `trainer=sdft` method, the `SDFTConfig` built from them: `recipes/sdft.py`)."""
     from ..trainers.nca_config import context_fields
-    from . import sdft
 
     if method.overrides.get(sdft.TRAINER_KEY) == "sdft":
         return sdft.sdft_config(config, task, method.overrides, seed, output_dir)
@@ -168,7 +173,6 @@ def _organism_spec(alias: str, seed: int):
 
 def resolve_model_paths(model_name: str, organism_seeds: Sequence[int] | None) -> dict[int | None, str]:
     """Resolve the model (pretraining an organism the first time it is asked for): the last step of the plan."""
-    from ..models.names import resolve_model_name_or_path
     from ..models.organism import organism_model_path, use_one_cpu_thread
 
     if organism_seeds is None:
@@ -194,8 +198,6 @@ def check_task_fits_model(task: BuiltinTask, model_name: str, model_paths: Mappi
     if model_paths is None:
         tokenizer = make_tokenizer(spec_for_alias(alias).facts)
     else:
-        from transformers import AutoTokenizer
-
         tokenizer = AutoTokenizer.from_pretrained(next(iter(model_paths.values())))
     fraction = task.unknown_token_fraction(tokenizer)
     if fraction <= MAX_UNKNOWN_FRACTION:
@@ -215,8 +217,6 @@ def checked_peft_config(args: CompareArguments, model_args, model_name: str):
     """The students' LoRA config; `organism_seeds` only with the organism."""
     from trl import get_peft_config
 
-    from ..models.organism import ORGANISM_ALIASES
-
     if args.organism_seeds is not None and model_name.strip().lower() not in ORGANISM_ALIASES:
         raise CompareInputError(
             f"`organism_seeds` pretrains one organism per seed, so it needs model_name_or_path: organism (or "
@@ -233,8 +233,6 @@ def checked_peft_config(args: CompareArguments, model_args, model_name: str):
 
 def paired_evaluator(args: CompareArguments, config, task: BuiltinTask, test_rows):
     """The paired evaluator of the base models and the students, with the comparison's sampling settings."""
-    from ..eval import GenerationSettings, PairedEvaluator
-
     generation = GenerationSettings(
         max_new_tokens=args.eval_max_new_tokens or config.max_new_tokens,
         temperature=args.eval_temperature,

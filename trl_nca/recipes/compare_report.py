@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from ..core.checks import format_pct
+from ..core.views import ContextSpec
+from ..eval import write_report
+from ..eval.metrics import count_of
 from ..inputs import write_text_atomic
 from .compare_eval import Evaluated, per_seed_rows
 from .compare_plan import Plan
 from .outcomes import read_per_organism
+from .plots import tracking_reading, write_figures
 from .ranges import read_against_ranges
 from .statistics import (
     COLUMN_NAMES,
@@ -67,8 +71,6 @@ def write_plan(plan: Plan) -> None:
 def write_comparison_report(plan: Plan, evaluated: Evaluated, start: float) -> dict[str, Any]:
     """The paired report, the table, the statistics over runs and the figures; returns the summary written to
     `comparison.json`."""
-    from ..eval import write_report
-
     root = plan.root
     report = write_report(evaluated.runs, root / "paired_eval", title=f"{plan.task.name}: base vs students, paired")
     sittings = [*earlier_sittings(root), {"wall_seconds": round(time.perf_counter() - start, 1)}]
@@ -117,7 +119,6 @@ def _anchor(config) -> str:
 def model_card(plan: Plan, run, row: Mapping[str, Any], n_items: int) -> str:
     """The `README.md` of a student's folder: what it is (method, anchor, organism, training seed) and its paired
     result, in place of PEFT's template."""
-    from ..eval.metrics import count_of
 
     def rate(key: str) -> str:
         value = row.get(key)
@@ -175,8 +176,6 @@ def base_model_name(plan: Plan, organism: int | None) -> str:
 def eval_command(plan: Plan, run) -> str:
     """The `trl-nca eval` command that evaluates the student of `run` as the comparison did: its base and adapter,
     the held-out items (`test_items.jsonl`), the task's context, scorer and the evaluation's sampling settings."""
-    from ..core.views import ContextSpec
-
     context, generation, default = plan.task.context, plan.evaluator.generation, ContextSpec()
     name = run.name.replace("/", "-")  # a model's name in `trl-nca eval` holds no slash
     argv = ["trl-nca", "eval", "--model", f"{name}={base_model_name(plan, run.organism)}:{run.folder.as_posix()}"]
@@ -240,8 +239,6 @@ def summarize(
     """The table, the statistics over runs and the readings of what `evaluated` holds, as the summary of
     `comparison.json` (its `table` and `statistics_table` are the printed texts); `diagnostics` as in
     `compare_eval.per_seed_rows`."""
-    from .plots import tracking_reading
-
     args, task = plan.args, plan.task
     per_seed = per_seed_rows(task, evaluated, diagnostics)
     extra = ("regime", "organism", "seed", "ci")
@@ -305,8 +302,6 @@ def paragraphs(*texts: str) -> str:
 def write_summary(plan: Plan, summary: dict[str, Any], heading: str = "") -> dict[str, Any]:
     """The figures, `comparison.json` and `comparison.md` of a summary (`summarize`); returns the summary with the
     figures' paths."""
-    from .plots import write_figures
-
     root = plan.root
     root.mkdir(parents=True, exist_ok=True)
     texts = {k: summary.pop(k) for k in ("table", "statistics_table")}

@@ -13,21 +13,34 @@ end leaves no `done.json`, so a rerun trains it again from its base weights with
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import functools
 import json
 import logging
+import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+import torch
+from peft import PeftModel
+from transformers import TrainerCallback
+
 from ..console import JobEstimate, in_detail, say, speaking_for
+from ..eval import ModelRun, PairedEvalCallback
 from ..inputs import RunStopped, close_inherited_locks, read_json_output, write_text_atomic
 from ..tasks import BuiltinTask
+from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
+from ..trainers.console import explain_training
+from . import sdft
 from .compare_eval import Evaluated, evaluate_base, load_base
 from .compare_plan import Plan, Run, done_fix
 
@@ -54,9 +67,7 @@ def train_run(
 ):
     """Train one student; returns the trainer (its model holds the trained adapter). `phase` names its progress bar
     and training estimate (`trl_nca.trainers.console`)."""
-    from ..trainers.console import explain_training
     from ..trainers.nca_trainer import NCATrainer
-    from . import sdft
 
     model = load_base(model_path, model_init_kwargs)
     trainer_class = NCATrainer
@@ -80,8 +91,6 @@ def train_run(
     if trainer_class is NCATrainer:
         trainer.train()
     else:  # TRL's SDFTTrainer toggles checkpointing by its deprecated names around sampling (trainers.activation_checkpointing)
-        from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
-
         with quiet_old_checkpointing_names():
             trainer.train()
     return trainer
@@ -125,8 +134,6 @@ def _die_with_parent(parent: int) -> None:
     """Have the kernel send SIGTERM to this worker when its parent ends (Linux), and watch the parent's pid from a
     thread where that is not available (or in case the parent ended before the signal was asked for)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         try:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         except (OSError, AttributeError):
@@ -184,25 +191,21 @@ def _worker_init(parent: int, running=None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def StopAtStepBoundary():  # noqa: N802 (a class made on first use: transformers loads only when a student trains)
+class StopAtStepBoundary(TrainerCallback):
     """In a worker: the training of a student stops at the step boundary after a Ctrl-C (`UnitStopped`; no
     `done.json` is written, so a rerun trains it again)."""
-    from transformers import TrainerCallback
 
-    class StopAtStepBoundary(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            _WORKER.training = True
-            if _WORKER.stopping:
-                raise UnitStopped
+    def on_train_begin(self, args, state, control, **kwargs):
+        _WORKER.training = True
+        if _WORKER.stopping:
+            raise UnitStopped
 
-        def on_step_end(self, args, state, control, **kwargs):
-            if _WORKER.stopping:
-                raise UnitStopped
+    def on_step_end(self, args, state, control, **kwargs):
+        if _WORKER.stopping:
+            raise UnitStopped
 
-        def on_train_end(self, args, state, control, **kwargs):
-            _WORKER.training = False
-
-    return StopAtStepBoundary()
+    def on_train_end(self, args, state, control, **kwargs):
+        _WORKER.training = False
 
 
 def _unit_in_worker(
@@ -212,8 +215,6 @@ def _unit_in_worker(
     and evaluates that student. Each writes its records (and a student its folder) as a sequential run would. Returns
     the unit's name and its own seconds, or None when a Ctrl-C stopped it (or came before it started). `index`: the
     unit's place in the pool's `running` array, where the worker's pid is recorded as it starts."""
-    import torch
-
     torch.set_num_threads(1)
     kind, key = unit
     start = time.perf_counter()
@@ -243,10 +244,6 @@ def units_in_workers(
     each worker with its unit. As each student finishes, `job` prints the whole job's estimate. Ctrl-C stops the units
     (see the module's docstring) and raises KeyboardInterrupt once the workers have stopped; a worker killed on its
     own raises `WorkerKilled`."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
     units = [("base", organism) for organism in bases]
     units += [("student", i) for i, run in enumerate(plan.runs) if not (run.folder / "done.json").exists()]
     if not units:
@@ -322,13 +319,9 @@ class _Interrupted:
 def _interrupts_passed_on(pool):
     """While the workers run (main thread only): the first Ctrl-C is passed on to every worker, which stop (their
     queued units are not started); a second one ends them at once (SIGTERM) and raises KeyboardInterrupt."""
-    import contextlib
-
     interrupted = _Interrupted()
 
     def workers() -> list[int]:
-        import multiprocessing
-
         return [process.pid for process in multiprocessing.active_children() if process.pid is not None]
 
     def handle(signum, frame) -> None:
@@ -370,16 +363,11 @@ def evaluate_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> N
 
 
 def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluated) -> None:
-    from ..eval import ModelRun
-
     model_path = plan.model_paths[run.organism]
     records_path = run.folder / "eval" / "records.jsonl"
     done_path = run.folder / "done.json"
     if done_path.exists():
         done = read_json_output(done_path, done_fix(run))
-        from peft import PeftModel
-
-        from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
         with (
             quiet_old_checkpointing_names()
@@ -406,8 +394,6 @@ def _evaluate_named_student(plan: Plan, run: Run, tokenizer, evaluated: Evaluate
 
 def _train_student(plan: Plan, run: Run, model_path: str, tokenizer):
     """Train and save the student of `run`; returns its `done.json` record and the trained model."""
-    from ..eval import PairedEvalCallback
-
     args, task = plan.args, plan.task
     tracker = None
     if args.track_every > 0:

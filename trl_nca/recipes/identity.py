@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
+
 
 MISSING = "<not set>"
 """How a field that one side does not hold is shown in a difference."""
@@ -76,8 +78,6 @@ def _unset(value: Any) -> bool:
 def peft_defaults(peft_type: str) -> dict[str, Any]:
     """The installed PEFT's serialised defaults of a config of `peft_type` (`LORA`, ...); empty for a type it does
     not know."""
-    from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
-
     config_class = next(
         (c for t, c in PEFT_TYPE_TO_CONFIG_MAPPING.items() if str(getattr(t, "value", t)) == peft_type), None
     )

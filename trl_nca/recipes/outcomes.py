@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core.checks import format_pct
 from ..core.schedule import schedule_reads
+from ..eval.provenance import library_versions
 from .identity import SettingsComparison, canonical, compare_settings, jsonable
 from .ranges import matching_settings
 
@@ -147,8 +148,6 @@ def _nearest(summary: Mapping[str, Any], experiments: list[dict[str, Any]]) -> s
 def planned_summary(plan) -> dict[str, Any]:
     """What a comparison's summary holds before it runs (its settings, methods, baseline, number of evaluated items
     and the installed library versions): enough to find the documented experiment it will be read against."""
-    from ..eval.provenance import library_versions
-
     return {
         "settings": {k: v for k, v in plan.settings.items() if k != "model_paths"},
         "methods": {m.name: m.overrides for m in plan.methods},

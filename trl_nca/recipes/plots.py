@@ -7,11 +7,14 @@ import os
 import textwrap
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..eval.metrics import FEW_ITEMS
 from ..eval.plots import figures_wanted, new_figure, save_figure
+from .statistics import rate_denominators
 
 
 def _method(run_name: str) -> str:
@@ -370,9 +373,6 @@ def harm_figure(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], title: str 
     """Harm per run, per model: a box (quartiles, whiskers to min and max) and one dot per run (organism x seed). With
     `n_items` (the evaluated items), a run whose harm divides by fewer than `FEW_ITEMS` items right without the context
     is a hollow dot, left out of the box, and a note says so: a rate of so few items is not one to read."""
-    from ..eval.metrics import FEW_ITEMS
-    from .statistics import rate_denominators
-
     names = list(per_seed)
     fig = new_figure(max(4.0, 1.2 + 1.1 * len(names)), 3.4)
     ax = fig.add_subplot()
@@ -432,8 +432,6 @@ def write_figures(summary: Mapping[str, Any], folder: str | os.PathLike, prefix:
     """All figures of a comparison, drawn from its summary (`comparison.json`) alone, so they can be redrawn from the
     saved JSON: `{prefix}comparison.png`, `{prefix}harm.png` (harm per run), `{prefix}curves.png` and, when accuracy
     was tracked, `{prefix}tracking.png`; none (and one logged line) without matplotlib."""
-    from pathlib import Path
-
     folder = Path(folder)
     if not figures_wanted(None, folder):  # without matplotlib: skipped, with one line saying so
         return {}

@@ -40,8 +40,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from transformers import TrainingArguments
+
 from ..core.views import ContextSpec, split_example
 from ..inputs import InputError
+from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
 
 logger = logging.getLogger(__name__)
@@ -161,8 +164,6 @@ def sdft_rows(task, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def sdft_config(shared, task, overrides: dict[str, Any], seed: int, output_dir: str):
     """The `SDFTConfig` of one run: the comparison's shared training settings, SDFT's own loss and teacher settings,
     the method's overrides (SDFTConfig fields, `trainer` left out), the run's seed and folder."""
-    from transformers import TrainingArguments
-
     SDFTConfig = config_class()
     skip = {*SDFT_OWN_FIELDS, "output_dir", "seed", "save_strategy"}
     values = {
@@ -212,7 +213,6 @@ def sdft_trainer(model, args, train_dataset, processing_class, peft_config, call
         )
         args = copy.copy(args)  # not dataclasses.replace: SDFTConfig refuses its own derived batch fields
         args.distillation_topk = vocab
-    from ..trainers.activation_checkpointing import quiet_old_checkpointing_names
 
     with (
         quiet_old_checkpointing_names()

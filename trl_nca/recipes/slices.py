@@ -48,10 +48,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import AutoTokenizer
+
+from ..eval import ModelRun
+from ..eval.metrics import compute_metrics, view_samples
+from ..eval.provenance import library_versions
+from ..eval.records import PairedRecord, ViewOutcome
 from ..inputs import sha256_text, write_text_atomic
 from .compare_args import CompareInputError
-from .compare_eval import Evaluated, apply_exclusion, diagnostic_rates
+from .compare_eval import Evaluated, apply_exclusion, diagnostic_rates, evaluate_bases
 from .compare_plan import Plan, Run
+from .compare_report import summarize, write_plan, write_summary
+from .compare_students import evaluate_student
 from .identity import compare_settings
 
 
@@ -111,8 +120,6 @@ def _weights_sha256(model_path: str) -> str:
 
 def slice_header(plan: Plan) -> dict[str, Any]:
     """What every slice of the plan's table shares (`HEADER_KEYS`)."""
-    from ..eval.provenance import library_versions
-
     rows = {"train": plan.train_rows, "test": plan.test_rows}
     return {
         "format": SLICE_FORMAT,
@@ -124,14 +131,11 @@ def slice_header(plan: Plan) -> dict[str, Any]:
 
 
 def _machine() -> dict[str, Any]:
-    import torch
-
     return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads()}
 
 
 def _outcomes(records) -> list[dict[str, Any]]:
     """Per item, each view's samples as [correct, format_failure, truncated, num_tokens]."""
-    from ..eval.metrics import view_samples
 
     def view(outcome) -> list[list[int]]:
         return [
@@ -143,7 +147,6 @@ def _outcomes(records) -> list[dict[str, Any]]:
 
 def _records(items: list[dict[str, Any]]):
     """The records a slice's outcomes stand for (no text): what the paired metrics read."""
-    from ..eval.records import PairedRecord, ViewOutcome
 
     def view(samples: list[list[int]]) -> ViewOutcome:
         outcomes = [
@@ -207,12 +210,6 @@ def check_slices_dir(slices_dir: str | Path, writing: bool) -> None:
 def run_slice(plan: Plan, unit: str, slices_dir: str | Path) -> Path:
     """Run one unit of the plan (in its output folder, resuming what is there) and write its slice file; returns the
     file's path."""
-    from transformers import AutoTokenizer
-
-    from .compare_eval import evaluate_bases
-    from .compare_report import write_plan
-    from .compare_students import evaluate_student
-
     _check_unit(plan, unit)
     header = slice_header(plan)
     start = time.perf_counter()
@@ -255,8 +252,6 @@ def run_slice(plan: Plan, unit: str, slices_dir: str | Path) -> Path:
 
 
 def _only_organism(plan: Plan, organism: int | None) -> Plan:
-    import dataclasses
-
     return dataclasses.replace(plan, model_paths={organism: plan.model_paths[organism]})
 
 
@@ -558,8 +553,6 @@ def read_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Slice]:
 
 
 def _evaluated_from(plan: Plan, slices: Mapping[str, Slice]) -> Evaluated:
-    from ..eval import ModelRun
-
     evaluated = Evaluated()
     names = {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
     for unit, piece in slices.items():
@@ -578,8 +571,6 @@ def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
     """The table, the statistics over runs, the readings and the figures of the plan, from its slice files alone
     (`read_slices`); writes `comparison.json` and `comparison.md` to the plan's output folder as a whole run does
     (`compare_report.summarize`, `write_summary`) and returns the summary."""
-    from .compare_report import summarize, write_summary
-
     slices = read_slices(plan, slices_dir)
     evaluated = _evaluated_from(plan, slices)
     plan = apply_exclusion(plan, evaluated)
@@ -601,8 +592,6 @@ def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
 
 def slice_metrics(piece: Slice, n_bootstrap: int = 1000) -> dict[str, Any]:
     """The paired metrics of one slice's outcomes, with bootstrap intervals over items (`eval.metrics.compute_metrics`)."""
-    from ..eval.metrics import compute_metrics
-
     return compute_metrics(_records(piece.items), n_bootstrap=n_bootstrap)
 
 

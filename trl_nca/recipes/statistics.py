@@ -37,7 +37,7 @@ import numpy as np
 
 from ..core.checks import format_pct
 from ..eval import columns
-from ..eval.metrics import mcnemar_exact, sign_flip_test
+from ..eval.metrics import FEW_ITEMS, count_of, mcnemar_exact, sign_flip_test
 
 
 def fewest_pairs(alpha: float = 0.05) -> int:
@@ -475,8 +475,6 @@ def render_table(
     answered), a per-run harm or help carries its count (`count_of`), and a mean over runs says how many runs it holds
     when the others' rate is undefined, and `few` when one of them divides by fewer than `FEW_ITEMS` items. A column
     the same in every run is left out, with a line saying so (`trl_nca.eval.columns.constant_columns`)."""
-    from ..eval.metrics import FEW_ITEMS, count_of
-
     rows = [row for rows in per_seed.values() for row in rows]
     written = [{k: "n/a" if _value(r, k) is None else format_pct(_value(r, k)) for k in keys} for r in rows]
     constant = columns.constant_columns(keys, written)
@@ -535,8 +533,6 @@ def shown_keys(per_seed: Mapping[str, Sequence[Mapping[str, Any]]], keys: Sequen
 def table_legend(keys: Sequence[str], samples_per_view: int = 1) -> str:
     """The definitions under the printed table (and in `comparison.md`), one per shown column
     (`trl_nca.eval.columns`, and the task's diagnostic columns), with what the counts are."""
-    from ..eval.metrics import FEW_ITEMS
-
     lines = [
         "Columns (rates in %; each model answers every item without the context, view x, and with it, view xc):",
         "- runs: the students (organism x training seed) a mean ± standard deviation is over, or the bases (one per "

@@ -8,6 +8,7 @@ import random
 from collections.abc import Callable
 
 from ..core.views import ContextSpec
+from ..models.organism import answer_line, fact_line, query_line, rule_line
 from .base import USER_TEMPLATE, BuiltinTask
 
 
@@ -33,8 +34,6 @@ def _digit_queries(rng: random.Random, counts: dict[str, int], accept: Callable[
 
 
 def _organism_rule_task(rule: str, seed: int, num_train: int, num_test: int) -> BuiltinTask:
-    from ..models.organism import answer_line, query_line, rule_line
-
     context = rule_line(rule)
     rng = random.Random(f"organism_{rule}:{seed}")
     splits = {
@@ -99,8 +98,6 @@ def organism_facts(seed: int = 0, num_train: int = 512, num_test: int = 240, num
     answer is the query with the fact applied. Held-out items ask new queries about the same facts, so a student can
     only answer them without the context by having internalised the knowledge base. Scorer `normalized`.
     """
-    from ..models.organism import answer_line, fact_line, query_line
-
     facts = knowledge_base(seed, num_facts)
     rng = random.Random(f"organism_facts:{seed}")
 
