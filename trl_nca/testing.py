@@ -189,6 +189,26 @@ SHORT_RUN = {
     "seed": 0,
     "data_seed": 0,
 }
+# `NCADistillationTrainer`'s one step whose update is the gradient: 4 rows, 8 sampled tokens, SGD at learning rate 1
+# without clipping, the constant anchor at 0.5 (the distillation trainer's and the vLLM tests').
+ONE_SGD_STEP = {
+    **CPU,
+    **CONSTANT_ANCHOR,
+    "save_strategy": "no",
+    "max_steps": 1,
+    "per_device_train_batch_size": 4,
+    "max_completion_length": 8,
+    "logging_steps": 1,
+    "gradient_checkpointing": False,
+    "seed": 0,
+    "data_seed": 0,
+    "nca_beta": 0.5,
+    "optim": "sgd",
+    "learning_rate": 1.0,
+    "max_grad_norm": 0.0,
+    "lr_scheduler_type": "constant",
+    "disable_tqdm": True,
+}
 # One batch of 3 dataset rows scored off-policy (the references), NCA on at the paper's weight, nothing saved.
 REFERENCE_BATCH = {
     **CPU,

@@ -12,6 +12,7 @@ from trl_nca.testing import (
     CONTEXT,
     FLOAT64,
     KL32,
+    ONE_SGD_STEP,
     QUESTIONS,
     STORED32,
     batch_dict,
@@ -35,25 +36,7 @@ def ragged(model, tok):
 
 
 # One step of 4 rows, 8 sampled tokens, SGD at learning rate 1 without clipping (the update is the gradient).
-DISTILLATION_STEP = {
-    "use_cpu": True,
-    "report_to": [],
-    "save_strategy": "no",
-    "max_steps": 1,
-    "per_device_train_batch_size": 4,
-    "max_completion_length": 8,
-    "logging_steps": 1,
-    "gradient_checkpointing": False,
-    "seed": 0,
-    "data_seed": 0,
-    "nca_beta": 0.5,
-    "nca_beta_schedule": "constant",
-    "optim": "sgd",
-    "learning_rate": 1.0,
-    "max_grad_norm": 0.0,
-    "lr_scheduler_type": "constant",
-    "disable_tqdm": True,
-}
+DISTILLATION_STEP = ONE_SGD_STEP
 
 
 def make_args(tmp_path, **fields):

@@ -10,34 +10,21 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_nca import NCADistillationConfig, NCADistillationTrainer
-from trl_nca.testing import FLOAT64, float64_model, full_logprobs, prompt_dataset, record_batches, run_args, token_kl
+from trl_nca.testing import (
+    FLOAT64,
+    ONE_SGD_STEP,
+    float64_model,
+    full_logprobs,
+    prompt_dataset,
+    record_batches,
+    run_args,
+    token_kl,
+)
 
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-STEP = {
-    "bf16": False,
-    "use_cpu": True,
-    "report_to": [],
-    "save_strategy": "no",
-    "max_steps": 1,
-    "per_device_train_batch_size": 4,
-    "max_completion_length": 8,
-    "logging_steps": 1,
-    "gradient_checkpointing": False,
-    "seed": 0,
-    "data_seed": 0,
-    "nca_beta": 0.5,
-    "nca_beta_schedule": "constant",
-    "optim": "sgd",
-    "learning_rate": 1.0,
-    "max_grad_norm": 0.0,
-    "lr_scheduler_type": "constant",
-    "disable_tqdm": True,
-    "use_vllm": True,
-    "vllm_mode": "colocate",
-    "vllm_max_model_length": 512,
-}
+STEP = {**ONE_SGD_STEP, "use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 512}
 
 
 def vllm_trainer(student, teacher, tokenizer, directory, **fields):

@@ -12,7 +12,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trl_nca import NCADistillationConfig, NCADistillationTrainer
-from trl_nca.testing import KL32, Tolerance, cloned_parameters, free_port, permuted_tokenizer, prompt_dataset, run_args
+from trl_nca.testing import (
+    KL32,
+    ONE_SGD_STEP,
+    Tolerance,
+    cloned_parameters,
+    free_port,
+    permuted_tokenizer,
+    prompt_dataset,
+    run_args,
+)
 from trl_nca.trainers.checkpoints import checkpoint_problem
 from trl_nca.trainers.served_teacher import TeacherServerError, TeacherServerLost
 
@@ -21,25 +30,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 # One SGD step at learning rate 1 without clipping (the update is the gradient), 4 rows, 8 sampled tokens, the
 # teacher's top 5 tokens per position.
-STEP = {
-    "save_strategy": "no",
-    "max_steps": 1,
-    "per_device_train_batch_size": 4,
-    "max_completion_length": 8,
-    "logging_steps": 1,
-    "gradient_checkpointing": False,
-    "seed": 0,
-    "data_seed": 0,
-    "nca_beta": 0.5,
-    "nca_beta_schedule": "constant",
-    "optim": "sgd",
-    "learning_rate": 1.0,
-    "max_grad_norm": 0.0,
-    "lr_scheduler_type": "constant",
-    "disable_tqdm": True,
-    "divergence_support": "teacher_top_k",
-    "divergence_top_k": 5,
-}
+STEP = {**ONE_SGD_STEP, "divergence_support": "teacher_top_k", "divergence_top_k": 5}
 
 
 def one_step(student_path, teacher, directory, **fields):
