@@ -35,6 +35,8 @@ def _peft():
         ("new training field at its default", [], []),
         ("new training field set", [("training.a_new_trl_option", 3, "<not set>")], []),
         ("learning rate", [("training.learning_rate", 0.5, 0.001)], []),
+        ("a renamed field, recorded under both names", [], []),  # transformers >= 5.18 against 5.17
+        ("a renamed field, another value", [("training.activation_checkpointing", True, False)], []),
         ("removed field set", [("peft.use_dora", "<not set>", True)], []),
         ("the default schedule, recorded as adaptive", [], []),
         ("gated with an unread init", [], []),
@@ -82,6 +84,9 @@ def test_settings_compare_what_shapes_the_numbers(change, differences, versions)
     elif change == "gated with an unread init":
         now["training"].update(nca_beta_schedule="gated", nca_adaptive_init=0.3)
         old["training"].update(nca_beta_schedule="adaptive", nca_adaptive_init=0)
+    elif change.startswith("a renamed field"):  # `gradient_checkpointing` became `activation_checkpointing`
+        old["training"].update(gradient_checkpointing=True, activation_checkpointing=True)
+        now["training"]["gradient_checkpointing"] = change.endswith("both names")
     elif change == "removed field set":  # a field this library has that the recording one did not: set, it counts
         old["peft"].pop("use_dora")
         now["peft"]["use_dora"] = True

@@ -120,7 +120,7 @@ def _refused(capsys, root, config, slices, *extra):
         ("weights", "`weights_sha256.None` was '00000"),
         ("settings", "`settings.training.learning_rate` was 0.5, now 0.001"),
         ("lora rank", "`settings.student.peft.r` was 16, now 2"),
-        ("new field set", "`settings.student.peft.astra_config` was {'rank': 4}, now None"),
+        ("new field set", "`settings.student.peft.brand_new_config` was {'rank': 4}, now '<not set>'"),
         ("cut", "is not a readable slice"),
     ],
 )
@@ -144,7 +144,7 @@ def test_a_slice_that_cannot_join_the_table_is_refused_naming_it(sliced, tmp_pat
         elif change == "lora rank":
             data["settings"]["student"]["peft"]["r"] = 16
         elif change == "new field set":  # a field this PEFT does not know, set: it would shape the numbers
-            data["settings"]["student"]["peft"]["astra_config"] = {"rank": 4}
+            data["settings"]["student"]["peft"]["brand_new_config"] = {"rank": 4}
         else:
             data["settings"]["training"]["learning_rate"] = 0.5
         target.write_text(json.dumps(data))

@@ -9,6 +9,10 @@ field the installed library does not know, when it is unset (null, an empty coll
 the feature it names is off. Any other value of such a field, and any field the two sides hold with different values,
 is a difference, and still refuses a resume or keeps a documented outcome from matching.
 
+A field a library renamed is compared under its new name: transformers' `gradient_checkpointing` (and its `_kwargs`)
+is `activation_checkpointing` from 5.18 on (`RENAMED_FIELDS`), so a run recorded with either version matches under
+the other.
+
 A schedule is compared under one spelling: `adaptive` with `nca_adaptive_init=0` is `gated`, the default anchor's
 name (`canonical_schedule`), so runs recorded before the default had its name still match.
 
@@ -33,6 +37,13 @@ from peft.mapping import PEFT_TYPE_TO_CONFIG_MAPPING
 
 MISSING = "<not set>"
 """How a field that one side does not hold is shown in a difference."""
+
+RENAMED_FIELDS = {
+    "gradient_checkpointing": "activation_checkpointing",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
+"""A training config's fields that a library renamed (old name: new name); where a config holds both, the new name's
+value is the field's (transformers keeps the old one as an alias)."""
 
 VERSIONS_KEY = "versions"
 """The key under which a summary, a slice header or a documented entry records its library versions."""
@@ -136,6 +147,16 @@ class SettingsComparison:
         return f"{made} {was}, running {now}"
 
 
+def canonical_training(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A training config's settings in canonical form: renamed fields under their new names (`RENAMED_FIELDS`) and
+    the anchor schedule under one spelling (`canonical_schedule`)."""
+    settings = dict(settings)
+    for old_name, new_name in RENAMED_FIELDS.items():
+        if old_name in settings:
+            settings.setdefault(new_name, settings.pop(old_name))
+    return canonical_schedule(settings)
+
+
 def canonical_schedule(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A training config's anchor schedule under one spelling: `adaptive` with `nca_adaptive_init=0` is the gated
     anchor, `gated` (the schedule the default was named in the registry after it ran as `adaptive`), which reads no
@@ -152,12 +173,11 @@ def canonical_schedule(settings: Mapping[str, Any]) -> dict[str, Any]:
 def compare_settings(old: Mapping[str, Any], new: Mapping[str, Any], kind: str = "") -> SettingsComparison:
     """Recorded settings `old` against this run's `new`, nested objects flattened as `a.b` (see the module's
     docstring for what counts as a difference and what as provenance). `kind` names what the two are when that is
-    not a key above them: `training` for a training config's fields (whose schedule is compared under one spelling,
-    `canonical_schedule`)."""
+    not a key above them: `training` for a training config's fields (compared in canonical form, `canonical_training`)."""
     result = SettingsComparison()
     old, new = canonical(dict(old)), canonical(dict(new))
     if kind == "training":
-        old, new = canonical_schedule(old), canonical_schedule(new)
+        old, new = canonical_training(old), canonical_training(new)
     _compare(old, new, "", _defaults_of(kind, old, new), result)
     result.versions = sorted(set(result.versions), key=lambda v: str(v[0]))
     return result
@@ -177,7 +197,7 @@ def _compare(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str, defaul
             continue
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             if key == "training":
-                a, b = canonical_schedule(a), canonical_schedule(b)
+                a, b = canonical_training(a), canonical_training(b)
             _compare(a, b, f"{prefix}{key}.", _defaults_of(str(key), a, b), result)
         elif a == MISSING or b == MISSING:
             value = b if a == MISSING else a
