@@ -35,7 +35,7 @@ def _peft():
         ("new training field at its default", [], []),
         ("new training field set", [("training.a_new_trl_option", 3, "<not set>")], []),
         ("learning rate", [("training.learning_rate", 0.5, 0.001)], []),
-        ("a renamed field, recorded under both names", [], []),  # transformers >= 5.18 against 5.17
+        ("a renamed field, recorded under both names", [], []),  # a newer transformers against 5.17
         ("a renamed field, another value", [("training.activation_checkpointing", True, False)], []),
         ("removed field set", [("peft.use_dora", "<not set>", True)], []),
         ("the default schedule, recorded as adaptive", [], []),
