@@ -10,8 +10,8 @@ the feature it names is off. Any other value of such a field, and any field the 
 is a difference, and still refuses a resume or keeps a documented outcome from matching.
 
 A field a library renamed is compared under its new name: transformers' `gradient_checkpointing` (and its `_kwargs`)
-is `activation_checkpointing` in releases after 5.17 (5.25 has both; `RENAMED_FIELDS`), so a run recorded with either version matches under
-the other.
+is `activation_checkpointing` in releases after 5.17 (5.25 has both; `RENAMED_FIELDS`), so a run recorded with either
+version matches under the other.
 
 A schedule is compared under one spelling: `adaptive` with `nca_adaptive_init=0` is `gated`, the default anchor's
 name (`canonical_schedule`), so runs recorded before the default had its name still match.
