@@ -10,9 +10,11 @@ one full-logit reference is `full_logprobs` with `token_kl`.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 
 
@@ -415,3 +417,14 @@ def one_error_line(command_main, argv, capsys, command: str | None = None) -> st
     assert len(lines) == 1, err
     assert command is None or lines[0].startswith(f"trl-nca {command}: error: "), lines[0]
     return lines[0]
+
+
+def load_script(path: str | Path):
+    """A file of the repository that is not in the package (`scripts/check_documented.py`, `docs/results/build.py`)
+    loaded as a module, registered in `sys.modules` (a dataclass in it looks its module up there)."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"_script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -6,11 +6,12 @@ what it measured (`trl_nca.recipes.slices`)."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from trl_nca.cli import main as cli_main
-from trl_nca.testing import one_error_line
+from trl_nca.testing import load_script, one_error_line
 
 
 CONFIG = """
@@ -303,14 +304,7 @@ def test_the_untouched_slices_build_their_table(made, tmp_path):
 
 
 def _upgrade_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "upgrade_slices.py"
-    spec = importlib.util.spec_from_file_location("upgrade_slices", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path(__file__).resolve().parents[2] / "scripts" / "upgrade_slices.py")
 
 
 def _git(repo, *args):

@@ -3,6 +3,7 @@ statistics and the games' summary: every column a table is flagged for is there 
 the same for every model is left out with a line saying so."""
 
 import re
+from pathlib import Path
 
 from trl_nca.eval import columns
 from trl_nca.eval.games import game_summary
@@ -10,6 +11,7 @@ from trl_nca.eval.metrics import compute_metrics
 from trl_nca.eval.records import PairedRecord, ViewOutcome
 from trl_nca.eval.report import render_markdown
 from trl_nca.recipes.statistics import ORGANISM_KEYS, STAT_KEYS, SUMMARY_KEYS, aggregate, render_table, table_legend
+from trl_nca.testing import load_script
 
 
 def view(correct, tokens=10, truncated=False, failure=False, **extra):
@@ -123,14 +125,7 @@ def test_a_column_the_same_for_every_model_is_left_out_with_a_line():
 
 
 def _metric_table_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "metric_table.py"
-    spec = importlib.util.spec_from_file_location("metric_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path(__file__).resolve().parents[2] / "scripts" / "metric_table.py")
 
 
 def test_the_evaluation_page_holds_the_metric_table_of_the_spec():

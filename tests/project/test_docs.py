@@ -2,23 +2,20 @@
 NCAConfig docstring and the layer contract shown in docs/design.md."""
 
 import dataclasses
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
 from trl_nca import NCAConfig, NCADistillationConfig
+from trl_nca.testing import load_script
 
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("config_reference", ROOT / "scripts" / "config_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "config_reference.py")
 
 
 def test_configuration_page_holds_the_generated_field_reference():

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from trl_nca.testing import load_script
+
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -29,11 +31,7 @@ REQUIRES = {"evaluate.md": ["system-prompt.md"]}
 
 
 def _hooks():
-    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "scripts" / "docs_hooks.py")
 
 
 def _blocks(path: Path) -> list[dict]:

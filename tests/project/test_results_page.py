@@ -1,20 +1,18 @@
 """docs/results.md is built from the committed run summaries: its tables must equal what build.py renders from them,
 and every experiment it reports has the config that reruns it."""
 
-import importlib.util
 import json
 import re
 from pathlib import Path
+
+from trl_nca.testing import load_script
 
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build_module():
-    spec = importlib.util.spec_from_file_location("results_build", ROOT / "docs" / "results" / "build.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "docs" / "results" / "build.py")
 
 
 def test_results_page_matches_its_data(capsys):

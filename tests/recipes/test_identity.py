@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from trl_nca.testing import load_script
+
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "docs" / "results" / "data"
@@ -151,11 +153,7 @@ def test_a_change_that_shapes_the_numbers_still_reads_against_nothing_and_names_
 
 def test_the_shipped_configs_are_read_against_their_documented_outcomes():
     """What `.ci/run` checks with the newest releases (`scripts/check_documented.py`), planned without training."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("check_documented", ROOT / "scripts" / "check_documented.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(ROOT / "scripts" / "check_documented.py")
     assert script.reading(script.CONFIGS[0]).startswith(
         "nca: documented: anchor-shift (section 10, there named 'gated')"
     )
@@ -187,11 +185,7 @@ def test_a_synthetic_new_default_field_in_peft_keeps_the_documented_reading(monk
         config = real(model_args)
         return NewLoraConfig(**{**dataclasses.asdict(config), "synthetic_option": option})
 
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("check_documented", ROOT / "scripts" / "check_documented.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(ROOT / "scripts" / "check_documented.py")
     try:
         monkeypatch.setattr(trl, "get_peft_config", patched)
         assert script.reading(script.CONFIGS[1]).startswith("nca: documented: main-quick")
