@@ -5,7 +5,9 @@ block between `<!-- table:<name> -->` and `<!-- /table -->` is replaced by that 
 over seeds, then one row per seed), `<!-- statistics:<name> -->` by its statistics over runs (medians, quartiles, the
 paired differences and their tests), and `<!-- figures:<name> -->` ... `<!-- /figures -->` by links to its figures,
 drawn into docs/results/figures/ (not committed: run this script, or build the documentation site, to see them).
-The experiments of section 8 (`RANGED`) also give the README's block `<!-- ranges:<name> -->` (the spread over their
+A study run as slices is reported as it comes: `<!-- units:<name> -->` renders the units of
+`examples/configs/results/<name>.yaml` whose slices are committed in its `slices_dir` so far, checked against that
+config, and names the units still missing. The experiments of section 8 (`RANGED`) also give the README's block `<!-- ranges:<name> -->` (the spread over their
 runs) and `trl_nca/resources/documented_ranges.json`, which `trl-nca compare` reads a new run against.
 
     python docs/results/build.py            # rewrite the blocks and draw the figures
@@ -43,7 +45,8 @@ FIGURES = HERE / "figures"
 README = HERE.parents[1] / "README.md"
 RANGES = HERE.parents[1] / "trl_nca" / "resources" / "documented_ranges.json"
 BLOCK = re.compile(
-    r"<!-- (table|figures|ranges|statistics|organisms|anchors|summary|gate|differences|walltime):([\w.-]+) -->\n.*?"
+    r"<!-- (table|figures|ranges|statistics|organisms|anchors|summary|gate|differences|walltime|units):([\w.-]+) -->"
+    r"\n.*?"
     r"<!-- /\1 -->",
     re.DOTALL,
 )
@@ -196,6 +199,63 @@ def gate(summary: dict, method: str) -> str:
         open_steps = [step for step, beta in zip(curve["step"], curve["nca_beta"]) if beta > 0]
         first = str(open_steps[0]) if open_steps else "never"
         lines.append(f"| {seed} | {len(open_steps)} | {first} | {max(curve['nca_beta']):.3f} |")
+    return "\n".join(lines)
+
+
+CONFIGS = HERE.parents[1] / "examples" / "configs" / "results"
+SLICES_ROOT = HERE.parents[1]  # the configs' `slices_dir` are relative to the repository
+
+
+def units(name: str) -> str:
+    """A study run as slices, as it comes (`<!-- units:NAME -->`, `trl_nca.recipes.slices.progress`): how many of its
+    units have a committed slice and where they ran, the units still missing, the table of those present, the
+    students degraded by section 13.1's reading 3, and the gate of each method whose anchor is scheduled."""
+    import tempfile
+
+    from trl_nca.recipes import plan_from_config, slices
+
+    with tempfile.TemporaryDirectory() as output:
+        plan = plan_from_config(CONFIGS / f"{name}.yaml", output)
+        try:
+            done = slices.progress(plan, SLICES_ROOT / plan.args.slices_dir)
+        except slices.SliceError as error:
+            raise SystemExit(f"results.md's block units:{name}: {error}") from None
+    total = len(done["present"]) + len(done["missing"])
+    lines = [
+        f"{len(done['present'])} of {total} units committed"
+        + machines([{"slices": done}])
+        + (f"; not yet run: {', '.join(done['missing'])}." if done["missing"] else "; none missing."),
+        "",
+        done["table"],
+        "",
+        "Columns as in `trl-nca compare`'s table (docs/evaluation.md defines each).",
+        "",
+    ]
+    hit = [
+        f"{m} seed {r['seed']} ({'regime A' if r['regime'] == 'A' else 'excess harm'})"
+        for m, rows in done["per_seed"].items()
+        if m != "base"
+        for r in rows
+        if readers.degraded(r)
+    ]
+    lines.append(
+        f"Students degraded by 13.1's reading 3 so far (regime A, or an excess harm of at least "
+        f"{100 * readers.MARGIN:.0f} points with its interval above 0): {', '.join(hit) if hit else 'none'}."
+    )
+    present = {key.partition("/seed")[0] for key in done["curves"]}
+    scheduled = [
+        name
+        for name in dict.fromkeys(run.method.name for run in plan.runs)
+        if name in present
+        and any(
+            r.method.name == name
+            and float(getattr(r.config, "nca_beta", 0)) != 0
+            and getattr(r.config, "nca_beta_schedule", "constant") != "constant"
+            for r in plan.runs
+        )
+    ]
+    for method in scheduled:
+        lines += ["", f"The gate of `{method}`:", "", gate(done, method)]
     return "\n".join(lines)
 
 
@@ -478,6 +538,8 @@ def render(text: str) -> str:
             body = {"gate": gate, "differences": differences}[kind](load(experiment), method)
         elif kind == "walltime":
             body = walltime(name)
+        elif kind == "units":
+            body = units(name)
         else:
             body = {"table": table, "ranges": spread, "statistics": statistics, "anchors": anchors}[kind](load(name))
         start = text.rfind("\n", 0, match.start()) + 1  # a block inside a list item keeps the item's indent

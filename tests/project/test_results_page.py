@@ -5,6 +5,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from trl_nca.testing import load_script
 
 
@@ -138,3 +140,28 @@ def test_section_13s_readings_follow_its_pre_registration():
     assert r["opd_degraded"] == {10: False, 40: False} and r["verdict"] == "a null on a task built to show one"
     per_seed["opd-40"][2]["acc_x"] = 0.2  # one OPD student did not internalise
     assert readers.twice_readings({"per_seed": per_seed})["verdict"] == "no internalisation"
+
+
+def test_a_study_run_as_slices_is_reported_as_it_comes(tmp_path, monkeypatch):
+    """Section 13.6 (`<!-- units:twice -->`) is built from the committed slices of `twice.yaml`: a cell edited by hand
+    is rewritten, a unit whose slice is taken away is named as missing, and a slice made with other settings stops
+    the build naming the block and the difference."""
+    import shutil
+
+    build = _build_module()
+    page = (ROOT / "docs" / "results.md").read_text()
+    block = re.search(r"<!-- units:twice -->\n.*?<!-- /units -->", page, re.DOTALL).group(0)
+    cell = re.search(r"\| opd-10 \| 0 \| ([0-9.]+) \|", block)
+    edited = page.replace(cell.group(0), cell.group(0).replace(cell.group(1), "99.9"))
+    assert edited != page and build.render(edited) == page
+    slices = tmp_path / "docs" / "results" / "slices" / "twice"
+    shutil.copytree(ROOT / "docs" / "results" / "slices" / "twice", slices)
+    monkeypatch.setattr(build, "SLICES_ROOT", tmp_path)
+    (slices / "opd-10-seed0.json").unlink()
+    text = build.units("twice")
+    assert "; not yet run: opd-10-seed0, " in text and "| opd-10 | 0 |" not in text
+    data = json.loads((slices / "nca-10-seed0.json").read_text())
+    data["settings"]["training"]["learning_rate"] = 0.5
+    (slices / "nca-10-seed0.json").write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="block units:twice: .*`settings.training.learning_rate` was 0.5"):
+        build.units("twice")

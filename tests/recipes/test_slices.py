@@ -213,3 +213,34 @@ def test_bad_slice_options_are_one_line_before_any_work(sliced, tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_study_is_reported_as_its_slices_come(sliced, tmp_path):
+    """`slices.progress`: the units present so far, each checked as the whole table checks it, with the per-run rows
+    the whole table holds and the units still missing named; with every unit present, its table is the whole one's."""
+    from trl_nca.recipes import plan_from_config, slices
+
+    root, config, whole, built = sliced
+    plan = plan_from_config(config, tmp_path / "out")
+    folder = tmp_path / "slices"
+    shutil.copytree(root / "slices", folder)
+    assert slices.progress(plan, folder)["table"] == built["table"].split("\n\nColumns")[0]
+    for unit in ("opd-seed1", "nca-seed0"):
+        (folder / f"{unit}.json").unlink()
+    done = slices.progress(plan, folder)
+    assert done["present"] == ["base", "opd-seed0", "nca-seed1"] and done["missing"] == ["opd-seed1", "nca-seed0"]
+    rows = {
+        m: [r for r in whole["per_seed"][m] if f"{m}-seed{r['seed']}" in done["present"] or m == "base"]
+        for m in whole["per_seed"]
+    }
+    assert json.loads(json.dumps(done["per_seed"])) == json.loads(json.dumps(rows))
+    assert sorted(done["curves"]) == ["nca/seed1", "opd/seed0"]
+    data = json.loads((folder / "nca-seed1.json").read_text())
+    data["settings"]["training"]["learning_rate"] = 0.5  # a slice that cannot join the table cannot join this either
+    (folder / "nca-seed1.json").write_text(json.dumps(data))
+    with pytest.raises(slices.SliceError, match="`settings.training.learning_rate` was 0.5"):
+        slices.progress(plan, folder)
+    for path in folder.glob("*.json"):
+        path.unlink()
+    with pytest.raises(slices.SliceError, match="holds no slice of this comparison yet"):
+        slices.progress(plan, folder)

@@ -9,6 +9,7 @@ from .compare import (
     execute,
     parse_method,
     plan_comparison,
+    plan_from_config,
     run_comparison,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
     "execute",
     "parse_method",
     "plan_comparison",
+    "plan_from_config",
     "run_comparison",
 ]

@@ -32,9 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trl import ModelConfig, TrlParser
+
 from ..console import JobEstimate, say
 from ..inputs import sha256_text
 from ..tasks import BuiltinTask, get_task, task_names
+from ..trainers.nca_config import NCAConfig
 from ..trainers.script_options import check_dtype
 from . import slices
 from .budgets import check_token_budgets
@@ -291,6 +294,14 @@ def plan_comparison(args: CompareArguments, config, model_args) -> Plan:
     """Check every setting of a comparison, and an existing output folder against it; write and load nothing
     (`CompareRecipe.setup`)."""
     return CompareRecipe(args, config, model_args).setup()
+
+
+def plan_from_config(config: str | Path, output_dir: str | Path, *argv: str) -> Plan:
+    """`plan_comparison` of a `trl-nca compare` YAML config (and extra command-line options `argv`), with its
+    outputs planned in `output_dir`: for scripts that read a study's config, such as docs/results/build.py."""
+    parser = TrlParser((CompareArguments, NCAConfig, ModelConfig))
+    args = ["--config", str(config), "--output_dir", str(output_dir), *argv]
+    return plan_comparison(*parser.parse_args_and_config(args=args))
 
 
 def execute(plan: Plan) -> dict[str, Any]:

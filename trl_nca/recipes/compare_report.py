@@ -227,6 +227,16 @@ Running the same `trl-nca compare` command again resumes: finished students are 
 """
 
 
+def table_keys(per_seed: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """The metric keys of a comparison's table: `SUMMARY_KEYS`, then the task's diagnostic rates (those of the first
+    row, the base's when it is there)."""
+    first = next(iter(per_seed.values()))[0]
+    return [
+        *SUMMARY_KEYS,
+        *(k for k in first if k not in SUMMARY_KEYS and k not in ("regime", "organism", "seed", "ci")),
+    ]
+
+
 def summarize(
     plan: Plan,
     evaluated: Evaluated,
@@ -241,8 +251,7 @@ def summarize(
     `compare_eval.per_seed_rows`."""
     args, task = plan.args, plan.task
     per_seed = per_seed_rows(task, evaluated, diagnostics)
-    extra = ("regime", "organism", "seed", "ci")
-    keys = [*SUMMARY_KEYS, *(k for k in per_seed["base"][0] if k not in SUMMARY_KEYS and k not in extra)]
+    keys = table_keys(per_seed)
     aggregated = aggregate(per_seed, keys)
     statistics = {
         "keys": list(STAT_KEYS),

@@ -57,11 +57,12 @@ from ..eval.provenance import library_versions
 from ..eval.records import PairedRecord, ViewOutcome
 from ..inputs import sha256_text, write_text_atomic
 from .compare_args import CompareInputError
-from .compare_eval import Evaluated, apply_exclusion, diagnostic_rates, evaluate_bases
+from .compare_eval import Evaluated, apply_exclusion, diagnostic_rates, evaluate_bases, per_seed_rows
 from .compare_plan import Plan, Run
-from .compare_report import summarize, write_plan, write_summary
+from .compare_report import summarize, table_keys, write_plan, write_summary
 from .compare_students import evaluate_student
 from .identity import compare_settings
+from .statistics import aggregate, render_table
 
 
 logger = logging.getLogger(__name__)
@@ -526,14 +527,14 @@ def check_slice(plan: Plan, piece: Slice, unit: str, header: Mapping[str, Any] |
         )
 
 
-def read_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Slice]:
-    """Every unit's slice, checked: none missing, none left over, each read whole (`Slice.load`) and equal to the
-    plan's unit of its name (`check_slice`)."""
+def read_slices(plan: Plan, slices_dir: str | Path, partial: bool = False) -> dict[str, Slice]:
+    """Every unit's slice, checked: none missing (unless `partial`: those present, in the plan's order), none left
+    over, each read whole (`Slice.load`) and equal to the plan's unit of its name (`check_slice`)."""
     folder = Path(slices_dir)
     names = unit_names(plan)
     present = {p.stem for p in folder.glob("*.json")} if folder.is_dir() else set()
     missing = [n for n in names if n not in present]
-    if missing:
+    if missing and not partial:
         raise SliceError(
             f"{folder} lacks the slices {missing} of this comparison; run `trl-nca compare --slice UNIT` for each."
         )
@@ -545,7 +546,7 @@ def read_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Slice]:
         )
     header = slice_header(plan)
     slices = {}
-    for name in names:
+    for name in (n for n in names if n in present):
         piece = Slice.load(slice_file(folder, name))
         check_slice(plan, piece, name, header)
         slices[name] = piece
@@ -588,6 +589,33 @@ def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
         "wall_seconds": {unit: p.wall_seconds for unit, p in slices.items()},
     }
     return write_summary(plan, summary, heading=f" (from the slices in {slices_dir})")
+
+
+def progress(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
+    """A comparison run as slices, reported as it comes: the units whose slices are in `slices_dir` so far (each
+    checked as `read_slices` checks it), their per-run rows (`compare_eval.per_seed_rows`), the means over the runs
+    present and the per-run table in the layout of the whole table (`statistics.render_table`, without the statistics
+    over runs, which wait for every unit), their training curves, and the units still missing. Once none is missing,
+    `build_from_slices` builds the whole table, whose per-run rows equal these."""
+    slices = read_slices(plan, slices_dir, partial=True)
+    if not slices:
+        raise SliceError(f"{slices_dir} holds no slice of this comparison yet; run `trl-nca compare --slice UNIT`.")
+    evaluated = _evaluated_from(plan, slices)
+    names = {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
+    per_seed = per_seed_rows(plan.task, evaluated, {names[unit]: p.diagnostics for unit, p in slices.items()})
+    keys = table_keys(per_seed)
+    aggregated = aggregate(per_seed, keys)
+    return {
+        "present": list(slices),
+        "missing": [unit for unit in unit_names(plan) if unit not in slices],
+        "columns": keys,
+        "per_seed": per_seed,
+        "aggregated": aggregated,
+        "curves": evaluated.histories,
+        "num_test": len(plan.test_rows),
+        "machines": {unit: p.machine for unit, p in slices.items()},
+        "table": render_table(aggregated, per_seed, keys, n_items=len(plan.test_rows)),
+    }
 
 
 def slice_metrics(piece: Slice, n_bootstrap: int = 1000) -> dict[str, Any]:
