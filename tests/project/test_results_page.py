@@ -159,7 +159,7 @@ def test_a_study_run_as_slices_is_reported_as_it_comes(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "SLICES_ROOT", tmp_path)
     (slices / "opd-10-seed0.json").unlink()
     text = build.units("twice")
-    assert "; not yet run: opd-10-seed0, " in text and "| opd-10 | 0 |" not in text
+    assert re.search(r"; not yet run: (.*, )?opd-10-seed0[,.]", text) and "| opd-10 | 0 |" not in text
     data = json.loads((slices / "nca-10-seed0.json").read_text())
     data["settings"]["training"]["learning_rate"] = 0.5
     (slices / "nca-10-seed0.json").write_text(json.dumps(data))
