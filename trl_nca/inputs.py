@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from importlib import metadata, resources
@@ -519,12 +520,22 @@ def _holder_is_gone(holder: str) -> bool:
     return bool(started.strip()) and now is not None and now != started.strip()
 
 
+LOCK_RECORD_WAIT_S = 2.0
+"""How long a refused process waits for the holder's record: the holder writes it just after taking the lock, so a
+process refused in between would otherwise find the file empty."""
+
+
 def _lock_holder(path: Path) -> str:
-    with contextlib.suppress(OSError):
-        text = path.read_text(encoding="utf-8").strip()
-        if text:
-            return text
-    return "pid unknown"
+    """The record of the lock file `path`, waiting up to `LOCK_RECORD_WAIT_S` for its holder to write it."""
+    deadline = time.monotonic() + LOCK_RECORD_WAIT_S
+    while True:
+        with contextlib.suppress(OSError):
+            text = path.read_text(encoding="utf-8").strip()
+            if text:
+                return text
+        if time.monotonic() >= deadline:
+            return "pid unknown"
+        time.sleep(0.02)
 
 
 @contextlib.contextmanager

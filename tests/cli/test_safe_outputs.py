@@ -599,3 +599,28 @@ def test_a_lock_whose_run_is_gone_is_taken_over_with_a_line(tmp_path, caplog, ca
         for process in processes:
             process.kill()
             process.wait(timeout=60)
+
+
+def test_a_run_refused_before_the_holder_wrote_its_record_still_names_the_holder(tmp_path):
+    """The holder writes its record just after taking the lock: a second run refused in between waits for the record
+    (`inputs.LOCK_RECORD_WAIT_S`) and names the holder's pid, not "pid unknown" (seen once, two compares started
+    together on a loaded machine)."""
+    import fcntl
+    import threading
+
+    from trl_nca.inputs import LOCK_FILE, LOCK_RECORD_WAIT_S, FolderInUseError, output_folder_lock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    descriptor = os.open(out / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)  # held, its record not written yet
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        record = _this_run([])
+        timer = threading.Timer(LOCK_RECORD_WAIT_S / 4, os.write, (descriptor, f"{record}\n".encode()))
+        timer.start()
+        with pytest.raises(FolderInUseError, match=rf"in use by another trl-nca run \(pid {os.getpid()}, trl-nca"):
+            with output_folder_lock(out, "test"):
+                pass
+        timer.join()
+    finally:
+        os.close(descriptor)
