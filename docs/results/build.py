@@ -239,7 +239,7 @@ def units(name: str) -> str:
         if readers.degraded(r)
     ]
     lines.append(
-        f"Students degraded by 13.1's reading 3 so far (regime A, or an excess harm of at least "
+        f"Students degraded by 13.1's reading 3{' so far' if done['missing'] else ''} (regime A, or an excess harm of at least "
         f"{100 * readers.MARGIN:.0f} points with its interval above 0): {', '.join(hit) if hit else 'none'}."
     )
     present = {key.partition("/seed")[0] for key in done["curves"]}
