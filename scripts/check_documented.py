@@ -21,16 +21,11 @@ CONFIGS = (ROOT / "examples" / "configs" / "main.yaml", ROOT / "examples" / "con
 
 def reading(config: Path) -> str:
     """The documented experiment each method of `config` is read against (`outcomes.documented_for`)."""
-    from trl import ModelConfig, TrlParser
-
-    from trl_nca.recipes import CompareArguments, plan_comparison
+    from trl_nca.recipes import plan_from_config
     from trl_nca.recipes.outcomes import documented_for, planned_summary
-    from trl_nca.trainers.nca_config import NCAConfig
 
     with tempfile.TemporaryDirectory() as output:
-        parser = TrlParser((CompareArguments, NCAConfig, ModelConfig))
-        args = parser.parse_args_and_config(args=["--config", str(config), "--output_dir", output])
-        return documented_for(planned_summary(plan_comparison(*args)))
+        return documented_for(planned_summary(plan_from_config(config, output)))
 
 
 def main(argv: list[str]) -> int:

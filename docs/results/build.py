@@ -243,17 +243,13 @@ def units(name: str) -> str:
         f"{100 * readers.MARGIN:.0f} points with its interval above 0): {', '.join(hit) if hit else 'none'}."
     )
     present = {key.partition("/seed")[0] for key in done["curves"]}
-    scheduled = [
-        name
-        for name in dict.fromkeys(run.method.name for run in plan.runs)
-        if name in present
-        and any(
-            r.method.name == name
-            and float(getattr(r.config, "nca_beta", 0)) != 0
-            and getattr(r.config, "nca_beta_schedule", "constant") != "constant"
-            for r in plan.runs
-        )
-    ]
+    scheduled = dict.fromkeys(  # methods with an anchor whose weight follows a schedule (sdft methods have none)
+        run.method.name
+        for run in plan.runs
+        if run.method.name in present
+        and float(getattr(run.config, "nca_beta", 0)) != 0
+        and getattr(run.config, "nca_beta_schedule", "constant") != "constant"
+    )
     for method in scheduled:
         lines += ["", f"The gate of `{method}`:", "", gate(done, method)]
     return "\n".join(lines)

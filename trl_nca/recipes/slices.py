@@ -553,9 +553,14 @@ def read_slices(plan: Plan, slices_dir: str | Path, partial: bool = False) -> di
     return slices
 
 
+def _model_names(plan: Plan) -> dict[str, str]:
+    """Each unit's model name in the tables (the base's, or the run's `method/seedS`)."""
+    return {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
+
+
 def _evaluated_from(plan: Plan, slices: Mapping[str, Slice]) -> Evaluated:
     evaluated = Evaluated()
-    names = {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
+    names = _model_names(plan)
     for unit, piece in slices.items():
         name = names[unit]
         records = _records(piece.items)
@@ -575,7 +580,7 @@ def build_from_slices(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
     slices = read_slices(plan, slices_dir)
     evaluated = _evaluated_from(plan, slices)
     plan = apply_exclusion(plan, evaluated)
-    names = {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
+    names = _model_names(plan)
     evaluated.runs = [r for r in evaluated.runs if r.name in names.values()]
     diagnostics = {name: slices[unit].diagnostics for unit, name in names.items()}
     first = next(iter(slices.values()))
@@ -601,20 +606,16 @@ def progress(plan: Plan, slices_dir: str | Path) -> dict[str, Any]:
     if not slices:
         raise SliceError(f"{slices_dir} holds no slice of this comparison yet; run `trl-nca compare --slice UNIT`.")
     evaluated = _evaluated_from(plan, slices)
-    names = {base_unit(o): plan.base_name(o) for o in plan.model_paths} | {run_unit(r): r.name for r in plan.runs}
+    names = _model_names(plan)
     per_seed = per_seed_rows(plan.task, evaluated, {names[unit]: p.diagnostics for unit, p in slices.items()})
     keys = table_keys(per_seed)
-    aggregated = aggregate(per_seed, keys)
     return {
         "present": list(slices),
         "missing": [unit for unit in unit_names(plan) if unit not in slices],
-        "columns": keys,
         "per_seed": per_seed,
-        "aggregated": aggregated,
         "curves": evaluated.histories,
-        "num_test": len(plan.test_rows),
         "machines": {unit: p.machine for unit, p in slices.items()},
-        "table": render_table(aggregated, per_seed, keys, n_items=len(plan.test_rows)),
+        "table": render_table(aggregate(per_seed, keys), per_seed, keys, n_items=len(plan.test_rows)),
     }
 
 
